@@ -1,0 +1,74 @@
+"""``ctx run [-m MODEL] [PROMPT]``: stream a reply to a prompt.
+
+Instruct models get their chat template applied (``--raw`` sends the prompt
+as it is). With no prompt: reads it from standard input, or on a terminal
+starts an interactive chat that keeps one context across turns.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .common import add_model_arguments, load_model
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_model_arguments(p)
+    p.add_argument("prompt", nargs="?", help="the prompt (default: standard input, or a chat on a terminal)")
+    p.add_argument("--raw", action="store_true", help="do not apply the chat template")
+    p.add_argument("--system", default=None, help="system message (chat template only)")
+    p.add_argument("-n", "--max-tokens", type=int, default=256, help="tokens to generate at most (default 256)")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    p.add_argument("--top-k", type=int, default=40)
+    p.add_argument("--top-p", type=float, default=0.95)
+    p.add_argument("--min-p", type=float, default=0.05)
+    p.add_argument("--repeat-penalty", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+
+
+def main(args: argparse.Namespace) -> int:
+    model = load_model(args)
+    use_template = not args.raw and model.chat_template is not None
+    ctx = model.context("run")
+    sampling = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
+                    repeat_penalty=args.repeat_penalty, seed=args.seed)
+    messages = [{"role": "system", "content": args.system}] if args.system and use_template else []
+
+    def turn(user_text: str) -> None:
+        if use_template:
+            # Render the whole conversation and append only what is new: the
+            # context already holds the earlier turns' KV.
+            messages.append({"role": "user", "content": user_text})
+            prompt = model.chat_prompt(messages)
+            seen = model.detokenize(ctx.tokens)
+            new_text = prompt[len(seen):] if prompt.startswith(seen) else prompt
+            if not prompt.startswith(seen):
+                ctx.rewind(ctx.n_tokens)
+            ctx.append(new_text, parse_special=True)
+        else:
+            ctx.append(user_text)
+        reply = []
+        for piece in ctx.generate(args.max_tokens, stop=args.stop, **sampling):
+            reply.append(piece.text)
+            sys.stdout.write(piece.text)
+            sys.stdout.flush()
+        sys.stdout.write("\n")
+        if use_template:
+            messages.append({"role": "assistant", "content": "".join(reply)})
+
+    if args.prompt is not None:
+        turn(args.prompt)
+    elif not sys.stdin.isatty():
+        turn(sys.stdin.read())
+    else:
+        print(f"{model.name} — chat; an empty line or Ctrl-D ends it.", file=sys.stderr)
+        while True:
+            try:
+                line = input("> ")
+            except EOFError:
+                break
+            if not line.strip():
+                break
+            turn(line)
+    return 0

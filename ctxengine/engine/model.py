@@ -1,0 +1,194 @@
+"""A loaded GGUF model: weights mapped into the native core, its tokenizer,
+chat template and weight identity, and teacher-forced log-probabilities.
+
+This is the engine layer: it knows tensors and tokens, not names, contexts
+or snapshots (those live in ``ctxengine.state``).
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from .. import _core
+from ..errors import ModelFileError, UnsupportedModelError
+from .chat import ChatTemplate
+from .cpu import physical_cores
+from .gguf_file import GGUFFile, open_gguf
+from .tokenizer import Tokenizer
+from .weights import cached_weight_id
+
+# Architectures the llama-family forward pass covers (native/models/model.cpp).
+SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3")
+# ggml type ids the kernels run: F32, F16, Q4_0, Q4_1, Q8_0, BF16.
+SUPPORTED_TYPES = frozenset(_core.quant.supported_types())
+# Rotary pairs (i, i + d/2) rather than llama's interleaved (2i, 2i + 1).
+NEOX_ROPE_ARCHS = ("qwen2", "qwen3")
+KV_DTYPES = ("f16",)
+PAGE_TOKENS = 16
+DEFAULT_KV_BUDGET = 2 << 30  # bytes of KV pages a model may hold in memory
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    arch: str
+    n_layer: int
+    n_embd: int
+    n_head: int
+    n_head_kv: int
+    head_dim: int
+    n_ff: int
+    n_vocab: int
+    n_ctx: int
+    norm_eps: float
+    rope_base: float
+    rope_dim: int
+    rope_neox: bool
+
+    @classmethod
+    def from_gguf(cls, f: GGUFFile) -> "ModelConfig":
+        def need(suffix: str):
+            value = f.arch_key(suffix)
+            if value is None:
+                raise ModelFileError(f"{f.path.name}: metadata lacks {f.arch}.{suffix}")
+            return value
+
+        n_embd = int(need("embedding_length"))
+        n_head = int(need("attention.head_count"))
+        head_dim = int(f.arch_key("attention.key_length", n_embd // n_head))
+        scaling = f.arch_key("rope.scaling.type")
+        if scaling not in (None, "none"):
+            raise UnsupportedModelError(f"{f.path.name}: RoPE scaling '{scaling}' is not supported yet")
+        if "rope_freqs.weight" in f.tensors:
+            raise UnsupportedModelError(f"{f.path.name}: per-dimension RoPE frequencies are not supported yet")
+        embd = f.tensors.get("token_embd.weight")
+        if embd is None:
+            raise ModelFileError(f"{f.path.name}: no token_embd.weight tensor")
+        return cls(
+            arch=f.arch,
+            n_layer=int(need("block_count")),
+            n_embd=n_embd,
+            n_head=n_head,
+            n_head_kv=int(f.arch_key("attention.head_count_kv", n_head)),
+            head_dim=head_dim,
+            n_ff=int(need("feed_forward_length")),
+            n_vocab=int(embd.shape[1]),
+            n_ctx=int(need("context_length")),
+            norm_eps=float(need("attention.layer_norm_rms_epsilon")),
+            rope_base=float(f.arch_key("rope.freq_base", 10000.0)),
+            rope_dim=int(f.arch_key("rope.dimension_count", head_dim)),
+            rope_neox=f.arch in NEOX_ROPE_ARCHS,
+        )
+
+    @property
+    def kv_dim(self) -> int:
+        return self.n_head_kv * self.head_dim
+
+
+@dataclass(frozen=True)
+class LogProbs:
+    """Teacher-forced next-token distributions: row i follows ids[: i + 1]."""
+
+    ids: list[int]
+    top_ids: np.ndarray        # (n, k) int32, most likely first
+    top_logprobs: np.ndarray   # (n, k) float32
+    next_logprobs: np.ndarray  # (n - 1,) float32: log p(ids[i + 1] | ids[: i + 1])
+
+
+class LoadedModel:
+    """Weights in the native core plus everything needed to turn text into logits."""
+
+    def __init__(self, path: str | Path, *, threads: int | None = None, kv: str = "f16",
+                 n_ctx: int | None = None, kv_budget: int = DEFAULT_KV_BUDGET):
+        if kv not in KV_DTYPES:
+            raise UnsupportedModelError(f"KV dtype '{kv}' is not available (choose from {', '.join(KV_DTYPES)})")
+        self.path = Path(path)
+        self.file = open_gguf(self.path)
+        f = self.file
+        if f.arch not in SUPPORTED_ARCHS:
+            raise UnsupportedModelError(
+                f"{self.path.name}: architecture '{f.arch}' is not supported (supported: {', '.join(SUPPORTED_ARCHS)})")
+        bad = f.unsupported_tensors(SUPPORTED_TYPES)
+        if bad:
+            kinds = sorted({t.type_name for t in bad})
+            raise UnsupportedModelError(
+                f"{self.path.name}: tensor type {', '.join(kinds)} is not supported yet "
+                f"(first: {bad[0].name}); supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1")
+        self.config = ModelConfig.from_gguf(f)
+        if n_ctx is not None:
+            self.config = replace(self.config, n_ctx=min(int(n_ctx), self.config.n_ctx))
+        self.kv_dtype = kv
+        self.name = str(f.get("general.name") or self.path.stem)
+        self.tokenizer = Tokenizer.from_metadata(f.metadata)
+        self.chat_template = ChatTemplate.for_model(
+            f.metadata, lambda i: self.tokenizer.token_bytes(i).decode("utf-8", "replace"))
+        self.weight_id = cached_weight_id(self.path)
+        self.threads = int(threads) if threads else physical_cores()
+        if self.threads < 1:
+            raise ValueError("threads must be at least 1")
+
+        tensors = {t.name: (t.ggml_type, t.data.ctypes.data, t.shape[0], t.shape[1] if len(t.shape) > 1 else 1)
+                   for t in f.tensors.values()}
+        cfg = self.config
+        try:
+            self._core = _core.Model(asdict(cfg), tensors, self.threads)
+        except (ValueError, IndexError) as err:
+            raise ModelFileError(f"{self.path.name}: {err}") from None
+        page_bytes = self._core.page_bytes(PAGE_TOKENS)
+        self.pool = _core.PagePool(cfg.n_layer, PAGE_TOKENS, cfg.kv_dim, 2, max(16, kv_budget // page_bytes))
+
+    # -- tokens ---------------------------------------------------------------
+    def tokenize(self, text: str, *, add_bos: bool = False, parse_special: bool = False) -> list[int]:
+        return self.tokenizer.encode(text, add_bos=add_bos, parse_special=parse_special)
+
+    def detokenize(self, ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(ids)
+
+    # -- forward --------------------------------------------------------------
+    def new_sequence(self) -> "_core.KVSeq":
+        return _core.KVSeq(self.pool)
+
+    def forward(self, seq: "_core.KVSeq", tokens: Sequence[int], *, all_logits: bool = False) -> np.ndarray:
+        """Append tokens to seq's KV; logits of the last position (or of every new one)."""
+        toks = np.asarray(tokens, dtype=np.int32)
+        rows = len(toks) if all_logits else 1
+        logits = np.empty((rows, self.config.n_vocab), dtype=np.float32)
+        self._core.forward([(seq, toks, logits, all_logits, None)])
+        return logits if all_logits else logits[0]
+
+    def forward_hidden(self, seq: "_core.KVSeq", tokens: Sequence[int]) -> np.ndarray:
+        """Append tokens; final normed hidden state of every new position (n, n_embd)."""
+        toks = np.asarray(tokens, dtype=np.int32)
+        hidden = np.empty((len(toks), self.config.n_embd), dtype=np.float32)
+        self._core.forward([(seq, toks, None, False, hidden)])
+        return hidden
+
+    def logprobs(self, ids: Sequence[int], *, top: int = 40, chunk: int = 256) -> LogProbs:
+        """Teacher-forced top-k log-probabilities after every prefix of ids."""
+        ids = [int(i) for i in ids]
+        if not ids:
+            raise ValueError("logprobs needs at least one token")
+        top = max(1, min(int(top), self.config.n_vocab))
+        seq = self.new_sequence()
+        top_ids, top_lp, next_lp = [], [], []
+        for start in range(0, len(ids), chunk):
+            part = ids[start:start + chunk]
+            logits = self.forward(seq, part, all_logits=True).astype(np.float64)
+            lse = np.logaddexp.reduce(logits, axis=1, keepdims=True)
+            lp = logits - lse
+            idx = np.argpartition(-lp, top - 1, axis=1)[:, :top]
+            vals = np.take_along_axis(lp, idx, axis=1)
+            order = np.lexsort((idx, -vals), axis=1)
+            top_ids.append(np.take_along_axis(idx, order, axis=1).astype(np.int32))
+            top_lp.append(np.take_along_axis(vals, order, axis=1).astype(np.float32))
+            for i in range(len(part)):
+                j = start + i + 1
+                if j < len(ids):
+                    next_lp.append(lp[i, ids[j]])
+        return LogProbs(ids, np.concatenate(top_ids), np.concatenate(top_lp), np.asarray(next_lp, dtype=np.float32))
+
+    def close(self) -> None:
+        self._core = None
+        self.file.close()

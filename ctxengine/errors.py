@@ -1,0 +1,45 @@
+"""Errors a user can act on. The CLI and servers print ``str(err)`` as one line.
+
+Every error raised on purpose by ctxengine derives from :class:`CtxError`;
+anything else escaping is a bug.
+"""
+
+
+class CtxError(Exception):
+    """Base class of every error ctxengine raises on purpose."""
+
+
+class ModelFileError(CtxError):
+    """A model file is unreadable, truncated or inconsistent."""
+
+
+class UnsupportedModelError(CtxError):
+    """A well-formed model uses an architecture or tensor type we do not run."""
+
+
+class ModelNotFoundError(CtxError):
+    """A model name or path resolves to nothing."""
+
+
+class TokenizerError(CtxError):
+    """The tokenizer metadata is missing or malformed."""
+
+
+class ContextError(CtxError):
+    """A context operation was refused (unknown name, too long, bad state)."""
+
+
+class InvalidNameError(CtxError):
+    """A context, ref or model name is malformed (path tricks, length, characters)."""
+
+
+class StoreError(CtxError):
+    """The snapshot store refused an operation."""
+
+
+class CorruptDataError(StoreError):
+    """Stored or transferred bytes failed verification."""
+
+
+class WeightMismatchError(StoreError):
+    """A snapshot was made by other weights than the model it is restored onto."""

@@ -1,0 +1,5 @@
+"""Live contexts: named, forked copy-on-write, rewound, snapshotted."""
+from .context import Context, Piece
+from .table import ContextTable
+
+__all__ = ["Context", "ContextTable", "Piece"]

@@ -1,0 +1,200 @@
+"""A live, named context: token ids, a KV page table, sampler state, labels.
+
+A context's KV may lag its tokens: tokens sampled by ``generate`` are kept and
+prefilled on the next step that needs them (``_sync``), so a stream never
+pays a forward pass for a token nobody reads the logits of.
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Iterator, Sequence
+
+import numpy as np
+
+from ..errors import ContextError
+from ..engine.sampler import Sampler, SamplerParams, StopMatcher
+from ..engine.tokenizer import StreamDecoder
+
+if TYPE_CHECKING:
+    from ..engine.model import LoadedModel
+    from .table import ContextTable
+
+
+@dataclass(frozen=True)
+class Piece:
+    """One step of a stream. ``token_id`` is None only for a final piece that
+    carries text held back until the end (an incomplete UTF-8 sequence or a
+    possible start of a stop string)."""
+
+    text: str
+    token_id: int | None
+
+
+class Context:
+    def __init__(self, table: "ContextTable", name: str, seq, tokens: Sequence[int] = (), *,
+                 labels: dict[str, str] | None = None, sampler_state: dict | None = None,
+                 last_logits: np.ndarray | None = None):
+        self._table = table
+        self.name = name
+        self._seq = seq
+        self._tokens = list(tokens)
+        self._last_logits = last_logits     # logits after tokens[: seq.n_tokens]
+        self.labels = dict(labels or {})
+        self.sampler_state = sampler_state  # of the last generate(); continues its RNG
+        self.finish_reason: str | None = None
+        self._lock = threading.RLock()
+
+    # -- what it is -----------------------------------------------------------
+    @property
+    def model(self) -> "LoadedModel":
+        return self._table.model
+
+    @property
+    def weight_id(self) -> str:
+        return self.model.weight_id
+
+    @property
+    def tokens(self) -> list[int]:
+        return list(self._tokens)
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self._tokens)
+
+    @property
+    def n_cached(self) -> int:
+        """Tokens whose KV is computed (the rest are prefilled on next use)."""
+        return self._seq.n_tokens
+
+    @property
+    def text(self) -> str:
+        return self.model.detokenize(self._tokens)
+
+    def __repr__(self) -> str:
+        return f"Context({self.name!r}, {self.n_tokens} tokens)"
+
+    # -- growing it -----------------------------------------------------------
+    def append(self, content: str | Sequence[int], *, parse_special: bool = False) -> int:
+        """Add text or token ids and prefill what is new; returns the number of new tokens.
+
+        The first text of an empty context gets the model's BOS token if the
+        model wants one. ``parse_special`` turns control-token text (like
+        ``<|im_start|>``) into those tokens; leave it off for untrusted text.
+        """
+        with self._lock:
+            self._check_live()
+            if isinstance(content, str):
+                ids = self.model.tokenize(content, add_bos=not self._tokens and self.model.tokenizer.add_bos,
+                                          parse_special=parse_special)
+            else:
+                ids = [int(i) for i in content]
+                bad = [i for i in ids if not 0 <= i < self.model.config.n_vocab]
+                if bad:
+                    raise ContextError(f"token id {bad[0]} is outside the vocabulary (0..{self.model.config.n_vocab - 1})")
+            self._check_room(len(ids))
+            self._tokens.extend(ids)
+            self._sync()
+            self._table.touch(self)
+            return len(ids)
+
+    def generate(self, max_tokens: int = 256, *, stop: Sequence[str] = (), **sampling) -> Iterator[Piece]:
+        """Stream up to max_tokens sampled tokens as pieces of text.
+
+        Sampling options are SamplerParams fields (temperature, top_k, top_p,
+        min_p, repeat_penalty, presence_penalty, frequency_penalty, seed). With
+        no seed, the RNG continues from this context's last generation, so a
+        restored context goes on exactly as the original would.
+        """
+        with self._lock:
+            self._check_live()
+            if max_tokens < 0:
+                raise ContextError("max_tokens must be >= 0")
+            sampler = self._make_sampler(sampling)
+            tok = self.model.tokenizer
+            decoder = StreamDecoder(tok)
+            matcher = StopMatcher(list(stop))
+            self.finish_reason = "length"
+            try:
+                for _ in range(max_tokens):
+                    if len(self._tokens) >= self.model.config.n_ctx:
+                        break
+                    logits = self._sync()
+                    token = sampler.sample(logits, self._tokens)
+                    self._tokens.append(token)
+                    if token in tok.eog_ids:
+                        self.finish_reason = "stop"
+                        break
+                    text, hit = matcher.push(decoder.push(token))
+                    yield Piece(text, token)
+                    if hit:
+                        self.finish_reason = "stop"
+                        return
+                rest = matcher.push(decoder.flush())[0] + matcher.flush()
+                if rest:
+                    yield Piece(rest, None)
+            finally:
+                self.sampler_state = sampler.state()
+                self._table.touch(self)
+
+    # -- branching --------------------------------------------------------------
+    def fork(self, name: str | None = None) -> "Context":
+        """A new context sharing every KV page copy-on-write: O(pages), no KV copied."""
+        with self._lock:
+            self._check_live()
+            return self._table.adopt(name, self._seq.fork(), self._tokens, labels=self.labels,
+                                     sampler_state=self.sampler_state,
+                                     last_logits=None if self._last_logits is None else self._last_logits.copy())
+
+    def rewind(self, n: int) -> None:
+        """Drop the last n tokens (their pages are released or copied on write)."""
+        with self._lock:
+            self._check_live()
+            if not 0 <= n <= len(self._tokens):
+                raise ContextError(f"cannot rewind {n} tokens of a {len(self._tokens)}-token context")
+            keep = len(self._tokens) - n
+            del self._tokens[keep:]
+            if self._seq.n_tokens > keep:
+                self._seq.truncate(keep)
+                self._last_logits = None
+            self._sync()
+
+    def delete(self) -> None:
+        self._table.remove(self.name)
+
+    # -- internals --------------------------------------------------------------
+    def _sync(self) -> np.ndarray | None:
+        """Prefill the tokens whose KV is not computed yet; logits of the last token."""
+        n_kv = self._seq.n_tokens
+        if n_kv < len(self._tokens):
+            self._last_logits = self.model.forward(self._seq, self._tokens[n_kv:])
+        elif self._last_logits is None and self._tokens:
+            # Logits were dropped (rewind): recompute the last position.
+            self._seq.truncate(n_kv - 1)
+            self._last_logits = self.model.forward(self._seq, self._tokens[n_kv - 1:])
+        return self._last_logits
+
+    def _make_sampler(self, overrides: dict) -> Sampler:
+        if not self._tokens:
+            raise ContextError(f"context '{self.name}' is empty: append a prompt before generating")
+        unknown = set(overrides) - set(SamplerParams.__dataclass_fields__)
+        if unknown:
+            raise ContextError(f"unknown sampling option(s): {', '.join(sorted(unknown))}")
+        params = SamplerParams(**overrides)
+        if params.seed is None and self.sampler_state is not None:
+            return Sampler.from_state(self.sampler_state).with_params(params)
+        return Sampler(params)
+
+    def _check_room(self, n_new: int) -> None:
+        n_ctx = self.model.config.n_ctx
+        if len(self._tokens) + n_new > n_ctx:
+            raise ContextError(f"context '{self.name}' would hold {len(self._tokens) + n_new} tokens; "
+                               f"the model's context length is {n_ctx}")
+
+    def _check_live(self) -> None:
+        if self._seq is None:
+            raise ContextError(f"context '{self.name}' was deleted")
+
+    def _release(self) -> None:
+        self._seq = None
+        self._last_logits = None

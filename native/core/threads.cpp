@@ -1,0 +1,91 @@
+#include "core/threads.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define CTX_PAUSE() _mm_pause()
+#else
+#define CTX_PAUSE() std::this_thread::yield()
+#endif
+
+namespace ctx {
+
+namespace {
+// About 50-100 microseconds of spinning before a worker goes to sleep: long
+// enough to bridge the gap between the matmuls of one token, short enough not
+// to burn a core when the engine is idle.
+constexpr int kSpinIters = 20000;
+thread_local int tls_index = 0;
+}  // namespace
+
+int ThreadPool::thread_index() { return tls_index; }
+
+ThreadPool::ThreadPool(int n_threads) : n_threads_(n_threads < 1 ? 1 : n_threads) {
+  for (int i = 1; i < n_threads_; ++i) workers_.emplace_back([this, i] { worker_loop(i); });
+}
+
+ThreadPool::~ThreadPool() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_.store(true);
+    generation_.fetch_add(1);
+  }
+  cv_.notify_all();
+  for (auto& t : workers_) t.join();
+}
+
+void ThreadPool::run_chunks() {
+  for (;;) {
+    int64_t begin = next_.fetch_add(grain_, std::memory_order_relaxed);
+    if (begin >= n_) break;
+    int64_t end = begin + grain_ < n_ ? begin + grain_ : n_;
+    (*fn_)(begin, end);
+  }
+}
+
+void ThreadPool::parallel_for(int64_t n, int64_t grain, const RangeFn& fn) {
+  if (n <= 0) return;
+  if (grain < 1) grain = 1;
+  if (n_threads_ == 1 || n <= grain) {
+    fn(0, n);
+    return;
+  }
+  fn_ = &fn;
+  n_ = n;
+  grain_ = grain;
+  next_.store(0, std::memory_order_relaxed);
+  n_active_.store(n_threads_ - 1, std::memory_order_relaxed);
+  {
+    // The lock orders the publication against a worker deciding to sleep.
+    std::lock_guard<std::mutex> lock(mu_);
+    generation_.fetch_add(1, std::memory_order_release);
+  }
+  if (n_sleeping_.load(std::memory_order_acquire) > 0) cv_.notify_all();
+  run_chunks();
+  while (n_active_.load(std::memory_order_acquire) > 0) CTX_PAUSE();
+  fn_ = nullptr;
+}
+
+void ThreadPool::worker_loop(int index) {
+  tls_index = index;
+  uint64_t seen = 0;
+  for (;;) {
+    uint64_t gen = generation_.load(std::memory_order_acquire);
+    for (int i = 0; gen == seen && i < kSpinIters; ++i) {
+      CTX_PAUSE();
+      gen = generation_.load(std::memory_order_acquire);
+    }
+    if (gen == seen) {
+      std::unique_lock<std::mutex> lock(mu_);
+      n_sleeping_.fetch_add(1);
+      cv_.wait(lock, [&] { return generation_.load(std::memory_order_acquire) != seen; });
+      n_sleeping_.fetch_sub(1);
+      gen = generation_.load(std::memory_order_acquire);
+    }
+    seen = gen;
+    if (stop_.load()) return;
+    run_chunks();
+    n_active_.fetch_sub(1, std::memory_order_acq_rel);
+  }
+}
+
+}  // namespace ctx

@@ -1,0 +1,179 @@
+#include "kv/page_pool.h"
+
+#include <cassert>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+
+namespace ctx {
+
+PagePool::PagePool(PageLayout layout, int64_t max_pages)
+    : layout_(layout), page_bytes_(layout.page_bytes()), max_pages_(max_pages) {
+  if (page_bytes_ == 0) throw std::invalid_argument("page layout has zero size");
+  if (max_pages < 1) throw std::invalid_argument("page pool needs at least one page");
+}
+
+int64_t PagePool::n_used() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return n_used_;
+}
+
+int64_t PagePool::n_allocated() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return static_cast<int64_t>(refcounts_.size());
+}
+
+uint8_t* PagePool::slot_ptr(PageId id) const {
+  return slabs_[id / kSlabPages].get() + static_cast<size_t>(id % kSlabPages) * page_bytes_;
+}
+
+void PagePool::check(PageId id) const {
+  if (id < 0 || id >= static_cast<PageId>(refcounts_.size()))
+    throw std::out_of_range("page id " + std::to_string(id) + " out of range");
+}
+
+PageId PagePool::alloc() {
+  std::lock_guard<std::mutex> lock(mu_);
+  PageId id;
+  if (!free_ids_.empty()) {
+    id = free_ids_.back();
+    free_ids_.pop_back();
+  } else {
+    if (static_cast<int64_t>(refcounts_.size()) >= max_pages_)
+      throw std::length_error("KV page pool is full (" + std::to_string(max_pages_) + " pages)");
+    id = static_cast<PageId>(refcounts_.size());
+    if (id % kSlabPages == 0) slabs_.emplace_back(new uint8_t[page_bytes_ * kSlabPages]);
+    refcounts_.push_back(0);
+  }
+  assert(refcounts_[id] == 0);
+  refcounts_[id] = 1;
+  ++n_used_;
+  std::memset(slot_ptr(id), 0, page_bytes_);
+  return id;
+}
+
+void PagePool::incref(PageId id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  check(id);
+  if (refcounts_[id] <= 0) throw std::logic_error("incref of a free page");
+  ++refcounts_[id];
+}
+
+void PagePool::decref(PageId id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  check(id);
+  if (refcounts_[id] <= 0) throw std::logic_error("double free of page " + std::to_string(id));
+  if (--refcounts_[id] == 0) {
+    free_ids_.push_back(id);
+    --n_used_;
+  }
+}
+
+int PagePool::refcount(PageId id) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  check(id);
+  return refcounts_[id];
+}
+
+PageId PagePool::copy(PageId src) {
+  PageId dst = alloc();
+  std::memcpy(data(dst), data(src), page_bytes_);
+  return dst;
+}
+
+uint8_t* PagePool::data(PageId id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  check(id);
+  return slot_ptr(id);
+}
+
+const uint8_t* PagePool::data(PageId id) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  check(id);
+  return slot_ptr(id);
+}
+
+// ---------------------------------------------------------------------------
+
+KVSeq::KVSeq(std::shared_ptr<PagePool> pool) : pool_(std::move(pool)) {}
+
+KVSeq::~KVSeq() {
+  for (PageId id : pages_) pool_->decref(id);
+}
+
+std::unique_ptr<KVSeq> KVSeq::fork() const {
+  auto child = std::make_unique<KVSeq>(pool_);
+  for (PageId id : pages_) pool_->incref(id);
+  child->pages_ = pages_;
+  child->n_tokens_ = n_tokens_;
+  return child;
+}
+
+void KVSeq::prepare_append(int64_t n) {
+  if (n <= 0) return;
+  const int pt = pool_->layout().page_tokens;
+  // The last page is partly filled and we will write into it: own it first.
+  if (n_tokens_ % pt != 0) {
+    PageId& last = pages_.back();
+    if (pool_->refcount(last) > 1) {
+      PageId own = pool_->copy(last);
+      pool_->decref(last);
+      last = own;
+    }
+  }
+  const int64_t need = (n_tokens_ + n + pt - 1) / pt;
+  while (static_cast<int64_t>(pages_.size()) < need) pages_.push_back(pool_->alloc());
+}
+
+void KVSeq::truncate(int64_t n) {
+  if (n < 0 || n > n_tokens_) throw std::out_of_range("truncate past the sequence end");
+  if (n == n_tokens_) return;
+  const PageLayout& lay = pool_->layout();
+  const int pt = lay.page_tokens;
+  const size_t keep_pages = static_cast<size_t>((n + pt - 1) / pt);
+  while (pages_.size() > keep_pages) {
+    pool_->decref(pages_.back());
+    pages_.pop_back();
+  }
+  n_tokens_ = n;
+  const int used = static_cast<int>(n % pt);
+  if (used == 0 || pages_.empty()) return;
+  PageId& last = pages_.back();
+  if (pool_->refcount(last) > 1) {
+    PageId own = pool_->copy(last);
+    pool_->decref(last);
+    last = own;
+  }
+  uint8_t* base = pool_->data(last);
+  for (int layer = 0; layer < lay.n_layer; ++layer)
+    for (int kv = 0; kv < 2; ++kv)
+      std::memset(base + lay.offset(layer, kv, used), 0, (pt - used) * lay.row_bytes());
+}
+
+void KVSeq::append_page(PageId id, int n_valid) {
+  const int pt = pool_->layout().page_tokens;
+  if (n_tokens_ % pt != 0) throw std::logic_error("append_page needs a page-aligned sequence");
+  if (n_valid < 1 || n_valid > pt) throw std::out_of_range("n_valid outside 1..page_tokens");
+  pool_->incref(id);
+  pages_.push_back(id);
+  n_tokens_ += n_valid;
+}
+
+void KVSeq::page_ptrs(std::vector<uint8_t*>& out) const {
+  out.resize(pages_.size());
+  for (size_t i = 0; i < pages_.size(); ++i) out[i] = pool_->data(pages_[i]);
+}
+
+uint8_t* KVSeq::write_ptr(int64_t pos, int layer, int kv) {
+  const PageLayout& lay = pool_->layout();
+  const int pt = lay.page_tokens;
+  return pool_->data(pages_[pos / pt]) + lay.offset(layer, kv, static_cast<int>(pos % pt));
+}
+
+const uint8_t* KVSeq::read_ptr(int64_t pos, int layer, int kv) const {
+  const PageLayout& lay = pool_->layout();
+  const int pt = lay.page_tokens;
+  return pool_->data(pages_[pos / pt]) + lay.offset(layer, kv, static_cast<int>(pos % pt));
+}
+
+}  // namespace ctx

@@ -1,0 +1,76 @@
+// Python face of the page pool and page tables. The store never sees these
+// objects: it gets and gives raw page bytes (export_page / import_page).
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstring>
+#include <memory>
+#include <stdexcept>
+
+#include "kv/page_pool.h"
+
+namespace py = pybind11;
+
+namespace ctx {
+
+void register_kv(py::module_& m) {
+  py::class_<PagePool, std::shared_ptr<PagePool>>(m, "PagePool", "fixed-size KV pages with reference counts")
+      .def(py::init([](int n_layer, int page_tokens, int kv_dim, int elem_bytes, int64_t max_pages) {
+             PageLayout lay;
+             lay.n_layer = n_layer;
+             lay.page_tokens = page_tokens;
+             lay.kv_dim = kv_dim;
+             lay.elem_bytes = elem_bytes;
+             return std::make_shared<PagePool>(lay, max_pages);
+           }),
+           py::arg("n_layer"), py::arg("page_tokens"), py::arg("kv_dim"), py::arg("elem_bytes"),
+           py::arg("max_pages"))
+      .def_property_readonly("page_bytes", &PagePool::page_bytes)
+      .def_property_readonly("page_tokens", [](const PagePool& p) { return p.layout().page_tokens; })
+      .def_property_readonly("max_pages", &PagePool::max_pages)
+      .def_property_readonly("n_used", &PagePool::n_used)
+      .def_property_readonly("n_allocated", &PagePool::n_allocated)
+      .def("refcount", &PagePool::refcount, py::arg("page"))
+      .def(
+          "export_page",
+          [](PagePool& p, PageId id) {
+            if (p.refcount(id) <= 0) throw std::invalid_argument("export of a free page");
+            return py::bytes(reinterpret_cast<const char*>(p.data(id)), p.page_bytes());
+          },
+          py::arg("page"), "raw bytes of a page (what the store hashes and keeps)")
+      .def(
+          "import_page",
+          [](PagePool& p, py::bytes raw) {
+            std::string_view view = raw;
+            if (view.size() != p.page_bytes())
+              throw std::invalid_argument("page of " + std::to_string(view.size()) + " bytes, expected " +
+                                          std::to_string(p.page_bytes()));
+            PageId id = p.alloc();
+            std::memcpy(p.data(id), view.data(), view.size());
+            return id;
+          },
+          py::arg("raw"), "a new page (refcount 1) holding these bytes; release it when attached")
+      .def("release", &PagePool::decref, py::arg("page"), "drop one reference");
+
+  py::class_<KVSeq>(m, "KVSeq", "a sequence's page table: ordered page ids and a token count")
+      .def(py::init([](std::shared_ptr<PagePool> pool) { return std::make_unique<KVSeq>(std::move(pool)); }),
+           py::arg("pool"))
+      .def_property_readonly("n_tokens", &KVSeq::n_tokens)
+      .def_property_readonly("pages", [](const KVSeq& s) { return s.pages(); })
+      .def_property_readonly("pool", [](const KVSeq& s) { return s.pool_ptr(); })
+      .def("fork", &KVSeq::fork, "share every page copy-on-write: O(pages), no KV bytes copied")
+      .def("truncate", &KVSeq::truncate, py::arg("n_tokens"), "keep the first n tokens")
+      .def("append_page", &KVSeq::append_page, py::arg("page"), py::arg("n_valid"),
+           "attach a page (takes its own reference)")
+      .def(
+          "export_page",
+          [](const KVSeq& s, int64_t index) {
+            if (index < 0 || index >= static_cast<int64_t>(s.pages().size()))
+              throw std::out_of_range("page index out of range");
+            PagePool& p = s.pool();
+            return py::bytes(reinterpret_cast<const char*>(p.data(s.pages()[index])), p.page_bytes());
+          },
+          py::arg("index"));
+}
+
+}  // namespace ctx

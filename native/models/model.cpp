@@ -1,0 +1,322 @@
+// The llama-family forward pass: llama, mistral-style and SmolLM2, plus qwen2
+// (q/k/v biases) and qwen3 (per-head q/k RMS norms), selected by which
+// weights are present.
+//
+// Determinism: every output element is computed whole by one thread with a
+// fixed reduction order (quant/quant.h), rows never interact except through
+// the KV they have written, and attention reads K/V back from the f16 pages
+// (also for positions written in this very step). So a token's logits do not
+// depend on the thread count, on how the prompt was chunked, or on which other
+// sequences share the step.
+#include "models/model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+
+namespace ctx {
+
+namespace {
+
+// Chunk of token rows processed together: big enough that each weight row is
+// reused across many activation rows (prefill is compute-bound), small enough
+// that the scratch stays in L2.
+constexpr int kMaxRows = 64;
+
+// x / rms(x) * w, the sum of squares in double in index order.
+void rmsnorm(const float* x, const float* w, float* out, int n, float eps) {
+  double ss = 0.0;
+  for (int i = 0; i < n; ++i) ss += static_cast<double>(x[i]) * x[i];
+  const float scale = static_cast<float>(1.0 / std::sqrt(ss / n + eps));
+  for (int i = 0; i < n; ++i) out[i] = x[i] * scale * w[i];
+}
+
+float silu(float x) { return x / (1.0f + std::exp(-x)); }
+
+int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
+
+}  // namespace
+
+Model::Model(ModelConfig config, ModelWeights weights, int n_threads)
+    : cfg_(std::move(config)), w_(std::move(weights)), pool_(n_threads) {
+  if (cfg_.n_layer <= 0 || cfg_.n_embd <= 0 || cfg_.n_head <= 0 || cfg_.n_head_kv <= 0 ||
+      cfg_.head_dim <= 0 || cfg_.n_ff <= 0 || cfg_.n_vocab <= 0)
+    throw std::invalid_argument("model config has a non-positive dimension");
+  if (cfg_.n_head % cfg_.n_head_kv != 0)
+    throw std::invalid_argument("n_head must be a multiple of n_head_kv");
+  if (cfg_.rope_dim <= 0 || cfg_.rope_dim > cfg_.head_dim || cfg_.rope_dim % 2 != 0)
+    throw std::invalid_argument("rope dimension must be even and at most head_dim");
+  if (static_cast<int>(w_.layers.size()) != cfg_.n_layer)
+    throw std::invalid_argument("layer count does not match the config");
+  const int half = cfg_.rope_dim / 2;
+  inv_freq_.resize(half);
+  for (int i = 0; i < half; ++i)
+    inv_freq_[i] = std::pow(static_cast<double>(cfg_.rope_base), -2.0 * i / cfg_.rope_dim);
+}
+
+PageLayout Model::page_layout(int page_tokens) const {
+  PageLayout lay;
+  lay.n_layer = cfg_.n_layer;
+  lay.page_tokens = page_tokens;
+  lay.kv_dim = cfg_.kv_dim();
+  lay.elem_bytes = 2;
+  return lay;
+}
+
+void Model::ensure_scratch(int rows) {
+  if (rows <= scratch_rows_) return;
+  const size_t r = static_cast<size_t>(rows);
+  const int max_in = std::max({cfg_.n_embd, cfg_.n_ff, cfg_.q_dim()});
+  s_.x.assign(r * cfg_.n_embd, 0.0f);
+  s_.xb.assign(r * cfg_.n_embd, 0.0f);
+  s_.xq.assign(r * (round_up(max_in, QK) / QK), BlockQ8A{});
+  s_.q.assign(r * cfg_.q_dim(), 0.0f);
+  s_.k.assign(r * cfg_.kv_dim(), 0.0f);
+  s_.v.assign(r * cfg_.kv_dim(), 0.0f);
+  s_.att.assign(r * cfg_.q_dim(), 0.0f);
+  s_.hb.assign(r * cfg_.n_ff, 0.0f);
+  s_.hb2.assign(r * cfg_.n_ff, 0.0f);
+  s_.rope.assign(r * cfg_.rope_dim, 0.0f);
+  s_.xlog.assign(r * cfg_.n_embd, 0.0f);
+  scratch_rows_ = rows;
+}
+
+void Model::quantize_rows(const float* x, int n_rows, int n_in) {
+  const int nb = n_in / QK;
+  pool_.parallel_for(n_rows, 8, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) quantize_row_q8a(x + r * n_in, s_.xq.data() + r * nb, n_in);
+  });
+}
+
+// y (n_rows, w.n_out) = x (n_rows, w.n_in) . W^T, split across output rows.
+void Model::matmul(const Weight& w, const float* x, int n_rows, float* y, bool x_quantized) {
+  const bool quantized = dtype_is_quantized(w.type);
+  if (quantized && !x_quantized) quantize_rows(x, n_rows, w.n_in);
+  const int64_t grain = std::max<int64_t>(16, round_up(w.n_out / (pool_.size() * 8), 16));
+  pool_.parallel_for(w.n_out, grain, [&](int64_t o0, int64_t o1) {
+    if (quantized)
+      matmul_q(w.type, w.data, w.n_in, static_cast<int>(o0), static_cast<int>(o1), s_.xq.data(), n_rows, y,
+               static_cast<size_t>(w.n_out));
+    else
+      matmul_f(w.type, w.data, w.n_in, static_cast<int>(o0), static_cast<int>(o1), x, n_rows, y,
+               static_cast<size_t>(w.n_out));
+  });
+}
+
+void Model::attention(int layer, const std::vector<BatchItem>& items, const std::vector<Row>& rows, size_t r0,
+                      int n_rows, const std::vector<std::vector<uint8_t*>>& pages) {
+  const int hd = cfg_.head_dim;
+  const int group = cfg_.n_head / cfg_.n_head_kv;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  const PageLayout& lay = layout_;
+  const size_t k_off = lay.offset(layer, 0, 0);
+  const size_t v_off = lay.offset(layer, 1, 0);
+  const size_t row_bytes = lay.row_bytes();
+  const int pt = lay.page_tokens;
+  const int64_t n_ctx = static_cast<int64_t>(s_.scores.size()) / pool_.size();
+
+  pool_.parallel_for(static_cast<int64_t>(n_rows) * cfg_.n_head, 4, [&](int64_t t0, int64_t t1) {
+    float* sc = s_.scores.data() + static_cast<size_t>(ThreadPool::thread_index()) * n_ctx;
+    for (int64_t t = t0; t < t1; ++t) {
+      const int r = static_cast<int>(t / cfg_.n_head);
+      const int h = static_cast<int>(t % cfg_.n_head);
+      const Row& row = rows[r0 + r];
+      const std::vector<uint8_t*>& pg = pages[row.item];
+      const size_t head_off = static_cast<size_t>(h / group) * hd * 2;
+      const float* q = s_.q.data() + static_cast<size_t>(r) * cfg_.q_dim() + h * hd;
+      const int64_t n_kv = row.pos + 1;
+      float mx = -INFINITY;
+      for (int64_t j = 0; j < n_kv; ++j) {
+        const uint8_t* kp = pg[j / pt] + k_off + (j % pt) * row_bytes + head_off;
+        sc[j] = dot_f32_f16(q, reinterpret_cast<const uint16_t*>(kp), hd) * scale;
+        mx = std::max(mx, sc[j]);
+      }
+      double sum = 0.0;
+      for (int64_t j = 0; j < n_kv; ++j) {
+        sc[j] = std::exp(sc[j] - mx);
+        sum += sc[j];
+      }
+      float* out = s_.att.data() + static_cast<size_t>(r) * cfg_.q_dim() + h * hd;
+      std::fill(out, out + hd, 0.0f);
+      for (int64_t j = 0; j < n_kv; ++j) {
+        const uint8_t* vp = pg[j / pt] + v_off + (j % pt) * row_bytes + head_off;
+        axpy_f16(sc[j], reinterpret_cast<const uint16_t*>(vp), out, hd);
+      }
+      const float inv = static_cast<float>(1.0 / sum);
+      for (int i = 0; i < hd; ++i) out[i] *= inv;
+    }
+  });
+  (void)items;
+}
+
+void Model::run_rows(std::vector<BatchItem>& items, const std::vector<Row>& rows, size_t r0, size_t r1,
+                     std::vector<std::vector<uint8_t*>>& pages) {
+  const int n = static_cast<int>(r1 - r0);
+  const int E = cfg_.n_embd, QD = cfg_.q_dim(), KD = cfg_.kv_dim(), F = cfg_.n_ff, hd = cfg_.head_dim;
+  const int half = cfg_.rope_dim / 2;
+
+  for (int r = 0; r < n; ++r) {
+    const Row& row = rows[r0 + r];
+    const Weight& te = w_.tok_embd;
+    dequantize_row(te.type, te.data + dtype_row_bytes(te.type, E) * row.token, s_.x.data() + r * E, E);
+    float* rc = s_.rope.data() + static_cast<size_t>(r) * cfg_.rope_dim;
+    for (int i = 0; i < half; ++i) {
+      const double theta = static_cast<double>(row.pos) * inv_freq_[i];
+      rc[2 * i] = static_cast<float>(std::cos(theta));
+      rc[2 * i + 1] = static_cast<float>(std::sin(theta));
+    }
+  }
+
+  auto rope = [&](float* vec, int n_heads) {
+    for (int r = 0; r < n; ++r) {
+      const float* rc = s_.rope.data() + static_cast<size_t>(r) * cfg_.rope_dim;
+      for (int h = 0; h < n_heads; ++h) {
+        float* v = vec + static_cast<size_t>(r) * n_heads * hd + h * hd;
+        for (int i = 0; i < half; ++i) {
+          const int a = cfg_.rope_neox ? i : 2 * i;
+          const int b = cfg_.rope_neox ? i + cfg_.rope_dim / 2 : 2 * i + 1;
+          const float c = rc[2 * i], s = rc[2 * i + 1];
+          const float x0 = v[a], x1 = v[b];
+          v[a] = x0 * c - x1 * s;
+          v[b] = x0 * s + x1 * c;
+        }
+      }
+    }
+  };
+
+  for (int l = 0; l < cfg_.n_layer; ++l) {
+    const LayerWeights& L = w_.layers[l];
+    for (int r = 0; r < n; ++r) rmsnorm(&s_.x[r * E], L.attn_norm, &s_.xb[r * E], E, cfg_.norm_eps);
+    // One quantization of the normed input serves all three projections.
+    const bool q_in = dtype_is_quantized(L.wq.type) && dtype_is_quantized(L.wk.type) &&
+                      dtype_is_quantized(L.wv.type);
+    if (q_in) quantize_rows(s_.xb.data(), n, E);
+    matmul(L.wq, s_.xb.data(), n, s_.q.data(), q_in);
+    matmul(L.wk, s_.xb.data(), n, s_.k.data(), q_in);
+    matmul(L.wv, s_.xb.data(), n, s_.v.data(), q_in);
+    if (L.bq)
+      for (int r = 0; r < n; ++r) {
+        for (int i = 0; i < QD; ++i) s_.q[r * QD + i] += L.bq[i];
+        for (int i = 0; i < KD; ++i) s_.k[r * KD + i] += L.bk[i];
+        for (int i = 0; i < KD; ++i) s_.v[r * KD + i] += L.bv[i];
+      }
+    if (L.q_norm)
+      for (int r = 0; r < n; ++r) {
+        for (int h = 0; h < cfg_.n_head; ++h) {
+          float* v = &s_.q[r * QD + h * hd];
+          rmsnorm(v, L.q_norm, v, hd, cfg_.norm_eps);
+        }
+        for (int h = 0; h < cfg_.n_head_kv; ++h) {
+          float* v = &s_.k[r * KD + h * hd];
+          rmsnorm(v, L.k_norm, v, hd, cfg_.norm_eps);
+        }
+      }
+    rope(s_.q.data(), cfg_.n_head);
+    rope(s_.k.data(), cfg_.n_head_kv);
+
+    // Write this step's K/V into the pages first; attention then reads every
+    // position, old and new, from the same f16 bytes.
+    for (int r = 0; r < n; ++r) {
+      const Row& row = rows[r0 + r];
+      KVSeq* seq = items[row.item].seq;
+      f32_to_f16_row(&s_.k[r * KD], reinterpret_cast<uint16_t*>(seq->write_ptr(row.pos, l, 0)), KD);
+      f32_to_f16_row(&s_.v[r * KD], reinterpret_cast<uint16_t*>(seq->write_ptr(row.pos, l, 1)), KD);
+    }
+    attention(l, items, rows, r0, n, pages);
+
+    matmul(L.wo, s_.att.data(), n, s_.xb.data(), false);
+    for (int i = 0; i < n * E; ++i) s_.x[i] += s_.xb[i];
+
+    for (int r = 0; r < n; ++r) rmsnorm(&s_.x[r * E], L.ffn_norm, &s_.xb[r * E], E, cfg_.norm_eps);
+    const bool f_in = dtype_is_quantized(L.gate.type) && dtype_is_quantized(L.up.type);
+    if (f_in) quantize_rows(s_.xb.data(), n, E);
+    matmul(L.gate, s_.xb.data(), n, s_.hb.data(), f_in);
+    matmul(L.up, s_.xb.data(), n, s_.hb2.data(), f_in);
+    for (int i = 0; i < n * F; ++i) s_.hb[i] = silu(s_.hb[i]) * s_.hb2[i];
+    matmul(L.down, s_.hb.data(), n, s_.xb.data(), false);
+    for (int i = 0; i < n * E; ++i) s_.x[i] += s_.xb[i];
+  }
+
+  // Final norm and logits for the rows that asked for them.
+  int n_out = 0;
+  std::vector<float*>& dst = s_.logit_dst;
+  dst.clear();
+  for (int r = 0; r < n; ++r) {
+    const Row& row = rows[r0 + r];
+    BatchItem& it = items[row.item];
+    const int64_t first = it.seq->n_tokens();
+    const int64_t idx = row.pos - first;  // index of this token within the item
+    const bool last = idx == it.n_tokens - 1;
+    const bool want_logits = it.logits && (it.all_logits || last);
+    if (!want_logits && !it.hidden) continue;
+    float* normed = &s_.xlog[static_cast<size_t>(n_out) * E];
+    rmsnorm(&s_.x[r * E], w_.output_norm, normed, E, cfg_.norm_eps);
+    if (it.hidden) std::memcpy(it.hidden + idx * E, normed, sizeof(float) * E);
+    if (!want_logits) continue;
+    dst.push_back(it.logits + (it.all_logits ? idx : 0) * static_cast<int64_t>(cfg_.n_vocab));
+    ++n_out;
+  }
+  if (n_out == 0) return;
+  // Logits go to a scratch block row by row; the output matmul is the largest
+  // in the model, so all requested rows share one pass over its weights.
+  std::vector<float>& block = s_.logits;
+  if (block.size() < static_cast<size_t>(n_out) * cfg_.n_vocab) block.resize(static_cast<size_t>(n_out) * cfg_.n_vocab);
+  matmul(w_.output, s_.xlog.data(), n_out, block.data(), false);
+  for (int i = 0; i < n_out; ++i)
+    std::memcpy(dst[i], block.data() + static_cast<size_t>(i) * cfg_.n_vocab, sizeof(float) * cfg_.n_vocab);
+}
+
+void Model::forward(std::vector<BatchItem>& items) {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<Row> rows;
+  for (size_t i = 0; i < items.size(); ++i) {
+    BatchItem& it = items[i];
+    if (!it.seq) throw std::invalid_argument("batch item without a sequence");
+    for (size_t j = 0; j < i; ++j)
+      if (items[j].seq == it.seq) throw std::invalid_argument("a sequence appears twice in one batch");
+    const PageLayout& lay = it.seq->pool().layout();
+    if (lay.n_layer != cfg_.n_layer || lay.kv_dim != cfg_.kv_dim() || lay.elem_bytes != 2)
+      throw std::invalid_argument("sequence pages do not match this model's KV shape");
+    if (it.seq->n_tokens() + it.n_tokens > cfg_.n_ctx)
+      throw std::length_error("context length exceeded: " + std::to_string(it.seq->n_tokens() + it.n_tokens) +
+                              " tokens > " + std::to_string(cfg_.n_ctx));
+    for (int t = 0; t < it.n_tokens; ++t)
+      if (it.tokens[t] < 0 || it.tokens[t] >= cfg_.n_vocab)
+        throw std::out_of_range("token id " + std::to_string(it.tokens[t]) + " outside the vocabulary");
+    for (int t = 0; t < it.n_tokens; ++t) rows.push_back({static_cast<int>(i), it.seq->n_tokens() + t, it.tokens[t]});
+  }
+  if (rows.empty()) return;
+  layout_ = items[0].seq->pool().layout();
+  for (const BatchItem& it : items)
+    if (it.seq->pool().layout().page_tokens != layout_.page_tokens)
+      throw std::invalid_argument("sequences with different page sizes in one batch");
+
+  int64_t max_ctx = 0;
+  for (BatchItem& it : items) {
+    it.seq->prepare_append(it.n_tokens);
+    max_ctx = std::max(max_ctx, it.seq->n_tokens() + it.n_tokens);
+  }
+  std::vector<std::vector<uint8_t*>> pages(items.size());
+  for (size_t i = 0; i < items.size(); ++i) items[i].seq->page_ptrs(pages[i]);
+
+  ensure_scratch(std::min<int>(kMaxRows, static_cast<int>(rows.size())));
+  const size_t need_scores = static_cast<size_t>(pool_.size()) * max_ctx;
+  if (s_.scores.size() < need_scores) s_.scores.assign(std::max(need_scores, s_.scores.size() * 2), 0.0f);
+
+  try {
+    for (size_t r0 = 0; r0 < rows.size(); r0 += kMaxRows)
+      run_rows(items, rows, r0, std::min(rows.size(), r0 + kMaxRows), pages);
+  } catch (...) {
+    // Leave every sequence as it was: zero the slots this step may have written.
+    for (BatchItem& it : items) {
+      it.seq->commit_append(it.n_tokens);
+      it.seq->truncate(it.seq->n_tokens() - it.n_tokens);
+    }
+    throw;
+  }
+  for (BatchItem& it : items) it.seq->commit_append(it.n_tokens);
+}
+
+}  // namespace ctx

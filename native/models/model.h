@@ -1,0 +1,128 @@
+// A decoder-only transformer over memory-mapped GGUF weights.
+//
+// Three structs tell the story of a forward pass (after llama2.c): the config
+// (shapes), the weights (pointers into the mapped file, owned by Python), and
+// the run state (scratch buffers, grown once, reused every step).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "core/threads.h"
+#include "kv/page_pool.h"
+#include "quant/quant.h"
+
+namespace ctx {
+
+struct ModelConfig {
+  std::string arch;        // "llama", "qwen2", "qwen3", ...
+  int n_layer = 0;
+  int n_embd = 0;
+  int n_head = 0;
+  int n_head_kv = 0;
+  int head_dim = 0;
+  int n_ff = 0;
+  int n_vocab = 0;
+  int64_t n_ctx = 0;       // trained context length (from the file)
+  float norm_eps = 1e-5f;
+  float rope_base = 10000.0f;
+  int rope_dim = 0;        // rotated dims per head (<= head_dim)
+  bool rope_neox = false;  // pairs (i, i + d/2) instead of (2i, 2i + 1)
+  int q_dim() const { return n_head * head_dim; }
+  int kv_dim() const { return n_head_kv * head_dim; }
+};
+
+struct Weight {
+  DType type = DType::F32;
+  const uint8_t* data = nullptr;
+  int n_in = 0;    // row length (GGUF ne0)
+  int n_out = 0;   // rows (GGUF ne1)
+};
+
+struct LayerWeights {
+  const float* attn_norm = nullptr;  // (n_embd)
+  Weight wq, wk, wv, wo;
+  const float* bq = nullptr;         // (q_dim)  qwen2
+  const float* bk = nullptr;         // (kv_dim) qwen2
+  const float* bv = nullptr;         // (kv_dim) qwen2
+  const float* q_norm = nullptr;     // (head_dim) qwen3
+  const float* k_norm = nullptr;     // (head_dim) qwen3
+  const float* ffn_norm = nullptr;   // (n_embd)
+  Weight gate, up, down;
+};
+
+struct ModelWeights {
+  Weight tok_embd;                   // (n_vocab, n_embd)
+  const float* output_norm = nullptr;
+  Weight output;                     // (n_vocab, n_embd); the embedding when tied
+  std::vector<LayerWeights> layers;
+};
+
+// One sequence's share of a forward step.
+struct BatchItem {
+  KVSeq* seq = nullptr;
+  const int32_t* tokens = nullptr;
+  int n_tokens = 0;
+  bool all_logits = false;  // logits for every new position, else only the last
+  float* logits = nullptr;  // (all_logits ? n_tokens : 1, n_vocab), or null for none
+  float* hidden = nullptr;  // (n_tokens, n_embd) final normed hidden states, or null (embeddings)
+};
+
+struct RunState {
+  std::vector<float> x;       // (rows, n_embd) residual stream
+  std::vector<float> xb;      // (rows, n_embd) normed input of a sublayer
+  std::vector<BlockQ8A> xq;   // (rows, max_in / 32) quantized matmul input
+  std::vector<float> q;       // (rows, q_dim)
+  std::vector<float> k;       // (rows, kv_dim)
+  std::vector<float> v;       // (rows, kv_dim)
+  std::vector<float> att;     // (rows, q_dim) attention output
+  std::vector<float> hb;      // (rows, n_ff) gate
+  std::vector<float> hb2;     // (rows, n_ff) up
+  std::vector<float> rope;    // (rows, rope_dim / 2, 2) cos, sin per position
+  std::vector<float> scores;  // (threads, n_ctx) attention scores
+  std::vector<float> xlog;    // (rows, n_embd) rows that want logits or hidden states, normed
+  std::vector<float> logits;  // (rows, n_vocab) logits before they are copied out
+  std::vector<float*> logit_dst;  // (rows) where each logits row goes
+};
+
+class Model {
+ public:
+  Model(ModelConfig config, ModelWeights weights, int n_threads);
+
+  const ModelConfig& config() const { return cfg_; }
+  int n_threads() const { return pool_.size(); }
+  PageLayout page_layout(int page_tokens) const;
+
+  // Runs every item's tokens through the model, appending their KV to each
+  // item's sequence, and writes the requested logits. Items must name
+  // distinct sequences. Thread-safe (forwards are serialized).
+  void forward(std::vector<BatchItem>& items);
+
+ private:
+  struct Row {         // one token position of one item
+    int item;
+    int64_t pos;
+    int32_t token;
+  };
+  void run_rows(std::vector<BatchItem>& items, const std::vector<Row>& rows, size_t r0, size_t r1,
+                std::vector<std::vector<uint8_t*>>& pages);
+  void matmul(const Weight& w, const float* x, int n_rows, float* y, bool x_quantized);
+  void quantize_rows(const float* x, int n_rows, int n_in);
+  void attention(int layer, const std::vector<BatchItem>& items, const std::vector<Row>& rows, size_t r0,
+                 int n_rows, const std::vector<std::vector<uint8_t*>>& pages);
+  void ensure_scratch(int rows);
+
+  ModelConfig cfg_;
+  ModelWeights w_;
+  ThreadPool pool_;
+  RunState s_;
+  int scratch_rows_ = 0;
+  std::vector<double> inv_freq_;  // (rope_dim / 2)
+  PageLayout layout_;             // of the sequences last seen (checked per forward)
+  std::mutex mu_;
+};
+
+}  // namespace ctx

@@ -1,0 +1,167 @@
+// Builds a Model from GGUF tensor descriptors handed over by Python (which
+// keeps the memory map alive for as long as the Model lives) and runs
+// forward steps with the GIL released.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <stdexcept>
+#include <string>
+#include <tuple>
+#include <unordered_map>
+
+#include "models/model.h"
+
+namespace py = pybind11;
+
+namespace ctx {
+
+namespace {
+
+// name -> (ggml type, address, ne0, ne1)
+using TensorDesc = std::tuple<int, uintptr_t, int64_t, int64_t>;
+using TensorMap = std::unordered_map<std::string, TensorDesc>;
+
+const TensorDesc* find(const TensorMap& t, const std::string& name) {
+  auto it = t.find(name);
+  return it == t.end() ? nullptr : &it->second;
+}
+
+Weight matrix(const TensorMap& t, const std::string& name, int n_in, int n_out) {
+  const TensorDesc* d = find(t, name);
+  if (!d) throw std::invalid_argument("missing tensor " + name);
+  auto [type, addr, ne0, ne1] = *d;
+  if (!dtype_supported(type)) throw std::invalid_argument("tensor " + name + " has unsupported type " + dtype_name(type));
+  if (ne0 != n_in || ne1 != n_out)
+    throw std::invalid_argument("tensor " + name + " has shape [" + std::to_string(ne0) + ", " + std::to_string(ne1) +
+                                "], expected [" + std::to_string(n_in) + ", " + std::to_string(n_out) + "]");
+  if (n_in % dtype_block_elems(static_cast<DType>(type)) != 0)
+    throw std::invalid_argument("tensor " + name + " rows are not a whole number of blocks");
+  Weight w;
+  w.type = static_cast<DType>(type);
+  w.data = reinterpret_cast<const uint8_t*>(addr);
+  w.n_in = n_in;
+  w.n_out = n_out;
+  return w;
+}
+
+const float* vec(const TensorMap& t, const std::string& name, int n, bool required = true) {
+  const TensorDesc* d = find(t, name);
+  if (!d) {
+    if (required) throw std::invalid_argument("missing tensor " + name);
+    return nullptr;
+  }
+  auto [type, addr, ne0, ne1] = *d;
+  if (type != static_cast<int>(DType::F32)) throw std::invalid_argument("tensor " + name + " must be F32");
+  if (ne0 != n || ne1 != 1) throw std::invalid_argument("tensor " + name + " has the wrong length");
+  return reinterpret_cast<const float*>(addr);
+}
+
+template <typename T>
+T get(const py::dict& d, const char* key) {
+  if (!d.contains(key)) throw std::invalid_argument(std::string("model config lacks ") + key);
+  return d[key].cast<T>();
+}
+
+std::unique_ptr<Model> build(const py::dict& c, const TensorMap& t, int n_threads) {
+  ModelConfig cfg;
+  cfg.arch = get<std::string>(c, "arch");
+  cfg.n_layer = get<int>(c, "n_layer");
+  cfg.n_embd = get<int>(c, "n_embd");
+  cfg.n_head = get<int>(c, "n_head");
+  cfg.n_head_kv = get<int>(c, "n_head_kv");
+  cfg.head_dim = get<int>(c, "head_dim");
+  cfg.n_ff = get<int>(c, "n_ff");
+  cfg.n_vocab = get<int>(c, "n_vocab");
+  cfg.n_ctx = get<int64_t>(c, "n_ctx");
+  cfg.norm_eps = get<float>(c, "norm_eps");
+  cfg.rope_base = get<float>(c, "rope_base");
+  cfg.rope_dim = get<int>(c, "rope_dim");
+  cfg.rope_neox = get<bool>(c, "rope_neox");
+
+  const int E = cfg.n_embd, QD = cfg.q_dim(), KD = cfg.kv_dim(), hd = cfg.head_dim;
+  ModelWeights w;
+  w.tok_embd = matrix(t, "token_embd.weight", E, cfg.n_vocab);
+  w.output_norm = vec(t, "output_norm.weight", E);
+  w.output = find(t, "output.weight") ? matrix(t, "output.weight", E, cfg.n_vocab) : w.tok_embd;
+  for (int i = 0; i < cfg.n_layer; ++i) {
+    const std::string p = "blk." + std::to_string(i) + ".";
+    LayerWeights L;
+    L.attn_norm = vec(t, p + "attn_norm.weight", E);
+    L.wq = matrix(t, p + "attn_q.weight", E, QD);
+    L.wk = matrix(t, p + "attn_k.weight", E, KD);
+    L.wv = matrix(t, p + "attn_v.weight", E, KD);
+    L.wo = matrix(t, p + "attn_output.weight", QD, E);
+    L.bq = vec(t, p + "attn_q.bias", QD, false);
+    L.bk = vec(t, p + "attn_k.bias", KD, L.bq != nullptr);
+    L.bv = vec(t, p + "attn_v.bias", KD, L.bq != nullptr);
+    L.q_norm = vec(t, p + "attn_q_norm.weight", hd, false);
+    L.k_norm = vec(t, p + "attn_k_norm.weight", hd, L.q_norm != nullptr);
+    L.ffn_norm = vec(t, p + "ffn_norm.weight", E);
+    L.gate = matrix(t, p + "ffn_gate.weight", E, cfg.n_ff);
+    L.up = matrix(t, p + "ffn_up.weight", E, cfg.n_ff);
+    L.down = matrix(t, p + "ffn_down.weight", cfg.n_ff, E);
+    w.layers.push_back(L);
+  }
+  return std::make_unique<Model>(std::move(cfg), std::move(w), n_threads);
+}
+
+using F32Array = py::array_t<float, py::array::c_style | py::array::forcecast>;
+using I32Array = py::array_t<int32_t, py::array::c_style | py::array::forcecast>;
+
+}  // namespace
+
+void register_model(py::module_& m) {
+  py::class_<Model>(m, "Model", "a decoder-only transformer over mapped GGUF weights")
+      .def(py::init(&build), py::arg("config"), py::arg("tensors"), py::arg("n_threads"))
+      .def_property_readonly("n_threads", &Model::n_threads)
+      .def_property_readonly("n_vocab", [](const Model& m) { return m.config().n_vocab; })
+      .def_property_readonly("n_embd", [](const Model& m) { return m.config().n_embd; })
+      .def_property_readonly("n_layer", [](const Model& m) { return m.config().n_layer; })
+      .def_property_readonly("kv_dim", [](const Model& m) { return m.config().kv_dim(); })
+      .def(
+          "forward",
+          [](Model& model, py::list batch) {
+            // batch: [(seq, tokens int32[n], logits float32[rows, vocab] | None, all_logits, hidden | None)]
+            std::vector<BatchItem> items;
+            std::vector<I32Array> keep_tokens;
+            std::vector<py::array> keep_out;
+            const int V = model.config().n_vocab, E = model.config().n_embd;
+            for (py::handle h : batch) {
+              auto tup = h.cast<py::tuple>();
+              if (tup.size() != 5) throw std::invalid_argument("batch items are (seq, tokens, logits, all, hidden)");
+              BatchItem it;
+              it.seq = tup[0].cast<KVSeq*>();
+              keep_tokens.emplace_back(I32Array::ensure(tup[1]));
+              if (!keep_tokens.back()) throw std::invalid_argument("tokens must be an int array");
+              it.tokens = keep_tokens.back().data();
+              it.n_tokens = static_cast<int>(keep_tokens.back().size());
+              it.all_logits = tup[3].cast<bool>();
+              if (!tup[2].is_none()) {
+                auto a = tup[2].cast<py::array_t<float, py::array::c_style>>();
+                const py::ssize_t rows = it.all_logits ? it.n_tokens : 1;
+                if (a.size() != rows * V || !a.writeable()) throw std::invalid_argument("logits buffer has the wrong size");
+                it.logits = a.mutable_data();
+                keep_out.push_back(a);
+              }
+              if (!tup[4].is_none()) {
+                auto a = tup[4].cast<py::array_t<float, py::array::c_style>>();
+                if (a.size() != static_cast<py::ssize_t>(it.n_tokens) * E || !a.writeable())
+                  throw std::invalid_argument("hidden buffer has the wrong size");
+                it.hidden = a.mutable_data();
+                keep_out.push_back(a);
+              }
+              items.push_back(it);
+            }
+            // Safe without the GIL: every buffer is held by keep_* above and the
+            // sequences by the caller's batch list; no Python object is touched.
+            py::gil_scoped_release release;
+            model.forward(items);
+          },
+          py::arg("batch"),
+          "run one step: [(seq, tokens, logits | None, all_logits, hidden | None)]; appends KV to each seq")
+      .def("page_bytes", [](const Model& m, int page_tokens) { return m.page_layout(page_tokens).page_bytes(); },
+           py::arg("page_tokens"));
+}
+
+}  // namespace ctx

