@@ -8,6 +8,7 @@ cd "$(dirname "$0")/.."
 exec flock /tmp/ctxengine-build.lock bash -c '
   cmake --build build/dev -j2 "$@"
   so=$(ls build/dev/_core*.so)
-  dest=$(python -c "import importlib.util as u; print(u.find_spec(\"ctxengine._core\").origin)")
+  # where the editable install put it (without importing ctxengine, which may not load yet)
+  dest=$(python -c "import sysconfig; print(sysconfig.get_paths()[\"platlib\"])")/ctxengine/$(basename "$so")
   cp "$so" "$dest.tmp" && mv -f "$dest.tmp" "$dest"
 ' _ "$@"

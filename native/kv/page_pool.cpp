@@ -145,9 +145,12 @@ void KVSeq::truncate(int64_t n) {
     last = own;
   }
   uint8_t* base = pool_->data(last);
-  for (int layer = 0; layer < lay.n_layer; ++layer)
-    for (int kv = 0; kv < 2; ++kv)
-      std::memset(base + lay.offset(layer, kv, used), 0, (pt - used) * lay.row_bytes());
+  const size_t eb = lay.elem_bytes;
+  for (int layer = 0; layer < lay.n_layer; ++layer) {
+    uint8_t* k = base + lay.k_offset(layer);
+    for (int e = 0; e < lay.kv_dim; ++e) std::memset(k + (static_cast<size_t>(e) * pt + used) * eb, 0, (pt - used) * eb);
+    std::memset(base + lay.v_offset(layer, used), 0, (pt - used) * lay.row_bytes());
+  }
 }
 
 void KVSeq::append_page(PageId id, int n_valid) {
@@ -162,18 +165,6 @@ void KVSeq::append_page(PageId id, int n_valid) {
 void KVSeq::page_ptrs(std::vector<uint8_t*>& out) const {
   out.resize(pages_.size());
   for (size_t i = 0; i < pages_.size(); ++i) out[i] = pool_->data(pages_[i]);
-}
-
-uint8_t* KVSeq::write_ptr(int64_t pos, int layer, int kv) {
-  const PageLayout& lay = pool_->layout();
-  const int pt = lay.page_tokens;
-  return pool_->data(pages_[pos / pt]) + lay.offset(layer, kv, static_cast<int>(pos % pt));
-}
-
-const uint8_t* KVSeq::read_ptr(int64_t pos, int layer, int kv) const {
-  const PageLayout& lay = pool_->layout();
-  const int pt = lay.page_tokens;
-  return pool_->data(pages_[pos / pt]) + lay.offset(layer, kv, static_cast<int>(pos % pt));
 }
 
 }  // namespace ctx

@@ -3,7 +3,9 @@
 //
 // A page holds the KV of PAGE_TOKENS consecutive positions for every layer:
 //   page bytes = n_layer * 2 (K, V) * page_tokens * kv_dim * elem_bytes
-//   layout [layer][K=0 | V=1][slot][kv_dim]
+//   layout, per layer: K as [kv_dim][slot] (dimension-major, so attention
+//   scores a whole page of keys with one vector op per dimension), then V as
+//   [slot][kv_dim] (row per position, for the weighted sum).
 // A full page is immutable; only a sequence's last, partly filled page is
 // written, and only after copy-on-write when it is shared. Slots past a
 // sequence's length are kept zero, so a page's bytes depend only on the
@@ -28,9 +30,12 @@ struct PageLayout {
   int elem_bytes = 2;   // f16
   size_t row_bytes() const { return static_cast<size_t>(kv_dim) * elem_bytes; }
   size_t page_bytes() const { return static_cast<size_t>(n_layer) * 2 * page_tokens * row_bytes(); }
-  // Offset of (layer, k_or_v, slot) inside a page.
-  size_t offset(int layer, int kv, int slot) const {
-    return ((static_cast<size_t>(layer) * 2 + kv) * page_tokens + slot) * row_bytes();
+  size_t layer_bytes() const { return 2 * static_cast<size_t>(page_tokens) * row_bytes(); }
+  // K block of a layer: kv_dim rows of page_tokens elements.
+  size_t k_offset(int layer) const { return static_cast<size_t>(layer) * layer_bytes(); }
+  // V row of (layer, slot): kv_dim elements.
+  size_t v_offset(int layer, int slot) const {
+    return k_offset(layer) + static_cast<size_t>(page_tokens) * row_bytes() + static_cast<size_t>(slot) * row_bytes();
   }
 };
 
@@ -99,8 +104,6 @@ class KVSeq {
   // Base address of every page, in order (pages never move once allocated):
   // the forward pass resolves them once per step instead of once per read.
   void page_ptrs(std::vector<uint8_t*>& out) const;
-  uint8_t* write_ptr(int64_t pos, int layer, int kv);          // pos in the prepared range
-  const uint8_t* read_ptr(int64_t pos, int layer, int kv) const;
 
  private:
   std::shared_ptr<PagePool> pool_;

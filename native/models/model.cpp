@@ -10,6 +10,9 @@
 // sequences share the step.
 #include "models/model.h"
 
+#include "models/activations.h"
+#include "models/attention.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -32,8 +35,6 @@ void rmsnorm(const float* x, const float* w, float* out, int n, float eps) {
   const float scale = static_cast<float>(1.0 / std::sqrt(ss / n + eps));
   for (int i = 0; i < n; ++i) out[i] = x[i] * scale * w[i];
 }
-
-float silu(float x) { return x / (1.0f + std::exp(-x)); }
 
 int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
 
@@ -80,6 +81,7 @@ void Model::ensure_scratch(int rows) {
   s_.hb2.assign(r * cfg_.n_ff, 0.0f);
   s_.rope.assign(r * cfg_.rope_dim, 0.0f);
   s_.xlog.assign(r * cfg_.n_embd, 0.0f);
+  s_.k16.assign(cfg_.kv_dim(), 0);
   scratch_rows_ = rows;
 }
 
@@ -90,30 +92,48 @@ void Model::quantize_rows(const float* x, int n_rows, int n_in) {
   });
 }
 
-// y (n_rows, w.n_out) = x (n_rows, w.n_in) . W^T, split across output rows.
-void Model::matmul(const Weight& w, const float* x, int n_rows, float* y, bool x_quantized) {
-  const bool quantized = dtype_is_quantized(w.type);
-  if (quantized && !x_quantized) quantize_rows(x, n_rows, w.n_in);
-  const int64_t grain = std::max<int64_t>(16, round_up(w.n_out / (pool_.size() * 8), 16));
-  pool_.parallel_for(w.n_out, grain, [&](int64_t o0, int64_t o1) {
-    if (quantized)
-      matmul_q(w.type, w.data, w.n_in, static_cast<int>(o0), static_cast<int>(o1), s_.xq.data(), n_rows, y,
-               static_cast<size_t>(w.n_out));
-    else
-      matmul_f(w.type, w.data, w.n_in, static_cast<int>(o0), static_cast<int>(o1), x, n_rows, y,
-               static_cast<size_t>(w.n_out));
+// y_j (n_rows, w_j.n_out) = x (n_rows, n_in) . W_j^T for every job j, split
+// across the output rows of all jobs together. Quantized weights share one
+// quantization of x.
+void Model::matmul(std::initializer_list<MatmulJob> jobs, const float* x, int n_rows) {
+  int n_in = -1;
+  bool any_quantized = false;
+  int64_t total = 0;
+  for (const MatmulJob& j : jobs) {
+    if (n_in >= 0 && j.w->n_in != n_in) throw std::logic_error("fused matmuls need the same input size");
+    n_in = j.w->n_in;
+    any_quantized |= dtype_is_quantized(j.w->type);
+    total += j.w->n_out;
+  }
+  if (any_quantized) quantize_rows(x, n_rows, n_in);
+  // Chunks of 16 output rows (the kernels' tile), about 8 chunks per thread
+  // so a slow core does not hold the others up at the barrier.
+  const int64_t grain = std::max<int64_t>(16, round_up(total / (pool_.size() * 8), 16));
+  pool_.parallel_for(total, grain, [&](int64_t begin, int64_t end) {
+    int64_t base = 0;
+    for (const MatmulJob& j : jobs) {
+      const int64_t n_out = j.w->n_out;
+      const int64_t o0 = std::max<int64_t>(begin - base, 0), o1 = std::min<int64_t>(end - base, n_out);
+      if (o0 < o1) {
+        if (dtype_is_quantized(j.w->type))
+          matmul_q(j.w->type, j.w->data, n_in, static_cast<int>(o0), static_cast<int>(o1), s_.xq.data(), n_rows,
+                   j.y, static_cast<size_t>(n_out));
+        else
+          matmul_f(j.w->type, j.w->data, n_in, static_cast<int>(o0), static_cast<int>(o1), x, n_rows, j.y,
+                   static_cast<size_t>(n_out));
+      }
+      base += n_out;
+    }
   });
 }
 
-void Model::attention(int layer, const std::vector<BatchItem>& items, const std::vector<Row>& rows, size_t r0,
+void Model::attention(int layer, const std::vector<Row>& rows, size_t r0,
                       int n_rows, const std::vector<std::vector<uint8_t*>>& pages) {
   const int hd = cfg_.head_dim;
   const int group = cfg_.n_head / cfg_.n_head_kv;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   const PageLayout& lay = layout_;
-  const size_t k_off = lay.offset(layer, 0, 0);
-  const size_t v_off = lay.offset(layer, 1, 0);
-  const size_t row_bytes = lay.row_bytes();
+  const size_t k_off = lay.k_offset(layer);
   const int pt = lay.page_tokens;
   const int64_t n_ctx = static_cast<int64_t>(s_.scores.size()) / pool_.size();
 
@@ -124,31 +144,28 @@ void Model::attention(int layer, const std::vector<BatchItem>& items, const std:
       const int h = static_cast<int>(t % cfg_.n_head);
       const Row& row = rows[r0 + r];
       const std::vector<uint8_t*>& pg = pages[row.item];
-      const size_t head_off = static_cast<size_t>(h / group) * hd * 2;
+      const int kv_head = h / group;
       const float* q = s_.q.data() + static_cast<size_t>(r) * cfg_.q_dim() + h * hd;
       const int64_t n_kv = row.pos + 1;
+      const int64_t n_pages = (n_kv + pt - 1) / pt;
+      for (int64_t p = 0; p < n_pages; ++p) {
+        const int n = static_cast<int>(std::min<int64_t>(pt, n_kv - p * pt));
+        const uint16_t* kt = reinterpret_cast<const uint16_t*>(pg[p] + k_off) + static_cast<size_t>(kv_head) * hd * pt;
+        attn_scores_f16(q, kt, hd, pt, n, scale, sc + p * pt);
+      }
       float mx = -INFINITY;
-      for (int64_t j = 0; j < n_kv; ++j) {
-        const uint8_t* kp = pg[j / pt] + k_off + (j % pt) * row_bytes + head_off;
-        sc[j] = dot_f32_f16(q, reinterpret_cast<const uint16_t*>(kp), hd) * scale;
-        mx = std::max(mx, sc[j]);
-      }
-      double sum = 0.0;
-      for (int64_t j = 0; j < n_kv; ++j) {
-        sc[j] = std::exp(sc[j] - mx);
-        sum += sc[j];
-      }
+      for (int64_t j = 0; j < n_kv; ++j) mx = std::max(mx, sc[j]);
+      const float sum = exp_shift_sum(sc, static_cast<int>(n_kv), mx);
       float* out = s_.att.data() + static_cast<size_t>(r) * cfg_.q_dim() + h * hd;
       std::fill(out, out + hd, 0.0f);
       for (int64_t j = 0; j < n_kv; ++j) {
-        const uint8_t* vp = pg[j / pt] + v_off + (j % pt) * row_bytes + head_off;
+        const uint8_t* vp = pg[j / pt] + lay.v_offset(layer, static_cast<int>(j % pt)) + static_cast<size_t>(kv_head) * hd * 2;
         axpy_f16(sc[j], reinterpret_cast<const uint16_t*>(vp), out, hd);
       }
-      const float inv = static_cast<float>(1.0 / sum);
+      const float inv = 1.0f / sum;
       for (int i = 0; i < hd; ++i) out[i] *= inv;
     }
   });
-  (void)items;
 }
 
 void Model::run_rows(std::vector<BatchItem>& items, const std::vector<Row>& rows, size_t r0, size_t r1,
@@ -189,13 +206,7 @@ void Model::run_rows(std::vector<BatchItem>& items, const std::vector<Row>& rows
   for (int l = 0; l < cfg_.n_layer; ++l) {
     const LayerWeights& L = w_.layers[l];
     for (int r = 0; r < n; ++r) rmsnorm(&s_.x[r * E], L.attn_norm, &s_.xb[r * E], E, cfg_.norm_eps);
-    // One quantization of the normed input serves all three projections.
-    const bool q_in = dtype_is_quantized(L.wq.type) && dtype_is_quantized(L.wk.type) &&
-                      dtype_is_quantized(L.wv.type);
-    if (q_in) quantize_rows(s_.xb.data(), n, E);
-    matmul(L.wq, s_.xb.data(), n, s_.q.data(), q_in);
-    matmul(L.wk, s_.xb.data(), n, s_.k.data(), q_in);
-    matmul(L.wv, s_.xb.data(), n, s_.v.data(), q_in);
+    matmul({{&L.wq, s_.q.data()}, {&L.wk, s_.k.data()}, {&L.wv, s_.v.data()}}, s_.xb.data(), n);
     if (L.bq)
       for (int r = 0; r < n; ++r) {
         for (int i = 0; i < QD; ++i) s_.q[r * QD + i] += L.bq[i];
@@ -220,22 +231,24 @@ void Model::run_rows(std::vector<BatchItem>& items, const std::vector<Row>& rows
     // position, old and new, from the same f16 bytes.
     for (int r = 0; r < n; ++r) {
       const Row& row = rows[r0 + r];
-      KVSeq* seq = items[row.item].seq;
-      f32_to_f16_row(&s_.k[r * KD], reinterpret_cast<uint16_t*>(seq->write_ptr(row.pos, l, 0)), KD);
-      f32_to_f16_row(&s_.v[r * KD], reinterpret_cast<uint16_t*>(seq->write_ptr(row.pos, l, 1)), KD);
+      const int pt = layout_.page_tokens, slot = static_cast<int>(row.pos % pt);
+      uint8_t* page = pages[row.item][row.pos / pt];
+      uint16_t* kt = reinterpret_cast<uint16_t*>(page + layout_.k_offset(l));
+      f32_to_f16_row(&s_.k[r * KD], s_.k16.data(), KD);
+      for (int e = 0; e < KD; ++e) kt[static_cast<size_t>(e) * pt + slot] = s_.k16[e];
+      f32_to_f16_row(&s_.v[r * KD], reinterpret_cast<uint16_t*>(page + layout_.v_offset(l, slot)), KD);
     }
-    attention(l, items, rows, r0, n, pages);
+    attention(l, rows, r0, n, pages);
 
-    matmul(L.wo, s_.att.data(), n, s_.xb.data(), false);
+    matmul({{&L.wo, s_.xb.data()}}, s_.att.data(), n);
     for (int i = 0; i < n * E; ++i) s_.x[i] += s_.xb[i];
 
     for (int r = 0; r < n; ++r) rmsnorm(&s_.x[r * E], L.ffn_norm, &s_.xb[r * E], E, cfg_.norm_eps);
-    const bool f_in = dtype_is_quantized(L.gate.type) && dtype_is_quantized(L.up.type);
-    if (f_in) quantize_rows(s_.xb.data(), n, E);
-    matmul(L.gate, s_.xb.data(), n, s_.hb.data(), f_in);
-    matmul(L.up, s_.xb.data(), n, s_.hb2.data(), f_in);
-    for (int i = 0; i < n * F; ++i) s_.hb[i] = silu(s_.hb[i]) * s_.hb2[i];
-    matmul(L.down, s_.hb.data(), n, s_.xb.data(), false);
+    matmul({{&L.gate, s_.hb.data()}, {&L.up, s_.hb2.data()}}, s_.xb.data(), n);
+    pool_.parallel_for(n, 4, [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) silu_mul(&s_.hb[r * F], &s_.hb2[r * F], F);
+    });
+    matmul({{&L.down, s_.xb.data()}}, s_.hb.data(), n);
     for (int i = 0; i < n * E; ++i) s_.x[i] += s_.xb[i];
   }
 
@@ -263,7 +276,7 @@ void Model::run_rows(std::vector<BatchItem>& items, const std::vector<Row>& rows
   // in the model, so all requested rows share one pass over its weights.
   std::vector<float>& block = s_.logits;
   if (block.size() < static_cast<size_t>(n_out) * cfg_.n_vocab) block.resize(static_cast<size_t>(n_out) * cfg_.n_vocab);
-  matmul(w_.output, s_.xlog.data(), n_out, block.data(), false);
+  matmul({{&w_.output, block.data()}}, s_.xlog.data(), n_out);
   for (int i = 0; i < n_out; ++i)
     std::memcpy(dst[i], block.data() + static_cast<size_t>(i) * cfg_.n_vocab, sizeof(float) * cfg_.n_vocab);
 }

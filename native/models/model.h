@@ -83,6 +83,7 @@ struct RunState {
   std::vector<float> hb2;     // (rows, n_ff) up
   std::vector<float> rope;    // (rows, rope_dim / 2, 2) cos, sin per position
   std::vector<float> scores;  // (threads, n_ctx) attention scores
+  std::vector<uint16_t> k16;  // (kv_dim) one K row in f16, before it is scattered into a page
   std::vector<float> xlog;    // (rows, n_embd) rows that want logits or hidden states, normed
   std::vector<float> logits;  // (rows, n_vocab) logits before they are copied out
   std::vector<float*> logit_dst;  // (rows) where each logits row goes
@@ -109,9 +110,16 @@ class Model {
   };
   void run_rows(std::vector<BatchItem>& items, const std::vector<Row>& rows, size_t r0, size_t r1,
                 std::vector<std::vector<uint8_t*>>& pages);
-  void matmul(const Weight& w, const float* x, int n_rows, float* y, bool x_quantized);
+  struct MatmulJob {
+    const Weight* w;
+    float* y;  // (n_rows, w->n_out)
+  };
+  // Several matmuls over the same input x (n_rows, n_in) in one parallel
+  // region: decode runs hundreds of them per token, and each region costs a
+  // wake-up and a barrier.
+  void matmul(std::initializer_list<MatmulJob> jobs, const float* x, int n_rows);
   void quantize_rows(const float* x, int n_rows, int n_in);
-  void attention(int layer, const std::vector<BatchItem>& items, const std::vector<Row>& rows, size_t r0,
+  void attention(int layer, const std::vector<Row>& rows, size_t r0,
                  int n_rows, const std::vector<std::vector<uint8_t*>>& pages);
   void ensure_scratch(int rows);
 

@@ -10,6 +10,8 @@
 #include <tuple>
 #include <unordered_map>
 
+#include "models/activations.h"
+#include "models/attention.h"
 #include "models/model.h"
 
 namespace py = pybind11;
@@ -112,6 +114,39 @@ using I32Array = py::array_t<int32_t, py::array::c_style | py::array::forcecast>
 }  // namespace
 
 void register_model(py::module_& m) {
+  // The elementwise math, for tests that hold every SIMD path to the scalar one.
+  m.def(
+      "exp_shift_sum",
+      [](F32Array x, float shift) {
+        py::array_t<float> y(x.size());
+        std::copy(x.data(), x.data() + x.size(), y.mutable_data());
+        const float sum = exp_shift_sum(y.mutable_data(), static_cast<int>(y.size()), shift);
+        return py::make_tuple(y, sum);
+      },
+      py::arg("x"), py::arg("shift"), "(exp(x - shift), sum) with the engine's canonical exp");
+  m.def(
+      "silu_mul",
+      [](F32Array g, F32Array u) {
+        if (g.size() != u.size()) throw std::invalid_argument("g and u differ in length");
+        py::array_t<float> y(g.size());
+        std::copy(g.data(), g.data() + g.size(), y.mutable_data());
+        silu_mul(y.mutable_data(), u.data(), static_cast<int>(y.size()));
+        return y;
+      },
+      py::arg("g"), py::arg("u"), "silu(g) * u");
+  m.def(
+      "attn_scores",
+      [](F32Array q, py::array_t<uint16_t, py::array::c_style | py::array::forcecast> kt, int n, float scale) {
+        // kt: (hd, stride) f16 bits, as a head's K block sits in a page
+        if (kt.ndim() != 2 || kt.shape(0) != q.size() || n > kt.shape(1))
+          throw std::invalid_argument("kt must be (len(q), stride) with n <= stride");
+        py::array_t<float> out(n);
+        attn_scores_f16(q.data(), kt.data(), static_cast<int>(q.size()), static_cast<int>(kt.shape(1)), n, scale,
+                        out.mutable_data());
+        return out;
+      },
+      py::arg("q"), py::arg("kt"), py::arg("n"), py::arg("scale"), "scores of n keys of a page's K block");
+
   py::class_<Model>(m, "Model", "a decoder-only transformer over mapped GGUF weights")
       .def(py::init(&build), py::arg("config"), py::arg("tensors"), py::arg("n_threads"))
       .def_property_readonly("n_threads", &Model::n_threads)

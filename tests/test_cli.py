@@ -1,0 +1,56 @@
+"""The `ctx` command as a user runs it: a real process, real model."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+
+def ctx(*args, input=None, env=None):
+    e = dict(os.environ, **(env or {}))
+    return subprocess.run([sys.executable, "-m", "ctxengine.cli.main", *args], capture_output=True, text=True,
+                          input=input, env=e, timeout=300)
+
+
+def test_run_streams_a_chat_reply_with_the_default_model():
+    r = ctx("run", "What is the capital of France? Answer in one word.", "-n", "12")
+    assert r.returncode == 0, r.stderr
+    assert "Paris" in r.stdout
+
+
+def test_run_raw_continues_text(smollm2_ref):
+    case = smollm2_ref["greedy"][0]
+    r = ctx("run", "--raw", case["prompt"], "-n", "8")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith(" Paris")
+
+
+def test_tokenize_matches_reference(smollm2_ref):
+    case = smollm2_ref["tokenize"][6]
+    r = ctx("tokenize", case["text"])
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout) == case["ids"]
+
+
+def test_models_verify_reports_the_weight_id(tmp_path):
+    r = ctx("models", "verify", env={"CTX_HOME": str(tmp_path)})
+    assert r.returncode == 0, r.stderr
+    assert "weight_id" in r.stdout
+
+
+@pytest.mark.parametrize("args", [["run", "-m", "/nonexistent/model.gguf", "hi"], ["tokenize", "-m", "no-such-model", "x"]])
+def test_errors_are_one_clear_line(args):
+    r = ctx(*args)
+    assert r.returncode == 1
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "error" in lines[0], r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_bad_model_file_is_one_line(tmp_path, smollm2_path):
+    bad = tmp_path / "cut.gguf"
+    bad.write_bytes(smollm2_path.read_bytes()[: 5_000_000])
+    r = ctx("run", "-m", str(bad), "hi")
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1

@@ -1,0 +1,49 @@
+"""Models the engine cannot run fail at load with a clear ctxengine error."""
+import gguf
+import numpy as np
+import pytest
+
+import ctxengine as ce
+from ctxengine.errors import ModelFileError, UnsupportedModelError
+from tiny_models import TinyConfig, make_weights, write_gguf
+
+
+def test_unknown_architecture(tmp_path):
+    path = tmp_path / "mamba.gguf"
+    w = gguf.GGUFWriter(str(path), "mamba")
+    w.add_tensor("token_embd.weight", np.zeros((8, 32), np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(UnsupportedModelError, match="architecture 'mamba'"):
+        ce.load(path)
+
+
+def test_unsupported_architecture_is_named(gemma3_path):
+    with pytest.raises(UnsupportedModelError, match="architecture 'gemma3'"):
+        ce.load(gemma3_path)
+
+
+def test_unsupported_tensor_type_is_named(tmp_path):
+    # A llama model with one K-quant tensor (K-quants come in a later issue).
+    cfg = TinyConfig(n_embd=256, n_head=4, head_dim=64, n_ff=256)
+    weights = make_weights(cfg)
+    path = tmp_path / "kquant.gguf"
+    write_gguf(path, cfg, weights, raw={"blk.0.ffn_up.weight": gguf.GGMLQuantizationType.Q4_K})
+    with pytest.raises(UnsupportedModelError, match="Q4_K"):
+        ce.load(path)
+
+
+def test_truncated_file(tmp_path, smollm2_path):
+    for cut in (10, 1000, 2_000_000, 60_000_000):
+        bad = tmp_path / f"cut{cut}.gguf"
+        with open(smollm2_path, "rb") as src:
+            bad.write_bytes(src.read(cut))
+        with pytest.raises(ModelFileError):
+            ce.load(bad)
+
+
+def test_missing_file():
+    with pytest.raises(ce.CtxError):
+        ce.load("/nonexistent/dir/model.gguf")
