@@ -1,0 +1,210 @@
+"""The LMDB environment under a store: one per path per process, growing on demand.
+
+LMDB gives us what a snapshot store needs — one writer and many readers across
+processes, transactions that are all-or-nothing even under ``kill -9`` — but it
+has three sharp edges this module hides:
+
+* The map size is fixed when the environment opens. When a write finds the map
+  full we abort, double the map and rerun the whole transaction (callers pass a
+  function, not an open transaction, so it can be replayed). Big writes pass a
+  size hint so we usually grow once up front instead of failing half-way.
+* When *another* process has grown the map past ours, beginning a transaction
+  fails with MapResizedError; we adopt the new size and retry.
+* ``mdb_env_set_mapsize`` must not run while this process has any transaction
+  open, and LMDB forbids opening one environment twice in a process. So every
+  Store on a path shares one :class:`Env`, whose read/write helpers hold a
+  shared lock and whose resizes take it exclusively.
+
+Do not carry an open store across ``fork()``; open it in the child. Do not
+call ``write`` inside a ``read`` block of the same Env: a resize would wait for
+the shared lock that very block holds.
+"""
+from __future__ import annotations
+
+import os
+import threading
+from contextlib import contextmanager
+from typing import Callable, Iterator, TypeVar
+
+import lmdb
+
+from ..errors import StoreError
+
+T = TypeVar("T")
+
+DB_NAMES = ("pages", "manifests", "refs", "reflog", "meta", "pending")
+
+
+class _RWLock:
+    """Many shared holders or one exclusive holder (threads of this process)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._shared = 0
+        self._exclusive = False
+
+    @contextmanager
+    def shared(self) -> Iterator[None]:
+        with self._cond:
+            while self._exclusive:
+                self._cond.wait()
+            self._shared += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._shared -= 1
+                self._cond.notify_all()
+
+    @contextmanager
+    def exclusive(self) -> Iterator[None]:
+        with self._cond:
+            while self._exclusive or self._shared:
+                self._cond.wait()
+            self._exclusive = True
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._exclusive = False
+                self._cond.notify_all()
+
+
+class Env:
+    _registry: dict[str, "Env"] = {}
+    _registry_lock = threading.Lock()
+
+    @classmethod
+    def acquire(cls, path: str, map_size: int) -> "Env":
+        """The shared Env for ``path`` (opened on first use), with one more user."""
+        key = os.path.realpath(path)
+        with cls._registry_lock:
+            env = cls._registry.get(key)
+            if env is None:
+                env = cls._registry[key] = cls(key, map_size)
+            env._users += 1
+            return env
+
+    def __init__(self, path: str, map_size: int) -> None:
+        self.path = path
+        self._users = 0
+        self._lock = _RWLock()
+        try:
+            # readahead off: pages are read at random, and a large store would
+            # otherwise pull neighbouring (unwanted) pages into the page cache.
+            self.env = lmdb.open(path, map_size=max(int(map_size), 1 << 16), subdir=True,
+                                 max_dbs=len(DB_NAMES) + 2, readahead=False, max_readers=256)
+        except lmdb.Error as e:
+            raise StoreError(f"cannot open snapshot store at {path}: {e}") from None
+        try:
+            # Free reader slots left by processes that died (kill -9) holding a read
+            # transaction; until then LMDB could not reuse the pages they pinned.
+            self.env.reader_check()
+            for _ in range(8):  # another process may be growing the map right now
+                try:
+                    self.dbs = {name: self.env.open_db(name.encode()) for name in DB_NAMES}
+                    break
+                except lmdb.MapResizedError:
+                    self.env.set_mapsize(0)
+            else:
+                raise StoreError(f"cannot open snapshot store at {path}: its map keeps changing size")
+        except BaseException as e:
+            self.env.close()  # else LMDB would refuse to open this path again in this process
+            if isinstance(e, lmdb.Error):
+                raise StoreError(f"cannot open snapshot store at {path}: {e}") from None
+            raise
+
+    def release(self) -> None:
+        with self._registry_lock:
+            self._users -= 1
+            if self._users > 0:
+                return
+            del self._registry[self.path]
+        with self._lock.exclusive():
+            self.env.close()
+
+    # -- transactions ---------------------------------------------------------
+
+    @contextmanager
+    def read(self, buffers: bool = False) -> Iterator[lmdb.Transaction]:
+        """A read transaction (a consistent snapshot of the whole store).
+
+        With ``buffers=True`` values are memoryviews valid only inside the block.
+        """
+        while True:
+            with self._lock.shared():
+                try:
+                    txn = self.env.begin(buffers=buffers)
+                except lmdb.MapResizedError:
+                    txn = None
+                except lmdb.Error as e:
+                    raise StoreError(f"snapshot store {self.path}: {e}") from None
+                if txn is not None:
+                    try:
+                        yield txn
+                    except lmdb.Error as e:
+                        raise StoreError(f"snapshot store {self.path}: {e}") from None
+                    finally:
+                        txn.abort()
+                    return
+            self._adopt_size()
+
+    def write(self, fn: Callable[[lmdb.Transaction], T], size_hint: int = 0,
+              buffers: bool = False) -> T:
+        """Run ``fn(txn)`` in one write transaction and commit; replayed if the map fills.
+
+        ``fn`` must have no effects outside the transaction (it may run several
+        times). Any exception it raises aborts the transaction: nothing is written.
+        With ``buffers=True`` values read are memoryviews that the next write in
+        the transaction invalidates.
+        """
+        self._reserve(size_hint)
+        while True:
+            with self._lock.shared():
+                try:
+                    with self.env.begin(write=True, buffers=buffers) as txn:
+                        return fn(txn)
+                except lmdb.MapFullError:
+                    resized = False
+                except lmdb.MapResizedError:
+                    resized = True
+                except lmdb.Error as e:
+                    raise StoreError(f"snapshot store {self.path}: {e}") from None
+            if resized:
+                self._adopt_size()
+            else:
+                self._grow(self.map_size() * 2)
+
+    # -- map size -------------------------------------------------------------
+
+    def map_size(self) -> int:
+        return self.env.info()["map_size"]
+
+    def used_bytes(self) -> int:
+        return (self.env.info()["last_pgno"] + 1) * self.env.stat()["psize"]
+
+    def _reserve(self, size_hint: int) -> None:
+        """Grow before a big write so it does not fill the map half-way and replay."""
+        if size_hint <= 0:
+            return
+        # B-tree and free-list overhead on top of the values; generous on purpose.
+        need = self.used_bytes() + int(size_hint * 1.25) + (1 << 20)
+        size = self.map_size()
+        if need > size:
+            while size < need:
+                size *= 2
+            self._grow(size)
+
+    def _grow(self, new_size: int) -> None:
+        with self._lock.exclusive():
+            if new_size > self.map_size():  # another thread may have grown it already
+                try:
+                    self.env.set_mapsize(new_size)
+                except lmdb.Error as e:
+                    raise StoreError(f"cannot grow snapshot store {self.path} to "
+                                     f"{new_size} bytes: {e}") from None
+
+    def _adopt_size(self) -> None:
+        """Another process grew the map: take its size (0 means 'as recorded on disk')."""
+        with self._lock.exclusive():
+            self.env.set_mapsize(0)

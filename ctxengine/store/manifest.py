@@ -1,0 +1,181 @@
+"""Snapshot manifests and their canonical bytes.
+
+A manifest says everything needed to rebuild a context except the KV bytes
+themselves, which it names by page key. Its *canonical bytes* (format 1) are
+UTF-8 JSON produced by::
+
+    json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+               allow_nan=False)
+
+where ``obj`` holds exactly the 14 fields of :class:`Manifest`, ``created``
+always as a float and ``page_keys``/``parent`` as lowercase hex. The snapshot id
+is the hex BLAKE3 of those bytes, so two hosts that snapshot the same context
+state agree on the id. Parsing requires the bytes to *be* canonical (we re-encode
+and compare), otherwise one manifest could hide behind several ids.
+See docs/store-format.md.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import blake3
+
+from ..errors import CorruptDataError, StoreError
+from .pages import KEY_HEX_LEN
+
+MANIFEST_FORMAT = 1
+MAX_TOKEN_ID = 2**31 - 1
+
+_FIELDS = (
+    "format_version", "weight_id", "model_name", "arch", "kv_dtype", "page_tokens",
+    "token_ids", "page_keys", "page_size", "n_tokens", "sampler_state", "parent",
+    "created", "labels",
+)
+_HEX = frozenset("0123456789abcdef")
+
+
+@dataclass(kw_only=True)
+class Manifest:
+    """What a snapshot records. ``n_tokens`` is how many positions have KV; it may be
+    less than ``len(token_ids)`` (tokens not prefilled yet), never more."""
+
+    format_version: int = MANIFEST_FORMAT
+    weight_id: str
+    model_name: str
+    arch: dict[str, Any] = field(default_factory=dict)
+    kv_dtype: str
+    page_tokens: int
+    token_ids: list[int]
+    page_keys: list[str]
+    page_size: int
+    n_tokens: int
+    sampler_state: dict[str, Any] = field(default_factory=dict)
+    parent: str | None = None
+    created: float = field(default_factory=time.time)
+    labels: dict[str, str] = field(default_factory=dict)
+
+    def canonical_bytes(self) -> bytes:
+        """The bytes the snapshot id hashes; StoreError if the manifest is malformed."""
+        return json.dumps(
+            _checked(dataclasses.asdict(self), StoreError),
+            sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False,
+        ).encode("utf-8")
+
+    def snapshot_id(self) -> str:
+        return blake3.blake3(self.canonical_bytes()).hexdigest()
+
+    @classmethod
+    def from_bytes(cls, data: bytes, what: str = "manifest") -> Manifest:
+        """Parse canonical bytes; CorruptDataError if they are not a valid, canonical manifest."""
+        try:
+            obj = json.loads(bytes(data).decode("utf-8"))
+        except (UnicodeDecodeError, ValueError) as e:
+            raise CorruptDataError(f"{what} is not valid UTF-8 JSON ({e})") from None
+        if not isinstance(obj, dict):
+            raise CorruptDataError(f"{what} is not a JSON object")
+        m = cls(**_checked(obj, CorruptDataError, what))
+        if m.canonical_bytes() != bytes(data):
+            raise CorruptDataError(f"{what} is not in canonical form")
+        return m
+
+
+def _checked(obj: dict, err: type[StoreError], what: str = "manifest") -> dict:
+    """Validate every field and return a normalized copy (tuples → lists, created → float)."""
+
+    def fail(msg: str):
+        raise err(f"{what}: {msg}")
+
+    keys = set(obj)
+    if keys != set(_FIELDS):
+        missing, extra = sorted(set(_FIELDS) - keys), sorted(keys - set(_FIELDS))
+        fail(f"fields differ from format {MANIFEST_FORMAT} (missing {missing}, unknown {extra})")
+    out: dict[str, Any] = {}
+    v = obj["format_version"]
+    if not _is_int(v) or v != MANIFEST_FORMAT:
+        fail(f"unknown format version {v!r}; this ctxengine reads {MANIFEST_FORMAT}")
+    out["format_version"] = v
+    for name in ("weight_id", "model_name", "kv_dtype"):
+        if not isinstance(obj[name], str) or not obj[name]:
+            fail(f"{name} must be a non-empty string, got {obj[name]!r}")
+        out[name] = obj[name]
+    for name, lo in (("page_tokens", 1), ("page_size", 1), ("n_tokens", 0)):
+        if not _is_int(obj[name]) or obj[name] < lo:
+            fail(f"{name} must be an integer >= {lo}, got {obj[name]!r}")
+        out[name] = obj[name]
+
+    tokens = obj["token_ids"]
+    if not isinstance(tokens, (list, tuple)):
+        fail("token_ids must be a list of integers")
+    tokens = list(tokens)
+    if not all(_is_int(t) and 0 <= t <= MAX_TOKEN_ID for t in tokens):
+        bad = next(t for t in tokens if not (_is_int(t) and 0 <= t <= MAX_TOKEN_ID))
+        fail(f"token_ids holds {bad!r}; token ids are integers in [0, 2^31)")
+    out["token_ids"] = tokens
+
+    keys_ = obj["page_keys"]
+    if not isinstance(keys_, (list, tuple)) or not all(_is_hex_id(k) for k in keys_):
+        fail(f"page_keys must be a list of {KEY_HEX_LEN}-digit hex strings")
+    out["page_keys"] = [k.lower() for k in keys_]
+
+    if out["n_tokens"] > len(tokens):
+        fail(f"n_tokens {out['n_tokens']} exceeds the {len(tokens)} token ids")
+    want_pages = -(-out["n_tokens"] // out["page_tokens"])
+    if len(out["page_keys"]) != want_pages:
+        fail(f"{len(out['page_keys'])} pages for {out['n_tokens']} tokens at "
+             f"{out['page_tokens']} tokens a page (expected {want_pages})")
+
+    parent = obj["parent"]
+    if parent is not None and not _is_hex_id(parent):
+        fail(f"parent must be a snapshot id or null, got {parent!r}")
+    out["parent"] = parent.lower() if parent is not None else None
+
+    created = obj["created"]
+    if not (_is_int(created) or isinstance(created, float)) or not math.isfinite(created):
+        fail(f"created must be a finite number (unix time), got {created!r}")
+    out["created"] = float(created)
+
+    labels = obj["labels"]
+    if not isinstance(labels, dict) or not all(
+        isinstance(k, str) and isinstance(x, str) for k, x in labels.items()
+    ):
+        fail("labels must map strings to strings")
+    out["labels"] = dict(labels)
+
+    for name in ("arch", "sampler_state"):
+        if not isinstance(obj[name], dict):
+            fail(f"{name} must be a JSON object (dict)")
+        out[name] = _json_data(obj[name], name, fail)
+    return out
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_hex_id(v) -> bool:
+    return isinstance(v, str) and len(v) == KEY_HEX_LEN and set(v.lower()) <= _HEX
+
+
+def _json_data(v, path: str, fail):
+    """Copy ``v`` if it is plain JSON data that round-trips exactly (else ``fail``)."""
+    if v is None or isinstance(v, bool):
+        return v
+    if isinstance(v, (int, str)):
+        return int(v) if isinstance(v, int) else str(v)  # drop subclasses (IntEnum...)
+    if isinstance(v, float):
+        if not math.isfinite(v):
+            fail(f"{path} holds {v!r}; JSON has no NaN or infinity")
+        return float(v)
+    if isinstance(v, (list, tuple)):
+        return [_json_data(x, f"{path}[{i}]", fail) for i, x in enumerate(v)]
+    if isinstance(v, dict):
+        for k in v:
+            if not isinstance(k, str):
+                fail(f"{path} has a non-string key {k!r}")
+        return {k: _json_data(x, f"{path}.{k}", fail) for k, x in v.items()}
+    fail(f"{path} holds a {type(v).__name__}; only JSON data is allowed")

@@ -1,0 +1,57 @@
+"""Validation of user-chosen names (refs here; context names elsewhere).
+
+A name may end up as a path component, a URL segment, an LMDB key prefix or a
+line in a log, so we accept a deliberately small alphabet and reject anything
+that could be read as a path trick (``..``, a leading ``/``) or that would not
+print cleanly (control characters).
+
+Rule: 1..128 characters from ``[A-Za-z0-9._-]`` plus ``/`` used only as a
+separator between non-empty components; no component is ``.`` or ``..``.
+"""
+from __future__ import annotations
+
+import re
+
+from ..errors import InvalidNameError
+
+MAX_NAME_LEN = 128
+
+_COMPONENT = re.compile(r"[A-Za-z0-9._-]+")
+
+
+def validate_name(name: object, what: str = "ref") -> str:
+    """Return ``name`` unchanged if it is a valid name, else raise InvalidNameError.
+
+    ``what`` ("ref", "context", ...) is only used to word the message.
+    """
+    if not isinstance(name, str):
+        raise InvalidNameError(f"{what} name must be a string, not {type(name).__name__}")
+    if not name:
+        raise InvalidNameError(f"{what} name is empty")
+    if len(name) > MAX_NAME_LEN:
+        raise InvalidNameError(
+            f"{what} name is {len(name)} characters long; the limit is {MAX_NAME_LEN}"
+        )
+    bad = [c for c in name if ord(c) < 0x20 or ord(c) == 0x7F]
+    if bad:
+        raise InvalidNameError(
+            f"{what} name {name!r} contains a control character ({bad[0]!r})"
+        )
+    if name.startswith("/"):
+        raise InvalidNameError(f"{what} name {name!r} must not start with '/'")
+    for component in name.split("/"):
+        if not component:
+            raise InvalidNameError(
+                f"{what} name {name!r} has an empty component ('//' or a trailing '/')"
+            )
+        if component in (".", ".."):
+            raise InvalidNameError(
+                f"{what} name {name!r} must not contain a '.' or '..' component"
+            )
+        if not _COMPONENT.fullmatch(component):
+            odd = next(c for c in component if not _COMPONENT.fullmatch(c))
+            raise InvalidNameError(
+                f"{what} name {name!r} contains {odd!r}; "
+                "allowed: letters, digits, '.', '_', '-' and '/' between components"
+            )
+    return name

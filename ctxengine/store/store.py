@@ -1,0 +1,375 @@
+"""The snapshot store: content-addressed pages, manifests and refs in one LMDB.
+
+Invariants every write keeps (each write is one LMDB transaction, so they hold
+even if the process is killed at any instant):
+
+* a page is stored under the BLAKE3 of its raw bytes, and every read checks it;
+* a manifest is stored under the BLAKE3 of its canonical bytes, and only once
+  every page it names is present;
+* a ref only ever points at a stored manifest.
+
+The store knows nothing about models: pages are opaque bytes from the layer
+above. See docs/store-format.md for the on-disk and export formats.
+"""
+from __future__ import annotations
+
+import os
+import struct
+import time
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import BinaryIO, Callable
+
+from ..errors import CorruptDataError, InvalidNameError, StoreError
+from . import exportfile, maintenance, pages as codec, refs as refs_
+from .lmdbenv import Env
+from .manifest import Manifest
+from .maintenance import GCResult, StoreStats
+from .names import validate_name
+from .refs import RefLogEntry
+
+STORE_FORMAT = 1         # layout of the LMDB databases (meta b"format")
+MIN_PREFIX = 8           # shortest snapshot-id prefix resolve() accepts
+_TIME = struct.Struct(">d")
+
+Progress = Callable[[int, int], None] | None
+
+
+def default_store_path() -> Path:
+    """$CTX_STORE, else $XDG_DATA_HOME/ctxengine/store (~/.local/share/ctxengine/store)."""
+    if os.environ.get("CTX_STORE"):
+        return Path(os.environ["CTX_STORE"]).expanduser()
+    data = os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share"
+    return Path(data).expanduser() / "ctxengine" / "store"
+
+
+class Store:
+    def __init__(self, path: str | os.PathLike | None = None, *, map_size: int = 1 << 30):
+        self.path = Path(path).expanduser() if path is not None else default_store_path()
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise StoreError(f"cannot create snapshot store directory {self.path}: {e}") from None
+        self._env: Env | None = Env.acquire(str(self.path), map_size)
+        try:
+            self._check_format()
+        except BaseException:
+            self.close()
+            raise
+
+    def _check_format(self) -> None:
+        with self.env.read() as txn:
+            found = txn.get(b"format", db=self.dbs["meta"])
+        if found is None:  # a new store (or one whose creator died before this line)
+            self.env.write(lambda txn: txn.put(b"format", str(STORE_FORMAT).encode(),
+                                               db=self.dbs["meta"], overwrite=False))
+            return
+        if found != str(STORE_FORMAT).encode():
+            raise StoreError(f"snapshot store {self.path} has format {found.decode(errors='replace')}; "
+                             f"this ctxengine reads format {STORE_FORMAT}")
+
+    @property
+    def env(self) -> Env:
+        if self._env is None:
+            raise StoreError("the snapshot store is closed")
+        return self._env
+
+    @property
+    def dbs(self) -> dict:
+        return self.env.dbs
+
+    def close(self) -> None:
+        if self._env is not None:
+            env, self._env = self._env, None
+            env.release()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Store({str(self.path)!r})"
+
+    # -- pages ----------------------------------------------------------------
+
+    def missing_pages(self, keys: Iterable[str]) -> list[str]:
+        """The keys (lowercased, first occurrence order, no duplicates) not stored."""
+        wanted = list(dict.fromkeys(k.lower() if isinstance(k, str) else k for k in keys))
+        raw_keys = [codec.key_bytes(k) for k in wanted]
+        with self.env.read() as txn:
+            cur = txn.cursor(db=self.dbs["pages"])
+            return [k for k, kb in zip(wanted, raw_keys) if not cur.set_key(kb)]
+
+    def put_pages(self, pages: Iterable[bytes]) -> list[str]:
+        """Store pages (only those absent); return every page's key, in order."""
+        raws = [bytes(p) for p in pages]
+        keys = [codec.page_key(r) for r in raws]
+        records = self._encode_missing(dict(zip(keys, raws)))
+        self.env.write(lambda txn: self._put_records(txn, records, pending=keys),
+                       size_hint=sum(map(len, records.values())))
+        return keys
+
+    def put_page(self, key: str, raw: bytes) -> bool:
+        """Store one page after checking BLAKE3(raw) == key; True if it was new."""
+        raw = bytes(raw)
+        if codec.page_key(raw) != str(key).lower():
+            raise CorruptDataError(f"page {key}: content does not match its key (BLAKE3 mismatch)")
+        return self._put_one(key.lower(), codec.encode(raw))
+
+    def get_page(self, key: str) -> bytes:
+        """The raw bytes of a page, verified against its key."""
+        kb = codec.key_bytes(key)
+        with self.env.read(buffers=True) as txn:
+            record = txn.get(kb, db=self.dbs["pages"])
+            if record is None:
+                raise StoreError(f"page {key} is not in the store")
+            return codec.decode(key.lower(), record)
+
+    def get_pages(self, keys: Iterable[str]) -> list[bytes]:
+        """Several pages from one consistent read (restore reads a whole page table)."""
+        keys = [k.lower() for k in keys]
+        with self.env.read(buffers=True) as txn:
+            return [self._decode_stored(txn, k) for k in keys]
+
+    def get_page_record(self, key: str) -> bytes:
+        """The stored (encoded) form of a page, for transfer; the receiver verifies it."""
+        kb = codec.key_bytes(key)
+        with self.env.read() as txn:
+            record = txn.get(kb, db=self.dbs["pages"])
+        if record is None:
+            raise StoreError(f"page {key} is not in the store")
+        codec.parse_header(key, record)
+        return record
+
+    def put_page_record(self, key: str, record: bytes) -> bool:
+        """Store an encoded page (from get_page_record elsewhere) after verifying it."""
+        record = bytes(record)
+        codec.decode(str(key).lower(), record)
+        return self._put_one(key.lower(), record)
+
+    def page_keys(self) -> list[str]:
+        with self.env.read() as txn:
+            cur = txn.cursor(db=self.dbs["pages"])
+            return [bytes(k).hex() for k in cur.iternext(keys=True, values=False)]
+
+    # -- manifests and snapshots ----------------------------------------------
+
+    def put_manifest(self, m: Manifest) -> str:
+        """Store a manifest whose pages are all present; return its snapshot id."""
+        data = m.canonical_bytes()  # validates, so page_keys are hex strings below
+        sid = codec.page_key(data)
+        record = codec.encode(data)
+        keys = [k.lower() for k in m.page_keys]
+        self.env.write(lambda txn: self._put_manifest(txn, sid, record, keys, {}))
+        return sid
+
+    def get_manifest(self, snapshot_id: str) -> Manifest:
+        """The manifest stored under a full snapshot id (use resolve() for refs/prefixes)."""
+        kb = codec.key_bytes(snapshot_id, "snapshot id")
+        with self.env.read(buffers=True) as txn:
+            record = txn.get(kb, db=self.dbs["manifests"])
+            if record is None:
+                raise StoreError(f"snapshot {snapshot_id} is not in the store")
+            data = codec.decode(snapshot_id.lower(), record, what="snapshot")
+        return Manifest.from_bytes(data, what=f"snapshot {snapshot_id}")
+
+    def snapshot(self, m: Manifest, pages: Mapping[str, bytes] | Iterable[bytes],
+                 ref: str | None = None) -> str:
+        """Write the missing pages, the manifest and (optionally) move ``ref``: all or nothing.
+
+        ``pages`` may be {key: raw} or just raw pages; each must hash to its key.
+        Pages the store already has may be left out; pages the manifest does not
+        name are ignored. Returns the snapshot id.
+        """
+        if ref is not None:
+            validate_name(ref, "ref")
+        data = m.canonical_bytes()  # validates, so page_keys are hex strings below
+        sid = codec.page_key(data)
+        keys = [k.lower() for k in m.page_keys]
+        if isinstance(pages, Mapping):
+            given = {}
+            for key, raw in pages.items():
+                raw = bytes(raw)
+                if codec.page_key(raw) != str(key).lower():
+                    raise CorruptDataError(f"page {key}: content does not match its key")
+                given[key.lower()] = raw
+        else:
+            given = {codec.page_key(r): r for r in map(bytes, pages)}
+        named = set(keys)
+        given = {k: r for k, r in given.items() if k in named}
+        # Compress outside the write transaction: other writers wait while it is open.
+        records = self._encode_missing(given)
+        record = codec.encode(data)
+        now = time.time()
+
+        def write(txn):
+            self._put_records(txn, records)
+            self._put_manifest(txn, sid, record, keys, given)
+            if ref is not None:
+                refs_.set_ref(txn, self.dbs, ref, bytes.fromhex(sid), now)
+
+        self.env.write(write, size_hint=sum(map(len, records.values())) + len(record))
+        return sid
+
+    def snapshots(self) -> list[str]:
+        """Every stored snapshot id (sorted)."""
+        with self.env.read() as txn:
+            cur = txn.cursor(db=self.dbs["manifests"])
+            return [bytes(k).hex() for k in cur.iternext(keys=True, values=False)]
+
+    # -- refs -----------------------------------------------------------------
+
+    def set_ref(self, name: str, snapshot_id: str) -> None:
+        """Point ref ``name`` at a stored snapshot, appending (time, old, new) to its log."""
+        validate_name(name, "ref")
+        sid = codec.key_bytes(snapshot_id, "snapshot id")
+        now = time.time()
+
+        def write(txn):
+            if txn.get(sid, db=self.dbs["manifests"]) is None:
+                raise StoreError(f"cannot point ref {name!r} at {snapshot_id}: no such snapshot")
+            refs_.set_ref(txn, self.dbs, name, sid, now)
+
+        self.env.write(write)
+
+    def resolve(self, ref_or_id: str) -> str:
+        """A ref name, a full snapshot id, or a unique prefix (>= 8 hex digits) → snapshot id.
+
+        A ref wins over an id prefix spelled the same way.
+        """
+        if not isinstance(ref_or_id, str) or not ref_or_id:
+            raise StoreError(f"not a ref or snapshot id: {ref_or_id!r}")
+        text = ref_or_id
+        try:
+            validate_name(text)
+        except InvalidNameError:
+            raise StoreError(f"no ref or snapshot named {text!r}") from None
+        with self.env.read() as txn:
+            sid = refs_.get_ref(txn, self.dbs, text)
+            if sid is not None:
+                return sid.hex()
+            hexed = text.lower()
+            if len(hexed) >= MIN_PREFIX and set(hexed) <= set("0123456789abcdef"):
+                found = self._ids_with_prefix(txn, hexed)
+                if len(found) == 1:
+                    return found[0]
+                if len(found) > 1:
+                    shown = ", ".join(f[:16] for f in found[:4])
+                    raise StoreError(f"snapshot id prefix {text!r} is ambiguous ({shown}, ...)")
+        raise StoreError(f"no ref or snapshot named {text!r}")
+
+    def refs(self) -> dict[str, str]:
+        with self.env.read() as txn:
+            return {n: sid.hex() for n, sid in refs_.all_refs(txn, self.dbs).items()}
+
+    def ref_log(self, name: str) -> list[RefLogEntry]:
+        """Every move of ref ``name``, oldest first."""
+        validate_name(name, "ref")
+        with self.env.read() as txn:
+            if refs_.get_ref(txn, self.dbs, name) is None:
+                raise StoreError(f"no ref named {name!r}")
+            return refs_.log(txn, self.dbs, name)
+
+    def delete_ref(self, name: str) -> None:
+        """Remove a ref and its log; its snapshots stay until gc() finds them unreachable."""
+        validate_name(name, "ref")
+
+        def write(txn):
+            if not refs_.delete_ref(txn, self.dbs, name):
+                raise StoreError(f"no ref named {name!r}")
+
+        self.env.write(write)
+
+    # -- maintenance and files --------------------------------------------------
+
+    def gc(self, progress: Progress = None, *, grace: float = maintenance.PENDING_GRACE_S) -> GCResult:
+        """Remove snapshots no ref reaches (through parents) and pages no kept snapshot names.
+
+        Pages written by put_page*/put_pages that no manifest names yet survive
+        for ``grace`` seconds, so a transfer in progress is not collected under it.
+        """
+        return maintenance.gc(self.env, progress, grace)
+
+    def stats(self) -> StoreStats:
+        return maintenance.stats(self.env, self.path)
+
+    def export(self, ref_or_id: str, file: str | os.PathLike | BinaryIO, progress: Progress = None) -> None:
+        """Write one snapshot and its pages as a self-checking portable file."""
+        exportfile.export(self, self.resolve(ref_or_id), file, progress)
+
+    def import_file(self, file: str | os.PathLike | BinaryIO, ref: str | None = None,
+                    progress: Progress = None) -> str:
+        """Verify a whole export file, then store it in one transaction; return its id."""
+        return exportfile.import_file(self, file, ref, progress)
+
+    # -- internals (used inside write transactions; no effects outside them) -----
+
+    def _encode_missing(self, raws: dict[str, bytes]) -> dict[str, bytes]:
+        """Records for the pages not stored yet (compressing only those)."""
+        if not raws:
+            return {}
+        return {k: codec.encode(raws[k]) for k in self.missing_pages(raws)}
+
+    def _put_one(self, key: str, record: bytes) -> bool:
+        return self.env.write(lambda txn: bool(self._put_records(txn, {key: record}, pending=[key])),
+                              size_hint=len(record))
+
+    def _put_records(self, txn, records: dict[str, bytes], pending: Iterable[str] = ()) -> int:
+        """Write the records absent from the store; return how many were new.
+
+        Keys in ``pending`` (pages stored ahead of their manifest) are protected
+        from gc for a grace period, whether or not they were new: a page already
+        present may belong only to snapshots the next gc would collect.
+        """
+        written = 0
+        for key, record in records.items():
+            if txn.put(bytes.fromhex(key), record, db=self.dbs["pages"], overwrite=False):
+                written += 1
+        now = _TIME.pack(time.time())
+        for key in pending:
+            txn.put(bytes.fromhex(key), now, db=self.dbs["pending"])
+        return written
+
+    def _put_manifest(self, txn, sid: str, record: bytes, page_keys: list[str],
+                      raws: Mapping[str, bytes]) -> None:
+        """Store a manifest record once all its pages are present.
+
+        A page that vanished since we checked (a concurrent gc) is rewritten from
+        ``raws`` when we have it; otherwise the manifest is refused.
+        """
+        cur = txn.cursor(db=self.dbs["pages"])
+        missing = []
+        for key in dict.fromkeys(page_keys):
+            kb = bytes.fromhex(key)
+            if not cur.set_key(kb):
+                if key in raws:
+                    txn.put(kb, codec.encode(raws[key]), db=self.dbs["pages"])
+                else:
+                    missing.append(key)
+            txn.delete(kb, db=self.dbs["pending"])  # now referenced: gc's rules apply
+        if missing:
+            raise StoreError(f"snapshot {sid} names {len(missing)} page(s) the store lacks, "
+                             f"e.g. {missing[0]}; store the pages first")
+        txn.put(bytes.fromhex(sid), record, db=self.dbs["manifests"], overwrite=False)
+
+    def _decode_stored(self, txn, key: str) -> bytes:
+        record = txn.get(codec.key_bytes(key), db=self.dbs["pages"])
+        if record is None:
+            raise StoreError(f"page {key} is not in the store")
+        return codec.decode(key, record)
+
+    def _ids_with_prefix(self, txn, prefix: str) -> list[str]:
+        cur = txn.cursor(db=self.dbs["manifests"])
+        start = bytes.fromhex(prefix[: len(prefix) // 2 * 2])
+        found = []
+        if cur.set_range(start):
+            for k in cur.iternext(keys=True, values=False):
+                h = bytes(k).hex()
+                if not h.startswith(prefix):
+                    break
+                found.append(h)
+                if len(found) > 4:
+                    break
+        return found

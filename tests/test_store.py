@@ -1,0 +1,417 @@
+"""Snapshot store: pages, codec, manifests, refs, names, map growth, stats."""
+import os
+import random
+from pathlib import Path
+
+import lmdb
+import pytest
+
+from ctxengine.errors import CorruptDataError, InvalidNameError, StoreError
+from ctxengine.store import Manifest, Store, page_key, validate_name
+from ctxengine.store import pages as codec
+from ctxengine.store.store import default_store_path
+
+PAGE = 368 * 1024  # one 16-token page of SmolLM2 with an f16 KV
+
+
+def rand_page(rng: random.Random, n: int = PAGE) -> bytes:
+    return rng.randbytes(n)
+
+
+def compressible_page(rng: random.Random, n: int = PAGE) -> bytes:
+    # f16-ish: a few distinct byte pairs, like a KV with low-entropy high bytes
+    return bytes(rng.choice(b"\x00\x3c\x01\x3c") for _ in range(n // 64)) * 64
+
+
+def manifest(keys, *, page_tokens=16, **kw) -> Manifest:
+    n = kw.pop("n_tokens", len(keys) * page_tokens)
+    fields = dict(weight_id="w" * 64, model_name="smollm2", arch={"arch": "llama", "n_layer": 30},
+                  kv_dtype="f16", page_tokens=page_tokens, token_ids=list(range(n)),
+                  page_keys=list(keys), page_size=PAGE, n_tokens=n,
+                  sampler_state={"temperature": 0.7, "rng": [1, 2, 3]}, created=1700000000.25)
+    fields.update(kw)
+    return Manifest(**fields)
+
+
+@pytest.fixture
+def store(tmp_path):
+    with Store(tmp_path / "store") as s:
+        yield s
+
+
+@pytest.fixture
+def rng():
+    return random.Random(1234)
+
+
+# -- pages -------------------------------------------------------------------
+
+def test_pages_round_trip_raw_and_zstd(store, rng):
+    incompressible, compressible, small, empty = (rand_page(rng), compressible_page(rng),
+                                                  b"tiny page", b"")
+    keys = store.put_pages([incompressible, compressible, small, empty])
+    assert keys == [page_key(p) for p in (incompressible, compressible, small, empty)]
+    for key, raw in zip(keys, (incompressible, compressible, small, empty)):
+        assert store.get_page(key) == raw
+    assert codec.codec_of(store.get_page_record(keys[0])) == "raw"
+    assert codec.codec_of(store.get_page_record(keys[1])) == "zstd"
+    assert len(store.get_page_record(keys[1])) < PAGE // 4
+    assert codec.codec_of(store.get_page_record(keys[2])) == "raw"  # too small to gain
+    assert store.get_pages(keys[:2]) == [incompressible, compressible]
+
+
+def test_put_page_verifies_and_reports_new(store, rng):
+    raw = rand_page(rng, 1000)
+    key = page_key(raw)
+    assert store.put_page(key, raw) is True
+    assert store.put_page(key.upper(), raw) is False  # already there; hex case does not matter
+    with pytest.raises(CorruptDataError, match=page_key(b"other")):
+        store.put_page(page_key(b"other"), raw)
+
+
+def test_page_record_transfer(tmp_path, rng):
+    raws = [rand_page(rng, 5000), compressible_page(rng, 64 * 100)]
+    with Store(tmp_path / "a") as a, Store(tmp_path / "b") as b:
+        keys = a.put_pages(raws)
+        assert b.missing_pages(keys + keys) == keys  # deduplicated, in order
+        for k in b.missing_pages(keys):
+            assert b.put_page_record(k, a.get_page_record(k)) is True
+        assert b.missing_pages(keys) == []
+        assert [b.get_page(k) for k in keys] == raws
+        bad = bytearray(a.get_page_record(keys[0]))
+        bad[-1] ^= 1
+        with pytest.raises(CorruptDataError, match=keys[0]):
+            b.put_page_record(keys[0], bytes(bad))
+        with pytest.raises(CorruptDataError):
+            b.put_page_record(keys[0], a.get_page_record(keys[1]))  # a valid record, wrong key
+
+
+def test_dedup_same_page_stored_once(store, rng):
+    raw = rand_page(rng)
+    k1, k2 = store.put_pages([raw, raw])
+    assert k1 == k2 and store.page_keys() == [k1]
+    store.snapshot(manifest([k1, k1, k1]), [raw], ref="a")
+    store.snapshot(manifest([k1, k1], labels={"x": "y"}), {k1: raw}, ref="b")
+    st = store.stats()
+    assert st.n_pages == 1 and st.n_manifests == 2 and st.n_refs == 2
+    assert st.unique_raw_bytes == PAGE and st.logical_bytes == 5 * PAGE
+    assert st.dedup_ratio == pytest.approx(5.0)
+    assert st.stored_bytes == PAGE + codec.HEADER_SIZE
+    assert st.compression_ratio == pytest.approx(1.0, abs=1e-3)
+
+
+def test_bad_keys_refused(store):
+    for bad in ["xyz", "0" * 63, "g" * 64, " " * 64, 42]:
+        with pytest.raises(StoreError):
+            store.get_page(bad)
+    with pytest.raises(StoreError, match="not in the store"):
+        store.get_page("0" * 64)
+
+
+# -- corruption ----------------------------------------------------------------
+
+def test_byte_flipped_on_disk_is_caught_and_named(tmp_path, rng):
+    path = tmp_path / "store"
+    raws = [rand_page(rng) for _ in range(3)]
+    with Store(path) as s:
+        keys = s.put_pages(raws)
+    # Find the stored bytes of page 1 in the data file and flip one in the middle.
+    data_file = path / "data.mdb"
+    blob = data_file.read_bytes()
+    needle = raws[1][PAGE // 2: PAGE // 2 + 64]
+    at = blob.index(needle)
+    assert blob.count(needle) == 1
+    with open(data_file, "r+b") as f:
+        f.seek(at + 10)
+        f.write(bytes([blob[at + 10] ^ 0x40]))
+    with Store(path) as s:
+        with pytest.raises(CorruptDataError, match=keys[1]):
+            s.get_page(keys[1])
+        with pytest.raises(CorruptDataError, match=keys[1]):
+            s.get_pages(keys)
+        assert s.get_page(keys[0]) == raws[0] and s.get_page(keys[2]) == raws[2]
+
+
+@pytest.mark.parametrize("damage", ["zstd_payload", "wrong_record", "header", "short"])
+def test_bad_record_written_through_lmdb(store, rng, damage):
+    good = compressible_page(rng)
+    other = compressible_page(rng)
+    key, other_key = store.put_pages([good, other])
+    record = bytearray(store.get_page_record(key))
+    if damage == "zstd_payload":
+        record[len(record) // 2] ^= 0xFF
+    elif damage == "wrong_record":
+        record = bytearray(store.get_page_record(other_key))
+    elif damage == "header":
+        record[0:4] = b"XXXX"
+    else:
+        record = record[:8]
+    with store.env.env.begin(write=True) as txn:  # bypass the store, as a bad disk would
+        txn.put(bytes.fromhex(key), bytes(record), db=store.dbs["pages"])
+    with pytest.raises(CorruptDataError, match=key):
+        store.get_page(key)
+    assert store.get_page(other_key) == other
+
+
+# -- manifests -------------------------------------------------------------------
+
+def test_manifest_id_stable_and_verified(store, rng):
+    raws = [rand_page(rng, 4096) for _ in range(3)]
+    keys = store.put_pages(raws)
+    m = manifest(keys, n_tokens=40, token_ids=list(range(41)), labels={"who": "tëst"})
+    sid = store.put_manifest(m)
+    assert sid == m.snapshot_id() == manifest(keys, n_tokens=40, token_ids=list(range(41)),
+                                               labels={"who": "tëst"}).snapshot_id()
+    assert store.put_manifest(m) == sid  # idempotent
+    back = store.get_manifest(sid)
+    assert back == m and back.canonical_bytes() == m.canonical_bytes()
+    assert store.snapshots() == [sid]
+    # Any field change changes the id.
+    assert manifest(keys, n_tokens=40, token_ids=list(range(41))).snapshot_id() != sid
+    # A manifest record altered in the db is refused, naming the id.
+    with store.env.env.begin(write=True) as txn:
+        bad = codec.encode(m.canonical_bytes().replace(b"smollm2", b"smollm3"))
+        txn.put(bytes.fromhex(sid), bad, db=store.dbs["manifests"])
+    with pytest.raises(CorruptDataError, match=sid):
+        store.get_manifest(sid)
+
+
+def test_manifest_hex_case_does_not_matter(store, rng):
+    raws = [rand_page(rng, 300) for _ in range(2)]
+    upper = [page_key(r).upper() for r in raws]
+    sid = store.snapshot(manifest(upper), {k: r for k, r in zip(upper, raws)}, ref="main")
+    assert sid == manifest([k.lower() for k in upper]).snapshot_id()
+    assert store.get_manifest(sid).page_keys == [k.lower() for k in upper]
+    assert store.put_manifest(manifest(upper, parent=sid.upper())) == \
+        manifest([k.lower() for k in upper], parent=sid).snapshot_id()
+
+
+def test_manifest_needs_its_pages(store, rng):
+    raw = rand_page(rng, 100)
+    with pytest.raises(StoreError, match="lacks"):
+        store.put_manifest(manifest([page_key(raw)]))
+    assert store.snapshots() == []
+
+
+def test_canonical_bytes_format(rng):
+    m = manifest(["ab" * 32], sampler_state={"b": 1, "a": (1.5, None, True)}, labels={"k": "ü"})
+    data = m.canonical_bytes()
+    assert data.startswith(b'{"arch":{"arch":"llama","n_layer":30},"created":1700000000.25,')
+    assert b" " not in data and "ü".encode() in data
+    assert b'"sampler_state":{"a":[1.5,null,true],"b":1}' in data
+    back = Manifest.from_bytes(data)
+    assert back.sampler_state["a"] == [1.5, None, True] and back.canonical_bytes() == data
+    # Non-canonical spellings of the same object are refused (one manifest, one id).
+    with pytest.raises(CorruptDataError, match="canonical"):
+        Manifest.from_bytes(data.replace(b'"created":1700000000.25,', b'"created": 1700000000.25,'))
+
+
+@pytest.mark.parametrize("change, match", [
+    (dict(format_version=2), "format version"),
+    (dict(page_tokens=0), "page_tokens"),
+    (dict(page_tokens=True), "page_tokens"),
+    (dict(n_tokens=33, token_ids=list(range(40))), "pages for 33 tokens"),
+    (dict(n_tokens=16), "2 pages for 16 tokens"),
+    (dict(token_ids=list(range(10))), "exceeds"),
+    (dict(token_ids=[-1] * 32), "token_ids"),
+    (dict(token_ids="abc"), "token_ids"),
+    (dict(page_keys=["nothex"] * 2), "page_keys"),
+    (dict(weight_id=""), "weight_id"),
+    (dict(kv_dtype=5), "kv_dtype"),
+    (dict(parent="abc"), "parent"),
+    (dict(created=float("nan")), "created"),
+    (dict(labels={"a": 1}), "labels"),
+    (dict(sampler_state={"x": float("inf")}), "infinity"),
+    (dict(sampler_state={1: "x"}), "non-string key"),
+    (dict(arch={"x": object()}), "JSON data"),
+])
+def test_malformed_manifests_refused(change, match):
+    m = manifest(["ab" * 32, "cd" * 32])
+    for k, v in change.items():
+        setattr(m, k, v)
+    with pytest.raises(StoreError, match=match):
+        m.canonical_bytes()
+
+
+def test_from_bytes_rejects_garbage():
+    for data in [b"\xff\xfe", b"[]", b"{}", b'{"format_version":1}', b"not json"]:
+        with pytest.raises(CorruptDataError):
+            Manifest.from_bytes(data)
+
+
+# -- refs --------------------------------------------------------------------------
+
+def test_refs_and_log(store, rng):
+    raws = [rand_page(rng, 256) for _ in range(4)]
+    s1 = store.snapshot(manifest([page_key(raws[0])]), raws[:1], ref="main")
+    s2 = store.snapshot(manifest([page_key(r) for r in raws[:2]], parent=s1), raws[:2], ref="main")
+    store.set_ref("feature/x", s1)
+    store.set_ref("main", s2)  # no-op move: not logged
+    assert store.refs() == {"main": s2, "feature/x": s1}
+    log = store.ref_log("main")
+    assert [(e.old, e.new) for e in log] == [(None, s1), (s1, s2)]
+    assert log[0].time <= log[1].time
+    store.set_ref("main", s1)
+    assert [(e.old, e.new) for e in store.ref_log("main")][-1] == (s2, s1)
+    assert store.resolve("main") == s1 and store.resolve("feature/x") == s1
+    with pytest.raises(StoreError, match="no such snapshot"):
+        store.set_ref("main", "0" * 64)
+    store.delete_ref("main")
+    assert store.refs() == {"feature/x": s1}
+    with pytest.raises(StoreError):
+        store.ref_log("main")
+    with pytest.raises(StoreError):
+        store.delete_ref("main")
+    store.set_ref("main", s2)  # a recreated ref starts a fresh log
+    assert [(e.old, e.new) for e in store.ref_log("main")] == [(None, s2)]
+    assert [(e.old, e.new) for e in store.ref_log("feature/x")] == [(None, s1)]
+
+
+def test_resolve_by_prefix(store, rng):
+    raw = rand_page(rng, 64)
+    key = store.put_pages([raw])[0]
+    ids = [store.put_manifest(manifest([key], labels={"i": str(i)})) for i in range(40)]
+    for sid in ids[:5]:
+        assert store.resolve(sid) == sid
+        assert store.resolve(sid.upper()) == sid
+        assert store.resolve(sid[:12]) == sid
+    with pytest.raises(StoreError, match="no ref or snapshot"):
+        store.resolve(ids[0][:7])  # too short to count as a prefix
+    with pytest.raises(StoreError):
+        store.resolve("f" * 64 if "f" * 64 not in ids else "e" * 64)
+    with pytest.raises(StoreError):
+        store.resolve("../etc")
+    # Two ids sharing 9 hex digits (planted directly: only their keys matter here).
+    twins = ["abcdef012" + c * 55 for c in "01"]
+    with store.env.env.begin(write=True) as txn:
+        for t in twins:
+            txn.put(bytes.fromhex(t), b"", db=store.dbs["manifests"])
+    with pytest.raises(StoreError, match="ambiguous"):
+        store.resolve("abcdef01")
+    with pytest.raises(StoreError, match="ambiguous"):
+        store.resolve("ABCDEF012")  # odd length
+    assert store.resolve("abcdef0120") == twins[0]
+    store.set_ref(ids[1][:8], ids[2])  # a ref spelled like an id prefix wins
+    assert store.resolve(ids[1][:8]) == ids[2]
+
+
+# -- names ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", ["", "../x", "a/../b", "x/..", ".", "/abs", "a//b", "a/",
+                                  "x" * 200, "x" * 129, "a\x00b", "a\nb", "a\x7fb",
+                                  "a b", "é", "a:b", "a\\b", None, 5])
+def test_bad_names(store, name):
+    with pytest.raises(InvalidNameError):
+        validate_name(name, "context")
+    with pytest.raises(InvalidNameError):
+        store.set_ref(name, "0" * 64)
+
+
+@pytest.mark.parametrize("name", ["main", "a/b/c", "v1.2_x-Y", "x" * 128, "..a", ".hidden", "a..b"])
+def test_good_names(name):
+    assert validate_name(name) == name
+
+
+def test_name_messages():
+    with pytest.raises(InvalidNameError, match="context name '../x'.*'..'"):
+        validate_name("../x", "context")
+    with pytest.raises(InvalidNameError, match="200 characters"):
+        validate_name("x" * 200)
+
+
+# -- environment -----------------------------------------------------------------------
+
+def test_map_full_grows(tmp_path, rng):
+    with Store(tmp_path / "s", map_size=64 * 1024) as s:
+        start = s.env.map_size()
+        raws = [rand_page(rng, 100_000) for _ in range(30)]
+        keys = [s.put_pages([r])[0] for r in raws]               # many small writes
+        big = [rand_page(rng) for _ in range(8)]                  # one ~3 MB snapshot
+        sid = s.snapshot(manifest([page_key(b) for b in big]), big, ref="big")
+        # A write with no size hint fills the map mid-transaction and is replayed.
+        more = {page_key(r): codec.encode(r) for r in (rand_page(rng) for _ in range(12))}
+        runs = []
+        s.env.write(lambda txn: (runs.append(1), s._put_records(txn, more)))
+        assert len(runs) > 1 and s.env.map_size() > start
+        assert [s.get_page(k) for k in keys] == raws
+        assert s.get_pages(s.get_manifest(sid).page_keys) == big
+        assert all(s.get_page(k) for k in more)
+
+
+def test_threads_share_a_growing_store(tmp_path):
+    import threading
+
+    errors = []
+    with Store(tmp_path / "s", map_size=64 * 1024) as s:
+        def work(seed):
+            try:
+                r = random.Random(seed)
+                for _ in range(15):
+                    raws = [r.randbytes(r.randint(1, 60_000)) for _ in range(3)]
+                    keys = s.put_pages(raws)
+                    assert s.get_pages(keys) == raws  # reads while others grow the map
+            except BaseException as e:
+                errors.append(e)
+
+        threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not errors and len(s.page_keys()) == 4 * 15 * 3
+
+
+def test_same_path_twice_in_one_process(tmp_path, rng):
+    a = Store(tmp_path / "s")
+    b = Store(tmp_path / "s")  # LMDB forbids two envs on one path per process: shared
+    key = a.put_pages([b"x" * 10])[0]
+    a.close()
+    assert b.get_page(key) == b"x" * 10
+    b.close()
+    b.close()  # idempotent
+    with pytest.raises(StoreError, match="closed"):
+        b.get_page(key)
+
+
+def test_default_path(monkeypatch, tmp_path):
+    monkeypatch.setenv("CTX_STORE", str(tmp_path / "env-store"))
+    assert default_store_path() == tmp_path / "env-store"
+    monkeypatch.delenv("CTX_STORE")
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
+    assert default_store_path() == tmp_path / "xdg" / "ctxengine" / "store"
+    with Store() as s:
+        assert s.path == tmp_path / "xdg" / "ctxengine" / "store"
+        assert (s.path / "data.mdb").exists()
+    monkeypatch.delenv("XDG_DATA_HOME")
+    assert default_store_path() == Path.home() / ".local" / "share" / "ctxengine" / "store"
+
+
+def test_newer_store_format_refused(tmp_path):
+    path = tmp_path / "s"
+    Store(path).close()
+    env = lmdb.open(str(path), max_dbs=8)
+    with env.begin(write=True) as txn:
+        txn.put(b"format", b"99", db=env.open_db(b"meta", txn=txn))
+    env.close()
+    with pytest.raises(StoreError, match="format 99"):
+        Store(path)
+    # The failed open released its environment (LMDB would refuse a second one).
+    env = lmdb.open(str(path), max_dbs=8)
+    env.close()
+
+
+def test_store_imports_nothing_else_of_ours():
+    root = Path(__file__).resolve().parents[1] / "ctxengine" / "store"
+    for f in root.glob("*.py"):
+        for line in f.read_text().splitlines():
+            s = line.strip()
+            if s.startswith(("from ..", "import ctxengine", "from ctxengine")):
+                assert s.startswith("from ..errors import"), f"{f.name}: {s}"
+
+
+def test_unusable_path_is_a_store_error(tmp_path):
+    (tmp_path / "file").write_bytes(b"not a directory")
+    with pytest.raises(StoreError, match="cannot"):
+        Store(tmp_path / "file")
+    with pytest.raises(StoreError, match="cannot"):
+        Store(tmp_path / "file" / "sub")
