@@ -31,15 +31,18 @@ def test_fork_shares_pages_and_costs_no_copies():
 def test_truncate_zeroes_the_tail_and_copies_shared_pages():
     pool = make_pool()
     seq = _core.KVSeq(pool)
-    page = pool.import_page(bytes(range(256)) * (pool.page_bytes // 256))
+    page = pool.import_page(bytes(range(1, 256)) * (pool.page_bytes // 255) + bytes(range(1, 1 + pool.page_bytes % 255)))
     seq.append_page(page, PT)
     pool.release(page)
     child = seq.fork()
     child.truncate(PT - 1)
     assert child.pages != seq.pages, "a shared page is copied before it is changed"
-    assert seq.export_page(0) == bytes(range(256)) * (pool.page_bytes // 256)
-    raw = np.frombuffer(child.export_page(0), np.uint8).reshape(2, 2, PT, 16)
-    assert not raw[:, :, PT - 1].any() and raw[:, :, : PT - 1].any()
+    assert seq.export_page(0) == bytes(range(1, 256)) * (pool.page_bytes // 255) + bytes(range(1, 1 + pool.page_bytes % 255))
+    raw = np.frombuffer(child.export_page(0), np.uint16).reshape(2, 2, 8 * PT)
+    k = raw[:, 0].reshape(2, 8, PT)   # [layer][kv_dim][slot]
+    v = raw[:, 1].reshape(2, PT, 8)   # [layer][slot][kv_dim]
+    assert not k[:, :, PT - 1].any() and not v[:, PT - 1].any()
+    assert k[:, :, : PT - 1].all() and v[:, : PT - 1].all()
 
 
 def test_pool_full_is_an_error_not_a_crash():
@@ -64,11 +67,17 @@ class PageTableMachine(RuleBasedStateMachine):
         self.counter = 0
 
     def page_of(self, values):
-        """Bytes of one page holding `values` (token stamps), zero beyond."""
-        raw = np.zeros((2, 2, PT, 16), np.uint8)
-        for slot, v in enumerate(values):
-            raw[:, :, slot, :] = v
-        return raw.tobytes()
+        """Bytes of one page holding `values` (token stamps), zero beyond, in
+        the page layout: per layer K as [kv_dim][slot], then V as [slot][kv_dim]."""
+        layers = []
+        for _ in range(2):
+            k = np.zeros((8, PT), np.uint16)
+            v = np.zeros((PT, 8), np.uint16)
+            for slot, val in enumerate(values):
+                k[:, slot] = val
+                v[slot, :] = val
+            layers += [k.tobytes(), v.tobytes()]
+        return b"".join(layers)
 
     @rule()
     def new(self):

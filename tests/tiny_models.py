@@ -26,7 +26,7 @@ class TinyConfig:
 
 
 def byte_vocab() -> list[str]:
-    """GPT-2's byte-to-unicode alphabet: one token per byte, plus two controls."""
+    """GPT-2's byte-to-unicode alphabet: one token per byte, one merge, two controls."""
     bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
     cs = bs[:]
     n = 0
@@ -36,7 +36,7 @@ def byte_vocab() -> list[str]:
             cs.append(256 + n)
             n += 1
     table = dict(zip(bs, cs))
-    return [chr(table[b]) for b in range(256)] + ["<s>", "</s>"]
+    return [chr(table[b]) for b in range(256)] + ["ab", "<s>", "</s>"]
 
 
 def make_weights(cfg: TinyConfig, seed: int = 0) -> dict[str, np.ndarray]:
@@ -96,10 +96,10 @@ def write_gguf(path: Path, cfg: TinyConfig, weights: dict[str, np.ndarray],
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("default")
     w.add_token_list(vocab)
-    w.add_token_types([1] * 256 + [3, 3])
-    w.add_token_merges([])
-    w.add_bos_token_id(256)
-    w.add_eos_token_id(257)
+    w.add_token_types([1] * 257 + [3, 3])
+    w.add_token_merges(["a b"])
+    w.add_bos_token_id(257)
+    w.add_eos_token_id(258)
     w.add_add_bos_token(False)
     stored = {}
     qtype = gguf.GGMLQuantizationType[cfg.wtype]

@@ -51,10 +51,7 @@ Model::Model(ModelConfig config, ModelWeights weights, int n_threads)
     throw std::invalid_argument("rope dimension must be even and at most head_dim");
   if (static_cast<int>(w_.layers.size()) != cfg_.n_layer)
     throw std::invalid_argument("layer count does not match the config");
-  const int half = cfg_.rope_dim / 2;
-  inv_freq_.resize(half);
-  for (int i = 0; i < half; ++i)
-    inv_freq_[i] = std::pow(static_cast<double>(cfg_.rope_base), -2.0 * i / cfg_.rope_dim);
+  theta_scale_ = std::pow(cfg_.rope_base, -2.0f / static_cast<float>(cfg_.rope_dim));
 }
 
 PageLayout Model::page_layout(int page_tokens) const {
@@ -145,7 +142,12 @@ void Model::attention(int layer, const std::vector<Row>& rows, size_t r0,
       const Row& row = rows[r0 + r];
       const std::vector<uint8_t*>& pg = pages[row.item];
       const int kv_head = h / group;
-      const float* q = s_.q.data() + static_cast<size_t>(r) * cfg_.q_dim() + h * hd;
+      // Q and the softmax weights are rounded to f16 before they meet the f16
+      // K and V, as llama.cpp's (non-flash) attention does: its logits are
+      // the reference we are held to, and the rounding moves them measurably.
+      float* q = sc + n_ctx - hd;  // the tail of this thread's score row holds q in f16 precision
+      const float* q32 = s_.q.data() + static_cast<size_t>(r) * cfg_.q_dim() + h * hd;
+      for (int i = 0; i < hd; ++i) q[i] = f16_to_f32(f32_to_f16(q32[i]));
       const int64_t n_kv = row.pos + 1;
       const int64_t n_pages = (n_kv + pt - 1) / pt;
       for (int64_t p = 0; p < n_pages; ++p) {
@@ -155,15 +157,14 @@ void Model::attention(int layer, const std::vector<Row>& rows, size_t r0,
       }
       float mx = -INFINITY;
       for (int64_t j = 0; j < n_kv; ++j) mx = std::max(mx, sc[j]);
-      const float sum = exp_shift_sum(sc, static_cast<int>(n_kv), mx);
+      const float inv = 1.0f / exp_shift_sum(sc, static_cast<int>(n_kv), mx);
       float* out = s_.att.data() + static_cast<size_t>(r) * cfg_.q_dim() + h * hd;
       std::fill(out, out + hd, 0.0f);
       for (int64_t j = 0; j < n_kv; ++j) {
+        const float w = f16_to_f32(f32_to_f16(sc[j] * inv));
         const uint8_t* vp = pg[j / pt] + lay.v_offset(layer, static_cast<int>(j % pt)) + static_cast<size_t>(kv_head) * hd * 2;
-        axpy_f16(sc[j], reinterpret_cast<const uint16_t*>(vp), out, hd);
+        axpy_f16(w, reinterpret_cast<const uint16_t*>(vp), out, hd);
       }
-      const float inv = 1.0f / sum;
-      for (int i = 0; i < hd; ++i) out[i] *= inv;
     }
   });
 }
@@ -178,11 +179,14 @@ void Model::run_rows(std::vector<BatchItem>& items, const std::vector<Row>& rows
     const Row& row = rows[r0 + r];
     const Weight& te = w_.tok_embd;
     dequantize_row(te.type, te.data + dtype_row_bytes(te.type, E) * row.token, s_.x.data() + r * E, E);
+    // Angles as ggml computes them (theta_i = pos * scale^i by repeated float
+    // multiplication): the positions' rounding then matches llama.cpp's.
     float* rc = s_.rope.data() + static_cast<size_t>(r) * cfg_.rope_dim;
+    float theta = static_cast<float>(row.pos);
     for (int i = 0; i < half; ++i) {
-      const double theta = static_cast<double>(row.pos) * inv_freq_[i];
-      rc[2 * i] = static_cast<float>(std::cos(theta));
-      rc[2 * i + 1] = static_cast<float>(std::sin(theta));
+      rc[2 * i] = std::cos(theta);
+      rc[2 * i + 1] = std::sin(theta);
+      theta = theta * theta_scale_;
     }
   }
 
@@ -315,7 +319,8 @@ void Model::forward(std::vector<BatchItem>& items) {
   for (size_t i = 0; i < items.size(); ++i) items[i].seq->page_ptrs(pages[i]);
 
   ensure_scratch(std::min<int>(kMaxRows, static_cast<int>(rows.size())));
-  const size_t need_scores = static_cast<size_t>(pool_.size()) * max_ctx;
+  // Per thread: a row of scores plus room for one head of q.
+  const size_t need_scores = static_cast<size_t>(pool_.size()) * (max_ctx + cfg_.head_dim);
   if (s_.scores.size() < need_scores) s_.scores.assign(std::max(need_scores, s_.scores.size() * 2), 0.0f);
 
   try {

@@ -128,7 +128,7 @@ class Model {
   ThreadPool pool_;
   RunState s_;
   int scratch_rows_ = 0;
-  std::vector<double> inv_freq_;  // (rope_dim / 2)
+  float theta_scale_ = 1.0f;     // rope_base^(-2 / rope_dim)
   PageLayout layout_;             // of the sequences last seen (checked per forward)
   std::mutex mu_;
 };

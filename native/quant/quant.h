@@ -37,9 +37,12 @@ struct BlockQ8_0 { uint16_t d; int8_t qs[32]; };               // x = d * q
 // Nibble layout of Q4_*: qs[j] & 0xF is element j, qs[j] >> 4 is element j + 16.
 // d and m are IEEE half floats.
 
-// An activation row quantized for integer dot products (like ggml's Q8_1).
-//   d  = amax / 127, id = d != 0 ? 1 / d : 0, qs[j] = roundf(x[j] * id)  (half away from zero)
-//   s  = d * (float)sum(qs)   (int sum, then one float multiply)
+// An activation row quantized for integer dot products, with the numerics of
+// ggml's Q8_0 / Q8_1 blocks (whose scales are f16), because llama.cpp's logits
+// are the reference we are held to and the scale rounding moves them:
+//   d  = amax / 127, id = amax != 0 ? 127 / amax : 0
+//   qs[j] = nearbyint(x[j] * id)               (round half to even)
+//   s  = f16(d * (float)sum(qs));  then d = f16(d)   (values rounded to f16, kept as float)
 struct BlockQ8A { float d; float s; int8_t qs[32]; };
 
 bool dtype_supported(int ggml_type);
