@@ -34,7 +34,7 @@ class Piece:
 class Context:
     def __init__(self, table: "ContextTable", name: str, seq, tokens: Sequence[int] = (), *,
                  labels: dict[str, str] | None = None, sampler_state: dict | None = None,
-                 last_logits: np.ndarray | None = None):
+                 last_logits: np.ndarray | None = None, snapshot_id: str | None = None):
         self._table = table
         self.name = name
         self._seq = seq
@@ -43,6 +43,12 @@ class Context:
         self.labels = dict(labels or {})
         self.sampler_state = sampler_state  # of the last generate(); continues its RNG
         self.finish_reason: str | None = None
+        # The snapshot this context was restored from or last snapshotted to:
+        # the parent of its next snapshot.
+        self.snapshot_id = snapshot_id
+        # Set while the table has written this context to its store to free
+        # pages (see ContextTable.reserve_pages); it comes back on next use.
+        self._evicted: str | None = None
         self._lock = threading.RLock()
 
     # -- what it is -----------------------------------------------------------
@@ -65,7 +71,9 @@ class Context:
     @property
     def n_cached(self) -> int:
         """Tokens whose KV is computed (the rest are prefilled on next use)."""
-        return self._seq.n_tokens
+        with self._lock:
+            self._check_live()
+            return self._seq.n_tokens
 
     @property
     def text(self) -> str:
@@ -85,8 +93,11 @@ class Context:
         with self._lock:
             self._check_live()
             if isinstance(content, str):
-                ids = self.model.tokenize(content, add_bos=not self._tokens and self.model.tokenizer.add_bos,
-                                          parse_special=parse_special)
+                ids = self.model.tokenize(content, parse_special=parse_special)
+                tok = self.model.tokenizer
+                # BOS once, even when the text (a rendered chat template) already starts with it.
+                if not self._tokens and tok.add_bos and tok.bos_id is not None and ids[:1] != [tok.bos_id]:
+                    ids.insert(0, tok.bos_id)
             else:
                 ids = [int(i) for i in content]
                 bad = [i for i in ids if not 0 <= i < self.model.config.n_vocab]
@@ -144,7 +155,8 @@ class Context:
             self._check_live()
             return self._table.adopt(name, self._seq.fork(), self._tokens, labels=self.labels,
                                      sampler_state=self.sampler_state,
-                                     last_logits=None if self._last_logits is None else self._last_logits.copy())
+                                     last_logits=None if self._last_logits is None else self._last_logits.copy(),
+                                     snapshot_id=self.snapshot_id)
 
     def rewind(self, n: int) -> None:
         """Drop the last n tokens (their pages are released or copied on write)."""
@@ -162,14 +174,25 @@ class Context:
     def delete(self) -> None:
         self._table.remove(self.name)
 
+    # -- persistence ------------------------------------------------------------
+    def snapshot(self, store, ref: str | None = None, *, labels: dict[str, str] | None = None) -> str:
+        """Write this context to a snapshot store (only the pages it lacks); the snapshot id."""
+        from .snapshots import snapshot
+
+        return snapshot(self, store, ref=ref, labels=labels)
+
     # -- internals --------------------------------------------------------------
     def _sync(self) -> np.ndarray | None:
         """Prefill the tokens whose KV is not computed yet; logits of the last token."""
+        if self._seq is None:
+            self._check_live()  # evicted while a stream of ours was suspended
         n_kv = self._seq.n_tokens
         if n_kv < len(self._tokens):
+            self._table.reserve(self, len(self._tokens) - n_kv)
             self._last_logits = self.model.forward(self._seq, self._tokens[n_kv:])
         elif self._last_logits is None and self._tokens:
-            # Logits were dropped (rewind): recompute the last position.
+            # Logits were dropped (rewind, restore): recompute the last position.
+            self._table.reserve(self, 1)
             self._seq.truncate(n_kv - 1)
             self._last_logits = self.model.forward(self._seq, self._tokens[n_kv - 1:])
         return self._last_logits
@@ -192,9 +215,12 @@ class Context:
                                f"the model's context length is {n_ctx}")
 
     def _check_live(self) -> None:
+        if self._seq is None and self._evicted is not None:
+            self._table.bring_back(self)
         if self._seq is None:
             raise ContextError(f"context '{self.name}' was deleted")
 
     def _release(self) -> None:
         self._seq = None
         self._last_logits = None
+        self._evicted = None

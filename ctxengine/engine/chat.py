@@ -1,0 +1,162 @@
+"""Chat templates: the GGUF's ``tokenizer.chat_template`` rendered as HF transformers does.
+
+The environment matches transformers' ``_compile_jinja_template``: an
+``ImmutableSandboxedEnvironment`` with trim_blocks and lstrip_blocks, the
+loopcontrols extension, a ``{% generation %}`` block (rendered as its body),
+``raise_exception(msg)``, ``strftime_now(fmt)`` and a ``tojson`` filter like
+``json.dumps`` (no HTML escaping, keys in order, ``ensure_ascii=False``).
+Templates are data from a model file, so the sandbox refuses unsafe attribute
+access (``''.__class__``...) outright instead of rendering it as empty.
+
+Without a template in the file, ``ChatTemplate.for_model`` falls back by
+``general.architecture``: gemma, gemma2 and gemma3 get Gemma's turn format
+(``<start_of_turn>user\\n...<end_of_turn>\\n``, assistant as ``model``, a
+system message folded into the first user turn as Gemma 3's template does);
+any other architecture gets None.  The fallback writes no BOS text: the
+tokenizer adds BOS (``tokenizer.ggml.add_bos_token``) when a context starts.
+"""
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Any, Callable, Mapping
+
+import jinja2
+from jinja2 import nodes
+from jinja2.ext import Extension
+from jinja2.sandbox import ImmutableSandboxedEnvironment, SecurityError
+
+from ..errors import CtxError, ModelFileError
+
+ROLES = ("system", "user", "assistant")
+
+GEMMA_FALLBACK = (
+    "{%- if messages and messages[0]['role'] == 'system' -%}"
+    "{%- set first_user_prefix = messages[0]['content'] + '\n\n' -%}"
+    "{%- set loop_messages = messages[1:] -%}"
+    "{%- else -%}"
+    "{%- set first_user_prefix = '' -%}"
+    "{%- set loop_messages = messages -%}"
+    "{%- endif -%}"
+    "{%- for message in loop_messages -%}"
+    "{%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}"
+    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}"
+    "{%- endif -%}"
+    "{%- set role = 'model' if message['role'] == 'assistant' else message['role'] -%}"
+    "{{ '<start_of_turn>' + role + '\n' + (first_user_prefix if loop.first else '') }}"
+    "{{ message['content'] | trim }}"
+    "{{ '<end_of_turn>\n' }}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{ '<start_of_turn>model\n' }}{%- endif -%}"
+)
+FALLBACKS = {"gemma": GEMMA_FALLBACK, "gemma2": GEMMA_FALLBACK, "gemma3": GEMMA_FALLBACK}
+
+
+class _Raised(Exception):
+    """What the template's raise_exception() throws: its message goes to the user."""
+
+
+def _raise_exception(message: Any) -> None:
+    raise _Raised(str(message))
+
+
+def _strftime_now(fmt: str) -> str:
+    return datetime.now().strftime(fmt)
+
+
+def _tojson(x: Any, ensure_ascii: bool = False, indent: int | None = None,
+            separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
+    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+class _GenerationTag(Extension):
+    """HF's ``{% generation %}...{% endgeneration %}`` marks assistant text for masks; here it is its body."""
+    tags = {"generation"}
+
+    def parse(self, parser):
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        return nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(lineno)
+
+    def _body(self, caller):
+        return caller()
+
+
+class _Sandbox(ImmutableSandboxedEnvironment):
+    def unsafe_undefined(self, obj: Any, attribute: str):
+        # The stock sandbox returns an Undefined that prints as "": refuse instead.
+        raise SecurityError(f"access to attribute {attribute!r} of a {type(obj).__name__!r} object is unsafe")
+
+
+def _environment() -> jinja2.Environment:
+    env = _Sandbox(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols", _GenerationTag])
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = _strftime_now
+    return env
+
+
+def check_messages(messages: Any) -> list[dict]:
+    """Copies of the messages after checking each is {"role": known, "content": str}."""
+    if not isinstance(messages, (list, tuple)):
+        raise CtxError(f"messages must be a list of dicts, got {type(messages).__name__}")
+    out = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, Mapping):
+            raise CtxError(f"message {i} must be a dict with 'role' and 'content', got {type(m).__name__}")
+        extra = set(m) - {"role", "content"}
+        if extra:
+            raise CtxError(f"message {i} has unsupported key(s): {', '.join(sorted(map(str, extra)))}")
+        if m.get("role") not in ROLES:
+            raise CtxError(f"message {i} has role {m.get('role')!r}; expected one of {', '.join(ROLES)}")
+        if not isinstance(m.get("content"), str):
+            raise CtxError(f"message {i} content must be a string, got {type(m.get('content')).__name__}")
+        out.append({"role": m["role"], "content": m["content"]})
+    return out
+
+
+class ChatTemplate:
+    def __init__(self, source: str, *, bos_token: str = "", eos_token: str = ""):
+        if not isinstance(source, str):
+            raise CtxError(f"a chat template must be a string, got {type(source).__name__}")
+        self.source = source
+        self.bos_token = bos_token
+        self.eos_token = eos_token
+        try:
+            self._template = _environment().from_string(source)
+        except jinja2.TemplateSyntaxError as e:
+            raise CtxError(f"chat template syntax error at line {e.lineno}: {e.message}") from None
+
+    def render(self, messages: list[dict], *, add_generation_prompt: bool = True, **extra) -> str:
+        variables = {"bos_token": self.bos_token, "eos_token": self.eos_token, **extra,
+                     "messages": check_messages(messages), "add_generation_prompt": add_generation_prompt}
+        try:
+            return self._template.render(**variables)
+        except _Raised as e:
+            raise CtxError(f"chat template refused the messages: {e}") from None
+        except SecurityError as e:
+            raise CtxError(f"chat template attempted something unsafe: {e}") from None
+        except Exception as e:
+            # The template is the model file's code: its failures are the user's to see, not our bugs.
+            raise CtxError(f"chat template failed: {type(e).__name__}: {e}") from None
+
+    @classmethod
+    def for_model(cls, meta: Mapping[str, Any], token_text: Callable[[int], str]) -> "ChatTemplate | None":
+        """The file's template, else a built-in one for its architecture (see module doc), else None."""
+        source = meta.get("tokenizer.chat_template")
+        if source is not None and not isinstance(source, str):
+            raise ModelFileError(f"tokenizer.chat_template is a {type(source).__name__}, not a string")
+        if source is None:
+            source = FALLBACKS.get(meta.get("general.architecture"))
+            if source is None:
+                return None
+
+        def text_of(key: str) -> str:
+            i = meta.get(key)
+            return token_text(i) if isinstance(i, int) and not isinstance(i, bool) else ""
+
+        return cls(source, bos_token=text_of("tokenizer.ggml.bos_token_id"),
+                   eos_token=text_of("tokenizer.ggml.eos_token_id"))
+
+    def __repr__(self) -> str:
+        return f"ChatTemplate({len(self.source)} chars)"

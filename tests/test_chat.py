@@ -1,0 +1,194 @@
+"""Chat templates: the real SmolLM2 template, the Gemma fallback, the sandbox, message checks."""
+import json
+import re
+
+import pytest
+from gguf import GGUFReader
+
+from ctxengine.engine.chat import GEMMA_FALLBACK, ChatTemplate
+from ctxengine.engine.gguf_file import open_gguf
+from ctxengine.errors import CtxError
+
+SMOL_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
+
+
+@pytest.fixture(scope="module")
+def smollm2_source(smollm2_path):
+    # Read with gguf's own reader, independently of ctxengine's parser.
+    return GGUFReader(smollm2_path).fields["tokenizer.chat_template"].contents()
+
+
+def metadata(path):
+    with open_gguf(path) as f:  # what the engine hands ChatTemplate.for_model
+        return dict(f.metadata)
+
+
+@pytest.fixture(scope="module")
+def smollm2_meta(smollm2_path):
+    return metadata(smollm2_path)
+
+
+@pytest.fixture(scope="module")
+def gemma3_meta(gemma3_path):
+    return metadata(gemma3_path)
+
+
+def token_text(meta):
+    return meta["tokenizer.ggml.tokens"].__getitem__
+
+
+# -- SmolLM2's own template -------------------------------------------------------------
+def test_smollm2_system_and_user(smollm2_source):
+    t = ChatTemplate(smollm2_source)
+    text = t.render([{"role": "system", "content": "You are terse."},
+                     {"role": "user", "content": "What is 2+2?"}])
+    assert text == ("<|im_start|>system\nYou are terse.<|im_end|>\n"
+                    "<|im_start|>user\nWhat is 2+2?<|im_end|>\n"
+                    "<|im_start|>assistant\n")
+
+
+def test_smollm2_default_system_prompt(smollm2_source):
+    text = ChatTemplate(smollm2_source).render([{"role": "user", "content": "Hi"}])
+    assert text == (f"<|im_start|>system\n{SMOL_SYSTEM}<|im_end|>\n"
+                    "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n")
+
+
+def test_smollm2_multi_turn_without_generation_prompt(smollm2_source):
+    text = ChatTemplate(smollm2_source).render(
+        [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"}],
+        add_generation_prompt=False)
+    assert text.endswith("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nHello!<|im_end|>\n")
+
+
+def test_for_model_uses_the_file_template_and_token_texts(smollm2_meta, smollm2_source):
+    assert smollm2_meta["tokenizer.chat_template"] == smollm2_source
+    t = ChatTemplate.for_model(smollm2_meta, token_text(smollm2_meta))
+    assert t.source == smollm2_source
+    assert (t.bos_token, t.eos_token) == ("<|im_start|>", "<|im_end|>")
+    assert t.render([{"role": "user", "content": "Hi"}]).endswith("<|im_start|>assistant\n")
+
+
+# -- the Gemma fallback ------------------------------------------------------------------------
+def test_gemma3_file_has_no_template_and_gets_the_fallback(gemma3_meta):
+    assert "tokenizer.chat_template" not in gemma3_meta
+    assert gemma3_meta["general.architecture"] == "gemma3"
+    t = ChatTemplate.for_model(gemma3_meta, token_text(gemma3_meta))
+    assert t is not None and t.source == GEMMA_FALLBACK
+    assert (t.bos_token, t.eos_token) == ("<bos>", "<eos>")
+    text = t.render([{"role": "system", "content": "Be brief."},
+                     {"role": "user", "content": "Hi"},
+                     {"role": "assistant", "content": "Hello!"},
+                     {"role": "user", "content": "Bye"}])
+    assert text == ("<start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n"
+                    "<start_of_turn>model\nHello!<end_of_turn>\n"
+                    "<start_of_turn>user\nBye<end_of_turn>\n"
+                    "<start_of_turn>model\n")
+    # The turn markers are single control tokens of this vocabulary.
+    tokens = set(gemma3_meta["tokenizer.ggml.tokens"])
+    assert {"<start_of_turn>", "<end_of_turn>"} <= tokens
+
+
+def test_gemma_fallback_without_system_and_generation_prompt():
+    text = ChatTemplate(GEMMA_FALLBACK).render([{"role": "user", "content": " Hi \n"}], add_generation_prompt=False)
+    assert text == "<start_of_turn>user\nHi<end_of_turn>\n"  # content trimmed, as Gemma's template does
+
+
+def test_gemma_fallback_wants_alternating_turns():
+    with pytest.raises(CtxError, match="alternate"):
+        ChatTemplate(GEMMA_FALLBACK).render([{"role": "user", "content": "a"}, {"role": "user", "content": "b"}])
+
+
+@pytest.mark.parametrize("arch, fallback", [("gemma", True), ("gemma2", True), ("gemma3", True),
+                                            ("llama", False), (None, False)])
+def test_fallback_by_architecture(arch, fallback):
+    meta = {"general.architecture": arch} if arch else {}
+    t = ChatTemplate.for_model(meta, lambda i: "")
+    assert (t is not None) == fallback
+
+
+def test_a_template_that_is_not_a_string_is_a_file_error():
+    with pytest.raises(CtxError, match="not a string"):
+        ChatTemplate.for_model({"tokenizer.chat_template": 3}, lambda i: "")
+
+
+# -- HF-compatible environment ---------------------------------------------------------------------
+def test_bos_eos_and_extra_variables():
+    t = ChatTemplate("{{ bos_token }}{{ messages[0].content }}{{ eos_token }}{{ greeting }}", bos_token="<s>",
+                     eos_token="</s>")
+    assert t.render([{"role": "user", "content": "x"}], greeting="!") == "<s>x</s>!"
+
+
+def test_trim_and_lstrip_blocks_like_transformers():
+    src = "{% for m in messages %}\n    {% if m.role == 'user' %}\n[{{ m.content }}]\n    {% endif %}\n{% endfor %}"
+    assert ChatTemplate(src).render([{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]) == \
+        "[a]\n[b]\n"
+
+
+def test_tojson_is_json_dumps_without_html_escaping():
+    t = ChatTemplate("{{ {'b': '<é>', 'a': [1, 2]} | tojson }}|{{ {'b': 1, 'a': 2} | tojson(indent=2, sort_keys=true) }}")
+    first, second = t.render([]).split("|")
+    assert first == json.dumps({"b": "<é>", "a": [1, 2]}, ensure_ascii=False)
+    assert second == json.dumps({"a": 2, "b": 1}, indent=2)
+
+
+def test_strftime_now_and_loop_controls():
+    src = ("{{ strftime_now('%Y-%m-%d') }}:"
+           "{% for m in messages %}{% if loop.index > 1 %}{% break %}{% endif %}{{ m.content }}{% endfor %}"
+           "{% generation %}!{% endgeneration %}")
+    out = ChatTemplate(src).render([{"role": "user", "content": "a"}, {"role": "user", "content": "b"}])
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d:a!", out)
+
+
+def test_raise_exception_surfaces_as_ctx_error():
+    t = ChatTemplate("{% if messages[0].role != 'user' %}{{ raise_exception('First message must be from the user') }}"
+                     "{% endif %}ok")
+    assert t.render([{"role": "user", "content": "x"}]) == "ok"
+    with pytest.raises(CtxError, match="First message must be from the user"):
+        t.render([{"role": "assistant", "content": "x"}])
+
+
+def test_template_runtime_errors_are_ctx_errors():
+    with pytest.raises(CtxError, match="ZeroDivisionError"):
+        ChatTemplate("{{ 1 / 0 }}").render([])
+
+
+@pytest.mark.parametrize("src", ["{% if %}", "{% for m in messages %}", "{{ x | no_such_filter }}", "{{ 'a' }"])
+def test_syntax_errors_are_ctx_errors(src):
+    with pytest.raises(CtxError, match="syntax error"):
+        ChatTemplate(src)
+
+
+# -- the sandbox ----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("src", [
+    "{{ ''.__class__ }}",
+    "{{ ''.__class__.__mro__ }}",
+    "{{ ''.__class__.__mro__[1].__subclasses__() }}",
+    "{{ cycler.__init__.__globals__ }}",
+    "{{ raise_exception.__globals__ }}",
+    "{{ messages.__len__() }}",
+    "{{ messages.append(1) }}",  # immutable sandbox: the caller's data stays as given
+    "{% set x = messages[0].update({'role': 'system'}) %}",
+])
+def test_sandbox_escapes_are_refused(src):
+    with pytest.raises(CtxError, match="unsafe"):
+        ChatTemplate(src).render([{"role": "user", "content": "x"}])
+
+
+# -- message checks -------------------------------------------------------------------------------------
+@pytest.mark.parametrize("messages, problem", [
+    ("hello", "list"),
+    ([["user", "hi"]], "dict"),
+    ([{"role": "tool", "content": "x"}], "role"),
+    ([{"content": "x"}], "role"),
+    ([{"role": "user"}], "content"),
+    ([{"role": "user", "content": None}], "content"),
+    ([{"role": "user", "content": [{"type": "text", "text": "x"}]}], "content"),
+    ([{"role": "user", "content": "x", "name": "bob"}], "unsupported key"),
+])
+def test_malformed_messages_are_refused(messages, problem):
+    with pytest.raises(CtxError, match=problem):
+        ChatTemplate("{{ messages }}").render(messages)
+
+
+def test_an_empty_conversation_renders():
+    assert ChatTemplate(GEMMA_FALLBACK).render([]) == "<start_of_turn>model\n"
