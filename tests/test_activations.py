@@ -64,3 +64,21 @@ def test_attention_scores_paths_bit_identical(isa, hd, stride, n, restore_isa):
     assert np.array_equal(got.view(np.uint32), ref.view(np.uint32))
     exact = (kt[:, :n].astype(np.float64).T @ q.astype(np.float64)) * 0.125
     np.testing.assert_allclose(got, exact, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("isa", AVAILABLE)
+@pytest.mark.parametrize("n,hd", [(1, 64), (16, 64), (13, 256), (40, 48), (7, 20)])
+def test_attention_weighted_sum_paths_bit_identical(isa, n, hd, restore_isa):
+    rng = np.random.default_rng(n * 1000 + hd)
+    scores = (3 * rng.standard_normal(n)).astype(np.float32)
+    v = rng.standard_normal((n, hd)).astype(np.float16)
+    out = rng.standard_normal(hd).astype(np.float32)
+    _core.set_isa("scalar")
+    ref, ref_max = _core.attn_softmax_v(scores, v.view(np.uint16), out)
+    _core.set_isa(isa)
+    got, got_max = _core.attn_softmax_v(scores, v.view(np.uint16), out)
+    assert got_max == ref_max == scores.max()
+    assert np.array_equal(got.view(np.uint32), ref.view(np.uint32))
+    w = np.exp(scores.astype(np.float64) - scores.max())
+    exact = out + (w / w.sum()) @ v.astype(np.float64)
+    np.testing.assert_allclose(got, exact, rtol=2e-3, atol=2e-3)

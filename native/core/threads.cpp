@@ -14,6 +14,8 @@ namespace {
 // enough to bridge the gap between the matmuls of one token, short enough not
 // to burn a core when the engine is idle.
 constexpr int kSpinIters = 20000;
+// Pause-spins before a waiting thread starts yielding its core instead.
+constexpr int kYieldAfter = 2000;
 thread_local int tls_index = 0;
 }  // namespace
 
@@ -61,7 +63,12 @@ void ThreadPool::parallel_for(int64_t n, int64_t grain, const RangeFn& fn) {
   }
   if (n_sleeping_.load(std::memory_order_acquire) > 0) cv_.notify_all();
   run_chunks();
-  while (n_active_.load(std::memory_order_acquire) > 0) CTX_PAUSE();
+  // Spin briefly, then yield: on a loaded machine the worker we wait for may
+  // need this very core to finish.
+  for (int i = 0; n_active_.load(std::memory_order_acquire) > 0; ++i) {
+    if (i < kYieldAfter) CTX_PAUSE();
+    else std::this_thread::yield();
+  }
   fn_ = nullptr;
 }
 
@@ -71,7 +78,8 @@ void ThreadPool::worker_loop(int index) {
   for (;;) {
     uint64_t gen = generation_.load(std::memory_order_acquire);
     for (int i = 0; gen == seen && i < kSpinIters; ++i) {
-      CTX_PAUSE();
+      if (i < kYieldAfter) CTX_PAUSE();
+      else std::this_thread::yield();
       gen = generation_.load(std::memory_order_acquire);
     }
     if (gen == seen) {

@@ -23,4 +23,43 @@ void attn_scores_f16(const float* q, const uint16_t* kt, int hd, int stride, int
   }
 }
 
+static float max_scalar(const float* x, int n) {
+  float m = -INFINITY;
+  for (int i = 0; i < n; ++i) m = std::fmax(m, x[i]);
+  return m;
+}
+
+static void scale_round_scalar(float* x, int n, float scale) {
+  for (int i = 0; i < n; ++i) x[i] = f16_to_f32(f32_to_f16(x[i] * scale));
+}
+
+static void accumulate_scalar(const float* p, const uint16_t* v, int v_stride, int n, int hd, float* out) {
+  for (int j = 0; j < n; ++j)
+    for (int d = 0; d < hd; ++d) out[d] = std::fma(p[j], f16_to_f32(v[static_cast<size_t>(j) * v_stride + d]), out[d]);
+}
+
+float max_f32(const float* x, int n) {
+  switch (active_isa()) {
+    case Isa::avx512: return attn::max_avx512(x, n);
+    case Isa::avx2: return attn::max_avx2(x, n);
+    default: return max_scalar(x, n);
+  }
+}
+
+void scale_round_f16(float* x, int n, float scale) {
+  switch (active_isa()) {
+    case Isa::avx512: return attn::scale_round_avx512(x, n, scale);
+    case Isa::avx2: return attn::scale_round_avx2(x, n, scale);
+    default: return scale_round_scalar(x, n, scale);
+  }
+}
+
+void attn_accumulate_f16(const float* p, const uint16_t* v, int v_stride, int n, int hd, float* out) {
+  switch (active_isa()) {
+    case Isa::avx512: return attn::accumulate_avx512(p, v, v_stride, n, hd, out);
+    case Isa::avx2: return attn::accumulate_avx2(p, v, v_stride, n, hd, out);
+    default: return accumulate_scalar(p, v, v_stride, n, hd, out);
+  }
+}
+
 }  // namespace ctx

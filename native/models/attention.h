@@ -14,7 +14,24 @@ namespace ctx {
 // kt: the head's K rows, hd rows of `stride` (= page_tokens) f16 values; scores n <= stride keys.
 void attn_scores_f16(const float* q, const uint16_t* kt, int hd, int stride, int n, float scale, float* scores);
 
+// max of n floats (exact whatever the order).
+float max_f32(const float* x, int n);
+
+// x[i] = f32(f16(x[i] * scale)): softmax weights rounded as llama.cpp rounds
+// them before they meet the f16 V.
+void scale_round_f16(float* x, int n, float scale);
+
+// out[d] = fma(p[j], f16(v[j * v_stride + d]), out[d]) for j = 0..n-1 ascending,
+// for every d < hd: the weighted sum of one page's V rows, kept in registers.
+void attn_accumulate_f16(const float* p, const uint16_t* v, int v_stride, int n, int hd, float* out);
+
 namespace attn {
+float max_avx512(const float* x, int n);
+void scale_round_avx512(float* x, int n, float scale);
+void accumulate_avx512(const float* p, const uint16_t* v, int v_stride, int n, int hd, float* out);
+float max_avx2(const float* x, int n);
+void scale_round_avx2(float* x, int n, float scale);
+void accumulate_avx2(const float* p, const uint16_t* v, int v_stride, int n, int hd, float* out);
 void scores_avx2(const float* q, const uint16_t* kt, int hd, int stride, int n, float scale, float* scores);
 void scores_avx512(const float* q, const uint16_t* kt, int hd, int stride, int n, float scale, float* scores);
 }  // namespace attn

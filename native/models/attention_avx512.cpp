@@ -1,5 +1,7 @@
 #include <immintrin.h>
 
+#include <cmath>
+
 #include "models/attention.h"
 
 namespace ctx::attn {
@@ -15,6 +17,60 @@ void scores_avx512(const float* q, const uint16_t* kt, int hd, int stride, int n
       acc = _mm512_fmadd_ps(_mm512_set1_ps(q[d]), kv, acc);
     }
     _mm512_mask_storeu_ps(scores + j0, m, _mm512_mul_ps(acc, _mm512_set1_ps(scale)));
+  }
+}
+
+float max_avx512(const float* x, int n) {
+  __m512 m = _mm512_set1_ps(-INFINITY);
+  int i = 0;
+  for (; i + 16 <= n; i += 16) m = _mm512_max_ps(m, _mm512_loadu_ps(x + i));
+  if (i < n) {
+    const __mmask16 k = static_cast<__mmask16>((1u << (n - i)) - 1);
+    m = _mm512_mask_max_ps(m, k, m, _mm512_maskz_loadu_ps(k, x + i));
+  }
+  return _mm512_reduce_max_ps(m);
+}
+
+void scale_round_avx512(float* x, int n, float scale) {
+  const __m512 s = _mm512_set1_ps(scale);
+  int i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m256i h = _mm512_cvtps_ph(_mm512_mul_ps(_mm512_loadu_ps(x + i), s), _MM_FROUND_TO_NEAREST_INT);
+    _mm512_storeu_ps(x + i, _mm512_cvtph_ps(h));
+  }
+  if (i < n) {
+    const __mmask16 k = static_cast<__mmask16>((1u << (n - i)) - 1);
+    const __m256i h = _mm512_cvtps_ph(_mm512_mul_ps(_mm512_maskz_loadu_ps(k, x + i), s), _MM_FROUND_TO_NEAREST_INT);
+    _mm512_mask_storeu_ps(x + i, k, _mm512_cvtph_ps(h));
+  }
+}
+
+void accumulate_avx512(const float* p, const uint16_t* v, int v_stride, int n, int hd, float* out) {
+  int d = 0;
+  for (; d + 64 <= hd; d += 64) {  // four registers of the output row at a time
+    __m512 a0 = _mm512_loadu_ps(out + d), a1 = _mm512_loadu_ps(out + d + 16);
+    __m512 a2 = _mm512_loadu_ps(out + d + 32), a3 = _mm512_loadu_ps(out + d + 48);
+    const uint16_t* row = v + d;
+    for (int j = 0; j < n; ++j, row += v_stride) {
+      const __m512 pj = _mm512_set1_ps(p[j]);
+      a0 = _mm512_fmadd_ps(pj, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row))), a0);
+      a1 = _mm512_fmadd_ps(pj, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 16))), a1);
+      a2 = _mm512_fmadd_ps(pj, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 32))), a2);
+      a3 = _mm512_fmadd_ps(pj, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 48))), a3);
+    }
+    _mm512_storeu_ps(out + d, a0);
+    _mm512_storeu_ps(out + d + 16, a1);
+    _mm512_storeu_ps(out + d + 32, a2);
+    _mm512_storeu_ps(out + d + 48, a3);
+  }
+  for (; d < hd; d += 16) {
+    const int lanes = hd - d < 16 ? hd - d : 16;
+    const __mmask16 k = static_cast<__mmask16>((1u << lanes) - 1);
+    __m512 a = _mm512_maskz_loadu_ps(k, out + d);
+    const uint16_t* row = v + d;
+    for (int j = 0; j < n; ++j, row += v_stride)
+      a = _mm512_fmadd_ps(_mm512_set1_ps(p[j]), _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(k, row)), a);
+    _mm512_mask_storeu_ps(out + d, k, a);
   }
 }
 

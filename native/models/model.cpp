@@ -155,15 +155,15 @@ void Model::attention(int layer, const std::vector<Row>& rows, size_t r0,
         const uint16_t* kt = reinterpret_cast<const uint16_t*>(pg[p] + k_off) + static_cast<size_t>(kv_head) * hd * pt;
         attn_scores_f16(q, kt, hd, pt, n, scale, sc + p * pt);
       }
-      float mx = -INFINITY;
-      for (int64_t j = 0; j < n_kv; ++j) mx = std::max(mx, sc[j]);
+      const float mx = max_f32(sc, static_cast<int>(n_kv));
       const float inv = 1.0f / exp_shift_sum(sc, static_cast<int>(n_kv), mx);
+      scale_round_f16(sc, static_cast<int>(n_kv), inv);
       float* out = s_.att.data() + static_cast<size_t>(r) * cfg_.q_dim() + h * hd;
       std::fill(out, out + hd, 0.0f);
-      for (int64_t j = 0; j < n_kv; ++j) {
-        const float w = f16_to_f32(f32_to_f16(sc[j] * inv));
-        const uint8_t* vp = pg[j / pt] + lay.v_offset(layer, static_cast<int>(j % pt)) + static_cast<size_t>(kv_head) * hd * 2;
-        axpy_f16(w, reinterpret_cast<const uint16_t*>(vp), out, hd);
+      for (int64_t p = 0; p < n_pages; ++p) {
+        const int n = static_cast<int>(std::min<int64_t>(pt, n_kv - p * pt));
+        const uint16_t* v = reinterpret_cast<const uint16_t*>(pg[p] + lay.v_offset(layer, 0)) + static_cast<size_t>(kv_head) * hd;
+        attn_accumulate_f16(sc + p * pt, v, cfg_.kv_dim(), n, hd, out);
       }
     }
   });

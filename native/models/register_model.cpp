@@ -146,6 +146,24 @@ void register_model(py::module_& m) {
         return out;
       },
       py::arg("q"), py::arg("kt"), py::arg("n"), py::arg("scale"), "scores of n keys of a page's K block");
+  m.def(
+      "attn_softmax_v",
+      [](F32Array scores, py::array_t<uint16_t, py::array::c_style | py::array::forcecast> v, F32Array out) {
+        // scores (n) -> max, exp, f16-rounded weights; v (n, hd) f16 rows; out (hd) accumulated in place
+        if (v.ndim() != 2 || v.shape(0) != scores.size() || v.shape(1) != out.size())
+          throw std::invalid_argument("v must be (len(scores), len(out))");
+        std::vector<float> p(scores.data(), scores.data() + scores.size());
+        const int n = static_cast<int>(p.size());
+        const float mx = max_f32(p.data(), n);
+        const float inv = 1.0f / exp_shift_sum(p.data(), n, mx);
+        scale_round_f16(p.data(), n, inv);
+        py::array_t<float> res(out.size());
+        std::copy(out.data(), out.data() + out.size(), res.mutable_data());
+        attn_accumulate_f16(p.data(), v.data(), static_cast<int>(v.shape(1)), n, static_cast<int>(v.shape(1)),
+                            res.mutable_data());
+        return py::make_tuple(res, mx);
+      },
+      py::arg("scores"), py::arg("v"), py::arg("out"), "softmax weights of scores applied to V rows");
 
   py::class_<Model>(m, "Model", "a decoder-only transformer over mapped GGUF weights")
       .def(py::init(&build), py::arg("config"), py::arg("tensors"), py::arg("n_threads"))
