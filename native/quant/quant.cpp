@@ -1,0 +1,371 @@
+// Format helpers, the scalar reference kernels and the run-time dispatch.
+//
+// The scalar kernels are written as literally as possible from the canonical
+// orders in quant.h: they are the definition the SIMD paths are tested
+// against, bit for bit, so clarity beats speed here.
+#include "quant/quant.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+
+#include "core/cpu.h"
+#include "quant/quant_impl.h"
+
+namespace ctx {
+
+using qk::hsum16;
+
+// ---------------------------------------------------------------------------
+// Type table
+
+bool dtype_supported(int ggml_type) {
+  switch (static_cast<DType>(ggml_type)) {
+    case DType::F32:
+    case DType::F16:
+    case DType::Q4_0:
+    case DType::Q4_1:
+    case DType::Q8_0:
+    case DType::BF16: return true;
+  }
+  return false;
+}
+
+const char* dtype_name(int ggml_type) {
+  switch (static_cast<DType>(ggml_type)) {
+    case DType::F32: return "F32";
+    case DType::F16: return "F16";
+    case DType::Q4_0: return "Q4_0";
+    case DType::Q4_1: return "Q4_1";
+    case DType::Q8_0: return "Q8_0";
+    case DType::BF16: return "BF16";
+  }
+  // Unknown ids get a per-thread buffer: the pointer stays valid until this
+  // thread's next call with an unknown id, which is enough for error messages.
+  thread_local std::string unknown;
+  unknown = "type " + std::to_string(ggml_type);
+  return unknown.c_str();
+}
+
+static std::invalid_argument unsupported(DType t) {
+  return std::invalid_argument(std::string("unsupported tensor type ") + dtype_name(static_cast<int>(t)));
+}
+
+int dtype_block_elems(DType t) {
+  switch (t) {
+    case DType::F32:
+    case DType::F16:
+    case DType::BF16: return 1;
+    case DType::Q4_0:
+    case DType::Q4_1:
+    case DType::Q8_0: return QK;
+  }
+  throw unsupported(t);
+}
+
+size_t dtype_row_bytes(DType t, int64_t n) {
+  const auto blocks = static_cast<size_t>(n / QK);
+  switch (t) {
+    case DType::F32: return 4 * static_cast<size_t>(n);
+    case DType::F16:
+    case DType::BF16: return 2 * static_cast<size_t>(n);
+    case DType::Q4_0: return blocks * qk::kQ4_0Bytes;
+    case DType::Q4_1: return blocks * qk::kQ4_1Bytes;
+    case DType::Q8_0: return blocks * qk::kQ8_0Bytes;
+  }
+  throw unsupported(t);
+}
+
+bool dtype_is_quantized(DType t) { return t == DType::Q4_0 || t == DType::Q4_1 || t == DType::Q8_0; }
+
+// ---------------------------------------------------------------------------
+// Half / bfloat16 conversions. NaNs follow what F16C does, so the scalar path
+// matches the SIMD paths bit for bit: both directions return a quiet NaN that
+// keeps the top payload bits (numpy keeps signalling NaNs signalling instead).
+
+static uint32_t float_bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof(u));
+  return u;
+}
+
+static float bits_float(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, sizeof(f));
+  return f;
+}
+
+float f16_to_f32(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16;
+  const uint32_t exp = (h >> 10) & 0x1F;
+  const uint32_t man = h & 0x3FF;
+  if (exp == 0x1F) return bits_float(sign | 0x7F800000 | (man ? 0x400000 : 0) | (man << 13));
+  if (exp == 0) {
+    // Subnormal (or zero): man * 2^-24 is exact in float.
+    const float mag = static_cast<float>(man) * 0x1p-24f;
+    return bits_float(sign | float_bits(mag));
+  }
+  return bits_float(sign | ((exp + 112) << 23) | (man << 13));
+}
+
+// Round-to-nearest-even of `value >> shift` (shift >= 1).
+static uint32_t shift_round_even(uint32_t value, int shift) {
+  const uint32_t kept = value >> shift;
+  const uint32_t rest = value & ((1u << shift) - 1);
+  const uint32_t half = 1u << (shift - 1);
+  return kept + ((rest > half || (rest == half && (kept & 1))) ? 1 : 0);
+}
+
+uint16_t f32_to_f16(float f) {
+  const uint32_t u = float_bits(f);
+  const auto sign = static_cast<uint16_t>((u >> 16) & 0x8000);
+  const uint32_t a = u & 0x7FFFFFFF;
+  if (a > 0x7F800000) return static_cast<uint16_t>(sign | 0x7E00 | ((a >> 13) & 0x3FF));  // NaN
+  if (a >= 0x47800000) return static_cast<uint16_t>(sign | 0x7C00);  // >= 65536 (and Inf): Inf
+  if (a >= 0x38800000) {
+    // Normal half range: rebias the exponent (127 -> 15) and round away 13
+    // mantissa bits. A carry out of the mantissa bumps the exponent, which is
+    // the right answer, up to Inf for [65520, 65536).
+    return static_cast<uint16_t>(sign | shift_round_even(a - 0x38000000, 13));
+  }
+  if (a <= 0x33000000) return sign;  // <= 2^-25: rounds to zero (2^-25 is a tie, to even)
+  // Half subnormal: value = m * 2^(e - 150), in units of 2^-24 that is m >> (126 - e).
+  const int e = static_cast<int>(a >> 23);
+  const uint32_t m = (a & 0x7FFFFF) | 0x800000;
+  return static_cast<uint16_t>(sign | shift_round_even(m, 126 - e));
+}
+
+float bf16_to_f32(uint16_t h) { return bits_float(static_cast<uint32_t>(h) << 16); }
+
+// ---------------------------------------------------------------------------
+// Activation quantization. One scalar implementation serves every path (it is
+// O(n) per row, negligible next to the matmul), so Q8A bytes never depend on
+// the ISA.
+
+// nearbyint (round half to even in the default rounding mode) for |v| <= 2^22
+// without a libm call: adding 1.5 * 2^23 leaves no fraction bits, so the add
+// itself rounds, and subtracting it back is exact.
+static int round_half_even(float v) {
+  constexpr float kMagic = 12582912.0f;
+  return static_cast<int>((v + kMagic) - kMagic);
+}
+
+static float round_to_f16(float f) { return f16_to_f32(f32_to_f16(f)); }
+
+void quantize_row_q8a(const float* x, BlockQ8A* y, int n) {
+  for (int b = 0; b < n / QK; ++b) {
+    const float* xb = x + b * QK;
+    float amax = 0.0f;
+    for (int j = 0; j < QK; ++j) amax = std::max(amax, std::fabs(xb[j]));
+    const float d = amax / 127.0f;
+    const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+    int sum = 0;
+    for (int j = 0; j < QK; ++j) {
+      const int q = round_half_even(xb[j] * id);
+      y[b].qs[j] = static_cast<int8_t>(q);
+      sum += q;
+    }
+    y[b].s = round_to_f16(d * static_cast<float>(sum));
+    y[b].d = round_to_f16(d);
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Dequantization (embedding rows). Same float operations as gguf.quants.
+
+void dequantize_row(DType t, const void* src, float* dst, int n) {
+  switch (t) {
+    case DType::F32: std::memcpy(dst, src, sizeof(float) * static_cast<size_t>(n)); return;
+    case DType::F16: {
+      const auto* h = static_cast<const uint16_t*>(src);
+      for (int i = 0; i < n; ++i) dst[i] = f16_to_f32(h[i]);
+      return;
+    }
+    case DType::BF16: {
+      const auto* h = static_cast<const uint16_t*>(src);
+      for (int i = 0; i < n; ++i) dst[i] = bf16_to_f32(h[i]);
+      return;
+    }
+    case DType::Q4_0: {
+      const auto* blk = static_cast<const BlockQ4_0*>(src);
+      for (int b = 0; b < n / QK; ++b, dst += QK) {
+        const float d = f16_to_f32(blk[b].d);
+        for (int j = 0; j < 16; ++j) {
+          dst[j] = d * static_cast<float>((blk[b].qs[j] & 0xF) - 8);
+          dst[j + 16] = d * static_cast<float>((blk[b].qs[j] >> 4) - 8);
+        }
+      }
+      return;
+    }
+    case DType::Q4_1: {
+      const auto* blk = static_cast<const BlockQ4_1*>(src);
+      for (int b = 0; b < n / QK; ++b, dst += QK) {
+        const float d = f16_to_f32(blk[b].d), m = f16_to_f32(blk[b].m);
+        for (int j = 0; j < 16; ++j) {
+          dst[j] = d * static_cast<float>(blk[b].qs[j] & 0xF) + m;
+          dst[j + 16] = d * static_cast<float>(blk[b].qs[j] >> 4) + m;
+        }
+      }
+      return;
+    }
+    case DType::Q8_0: {
+      const auto* blk = static_cast<const BlockQ8_0*>(src);
+      for (int b = 0; b < n / QK; ++b, dst += QK) {
+        const float d = f16_to_f32(blk[b].d);
+        for (int j = 0; j < QK; ++j) dst[j] = d * static_cast<float>(blk[b].qs[j]);
+      }
+      return;
+    }
+  }
+  throw unsupported(t);
+}
+
+// ---------------------------------------------------------------------------
+// Scalar reference kernels.
+
+namespace {
+
+// Signed weight value of element j (0..31) of a block, and the block's scales.
+struct Q4_0Traits {
+  using Block = BlockQ4_0;
+  static int wq(const Block& b, int j) { return (j < 16 ? b.qs[j] & 0xF : b.qs[j - 16] >> 4) - 8; }
+};
+struct Q4_1Traits {
+  using Block = BlockQ4_1;
+  static int wq(const Block& b, int j) { return j < 16 ? b.qs[j] & 0xF : b.qs[j - 16] >> 4; }
+};
+struct Q8_0Traits {
+  using Block = BlockQ8_0;
+  static int wq(const Block& b, int j) { return b.qs[j]; }
+};
+
+template <class T>
+float dot_q_scalar(const typename T::Block* w, const BlockQ8A* x, int nb) {
+  float acc[16] = {};
+  for (int c = 0; 2 * c < nb; ++c) {
+    for (int l = 0; l < 16; ++l) {
+      const int b = 2 * c + l / 8;
+      if (b >= nb) continue;
+      const int j = (l % 8) * 4;
+      int32_t isum = 0;
+      for (int t = 0; t < 4; ++t) isum += T::wq(w[b], j + t) * x[b].qs[j + t];
+      acc[l] = std::fma(f16_to_f32(w[b].d) * x[b].d, static_cast<float>(isum), acc[l]);
+    }
+  }
+  float dot = hsum16(acc);
+  if constexpr (std::is_same_v<T, Q4_1Traits>) {
+    float summ = 0.0f;
+    for (int b = 0; b < nb; ++b) summ = std::fma(f16_to_f32(w[b].m), x[b].s, summ);
+    dot = dot + summ;
+  }
+  return dot;
+}
+
+template <class T>
+void matmul_q_scalar(const void* W, int n_in, int o0, int o1, const BlockQ8A* Xq, int n_x, float* Y,
+                     size_t y_stride) {
+  const int nb = n_in / QK;
+  const auto* rows = static_cast<const typename T::Block*>(W);
+  for (int o = o0; o < o1; ++o)
+    for (int r = 0; r < n_x; ++r)
+      Y[r * y_stride + o] = dot_q_scalar<T>(rows + static_cast<size_t>(o) * nb, Xq + static_cast<size_t>(r) * nb, nb);
+}
+
+float load_f32(const float* w, int i) { return w[i]; }
+float load_f16(const uint16_t* w, int i) { return f16_to_f32(w[i]); }
+float load_bf16(const uint16_t* w, int i) { return bf16_to_f32(w[i]); }
+
+template <class Elem, float (*Load)(const Elem*, int)>
+void matmul_f_scalar(const void* W, int n_in, int o0, int o1, const float* Xf, int n_x, float* Y,
+                     size_t y_stride) {
+  for (int o = o0; o < o1; ++o) {
+    const Elem* w = static_cast<const Elem*>(W) + static_cast<size_t>(o) * n_in;
+    for (int r = 0; r < n_x; ++r) {
+      const float* x = Xf + static_cast<size_t>(r) * n_in;
+      float acc[16] = {};
+      for (int i = 0; i < n_in; ++i) acc[i % 16] = std::fma(Load(w, i), x[i], acc[i % 16]);
+      Y[r * y_stride + o] = hsum16(acc);
+    }
+  }
+}
+
+float dot_f32_f16_scalar(const float* q, const uint16_t* k, int n) {
+  float acc[16] = {};
+  for (int i = 0; i < n; ++i) acc[i % 16] = std::fma(q[i], f16_to_f32(k[i]), acc[i % 16]);
+  return hsum16(acc);
+}
+
+void axpy_f16_scalar(float a, const uint16_t* v, float* y, int n) {
+  for (int i = 0; i < n; ++i) y[i] = std::fma(a, f16_to_f32(v[i]), y[i]);
+}
+
+void f32_to_f16_row_scalar(const float* x, uint16_t* y, int n) {
+  for (int i = 0; i < n; ++i) y[i] = f32_to_f16(x[i]);
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// Dispatch
+
+void matmul_q(DType t, const void* W, int n_in, int o0, int o1, const BlockQ8A* Xq, int n_x, float* Y,
+              size_t y_stride) {
+  if (!dtype_is_quantized(t)) throw unsupported(t);
+  switch (active_isa()) {
+    case Isa::avx512: return qk::matmul_q_avx512(t, W, n_in, o0, o1, Xq, n_x, Y, y_stride);
+    case Isa::avx2: return qk::matmul_q_avx2(t, W, n_in, o0, o1, Xq, n_x, Y, y_stride);
+    case Isa::scalar: break;
+  }
+  switch (t) {
+    case DType::Q4_0: return matmul_q_scalar<Q4_0Traits>(W, n_in, o0, o1, Xq, n_x, Y, y_stride);
+    case DType::Q4_1: return matmul_q_scalar<Q4_1Traits>(W, n_in, o0, o1, Xq, n_x, Y, y_stride);
+    default: return matmul_q_scalar<Q8_0Traits>(W, n_in, o0, o1, Xq, n_x, Y, y_stride);
+  }
+}
+
+void matmul_f(DType t, const void* W, int n_in, int o0, int o1, const float* Xf, int n_x, float* Y,
+              size_t y_stride) {
+  if (t != DType::F32 && t != DType::F16 && t != DType::BF16) throw unsupported(t);
+  switch (active_isa()) {
+    case Isa::avx512: return qk::matmul_f_avx512(t, W, n_in, o0, o1, Xf, n_x, Y, y_stride);
+    case Isa::avx2: return qk::matmul_f_avx2(t, W, n_in, o0, o1, Xf, n_x, Y, y_stride);
+    case Isa::scalar: break;
+  }
+  switch (t) {
+    case DType::F32: return matmul_f_scalar<float, load_f32>(W, n_in, o0, o1, Xf, n_x, Y, y_stride);
+    case DType::F16: return matmul_f_scalar<uint16_t, load_f16>(W, n_in, o0, o1, Xf, n_x, Y, y_stride);
+    default: return matmul_f_scalar<uint16_t, load_bf16>(W, n_in, o0, o1, Xf, n_x, Y, y_stride);
+  }
+}
+
+float dot_f32_f16(const float* q, const uint16_t* k, int n) {
+  switch (active_isa()) {
+    case Isa::avx512: return qk::dot_f32_f16_avx512(q, k, n);
+    case Isa::avx2: return qk::dot_f32_f16_avx2(q, k, n);
+    case Isa::scalar: break;
+  }
+  return dot_f32_f16_scalar(q, k, n);
+}
+
+void axpy_f16(float a, const uint16_t* v, float* y, int n) {
+  switch (active_isa()) {
+    case Isa::avx512: return qk::axpy_f16_avx512(a, v, y, n);
+    case Isa::avx2: return qk::axpy_f16_avx2(a, v, y, n);
+    case Isa::scalar: break;
+  }
+  axpy_f16_scalar(a, v, y, n);
+}
+
+void f32_to_f16_row(const float* x, uint16_t* y, int n) {
+  switch (active_isa()) {
+    case Isa::avx512: return qk::f32_to_f16_row_avx512(x, y, n);
+    case Isa::avx2: return qk::f32_to_f16_row_avx2(x, y, n);
+    case Isa::scalar: break;
+  }
+  f32_to_f16_row_scalar(x, y, n);
+}
+
+}  // namespace ctx

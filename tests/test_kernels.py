@@ -1,0 +1,420 @@
+"""The dot-product kernels of ctxengine._core.quant (native/quant/).
+
+Two kinds of checks:
+  * determinism: every SIMD path gives results bit-identical to the scalar
+    path, whatever the shapes, and a result never depends on which other rows
+    are computed with it (quant.h's canonical reduction orders);
+  * numerics: results agree with a float64 numpy reference computed from the
+    dequantized operands, and the formats match gguf / numpy.
+"""
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as G
+from gguf import quants
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from ctxengine import _core
+
+Q = _core.quant
+PATHS = ["scalar", "avx2", "avx512"]
+AVAILABLE = PATHS[: PATHS.index(_core.detect_isa()) + 1]
+QUANTIZED = [G.Q4_0, G.Q4_1, G.Q8_0]
+FLOATS = [G.F32, G.F16, G.BF16]
+ALL_TYPES = QUANTIZED + FLOATS
+
+Q8A = np.dtype([("d", "<f4"), ("s", "<f4"), ("qs", "i1", 32)])
+BLOCK = {
+    G.Q4_0: np.dtype([("d", "<f2"), ("qs", "u1", 16)]),
+    G.Q4_1: np.dtype([("d", "<f2"), ("m", "<f2"), ("qs", "u1", 16)]),
+    G.Q8_0: np.dtype([("d", "<f2"), ("qs", "i1", 32)]),
+}
+
+
+@pytest.fixture(autouse=True)
+def restore_isa():
+    before = _core.active_isa()
+    yield
+    _core.set_isa(before)
+
+
+@pytest.fixture(params=PATHS)
+def isa(request):
+    if request.param not in AVAILABLE:
+        pytest.skip(f"this CPU lacks {request.param} (best: {_core.detect_isa()})")
+    _core.set_isa(request.param)
+    return request.param
+
+
+def on_each_path(fn):
+    """{path: fn()} for every path this CPU has."""
+    out = {}
+    for path in AVAILABLE:
+        _core.set_isa(path)
+        out[path] = fn()
+    return out
+
+
+def assert_same_bits(results):
+    ref = np.asarray(results["scalar"])
+    for path, got in results.items():
+        got = np.asarray(got)
+        assert got.shape == ref.shape
+        differ = ref.view(np.uint32) != got.view(np.uint32) if ref.dtype == np.float32 else ref != got
+        if differ.any():
+            where = tuple(np.argwhere(differ)[0])
+            pytest.fail(f"{path} differs from scalar at {where}: {got[where]!r} vs {ref[where]!r} "
+                        f"({int(differ.sum())} of {differ.size} differ)")
+
+
+# ---------------------------------------------------------------------------
+# Test data
+
+def weights(t, n_out, n_in, rng, raw=False):
+    """(n_out, row_bytes) uint8 weights of type t. raw=True: random bytes with
+    sane random scales (reaches values gguf's quantizer never makes, e.g. q8 = -128)."""
+    if raw and t in QUANTIZED:
+        blocks = np.frombuffer(rng.bytes(n_out * (n_in // 32) * BLOCK[t].itemsize), BLOCK[t]).copy()
+        blocks["d"] = (rng.standard_normal(blocks.shape) * 0.02).astype(np.float16)
+        if t == G.Q4_1:
+            blocks["m"] = (rng.standard_normal(blocks.shape) * 0.1).astype(np.float16)
+        return blocks.view(np.uint8).reshape(n_out, -1)
+    w = rng.standard_normal((n_out, n_in)).astype(np.float32)
+    w[:, ::7] *= 4  # some spread inside blocks
+    return np.ascontiguousarray(quants.quantize(w, t)).view(np.uint8).reshape(n_out, -1)
+
+
+def activations(n_x, n_in, rng):
+    x = rng.standard_normal((n_x, n_in)).astype(np.float32)
+    x[:, 3::11] *= 8
+    if n_x > 1:
+        x[-1, :32] = 0  # an all-zero block
+    return x
+
+
+def matmul(t, w, n_in, x):
+    return Q.matmul(int(t), w.reshape(-1), n_in, w.shape[0], x)
+
+
+def parse_blocks(t, w, n_in):
+    """Float64 pieces of quantized weights: scale d and signed q (n_out, nb, 32), min m."""
+    b = w.reshape(-1).view(BLOCK[t]).reshape(w.shape[0], n_in // 32)
+    d = b["d"].astype(np.float64)
+    m = b["m"].astype(np.float64) if t == G.Q4_1 else np.zeros_like(d)
+    if t == G.Q8_0:
+        q = b["qs"].astype(np.float64)
+    else:
+        q = np.concatenate([b["qs"] & 0xF, b["qs"] >> 4], axis=-1).astype(np.float64)
+        if t == G.Q4_0:
+            q -= 8
+    return d, q, m
+
+
+def q8a_rows(x):
+    """The Q8A blocks (structured array (n_x, nb)) the kernels see for x."""
+    return np.stack([np.frombuffer(Q.quantize_q8a(row), Q8A) for row in x])
+
+
+def reference(t, w, n_in, x):
+    """Float64 reference and the scale of its terms (sum of |terms|) for tolerances."""
+    if t in FLOATS:
+        wf = quants.dequantize(w.reshape(-1), t).reshape(w.shape[0], n_in).astype(np.float64)
+        xf = x.astype(np.float64)
+        return xf @ wf.T, np.abs(xf) @ np.abs(wf).T
+    # Integer types: dequantized W against dequantized Q8A activations, with
+    # Q4_1's min term through the block sums s that the kernel uses.
+    d, q, m = parse_blocks(t, w, n_in)
+    xa = q8a_rows(x)
+    xq = xa["d"].astype(np.float64)[..., None] * xa["qs"]
+    wd = (d[..., None] * q).reshape(w.shape[0], n_in)
+    xd = xq.reshape(x.shape[0], n_in)
+    s = xa["s"].astype(np.float64)
+    ref = xd @ wd.T + s @ m.T
+    scale = np.abs(xd) @ np.abs(wd).T + np.abs(s) @ np.abs(m).T
+    return ref, scale
+
+
+# fp32 accumulation over at most a few dozen sequential steps per lane: the
+# error stays far below 1e-5 of the sum of |terms|.
+REL_TOL = 1e-5
+
+
+def assert_close(got, ref, scale):
+    err = np.abs(got.astype(np.float64) - ref)
+    bound = REL_TOL * scale + 1e-30
+    if not (err <= bound).all():
+        i = np.unravel_index(np.argmax(err / bound), err.shape)
+        pytest.fail(f"largest difference {err[i]:.3g} at {i} (bound {bound[i]:.3g}, got {got[i]!r}, "
+                    f"reference {ref[i]!r}); max |err| {err.max():.3g}")
+
+
+# ---------------------------------------------------------------------------
+# Matmul: bit-identical paths, any shape
+
+@pytest.mark.parametrize("n_in", [32, 64, 96, 576, 1536])  # nb = 1, 2, 3 (odd), 18, 48
+@pytest.mark.parametrize("t", ALL_TYPES, ids=lambda t: t.name)
+def test_matmul_paths_bit_identical(t, n_in):
+    rng = np.random.default_rng(n_in * 100 + int(t))
+    w = weights(t, 33, n_in, rng)
+    x = activations(17, n_in, rng)
+    for n_out in (1, 7, 16, 33):
+        for n_x in (1, 3, 4, 5, 17):
+            wo, xs = w[:n_out], x[:n_x]
+            assert_same_bits(on_each_path(lambda: matmul(t, wo, n_in, xs)))
+
+
+@pytest.mark.parametrize("t", QUANTIZED, ids=lambda t: t.name)
+def test_matmul_paths_bit_identical_raw_blocks(t):
+    """Random block bytes, incl. q8 = -128 and saturated activations (|xq| = 127)."""
+    rng = np.random.default_rng(7)
+    for n_in in (32, 96, 576):
+        w = weights(t, 21, n_in, rng, raw=True)
+        x = activations(6, n_in, rng)
+        x[2] = np.where(rng.random(n_in) < 0.5, -1.0, 1.0)  # every element quantizes to +-127
+        assert_same_bits(on_each_path(lambda: matmul(t, w, n_in, x)))
+
+
+@pytest.mark.parametrize("t", QUANTIZED, ids=lambda t: t.name)
+def test_matmul_extreme_integer_sums(t):
+    """All weights at their most negative and all activations at +-127: the
+    largest 4-sums the int8 paths must carry without saturating."""
+    n_in = 96
+    blocks = np.zeros((4, n_in // 32), BLOCK[t])
+    blocks["d"] = 1.0
+    blocks["qs"] = -128 if t == G.Q8_0 else 0  # Q4_*: nibble 0 (Q4_0: value -8)
+    w = blocks.view(np.uint8).reshape(4, -1)
+    x = np.stack([np.full(n_in, 1.0), np.full(n_in, -1.0), np.tile([1.0, -1.0], n_in // 2)]).astype(np.float32)
+    results = on_each_path(lambda: matmul(t, w, n_in, x))
+    assert_same_bits(results)
+    ref, scale = reference(t, w, n_in, x)
+    assert_close(results["scalar"], ref, scale)
+
+
+@pytest.mark.parametrize("t", ALL_TYPES, ids=lambda t: t.name)
+def test_matmul_matches_float64_reference(t, isa):
+    rng = np.random.default_rng(int(t) + 1)
+    for n_in, n_out, n_x in ((32, 5, 3), (96, 9, 4), (576, 33, 5), (1536, 7, 2)):
+        w = weights(t, n_out, n_in, rng)
+        x = activations(n_x, n_in, rng)
+        ref, scale = reference(t, w, n_in, x)
+        assert_close(matmul(t, w, n_in, x), ref, scale)
+
+
+@pytest.mark.parametrize("t", [G.F32, G.F16, G.BF16], ids=lambda t: t.name)
+def test_float_matmul_any_length(t):
+    """Float rows need not be a multiple of 16 (the lane width): tails included."""
+    rng = np.random.default_rng(3)
+    for n_in in (1, 5, 15, 16, 17, 31, 33, 100):
+        w = weights(t, 6, n_in, rng)
+        x = activations(5, n_in, rng)
+        results = on_each_path(lambda: matmul(t, w, n_in, x))
+        assert_same_bits(results)
+        ref, scale = reference(t, w, n_in, x)
+        assert_close(results["scalar"], ref, scale)
+
+
+@pytest.mark.parametrize("t", ALL_TYPES, ids=lambda t: t.name)
+def test_matmul_batch_and_row_range_invariance(t, isa):
+    """A row's result is the same bits whatever other rows (activations or
+    weights) are computed with it and wherever its weight range starts."""
+    rng = np.random.default_rng(11)
+    n_in = 96
+    w = weights(t, 23, n_in, rng)
+    x = activations(13, n_in, rng)
+    full = matmul(t, w, n_in, x)
+    for r0, r1 in ((0, 1), (5, 6), (3, 8), (1, 13), (12, 13)):
+        np.testing.assert_array_equal(matmul(t, w, n_in, x[r0:r1]).view(np.uint32), full[r0:r1].view(np.uint32))
+    for o0, o1 in ((0, 1), (1, 8), (3, 20), (5, 6), (22, 23), (7, 23)):
+        np.testing.assert_array_equal(matmul(t, w[o0:o1], n_in, x).view(np.uint32), full[:, o0:o1].view(np.uint32))
+
+
+def test_matmul_argument_checks():
+    w = np.zeros((2, 20), np.uint8)
+    x = np.zeros((1, 32), np.float32)
+    with pytest.raises(ValueError, match="unsupported"):
+        Q.matmul(12, w.reshape(-1), 32, 2, x)
+    with pytest.raises(ValueError, match="bytes"):
+        Q.matmul(int(G.Q4_1), w.reshape(-1)[:-1], 32, 2, x)
+    with pytest.raises(ValueError, match="shape"):
+        Q.matmul(int(G.Q4_1), w.reshape(-1), 32, 2, np.zeros((1, 64), np.float32))
+    with pytest.raises(ValueError, match="multiple of 32"):
+        Q.matmul(int(G.Q4_1), w.reshape(-1), 40, 2, np.zeros((1, 40), np.float32))
+
+
+# ---------------------------------------------------------------------------
+# Formats
+
+def test_type_table():
+    assert Q.supported_types() == [0, 1, 2, 3, 8, 30]
+    assert [Q.dtype_name(t) for t in Q.supported_types()] == ["F32", "F16", "Q4_0", "Q4_1", "Q8_0", "BF16"]
+    assert Q.dtype_name(12) == "type 12"
+    assert [Q.row_bytes(t, 64) for t in Q.supported_types()] == [256, 128, 36, 40, 68, 128]
+
+
+@pytest.mark.parametrize("t", ALL_TYPES, ids=lambda t: t.name)
+def test_dequantize_matches_gguf(t):
+    rng = np.random.default_rng(5)
+    for raw in (False, True):
+        w = weights(t, 3, 96, rng, raw=raw)
+        for row in w:
+            got = Q.dequantize(int(t), row, 96)
+            want = quants.dequantize(row, t).astype(np.float32).reshape(-1)
+            np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
+def q8a_numpy(x):
+    """quant.h's Q8A definition in numpy (float32 arithmetic, round half to even)."""
+    xb = x.astype(np.float32).reshape(-1, 32)
+    amax = np.abs(xb).max(axis=1)
+    d = amax / np.float32(127)
+    with np.errstate(divide="ignore"):
+        inv = np.where(amax != 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)
+    qs = np.rint(xb * inv[:, None]).astype(np.int32)
+    out = np.zeros(len(xb), Q8A)
+    out["qs"] = qs
+    with np.errstate(over="ignore"):  # s = f16(...) is inf past 65504, as in ggml's Q8_1
+        out["s"] = (d * qs.sum(axis=1).astype(np.float32)).astype(np.float16)
+    out["d"] = d.astype(np.float16)
+    return out.tobytes()
+
+
+def test_quantize_q8a_fixed_cases():
+    x = np.zeros(128, np.float32)
+    x[32] = 127.0  # amax 127: x * id == x, so the ties below stay ties
+    x[33:40] = [0.5, 1.5, 2.5, -0.5, -1.5, -2.5, 126.5]
+    x[64:96] = np.linspace(-3, 3, 32)
+    x[96:128] = 1e-30  # d rounds to 0 in f16 while qs stay 127
+    got = Q.quantize_q8a(x)
+    assert got == q8a_numpy(x)
+    blocks = np.frombuffer(got, Q8A)
+    assert (blocks[0]["qs"] == 0).all() and blocks[0]["d"] == 0 and blocks[0]["s"] == 0  # all-zero block
+    assert list(blocks[1]["qs"][:8]) == [127, 0, 2, 2, 0, -2, -2, 126]  # half to even
+    assert blocks[3]["d"] == 0 and (blocks[3]["qs"] == 127).all()
+
+
+# Magnitudes down to 2^-100 (8e-31): below about 4e-37 the contract's id = 127 / amax
+# overflows to inf (no real activation block gets there; see quant.h).
+Q8A_ELEMENTS = st.one_of(st.just(0.0), st.floats(2.0**-100, 1e4, width=32), st.floats(-1e4, -(2.0**-100), width=32))
+
+
+@settings(max_examples=60, deadline=None)
+@given(hnp.arrays(np.float32, st.sampled_from([32, 64, 160]), elements=Q8A_ELEMENTS))
+def test_quantize_q8a_matches_numpy(x):
+    assert Q.quantize_q8a(x) == q8a_numpy(x)
+
+
+def test_quantize_q8a_random_scales():
+    rng = np.random.default_rng(9)
+    x = (rng.standard_normal(32 * 64) * np.repeat(10.0 ** rng.uniform(-8, 4, 64), 32)).astype(np.float32)
+    assert Q.quantize_q8a(x) == q8a_numpy(x)
+
+
+# ---------------------------------------------------------------------------
+# Half floats
+
+ALL_HALVES = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
+HALF_NAN = (ALL_HALVES & 0x7C00 == 0x7C00) & (ALL_HALVES & 0x3FF != 0)
+
+
+def test_f16_to_f32_exhaustive():
+    got = Q.dequantize(int(G.F16), ALL_HALVES.view(np.uint8), 1 << 16).view(np.uint32)
+    want = ALL_HALVES.view(np.float16).astype(np.float32).view(np.uint32)
+    np.testing.assert_array_equal(got[~HALF_NAN], want[~HALF_NAN])
+    # NaNs come back quiet with their payload, as F16C converts them
+    np.testing.assert_array_equal(got[HALF_NAN], want[HALF_NAN] | 0x00400000)
+
+
+def test_f16_round_trip_exhaustive(isa):
+    as_f32 = Q.dequantize(int(G.F16), ALL_HALVES.view(np.uint8), 1 << 16)
+    back = Q.f32_to_f16(as_f32)
+    np.testing.assert_array_equal(back[~HALF_NAN], ALL_HALVES[~HALF_NAN])
+    np.testing.assert_array_equal(back[HALF_NAN], ALL_HALVES[HALF_NAN] | 0x200)
+
+
+def test_f16_widening_exhaustive_on_each_path():
+    """axpy with a = 1 onto -0 is exactly the f16 -> f32 conversion (fma(1, h, -0) == h,
+    signed zeros included): checks each path's F16C use against the scalar bits."""
+    minus_zero = np.full(1 << 16, -0.0, np.float32)
+    results = on_each_path(lambda: Q.axpy_f16(1.0, ALL_HALVES, minus_zero))
+    assert_same_bits(results)
+    want = ALL_HALVES.view(np.float16).astype(np.float32).view(np.uint32)
+    np.testing.assert_array_equal(results["scalar"].view(np.uint32)[~HALF_NAN], want[~HALF_NAN])
+
+
+def f32_edge_values():
+    bits = [0x00000000, 0x80000000, 0x00000001, 0x807FFFFF, 0x7F800000, 0xFF800000, 0x7F7FFFFF]
+    values = [65504.0, 65519.996, 65520.0, -65520.0, 65536.0, 2.0**-14, 2.0**-14 * (1 - 2.0**-24),
+              2.0**-24, 2.0**-25, -(2.0**-25), 2.0**-25 * (1 + 2.0**-23), 2.0**-25 * (1 - 2.0**-24),
+              3 * 2.0**-25, 5 * 2.0**-25, 1.0 + 2.0**-11, 1.0 + 3 * 2.0**-11, 1.0 + 2.0**-11 + 2.0**-23,
+              2.0**-15 + 2.0**-25, 2.0**-15 + 3 * 2.0**-25]
+    return np.concatenate([np.array(bits, np.uint32).view(np.float32), np.array(values, np.float32)])
+
+
+def test_f32_to_f16_matches_numpy(isa):
+    rng = np.random.default_rng(13)
+    random_bits = rng.integers(0, 1 << 32, 1 << 18, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    near_half_range = (rng.standard_normal(1 << 16) * 10.0 ** rng.uniform(-9, 5, 1 << 16)).astype(np.float32)
+    x = np.concatenate([f32_edge_values(), random_bits, near_half_range])
+    x = x[~np.isnan(x)]
+    with np.errstate(over="ignore"):
+        want = x.astype(np.float16).view(np.uint16)
+    np.testing.assert_array_equal(Q.f32_to_f16(x), want)
+
+
+def test_f32_to_f16_nan_and_tails_on_each_path():
+    rng = np.random.default_rng(17)
+    nan_bits = (rng.integers(0, 1 << 23, 200, dtype=np.uint32) | 1) | np.where(rng.random(200) < 0.5, 0x7F800000, 0xFF800000).astype(np.uint32)
+    nans = nan_bits.view(np.float32)
+    got = Q.f32_to_f16(nans)
+    np.testing.assert_array_equal(got, ((nan_bits >> 16) & 0x8000) | 0x7E00 | ((nan_bits >> 13) & 0x3FF))
+    x = np.concatenate([nans, f32_edge_values(), rng.standard_normal(100).astype(np.float32)])
+    for n in (1, 7, 8, 9, 15, 16, 17, 31, len(x)):
+        assert_same_bits(on_each_path(lambda: Q.f32_to_f16(x[:n])))
+
+
+# ---------------------------------------------------------------------------
+# Attention helpers
+
+def f16_row(rng, n):
+    return (rng.standard_normal(n) * 2).astype(np.float16).view(np.uint16)
+
+
+def test_dot_and_axpy_paths_bit_identical():
+    rng = np.random.default_rng(19)
+    for n in (1, 7, 8, 15, 16, 17, 33, 64, 100, 256):
+        q = rng.standard_normal(n).astype(np.float32)
+        k = f16_row(rng, n)
+        y = rng.standard_normal(n).astype(np.float32)
+        assert_same_bits(on_each_path(lambda: np.float32(Q.dot_f32_f16(q, k))))
+        assert_same_bits(on_each_path(lambda: Q.axpy_f16(0.37, k, y)))
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 300), st.integers(0, 2**32 - 1))
+def test_dot_f32_f16_matches_reference(n, seed):
+    rng = np.random.default_rng(seed)
+    q = rng.standard_normal(n).astype(np.float32)
+    k = f16_row(rng, n)
+    kf = k.view(np.float16).astype(np.float64)
+    results = on_each_path(lambda: np.float32(Q.dot_f32_f16(q, k)))
+    assert_same_bits(results)
+    ref = float(q.astype(np.float64) @ kf)
+    scale = float(np.abs(q.astype(np.float64)) @ np.abs(kf))
+    assert abs(float(results["scalar"]) - ref) <= REL_TOL * scale + 1e-30, (results["scalar"], ref)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 300), st.floats(-4, 4, width=32), st.integers(0, 2**32 - 1))
+def test_axpy_f16_is_one_fma_per_element(n, a, seed):
+    rng = np.random.default_rng(seed)
+    v = f16_row(rng, n)
+    y = rng.standard_normal(n).astype(np.float32)
+    results = on_each_path(lambda: Q.axpy_f16(a, v, y))
+    assert_same_bits(results)
+    # fma(a, v, y) in float64 is exact (24 + 11 bit product) but for the final
+    # rounding of the sum, which numpy's float64 -> float32 cast does once more:
+    # double rounding can only move a tie, so allow one float32 ulp.
+    exact = np.float64(a) * v.view(np.float16).astype(np.float64) + y.astype(np.float64)
+    err = np.abs(results["scalar"].astype(np.float64) - exact)
+    assert (err <= np.spacing(np.abs(exact).astype(np.float32)).astype(np.float64)).all()
