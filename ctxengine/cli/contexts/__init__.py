@@ -1,0 +1,124 @@
+"""``ctx`` verbs for named contexts, working offline against the snapshot store.
+
+Without a server a named context *is* its ref in the store: a verb that
+changes a context restores it (checking the weights and every page), changes
+it, and snapshots it back under the same ref. Each verb is its own module
+(cli/main.py's VERBS); what they share is here.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from contextlib import contextmanager
+from typing import Iterator
+
+from ...errors import CtxError, StoreError
+from ..common import add_model_arguments
+
+EVICTED_PREFIX = "_evicted/"  # refs the context table keeps for evicted contexts
+
+
+def add_common_arguments(p: argparse.ArgumentParser) -> None:
+    """``--store DIR`` and ``-m MODEL`` (every context and store verb takes both)."""
+    add_model_arguments(p)
+    p.add_argument("--store", metavar="DIR", default=None,
+                   help="snapshot store directory (default: $CTX_STORE, else the XDG data dir)")
+
+
+def open_store(args: argparse.Namespace):
+    from ...store import Store
+
+    return Store(args.store)
+
+
+def load_model(args: argparse.Namespace):
+    from ...model import load
+
+    return load(args.model, threads=args.threads)
+
+
+def check_name(name: str, what: str = "context") -> str:
+    from ...store import validate_name
+
+    return validate_name(name, what)
+
+
+def require_absent(store, name: str) -> None:
+    if name in store.refs():
+        raise StoreError(f"'{name}' already exists in {store.path} (ctx rm {name} first)")
+
+
+def open_context(model, store, name: str):
+    """The stored context ``name`` as a live context of ``model``."""
+    check_name(name)
+    if name not in store.refs():
+        raise StoreError(f"no context named '{name}' in {store.path} (ctx new {name} creates one)")
+    return model.restore(store, name, name=name)
+
+
+def save(ctx, store, ref: str) -> str:
+    """Snapshot ``ctx`` back under ``ref`` and say so on stderr."""
+    sid = ctx.snapshot(store, ref=ref)
+    print(f"{ref}: {ctx.n_tokens} tokens, snapshot {sid[:12]}", file=sys.stderr)
+    return sid
+
+
+def chat_turn(model, ctx, role: str, text: str) -> str:
+    """The text a chat template adds for one more message of ``role``.
+
+    Templates render whole conversations (and may add a default system
+    message to a lone user turn), so we render [system, message] and keep
+    what follows the rendering of [system] alone.
+    """
+    if model.chat_template is None:
+        raise CtxError(f"{model.name} has no chat template; append plain text instead of --role")
+    anchor = [{"role": "system", "content": "-"}]
+    base = model.chat_prompt(anchor, add_generation_prompt=False)
+    full = model.chat_prompt(anchor + [{"role": role, "content": text}], add_generation_prompt=role == "user")
+    if not full.startswith(base):
+        raise CtxError(f"{model.name}'s chat template does not render messages one after another; "
+                       "append plain text with --special instead")
+    turn = full[len(base):]
+    # generate() stops on the end-of-turn token; the template puts a newline after it.
+    if ctx.tokens and ctx.tokens[-1] in model.tokenizer.eog_ids and base.endswith("\n") and not turn.startswith("\n"):
+        turn = "\n" + turn
+    return turn
+
+
+def describe(store, sid: str) -> dict:
+    """A short summary of a stored snapshot (for ls and log)."""
+    m = store.get_manifest(sid)
+    return {"snapshot": sid, "tokens": len(m.token_ids), "model": m.model_name,
+            "weight_id": m.weight_id, "created": m.created, "labels": m.labels, "parent": m.parent}
+
+
+def when(t: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
+
+
+def print_json(obj) -> None:
+    print(json.dumps(obj, indent=2, sort_keys=True))
+
+
+@contextmanager
+def progress_bar(desc: str, unit: str = "page") -> Iterator:
+    """A ``progress(done, total)`` callback drawing a bar on stderr when it is a terminal."""
+    try:
+        from tqdm import tqdm
+    except ImportError:  # progress is a nicety, not a requirement
+        yield None
+        return
+    bar = tqdm(desc=desc, unit=unit, file=sys.stderr, disable=None, leave=False)
+
+    def progress(done: int, total: int) -> None:
+        if bar.total != total:
+            bar.total = total
+            bar.refresh()
+        bar.update(done - bar.n)
+
+    try:
+        yield progress
+    finally:
+        bar.close()

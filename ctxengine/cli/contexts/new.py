@@ -1,0 +1,29 @@
+"""``ctx new NAME [--system TEXT]``: create a named context in the store."""
+from __future__ import annotations
+
+import argparse
+
+from . import add_common_arguments, check_name, load_model, open_store, require_absent, save
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_common_arguments(p)
+    p.add_argument("name", help="the new context's name (its ref in the store)")
+    p.add_argument("--system", default=None,
+                   help="system message (rendered with the model's chat template; plain text without one)")
+
+
+def main(args: argparse.Namespace) -> int:
+    check_name(args.name)
+    with open_store(args) as store:
+        require_absent(store, args.name)
+        model = load_model(args)
+        ctx = model.context(args.name)
+        if args.system:
+            if model.chat_template is not None:
+                ctx.append(model.chat_prompt([{"role": "system", "content": args.system}],
+                                             add_generation_prompt=False), parse_special=True)
+            else:
+                ctx.append(args.system)
+        save(ctx, store, args.name)
+    return 0

@@ -1,0 +1,334 @@
+"""Snapshot and restore: between a live context and a snapshot store.
+
+A snapshot is a manifest (weights, tokens, sampler state, ordered page keys)
+plus the raw bytes of the context's KV pages; the store (ctxengine.store)
+keeps both content-addressed. This module is the only place that turns a
+page table into store pages and back.
+
+* **Incremental.** Every page is named by the BLAKE3 of its bytes and the
+  store is asked which keys it lacks; only those are sent. Because the
+  kernels are deterministic and slots past a sequence's end are zero, two
+  contexts that computed the same prefix have the same page keys.
+* **Hashing once.** A full page never changes while it is referenced, so its
+  key is remembered by page id (:class:`PageKeyCache`) and re-snapshotting a
+  context that grew hashes only its new pages.
+* **Restore refuses other weights** before reading a single page, and every
+  page is verified against its key as the store reads it. The last token's
+  logits are not stored: the restored context recomputes them on first use by
+  re-forwarding that one token (``Context._sync``), which the deterministic
+  kernels make bit-identical to the original's.
+"""
+from __future__ import annotations
+
+import os
+import threading
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Mapping
+
+from ..engine.sampler import Sampler
+from ..errors import ContextError, CorruptDataError, CtxError, StoreError, WeightMismatchError
+from ..store import Manifest, Store, page_key, validate_name
+
+if TYPE_CHECKING:
+    from ..engine.model import LoadedModel
+    from ..model import Model
+    from .context import Context
+
+# Byte layout of a KV page (docs/design-notes.md, "KV page layout (format v1)").
+# Recorded in every manifest's arch summary; a restore refuses another value.
+KV_LAYOUT = 1
+# Restore reads pages in chunks of this many (one read transaction each) on a
+# few threads: decompressing and verifying dominate restore, and zstd and
+# BLAKE3 release the GIL. At most RESTORE_THREADS * 2 chunks are in flight
+# (16 SmolLM2 pages ≈ 6 MB each), so memory stays bounded on long contexts.
+RESTORE_CHUNK = 16
+RESTORE_THREADS = min(4, os.cpu_count() or 1)
+# Model settings that shape the KV. The weight id already covers them; they
+# are repeated so a manifest says what it holds without the weights at hand.
+_ARCH_FIELDS = ("arch", "n_layer", "n_embd", "n_head", "n_head_kv", "head_dim", "n_vocab",
+                "rope_base", "rope_dim", "rope_neox")
+
+
+@dataclass(frozen=True)
+class SnapshotResult:
+    snapshot_id: str
+    n_pages: int        # pages the manifest names
+    pages_hashed: int   # pages whose key had to be computed (the others came from the cache)
+    pages_sent: int     # pages the store lacked, and was given
+    bytes_sent: int     # raw bytes of those pages
+
+
+class PageKeyCache:
+    """The key of each full page of a pool, by page id.
+
+    A cached key stays right only while the page's bytes do not change and its
+    id is not reused, so the cache holds a reference to every page it knows (a
+    one-page page table each): a page with two holders is never written in
+    place (truncate and append copy it first) and never freed. Pages that only
+    the cache still holds are dropped by ``forget_unused`` (the table calls it
+    for a deleted context's pages) and ``prune`` (when the pool runs short).
+    """
+
+    def __init__(self, model: "LoadedModel"):
+        self._model = model
+        self._page_tokens = model.pool.page_tokens
+        self._entries: dict[int, tuple[str, object]] = {}  # page id -> (key, pinning page table)
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get(self, page_id: int) -> str | None:
+        with self._lock:
+            entry = self._entries.get(page_id)
+        return None if entry is None else entry[0]
+
+    def remember(self, pairs) -> None:
+        """Record (page id, key) of pages that are full and held by the caller."""
+        with self._lock:
+            for pid, key in pairs:
+                if pid not in self._entries:
+                    pin = self._model.new_sequence()
+                    pin.append_page(pid, self._page_tokens)  # takes a reference
+                    self._entries[pid] = (key, pin)
+
+    def forget_unused(self, page_ids) -> int:
+        """Drop those of ``page_ids`` that nobody but the cache holds; return how many."""
+        pool = self._model.pool
+        dropped = 0
+        with self._lock:
+            for pid in page_ids:
+                if pid in self._entries and pool.refcount(pid) == 1:
+                    del self._entries[pid]  # its page table releases the page
+                    dropped += 1
+        return dropped
+
+    def prune(self) -> int:
+        """Drop every page nobody but the cache holds; return how many were freed."""
+        with self._lock:
+            candidates = list(self._entries)
+        return self.forget_unused(candidates)
+
+
+# -- snapshot ------------------------------------------------------------------
+
+def snapshot(ctx: "Context", store: Store, ref: str | None = None,
+             labels: Mapping[str, str] | None = None) -> str:
+    """Write the context to the store (only the pages it lacks); return the snapshot id.
+
+    Tokens whose KV lags (the last sampled one) are prefilled first, so a
+    snapshot holds the KV of every token. ``labels`` are added to the
+    context's own. ``ref``, if given, is moved to the new snapshot in the same
+    transaction.
+    """
+    return take_snapshot(ctx, store, ref=ref, labels=labels).snapshot_id
+
+
+def take_snapshot(ctx: "Context", store: Store, *, ref: str | None = None,
+                  labels: Mapping[str, str] | None = None, sync: bool = True,
+                  record: bool = True) -> SnapshotResult:
+    """``snapshot`` with its accounting.
+
+    ``sync=False`` stores the KV as it is (n_tokens may then be less than the
+    token count; a restore prefills the rest) and never runs the model: the
+    table uses it to evict a context while it is short of pages.
+    ``record=False`` leaves the context's parent pointer alone (eviction
+    snapshots are not part of its history).
+    """
+    if ref is not None:
+        validate_name(ref, "ref")
+    merged = _merged_labels(ctx.labels, labels)
+    with ctx._lock:
+        ctx._check_live()
+        if sync:
+            ctx._sync()
+        seq = ctx._seq
+        cache = ctx._table.page_keys
+        keys, exported, hashed = _page_keys(seq, cache)
+        m = _manifest(ctx, keys, seq.n_tokens, merged)
+        sid, sent, nbytes = _write(store, m, seq, keys, exported, ref)
+        if record:
+            ctx.snapshot_id = sid
+    return SnapshotResult(sid, len(keys), hashed, sent, nbytes)
+
+
+def _merged_labels(own: Mapping[str, str], extra: Mapping[str, str] | None) -> dict[str, str]:
+    merged = {**own, **(extra or {})}
+    bad = [(k, v) for k, v in merged.items() if not (isinstance(k, str) and isinstance(v, str))]
+    if bad:
+        raise ContextError(f"labels map strings to strings; got {bad[0][0]!r}: {bad[0][1]!r}")
+    return merged
+
+
+def _page_keys(seq, cache: PageKeyCache) -> tuple[list[str], dict[str, bytes], int]:
+    """Every page's key, in order; the raw bytes of those we had to read; how many we hashed."""
+    pt = cache._page_tokens
+    n = seq.n_tokens
+    page_ids = seq.pages[: -(-n // pt)]
+    keys: list[str] = []
+    exported: dict[str, bytes] = {}
+    new_full = []
+    for i, pid in enumerate(page_ids):
+        full = (i + 1) * pt <= n
+        key = cache.get(pid) if full else None
+        if key is None:
+            raw = seq.export_page(i)
+            key = page_key(raw)
+            exported[key] = raw
+            if full:
+                new_full.append((pid, key))
+        keys.append(key)
+    # Only full pages are cached: the last, partly filled page is still written to.
+    cache.remember(new_full)
+    return keys, exported, len(exported)
+
+
+def arch_summary(model: "LoadedModel") -> dict:
+    cfg = model.config
+    summary = {name: getattr(cfg, name) for name in _ARCH_FIELDS}
+    summary["kv_layout"] = KV_LAYOUT
+    return summary
+
+
+def _manifest(ctx: "Context", keys: list[str], n_tokens: int, labels: dict[str, str]) -> Manifest:
+    model = ctx.model
+    return Manifest(
+        weight_id=model.weight_id, model_name=model.name, arch=arch_summary(model),
+        kv_dtype=model.kv_dtype, page_tokens=model.pool.page_tokens,
+        token_ids=list(ctx._tokens), page_keys=keys, page_size=model.pool.page_bytes,
+        n_tokens=n_tokens, sampler_state=ctx.sampler_state or {},
+        parent=ctx.snapshot_id, labels=labels,
+    )
+
+
+def _write(store: Store, m: Manifest, seq, keys: list[str], exported: dict[str, bytes],
+           ref: str | None) -> tuple[str, int, int]:
+    """Send the pages the store lacks with the manifest; (snapshot id, pages sent, bytes)."""
+    first_index = {}
+    for i, key in enumerate(keys):
+        first_index.setdefault(key, i)
+
+    def raw(key: str) -> bytes:
+        return exported[key] if key in exported else seq.export_page(first_index[key])
+
+    missing = store.missing_pages(keys)
+    pages = {k: raw(k) for k in missing}
+    try:
+        sid = store.snapshot(m, pages, ref=ref)
+    except CorruptDataError:
+        raise
+    except StoreError:
+        # A gc in another process may have removed a page between our question
+        # and the write; then send those too, once. Anything else is real.
+        vanished = [k for k in store.missing_pages(keys) if k not in pages]
+        if not vanished:
+            raise
+        pages.update((k, raw(k)) for k in vanished)
+        sid = store.snapshot(m, pages, ref=ref)
+    return sid, len(pages), sum(map(len, pages.values()))
+
+
+# -- restore -------------------------------------------------------------------
+
+def restore(model: "Model", store: Store, ref_or_id: str, name: str | None = None) -> "Context":
+    """A new live context holding a stored snapshot (a ref, an id or an id prefix).
+
+    Refuses (WeightMismatchError) a snapshot made by other weights before
+    reading any page; every page is verified against its key.
+    """
+    table = model.contexts
+    if name is not None:
+        validate_name(name, "context")
+        if name in table:
+            raise ContextError(f"a context named '{name}' already exists")
+    sid = store.resolve(ref_or_id)
+    m = store.get_manifest(sid)
+    check_compatible(m, sid, model.engine)
+    seq = load_sequence(table, store, m, sid)
+    return table.adopt(name, seq, m.token_ids, labels=m.labels,
+                       sampler_state=m.sampler_state or None, snapshot_id=sid)
+
+
+def check_compatible(m: Manifest, sid: str, engine: "LoadedModel") -> None:
+    """Refuse a snapshot this model cannot continue; the weights are checked first."""
+    what = f"snapshot {sid[:16]}"
+    if m.weight_id != engine.weight_id:
+        raise WeightMismatchError(
+            f"{what} was made by weights {m.weight_id} ({m.model_name}), but the loaded model "
+            f"has weights {engine.weight_id} ({engine.name}); refusing to restore it onto other weights")
+    if m.kv_dtype != engine.kv_dtype:
+        raise StoreError(f"{what} holds a {m.kv_dtype} KV; the model is loaded with a {engine.kv_dtype} KV "
+                         f"(load it with kv='{m.kv_dtype}')")
+    layout = m.arch.get("kv_layout")
+    if layout != KV_LAYOUT:
+        raise StoreError(f"{what} uses KV page layout {layout!r}; this ctxengine reads layout {KV_LAYOUT}")
+    pool = engine.pool
+    if m.page_tokens != pool.page_tokens or m.page_size != pool.page_bytes:
+        raise StoreError(f"{what} has pages of {m.page_tokens} tokens ({m.page_size} bytes); this model's "
+                         f"pages hold {pool.page_tokens} tokens ({pool.page_bytes} bytes)")
+    cfg = engine.config
+    if len(m.token_ids) > cfg.n_ctx:
+        raise ContextError(f"{what} holds {len(m.token_ids)} tokens; the model is loaded with a "
+                           f"context length of {cfg.n_ctx}")
+    bad = next((t for t in m.token_ids if t >= cfg.n_vocab), None)
+    if bad is not None:
+        raise CorruptDataError(f"{what} holds token id {bad}, outside the vocabulary (0..{cfg.n_vocab - 1})")
+    if m.sampler_state:
+        try:
+            Sampler.from_state(m.sampler_state)
+        except CtxError as err:
+            raise CorruptDataError(f"{what}: {err}") from None
+
+
+def load_sequence(table, store: Store, m: Manifest, sid: str):
+    """Read, verify and import a manifest's pages into a new page table."""
+    engine = table.model
+    pool = engine.pool
+    pt = pool.page_tokens
+    unique = list(dict.fromkeys(m.page_keys))
+    table.reserve_pages(len(unique))
+    imported: dict[str, int] = {}
+    seq = engine.new_sequence()
+    try:
+        try:
+            for key, raw in _read_pages(store, unique):
+                imported[key] = pool.import_page(raw)
+        except CorruptDataError as err:
+            raise CorruptDataError(f"cannot restore snapshot {sid[:16]}: {err}") from None
+        for i, key in enumerate(m.page_keys):
+            seq.append_page(imported[key], min(pt, m.n_tokens - i * pt))
+        table.page_keys.remember((imported[k], k) for i, k in enumerate(m.page_keys)
+                                 if (i + 1) * pt <= m.n_tokens)
+    finally:
+        for pid in imported.values():
+            pool.release(pid)  # the page table (and the cache) hold their own references
+    return seq
+
+
+def _read_pages(store: Store, keys: list[str]):
+    """Yield (key, verified raw bytes) in order, reading chunks on a few threads."""
+    chunks = [keys[i:i + RESTORE_CHUNK] for i in range(0, len(keys), RESTORE_CHUNK)]
+    if len(chunks) <= 1 or RESTORE_THREADS == 1:
+        for chunk in chunks:
+            yield from zip(chunk, store.get_pages(chunk))
+        return
+    with ThreadPoolExecutor(RESTORE_THREADS, thread_name_prefix="ctx-restore") as ex:
+        pending: deque = deque()
+        todo = iter(chunks)
+        try:
+            for chunk in todo:
+                pending.append((chunk, ex.submit(store.get_pages, chunk)))
+                if len(pending) >= 2 * RESTORE_THREADS:
+                    break
+            while pending:
+                chunk, fut = pending.popleft()
+                raws = fut.result()
+                nxt = next(todo, None)
+                if nxt is not None:
+                    pending.append((nxt, ex.submit(store.get_pages, nxt)))
+                yield from zip(chunk, raws)
+        finally:
+            for _, fut in pending:
+                fut.cancel()
