@@ -152,16 +152,83 @@ def assert_close(got, ref, scale):
 # ---------------------------------------------------------------------------
 # Matmul: bit-identical paths, any shape
 
+# n_out / n_x around the SIMD tiles (AVX-512: decode slots of 2 weight rows, 8 rows a
+# tile; prefill: pairs of activation rows, 4 x 4 tiles; AVX2: 4 x 1 and 2 x 2).
 @pytest.mark.parametrize("n_in", [32, 64, 96, 576, 1536])  # nb = 1, 2, 3 (odd), 18, 48
 @pytest.mark.parametrize("t", ALL_TYPES, ids=lambda t: t.name)
 def test_matmul_paths_bit_identical(t, n_in):
     rng = np.random.default_rng(n_in * 100 + int(t))
     w = weights(t, 33, n_in, rng)
     x = activations(17, n_in, rng)
-    for n_out in (1, 7, 16, 33):
-        for n_x in (1, 3, 4, 5, 17):
+    for n_out in (1, 2, 7, 8, 9, 16, 33):
+        for n_x in (1, 2, 3, 4, 5, 6, 8, 9, 17):
             wo, xs = w[:n_out], x[:n_x]
             assert_same_bits(on_each_path(lambda: matmul(t, wo, n_in, xs)))
+
+
+def fma_f32(a, b, c):
+    """fma(a, b, c) on float32 arrays, rounded once. The product is exact in
+    float64 (24 + 24 bits); the float64 sum s and its exact error e (TwoSum) give
+    a + b * c = s + e, and rounding s to float32 is the fma's rounding except
+    when s is exactly halfway between two float32 and e != 0: then e decides."""
+    p = a.astype(np.float64) * b.astype(np.float64)
+    c = c.astype(np.float64)
+    s = p + c
+    v = s - p
+    e = (p - (s - v)) + (c - v)
+    r = s.astype(np.float32)
+    tie = (s.view(np.uint64) & np.uint64((1 << 29) - 1)) == np.uint64(1 << 28)  # float32-normal range
+    up = np.nextafter(s, np.inf).astype(np.float32)
+    down = np.nextafter(s, -np.inf).astype(np.float32)
+    return np.where(tie & (e > 0), up, np.where(tie & (e < 0), down, r))
+
+
+def canonical_matmul_q(t, w, n_in, x):
+    """quant.h's canonical order for the integer types, in numpy: 8 float32
+    lanes, lane l of block b gets fma(f16(d_w) * d_x, isum(b, 4l..4l+3)), blocks
+    in order; hsum8; Q4_1 adds its sequential min sum."""
+    d, q, m = parse_blocks(t, w, n_in)  # (n_out, nb), (n_out, nb, 32), (n_out, nb)
+    xa = q8a_rows(x)  # (n_x, nb)
+    nb = n_in // 32
+    wq = q.astype(np.int64).reshape(w.shape[0], 1, nb, 8, 4)
+    xq = xa["qs"].astype(np.int64).reshape(1, x.shape[0], nb, 8, 4)
+    isum = (wq * xq).sum(axis=-1).astype(np.float32)  # (n_out, n_x, nb, 8), exact
+    scale = d.astype(np.float32)[:, None, :] * xa["d"][None, :, :]  # float32 product
+    acc = np.zeros((w.shape[0], x.shape[0], 8), np.float32)
+    for b in range(nb):
+        acc = fma_f32(np.broadcast_to(scale[:, :, b, None], acc.shape), isum[:, :, b], acc)
+    for width in (4, 2, 1):
+        acc = acc[..., :width] + acc[..., width:2 * width]
+    dot = acc[..., 0]
+    if t == G.Q4_1:
+        summ = np.zeros(dot.shape, np.float32)
+        for b in range(nb):
+            summ = fma_f32(np.broadcast_to(m.astype(np.float32)[:, b, None], summ.shape),
+                           np.broadcast_to(xa["s"][None, :, b], summ.shape), summ)
+        dot = dot + summ
+    return np.ascontiguousarray(dot.T)  # (n_x, n_out) as the kernels give it
+
+
+def test_fma_f32_rounds_once():
+    one, eps = np.float32(1), np.float32(2.0**-24)
+    # 1 + 2^-24 is a float32 tie; a tiny extra product term must break it upwards.
+    got = fma_f32(np.array([eps, eps]), np.array([np.float32(1 + 2.0**-23), one]), np.array([one, one]))
+    np.testing.assert_array_equal(got, np.array([1 + 2.0**-23, 1.0], np.float32))
+
+
+@pytest.mark.parametrize("n_in", [32, 64, 96, 576])  # nb = 1, 2, 3, 18
+@pytest.mark.parametrize("t", QUANTIZED, ids=lambda t: t.name)
+def test_matmul_q_follows_the_canonical_order(t, n_in):
+    """Every path gives exactly the bits of quant.h's canonical order (numpy above)."""
+    rng = np.random.default_rng(n_in + 31 * int(t))
+    for raw in (False, True):
+        w = weights(t, 9, n_in, rng, raw=raw)
+        x = activations(5, n_in, rng)
+        want = canonical_matmul_q(t, w, n_in, x)
+        results = on_each_path(lambda: matmul(t, w, n_in, x))
+        for path, got in results.items():
+            differ = got.view(np.uint32) != want.view(np.uint32)
+            assert not differ.any(), (path, np.argwhere(differ)[0], got[differ][0], want[differ][0])
 
 
 @pytest.mark.parametrize("t", QUANTIZED, ids=lambda t: t.name)

@@ -18,6 +18,7 @@
 namespace ctx {
 
 using qk::hsum16;
+using qk::hsum8;
 
 // ---------------------------------------------------------------------------
 // Type table
@@ -244,18 +245,17 @@ struct Q8_0Traits {
 
 template <class T>
 float dot_q_scalar(const typename T::Block* w, const BlockQ8A* x, int nb) {
-  float acc[16] = {};
-  for (int c = 0; 2 * c < nb; ++c) {
-    for (int l = 0; l < 16; ++l) {
-      const int b = 2 * c + l / 8;
-      if (b >= nb) continue;
-      const int j = (l % 8) * 4;
+  float acc[8] = {};
+  for (int b = 0; b < nb; ++b) {
+    const float scale = f16_to_f32(w[b].d) * x[b].d;
+    for (int l = 0; l < 8; ++l) {
+      const int j = l * 4;
       int32_t isum = 0;
       for (int t = 0; t < 4; ++t) isum += T::wq(w[b], j + t) * x[b].qs[j + t];
-      acc[l] = std::fma(f16_to_f32(w[b].d) * x[b].d, static_cast<float>(isum), acc[l]);
+      acc[l] = std::fma(scale, static_cast<float>(isum), acc[l]);
     }
   }
-  float dot = hsum16(acc);
+  float dot = hsum8(acc);
   if constexpr (std::is_same_v<T, Q4_1Traits>) {
     float summ = 0.0f;
     for (int b = 0; b < nb; ++b) summ = std::fma(f16_to_f32(w[b].m), x[b].s, summ);

@@ -67,13 +67,13 @@ void dequantize_row(DType t, const void* src, float* dst, int n);
 // r in [0, n_x). The caller splits [0, n_out) across threads.
 //
 // Integer types (Q4_0, Q4_1, Q8_0) take Xq: n_x rows of n_in / 32 BlockQ8A.
-// Canonical order, nb = n_in / 32 blocks, chunks of two blocks (a lone last
-// block is paired with nothing):
-//   acc[16] = 0
-//   for chunk c: for lane l in 0..15: b = 2c + l / 8 (skip if b >= nb); j = (l % 8) * 4
+// Canonical order (ggml's x86 order for vec_dot_q4_1_q8_1 / q8_0_q8_0, so our
+// logits track llama.cpp's), nb = n_in / 32 blocks, 8 float lanes:
+//   acc[8] = 0
+//   for b in 0..nb-1 (ascending): for lane l in 0..7: j = l * 4
 //       isum = sum_{t<4} wq(b, j+t) * xq(b, j+t)            (exact int32)
 //       acc[l] = fma(f16(d_w[b]) * d_x[b], (float)isum, acc[l])
-//   dot = hsum16(acc)
+//   dot = hsum8(acc)    where hsum8: for w in (4, 2, 1): a[i] = a[i] + a[i + w] for i < w
 //   Q4_1 only: summ = 0; for b in 0..nb-1: summ = fma(f16(m_w[b]), s_x[b], summ); dot = dot + summ
 // where wq is the signed weight value: Q4_0: q - 8, Q4_1: q, Q8_0: q.
 //

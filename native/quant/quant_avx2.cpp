@@ -1,7 +1,10 @@
-// AVX2 kernels. The 16 canonical lanes live in two ymm per accumulator:
-// "lo" = lanes 0-7, "hi" = lanes 8-15. For the integer types a chunk is two
-// blocks and lane l belongs to block 2c + l / 8, so block 2c feeds lo and
-// block 2c + 1 feeds hi, 8 int32 lanes of 4-element sums each.
+// AVX2 kernels.
+//
+// Integer types: one ymm accumulator per (weight row, activation row) pair
+// holds the 8 canonical lanes of quant.h. Per block, int32 lane l of the
+// 4-sums is elements 4l..4l+3 of the block, i.e. exactly canonical lane l,
+// and it goes into the accumulator with one fma by the block's scale; the end
+// is hsum8, whose steps are the 128-bit halves, movehl and movehdup.
 //
 // The 4-sums come from vpmaddubsw (u8 x s8 -> pairs of products in int16)
 // then vpmaddwd with ones (adjacent int16 pairs -> int32). vpmaddubsw
@@ -11,9 +14,11 @@
 //         2 * 128 * 127 = 32512 < 32767
 // so the int32 lanes are the exact canonical isum.
 //
-// Tiling: a tile is NW weight rows x NX activation rows with NW * NX <= 4 (two
-// ymm accumulators per pair, 16 registers in all). Each (o, r) pair has its
-// own accumulators fed in canonical order, so tiling never changes a result.
+// Tiling: a tile is NW weight rows x NX activation rows, each pair with its
+// own accumulator fed in canonical order, so tiling never changes a result.
+//
+// Float types: the 16 canonical lanes of matmul_f live in two ymm per
+// accumulator, "lo" = lanes 0-7, "hi" = lanes 8-15.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -26,13 +31,15 @@ namespace ctx::qk {
 
 namespace {
 
-// hsum16 of lanes (lo, hi): the w = 8 step is exactly lo + hi.
-float hsum16_ps(__m256 lo, __m256 hi) {
-  const __m256 s8 = _mm256_add_ps(lo, hi);
-  const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+// hsum8: lanes i + 4 (the high 128 bits), then i + 2 (movehl), then i + 1 (movehdup).
+float hsum8_ps(__m256 a) {
+  const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
   const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
   return _mm_cvtss_f32(_mm_add_ss(s2, _mm_movehdup_ps(s2)));
 }
+
+// hsum16 of lanes (lo, hi): the w = 8 step is exactly lo + hi, the rest is hsum8.
+float hsum16_ps(__m256 lo, __m256 hi) { return hsum8_ps(_mm256_add_ps(lo, hi)); }
 
 uint16_t load_u16(const uint8_t* p) {
   uint16_t v;
@@ -78,7 +85,7 @@ WBlock load_block(const uint8_t* p) {
   return w;
 }
 
-// One block b for every pair of the tile, into acc (the lo or hi half).
+// One block b for every pair of the tile.
 template <DType T, int NW, int NX>
 inline void block_step(const uint8_t* const* wrow, size_t offset, const BlockQ8A* const* xrow, int b,
                        __m256 (&acc)[NW][NX], float (&summ)[NW][NX]) {
@@ -105,22 +112,23 @@ void tile_q(const uint8_t* w0, size_t row_bytes, int nb, const BlockQ8A* x0, flo
   for (int i = 0; i < NW; ++i) wrow[i] = w0 + i * row_bytes;
   const BlockQ8A* xrow[NX];
   for (int j = 0; j < NX; ++j) xrow[j] = x0 + static_cast<size_t>(j) * nb;
-  __m256 lo[NW][NX], hi[NW][NX];
+  __m256 acc[NW][NX];
   float summ[NW][NX];
   for (int i = 0; i < NW; ++i)
     for (int j = 0; j < NX; ++j) {
-      lo[i][j] = hi[i][j] = _mm256_setzero_ps();
+      acc[i][j] = _mm256_setzero_ps();
       summ[i][j] = 0.0f;
     }
-  int b = 0;
-  for (; b + 1 < nb; b += 2) {
-    block_step<T, NW, NX>(wrow, b * bb, xrow, b, lo, summ);
-    block_step<T, NW, NX>(wrow, (b + 1) * bb, xrow, b + 1, hi, summ);
+  // The single dependency chain per pair stalls behind each weight miss, so
+  // ask for the next tile's rows (same offsets) while this one computes.
+  const size_t ahead = NW * row_bytes;
+  for (int b = 0; b < nb; ++b) {
+    for (int i = 0; i < NW; ++i) _mm_prefetch(reinterpret_cast<const char*>(wrow[i] + b * bb + ahead), _MM_HINT_T0);
+    block_step<T, NW, NX>(wrow, b * bb, xrow, b, acc, summ);
   }
-  if (b < nb) block_step<T, NW, NX>(wrow, b * bb, xrow, b, lo, summ);  // lone last block: lanes 0-7
   for (int i = 0; i < NW; ++i)
     for (int j = 0; j < NX; ++j) {
-      float dot = hsum16_ps(lo[i][j], hi[i][j]);
+      float dot = hsum8_ps(acc[i][j]);
       if (T == DType::Q4_1) dot = dot + summ[i][j];
       Y[j * y_stride + i] = dot;
     }

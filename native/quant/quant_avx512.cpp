@@ -1,7 +1,17 @@
-// AVX-512 (VNNI) kernels. One zmm holds exactly the 16 canonical lanes of
-// quant.h, and for the integer types one 64-byte vpdpbusd covers a whole
-// two-block chunk: int32 lane l sums bytes 4l..4l+3, i.e. lanes 0-7 are the
-// first block and lanes 8-15 the second, element j = (l % 8) * 4 + t.
+// AVX-512 (VNNI) kernels.
+//
+// Integer types. The canonical order of quant.h has 8 lanes, so one zmm holds
+// TWO independent 8-lane accumulators, one per 256-bit half, each for its own
+// (weight row, activation row) pair:
+//   decode (n_x == 1): halves = (row o, x) and (row o + 1, x): the two weight
+//     rows' blocks b side by side, the activation block broadcast to both;
+//   prefill: halves = (row o, x row r) and (row o, x row r + 1): the weight
+//     block broadcast to both halves, two activation rows' blocks side by side.
+// Per block, one 64-byte vpdpbusd gives both halves' int32 4-sums: lane l of
+// a half sums elements 4l..4l+3 of its block, exactly canonical lane l. Each
+// half gets the fma by its own pair's scale f16(d_w) * d_x, and at the end is
+// folded with hsum8 on its own. A missing pair (odd row count) is computed on
+// a copy and thrown away.
 //
 // vpdpbusd multiplies UNSIGNED by signed bytes, so the signed weights are
 // biased to unsigned (Q4_0: q, whose value is q - 8; Q8_0: q + 128) and the
@@ -9,12 +19,11 @@
 // -bias * sum(x) over the 4 bytes. The per-lane int32 is then the exact
 // canonical isum, whatever the trick.
 //
-// Tiling: a tile is NW weight rows x NX activation rows (up to 4 x 4). The
-// weight nibbles of a chunk are unpacked once into registers and used for all
-// NX rows; the activation side is prepared once per batch of rows (prep_x)
-// into vectors that the kernel reads as memory operands. Every (o, r) pair still
-// has its own accumulator fed in canonical order, so tiling never changes a
-// result.
+// Tiling: the weight side of a block is unpacked once into registers and used
+// for every activation pair of the tile; the activation side is prepared once
+// per batch of rows (prep_x) into vectors that the kernel reads as memory
+// operands. Every (o, r) pair still has its own lanes fed in canonical order,
+// so tiling never changes a result.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -28,14 +37,16 @@ namespace ctx::qk {
 
 namespace {
 
-constexpr int kTile = 4;  // max weight rows and activation rows per tile
+constexpr int kTile = 4;  // max weight rows and activation rows per tile (float types; prefill)
 
-float hsum16_ps(__m512 a) {
-  const __m256 s8 = _mm256_add_ps(_mm512_castps512_ps256(a), _mm512_extractf32x8_ps(a, 1));
-  const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+float hsum8_ps(__m256 a) {
+  const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
   const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
   return _mm_cvtss_f32(_mm_add_ss(s2, _mm_movehdup_ps(s2)));
 }
+
+// hsum16: the w = 8 step adds the two halves, the rest is hsum8.
+float hsum16_ps(__m512 a) { return hsum8_ps(_mm256_add_ps(_mm512_castps512_ps256(a), _mm512_extractf32x8_ps(a, 1))); }
 
 uint16_t load_u16(const uint8_t* p) {
   uint16_t v;
@@ -52,15 +63,16 @@ uint32_t load_u32(const uint8_t* p) {
 // ---------------------------------------------------------------------------
 // Integer matmul
 
-// One activation row's share of one two-block chunk, ready for vpdpbusd.
-struct XChunk {
-  __m512i q;      // the two blocks' 64 int8 (second block zero for a lone last block)
+// The activation side of one block for the two halves, ready for vpdpbusd.
+struct XPair {
+  __m512i q;      // the low half's 32 int8, then the high half's
   __m512i nbias;  // -bias * (sum of each 4 bytes), the int32 accumulator start (Q4_0, Q8_0)
-  __m512 d;       // d_x of the first block in lanes 0-7, of the second in lanes 8-15
+  __m512 d;       // d_x of the low half's block in lanes 0-7, of the high half's in lanes 8-15
 };
 
-// Q4_1's per-block activation sums for one tile of activation rows:
-// lane i * 4 + j holds s_x of row j (the pair lane layout of the summ vector).
+// Q4_1's per-block activation sums, laid out like the summ vector:
+// prefill: lane i * 4 + j holds s_x of row j of the group (for every weight row i);
+// decode: every lane holds s_x.
 struct SVec {
   __m512 s;
 };
@@ -70,155 +82,205 @@ constexpr size_t block_bytes(DType t) {
   return t == DType::Q4_0 ? kQ4_0Bytes : t == DType::Q4_1 ? kQ4_1Bytes : kQ8_0Bytes;
 }
 
+constexpr int kPairs = kTile / 2;  // prefill: activation row pairs per group
+constexpr int kDecodeSlots = 4;    // decode: weight row pairs per tile (8 rows)
+
 struct XScratch {
-  std::vector<XChunk> chunks;  // [group][chunk][row in group]
-  std::vector<SVec> svecs;     // [group][block], Q4_1 only
+  std::vector<XPair> pairs;  // prefill: [group][block][pair]; decode: [block]
+  std::vector<SVec> svecs;   // [group][block], Q4_1 only
 };
 
-// Prepares activation rows X[0, rows) (rows of nb blocks) into groups of kTile rows.
 template <DType T>
-void prep_x(const BlockQ8A* X, int nb, int rows, XScratch& xs) {
-  const int nc = (nb + 1) / 2, ng = (rows + kTile - 1) / kTile;
-  xs.chunks.resize(static_cast<size_t>(ng) * nc * kTile);
-  if (T == DType::Q4_1) xs.svecs.resize(static_cast<size_t>(ng) * nb);
+XPair make_pair(const BlockQ8A* lo, const BlockQ8A* hi) {
   const __m512i bias = _mm512_set1_epi8(static_cast<char>(weight_bias(T)));
-  for (int r = 0; r < rows; ++r) {
-    const BlockQ8A* x = X + static_cast<size_t>(r) * nb;
-    XChunk* out = &xs.chunks[(static_cast<size_t>(r / kTile) * nc) * kTile + r % kTile];
-    for (int c = 0; c < nc; ++c, out += kTile) {
-      const BlockQ8A& b0 = x[2 * c];
-      const bool pair = 2 * c + 1 < nb;
-      const __m256i q1 = pair ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[2 * c + 1].qs))
-                              : _mm256_setzero_si256();
-      out->q = _mm512_inserti64x4(
-          _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b0.qs))), q1, 1);
-      if (T != DType::Q4_1)
-        out->nbias = _mm512_sub_epi32(_mm512_setzero_si512(),
-                                      _mm512_dpbusd_epi32(_mm512_setzero_si512(), bias, out->q));
-      out->d = _mm512_insertf32x8(_mm512_set1_ps(b0.d), _mm256_set1_ps(pair ? x[2 * c + 1].d : 0.0f), 1);
+  XPair p;
+  const __m256i qlo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(lo->qs));
+  const __m256i qhi = hi ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(hi->qs)) : _mm256_setzero_si256();
+  p.q = _mm512_inserti64x4(_mm512_castsi256_si512(qlo), qhi, 1);
+  p.nbias = T == DType::Q4_1 ? _mm512_setzero_si512()
+                             : _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), bias, p.q));
+  p.d = _mm512_insertf32x8(_mm512_set1_ps(lo->d), _mm256_set1_ps(hi ? hi->d : 0.0f), 1);
+  return p;
+}
+
+// Prepares activation rows X[0, rows) (rows of nb blocks). Decode (rows == 1):
+// block b of the row in both halves. Prefill: groups of kTile rows, pairs of
+// rows (2p, 2p + 1) of a group (a missing row is zeros).
+template <DType T>
+void prep_x(const BlockQ8A* X, int nb, int rows, bool decode, XScratch& xs) {
+  if (decode) {
+    xs.pairs.resize(nb);
+    if (T == DType::Q4_1) xs.svecs.resize(nb);
+    for (int b = 0; b < nb; ++b) {
+      xs.pairs[b] = make_pair<T>(X + b, X + b);
+      if (T == DType::Q4_1) xs.svecs[b].s = _mm512_set1_ps(X[b].s);
     }
+    return;
   }
-  if (T == DType::Q4_1) {
-    for (int g = 0; g < ng; ++g) {
-      const int g_rows = std::min(kTile, rows - g * kTile);
-      for (int b = 0; b < nb; ++b) {
-        alignas(64) float s[16] = {};
-        for (int j = 0; j < g_rows; ++j) {
-          const float sx = X[static_cast<size_t>(g * kTile + j) * nb + b].s;
-          for (int i = 0; i < kTile; ++i) s[i * kTile + j] = sx;
+  const int ng = (rows + kTile - 1) / kTile;
+  xs.pairs.resize(static_cast<size_t>(ng) * nb * kPairs);
+  if (T == DType::Q4_1) xs.svecs.resize(static_cast<size_t>(ng) * nb);
+  for (int g = 0; g < ng; ++g) {
+    const int g_rows = std::min(kTile, rows - g * kTile);
+    const BlockQ8A* xg = X + static_cast<size_t>(g) * kTile * nb;
+    for (int b = 0; b < nb; ++b) {
+      XPair* out = &xs.pairs[(static_cast<size_t>(g) * nb + b) * kPairs];
+      for (int p = 0; p < kPairs; ++p) {
+        const int r = 2 * p;
+        if (r >= g_rows) {
+          out[p] = XPair{_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_ps()};
+          continue;
         }
+        out[p] = make_pair<T>(xg + static_cast<size_t>(r) * nb + b,
+                              r + 1 < g_rows ? xg + static_cast<size_t>(r + 1) * nb + b : nullptr);
+      }
+      if (T == DType::Q4_1) {
+        alignas(64) float s[16] = {};
+        for (int j = 0; j < g_rows; ++j)
+          for (int i = 0; i < kTile; ++i) s[i * kTile + j] = xg[static_cast<size_t>(j) * nb + b].s;
         xs.svecs[static_cast<size_t>(g) * nb + b].s = _mm512_load_ps(s);
       }
     }
   }
 }
 
-// Weight bytes of one chunk of one row: 64 unsigned bytes in element order
-// (lanes as the canonical mapping), and its header halves packed as
-// (d0, m0, d1, m1) (m = 0 for Q4_0 / Q8_0; second block 0 for a lone block).
-template <DType T, bool kLone>
-__m512i load_weights(const uint8_t* p, uint64_t& header) {
-  constexpr size_t bb = block_bytes(T);
+// The weight bytes of block b of rows pa (low half) and pb (high half) as 64
+// unsigned bytes in element order, and their header halves packed as
+// (d_a, m_a, d_b, m_b) (m = 0 for Q4_0 / Q8_0). kSame: pa == pb.
+template <DType T, bool kSame>
+__m512i load_weights(const uint8_t* pa, const uint8_t* pb, uint64_t& header) {
   if constexpr (T == DType::Q8_0) {
-    const __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 2));
-    const __m256i hi = kLone ? _mm256_setzero_si256() : _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + bb + 2));
-    header = load_u16(p) | (kLone ? 0 : static_cast<uint64_t>(load_u16(p + bb)) << 32);
-    return _mm512_xor_si512(_mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1), _mm512_set1_epi8(-128));
+    const __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(pa + 2));
+    const __m512i both = kSame ? _mm512_broadcast_i64x4(lo)
+                               : _mm512_inserti64x4(_mm512_castsi256_si512(lo),
+                                                    _mm256_loadu_si256(reinterpret_cast<const __m256i*>(pb + 2)), 1);
+    header = load_u16(pa) | static_cast<uint64_t>(load_u16(pb)) << 32;
+    return _mm512_xor_si512(both, _mm512_set1_epi8(-128));
   } else {
-    // 128-bit lanes [qs0, qs0, qs1, qs1] from two 16-byte loads (never past
-    // the chunk: the last row may end the buffer); the odd lanes then take
+    // 128-bit lanes [qs_a, qs_a, qs_b, qs_b] from 16-byte loads (never past
+    // the block: the last row may end the buffer); the odd lanes then take
     // the high nibbles. (Masked loads would do too, but GCC treats them as
-    // memory clobbers and then spills every accumulator each chunk.)
+    // memory clobbers and then spills every accumulator each block.)
     constexpr size_t qs_offset = T == DType::Q4_1 ? 4 : 2;
-    const __m512i qs0 = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + qs_offset)));
+    const __m512i qa = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(pa + qs_offset)));
     const __m512i u =
-        kLone ? qs0
-              : _mm512_mask_broadcast_i32x4(qs0, 0xFF00, _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + bb + qs_offset)));
+        kSame ? qa : _mm512_mask_broadcast_i32x4(qa, 0xFF00, _mm_loadu_si128(reinterpret_cast<const __m128i*>(pb + qs_offset)));
     if constexpr (T == DType::Q4_1)
-      header = load_u32(p) | (kLone ? 0 : static_cast<uint64_t>(load_u32(p + bb)) << 32);
+      header = load_u32(pa) | static_cast<uint64_t>(load_u32(pb)) << 32;
     else
-      header = load_u16(p) | (kLone ? 0 : static_cast<uint64_t>(load_u16(p + bb)) << 32);
+      header = load_u16(pa) | static_cast<uint64_t>(load_u16(pb)) << 32;
     const __m512i shifted = _mm512_srlv_epi64(u, _mm512_setr_epi64(0, 0, 4, 4, 0, 0, 4, 4));
     return _mm512_and_si512(shifted, _mm512_set1_epi8(0x0F));
   }
 }
 
-template <DType T, int NW, int NX, bool kLone>
-inline void chunk_step(const uint8_t* const* wrow, size_t offset, const XChunk* xc, const SVec* sv,
-                       __m512 (&acc)[NW][NX], __m512& summ) {
-  __m512i w[NW];
-  uint64_t header[kTile] = {};
-  for (int i = 0; i < NW; ++i) w[i] = load_weights<T, kLone>(wrow[i] + offset, header[i]);
-  // All the tile's scales in one conversion: H[4i + k] = (d0, m0, d1, m1)[k] of row i.
-  const __m512 H = _mm512_cvtph_ps(_mm256_setr_epi64x(static_cast<long long>(header[0]), static_cast<long long>(header[1]),
-                                                      static_cast<long long>(header[2]), static_cast<long long>(header[3])));
-  for (int i = 0; i < NW; ++i) {
-    const __m512 dw = _mm512_permutexvar_ps(
-        _mm512_inserti64x4(_mm512_set1_epi32(4 * i), _mm256_set1_epi32(4 * i + 2), 1), H);
-    for (int j = 0; j < NX; ++j) {
-      const XChunk& x = xc[j];
-      const __m512i start = T == DType::Q4_1 ? _mm512_setzero_si512() : x.nbias;
-      const __m512 isum = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(start, w[i], x.q));
-      const __m512 scale = _mm512_mul_ps(dw, x.d);
-      acc[i][j] = kLone ? _mm512_mask3_fmadd_ps(scale, isum, acc[i][j], 0x00FF) : _mm512_fmadd_ps(scale, isum, acc[i][j]);
+// One tile. Weight slot k is the row pair (pa[k], pb[k]) of the two halves
+// (prefill: the same row twice); activation slot p is xp[p] (decode: one).
+// acc[k][p] accumulates the two halves' pairs.
+//   decode:  NK <= 4 slots = weight rows (2k, 2k + 1) of the tile (nw rows), NP = 1
+//   prefill: NK <= 4 slots = weight rows k, NP <= 2 activation pairs (nx rows)
+template <DType T, bool kDecode, int NK, int NP>
+void tile_q(const uint8_t* w0, size_t row_bytes, int nw, int nx, int nb, const XPair* xp, const SVec* sv,
+            float* Y, size_t y_stride) {
+  constexpr size_t bb = block_bytes(T);
+  constexpr int xstride = kDecode ? 1 : kPairs;  // XPairs per block
+  const uint8_t* pa[NK];
+  const uint8_t* pb[NK];
+  for (int k = 0; k < NK; ++k) {
+    if (kDecode) {
+      pa[k] = w0 + 2 * k * row_bytes;
+      pb[k] = w0 + std::min(2 * k + 1, nw - 1) * row_bytes;  // a missing row: a copy, thrown away
+    } else {
+      pa[k] = pb[k] = w0 + k * row_bytes;
     }
   }
-  if constexpr (T == DType::Q4_1) {
-    // summ lane i * 4 + j is pair (i, j): m of row i times s of row j, block by block in order.
-    const __m512i m0_idx = _mm512_setr_epi32(1, 1, 1, 1, 5, 5, 5, 5, 9, 9, 9, 9, 13, 13, 13, 13);
-    summ = _mm512_fmadd_ps(_mm512_permutexvar_ps(m0_idx, H), sv[0].s, summ);
-    if (!kLone)
-      summ = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_add_epi32(m0_idx, _mm512_set1_epi32(2)), H), sv[1].s, summ);
-  }
-}
-
-// Y[(r0 + j) * y_stride + o + i] for the tile's NW x NX pairs.
-template <DType T, int NW, int NX>
-void tile_q(const uint8_t* w0, size_t row_bytes, int nb, const XChunk* xc, const SVec* sv, float* Y,
-            size_t y_stride) {
-  constexpr size_t chunk_bytes = 2 * block_bytes(T);
-  const uint8_t* wrow[NW];
-  for (int i = 0; i < NW; ++i) wrow[i] = w0 + i * row_bytes;
-  __m512 acc[NW][NX];
+  __m512 acc[NK][NP];
   for (auto& row : acc)
     for (auto& a : row) a = _mm512_setzero_ps();
   __m512 summ = _mm512_setzero_ps();
-  // sv is only there for Q4_1 (null otherwise, so never offset it then).
-  auto block_sv = [sv](int b) { return T == DType::Q4_1 ? sv + b : nullptr; };
-  const int full = nb / 2;
-  for (int c = 0; c < full; ++c)
-    chunk_step<T, NW, NX, false>(wrow, c * chunk_bytes, xc + c * kTile, block_sv(2 * c), acc, summ);
-  if (nb % 2) chunk_step<T, NW, NX, true>(wrow, full * chunk_bytes, xc + full * kTile, block_sv(2 * full), acc, summ);
+  // H[4k + h] = (d_a, m_a, d_b, m_b)[h] of slot k. dw of slot k: H[4k] in the
+  // low half, H[4k + 2] in the high half.
+  // summ lane: decode: weight row l (m of row l is H[2l + 1]); prefill: lane
+  // k * 4 + j is pair (row k, x row j) (m of row k is H[4k + 1]).
+  const __m512i m_idx = kDecode ? _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 1, 3, 5, 7, 9, 11, 13, 15)
+                                : _mm512_setr_epi32(1, 1, 1, 1, 5, 5, 5, 5, 9, 9, 9, 9, 13, 13, 13, 13);
+  // Each pair's lanes are one dependency chain, which stalls behind every
+  // weight miss: ask for the next tile's rows (same offsets) while this one
+  // computes (decode streams all weights from memory; prefill their first pass).
+  const size_t ahead = 2 * kDecodeSlots * row_bytes;
+  for (int b = 0; b < nb; ++b) {
+    const size_t offset = b * bb;
+    if constexpr (kDecode) {
+      for (int k = 0; k < NK; ++k) {
+        _mm_prefetch(reinterpret_cast<const char*>(pa[k] + offset + ahead), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(pa[k] + row_bytes + offset + ahead), _MM_HINT_T0);
+      }
+    } else {
+      for (int k = 0; k < NK; ++k) _mm_prefetch(reinterpret_cast<const char*>(pa[k] + offset + kTile * row_bytes), _MM_HINT_T0);
+    }
+    __m512i w[NK];
+    uint64_t header[4] = {};
+    for (int k = 0; k < NK; ++k) w[k] = load_weights<T, !kDecode>(pa[k] + offset, pb[k] + offset, header[k]);
+    const __m512 H = _mm512_cvtph_ps(_mm256_setr_epi64x(static_cast<long long>(header[0]), static_cast<long long>(header[1]),
+                                                        static_cast<long long>(header[2]), static_cast<long long>(header[3])));
+    const XPair* x = xp + static_cast<size_t>(b) * xstride;
+    for (int k = 0; k < NK; ++k) {
+      const __m512 dw = _mm512_permutexvar_ps(
+          _mm512_inserti64x4(_mm512_set1_epi32(4 * k), _mm256_set1_epi32(4 * k + 2), 1), H);
+      for (int p = 0; p < NP; ++p) {
+        const __m512i start = T == DType::Q4_1 ? _mm512_setzero_si512() : x[p].nbias;
+        const __m512 isum = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(start, w[k], x[p].q));
+        acc[k][p] = _mm512_fmadd_ps(_mm512_mul_ps(dw, x[p].d), isum, acc[k][p]);
+      }
+    }
+    if constexpr (T == DType::Q4_1) summ = _mm512_fmadd_ps(_mm512_permutexvar_ps(m_idx, H), sv[b].s, summ);
+  }
 
   alignas(64) float summ_lanes[16];
   _mm512_store_ps(summ_lanes, summ);
-  for (int i = 0; i < NW; ++i)
-    for (int j = 0; j < NX; ++j) {
-      float dot = hsum16_ps(acc[i][j]);
-      if (T == DType::Q4_1) dot = dot + summ_lanes[i * kTile + j];
-      Y[j * y_stride + i] = dot;
+  auto put = [&](int o, int r, __m256 half, int lane) {
+    float dot = hsum8_ps(half);
+    if (T == DType::Q4_1) dot = dot + summ_lanes[lane];
+    Y[r * y_stride + o] = dot;
+  };
+  for (int k = 0; k < NK; ++k)
+    for (int p = 0; p < NP; ++p) {
+      const __m256 lo = _mm512_castps512_ps256(acc[k][p]), hi = _mm512_extractf32x8_ps(acc[k][p], 1);
+      if (kDecode) {
+        put(2 * k, 0, lo, 2 * k);
+        if (2 * k + 1 < nw) put(2 * k + 1, 0, hi, 2 * k + 1);
+      } else {
+        if (2 * p < nx) put(k, 2 * p, lo, k * kTile + 2 * p);
+        if (2 * p + 1 < nx) put(k, 2 * p + 1, hi, k * kTile + 2 * p + 1);
+      }
     }
 }
 
-using TileQFn = void (*)(const uint8_t*, size_t, int, const XChunk*, const SVec*, float*, size_t);
+using TileQFn = void (*)(const uint8_t*, size_t, int, int, int, const XPair*, const SVec*, float*, size_t);
 
-template <DType T, int NW>
-TileQFn pick_nx(int nx) {
-  switch (nx) {
-    case 1: return tile_q<T, NW, 1>;
-    case 2: return tile_q<T, NW, 2>;
-    case 3: return tile_q<T, NW, 3>;
-    default: return tile_q<T, NW, 4>;
+template <DType T, int NK>
+TileQFn pick_np(int np) {
+  return np == 1 ? tile_q<T, false, NK, 1> : tile_q<T, false, NK, 2>;
+}
+
+template <DType T>
+TileQFn pick_prefill(int nw, int nx) {
+  const int np = (nx + 1) / 2;
+  switch (nw) {
+    case 1: return pick_np<T, 1>(np);
+    case 2: return pick_np<T, 2>(np);
+    case 3: return pick_np<T, 3>(np);
+    default: return pick_np<T, 4>(np);
   }
 }
 
 template <DType T>
-TileQFn pick_tile_q(int nw, int nx) {
-  switch (nw) {
-    case 1: return pick_nx<T, 1>(nx);
-    case 2: return pick_nx<T, 2>(nx);
-    case 3: return pick_nx<T, 3>(nx);
-    default: return pick_nx<T, 4>(nx);
+TileQFn pick_decode(int nw) {
+  switch ((nw + 1) / 2) {
+    case 1: return tile_q<T, true, 1, 1>;
+    case 2: return tile_q<T, true, 2, 1>;
+    case 3: return tile_q<T, true, 3, 1>;
+    default: return tile_q<T, true, 4, 1>;
   }
 }
 
@@ -226,33 +288,42 @@ TileQFn pick_tile_q(int nw, int nx) {
 // stay in L2; weight rows are swept in blocks that also fit in L2, and each
 // group of 4 activation rows (a few KB, in L1) meets the whole weight block
 // before the next group. So weights come from memory once per batch and
-// from L2 after that (0.16 bytes per MAC in a 4 x 4 tile), and the prepared
-// activations are read from L1.
+// from L2 after that, and the prepared activations are read from L1.
 constexpr size_t kPrepBudget = 256 * 1024;
 constexpr size_t kWeightBlockBudget = 256 * 1024;
 
 template <DType T>
 void matmul_q_impl(const void* W, int n_in, int o0, int o1, const BlockQ8A* Xq, int n_x, float* Y, size_t y_stride) {
   thread_local XScratch xs;
-  const int nb = n_in / QK, nc = (nb + 1) / 2;
+  const int nb = n_in / QK;
   const size_t row_bytes = nb * block_bytes(T);
-  const size_t prep_row_bytes = nc * sizeof(XChunk) + nb * sizeof(SVec);
+  const auto* wbase = static_cast<const uint8_t*>(W);
+  if (n_x == 1) {
+    prep_x<T>(Xq, nb, 1, true, xs);
+    const SVec* sv = T == DType::Q4_1 ? xs.svecs.data() : nullptr;
+    constexpr int step = 2 * kDecodeSlots;
+    for (int o = o0; o < o1; o += step) {
+      const int nw = std::min(step, o1 - o);
+      pick_decode<T>(nw)(wbase + o * row_bytes, row_bytes, nw, 1, nb, xs.pairs.data(), sv, Y + o, y_stride);
+    }
+    return;
+  }
+  const size_t prep_row_bytes = nb * (sizeof(XPair) / 2 + sizeof(SVec) / kTile);
   const int batch = std::max<int>(kTile, static_cast<int>(kPrepBudget / prep_row_bytes) / kTile * kTile);
   const int w_block = std::max<int>(kTile, static_cast<int>(kWeightBlockBudget / row_bytes) / kTile * kTile);
-  const auto* wbase = static_cast<const uint8_t*>(W);
   for (int r0 = 0; r0 < n_x; r0 += batch) {
     const int rows = std::min(batch, n_x - r0);
-    prep_x<T>(Xq + static_cast<size_t>(r0) * nb, nb, rows, xs);
+    prep_x<T>(Xq + static_cast<size_t>(r0) * nb, nb, rows, false, xs);
     for (int ob = o0; ob < o1; ob += w_block) {
       const int ob_end = std::min(o1, ob + w_block);
       for (int g = 0; g * kTile < rows; ++g) {
         const int nx = std::min(kTile, rows - g * kTile);
-        const XChunk* xc = &xs.chunks[static_cast<size_t>(g) * nc * kTile];
+        const XPair* xp = &xs.pairs[static_cast<size_t>(g) * nb * kPairs];
         const SVec* sv = T == DType::Q4_1 ? &xs.svecs[static_cast<size_t>(g) * nb] : nullptr;
         float* y = Y + (r0 + g * kTile) * y_stride;
         for (int o = ob; o < ob_end; o += kTile) {
           const int nw = std::min(kTile, ob_end - o);
-          pick_tile_q<T>(nw, nx)(wbase + o * row_bytes, row_bytes, nb, xc, sv, y + o, y_stride);
+          pick_prefill<T>(nw, nx)(wbase + o * row_bytes, row_bytes, nw, nx, nb, xp, sv, y + o, y_stride);
         }
       }
     }

@@ -33,12 +33,19 @@ float dot_f32_f16_avx512(const float* q, const uint16_t* k, int n);
 void axpy_f16_avx512(float a, const uint16_t* v, float* y, int n);
 void f32_to_f16_row_avx512(const float* x, uint16_t* y, int n);
 
-// The canonical hsum16 on 16 floats in memory (used for scalar tails).
+// The canonical hsum16 / hsum8 of quant.h on floats in memory (the scalar
+// reference and scalar tails).
 // static: each translation unit keeps its own copy. With -flto an inline
 // function compiled once with -mavx2 and once for baseline x86-64 is one ODR
 // entity, and the linker could hand the AVX2 build to the scalar path.
 static inline float hsum16(float* a) {
   for (int w = 8; w >= 1; w /= 2)
+    for (int i = 0; i < w; ++i) a[i] = a[i] + a[i + w];
+  return a[0];
+}
+
+static inline float hsum8(float* a) {
+  for (int w = 4; w >= 1; w /= 2)
     for (int i = 0; i < w; ++i) a[i] = a[i] + a[i + w];
   return a[0];
 }
