@@ -52,6 +52,24 @@ def gemma3_path() -> Path:
     return gemma3_file()
 
 
+def read_metadata(path: Path) -> dict:
+    """GGUF key -> python value, as the engine hands it to the tokenizer and chat template."""
+    from ctxengine.engine.gguf_file import open_gguf
+
+    with open_gguf(path) as f:
+        return dict(f.metadata)
+
+
+@pytest.fixture(scope="session")
+def smollm2_meta(smollm2_path) -> dict:
+    return read_metadata(smollm2_path)
+
+
+@pytest.fixture(scope="session")
+def gemma3_meta(gemma3_path) -> dict:
+    return read_metadata(gemma3_path)
+
+
 def load_reference(name: str) -> dict:
     return json.loads((REFERENCE / name).read_text())
 

@@ -6,7 +6,6 @@ import pytest
 from gguf import GGUFReader
 
 from ctxengine.engine.chat import GEMMA_FALLBACK, ChatTemplate
-from ctxengine.engine.gguf_file import open_gguf
 from ctxengine.errors import CtxError
 
 SMOL_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
@@ -18,19 +17,7 @@ def smollm2_source(smollm2_path):
     return GGUFReader(smollm2_path).fields["tokenizer.chat_template"].contents()
 
 
-def metadata(path):
-    with open_gguf(path) as f:  # what the engine hands ChatTemplate.for_model
-        return dict(f.metadata)
-
-
-@pytest.fixture(scope="module")
-def smollm2_meta(smollm2_path):
-    return metadata(smollm2_path)
-
-
-@pytest.fixture(scope="module")
-def gemma3_meta(gemma3_path):
-    return metadata(gemma3_path)
+# smollm2_meta / gemma3_meta: conftest.py
 
 
 def token_text(meta):

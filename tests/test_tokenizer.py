@@ -4,11 +4,8 @@ import importlib
 import inspect
 import random
 import time
-from pathlib import Path
-from typing import Any
 
 import pytest
-from gguf import GGUFReader
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -16,19 +13,8 @@ from ctxengine.engine.tokenizer import StreamDecoder, Tokenizer
 from ctxengine.errors import TokenizerError
 
 
-def read_metadata(path: Path) -> dict[str, Any]:
-    """GGUF key -> python value, the shape Tokenizer.from_metadata takes."""
-    return {key: field.contents() for key, field in GGUFReader(path).fields.items()}
-
-
-@pytest.fixture(scope="session")
-def smollm2_meta(smollm2_path):
-    return read_metadata(smollm2_path)
-
-
-@pytest.fixture(scope="session")
-def gemma3_meta(gemma3_path):
-    return read_metadata(gemma3_path)
+# smollm2_meta / gemma3_meta come from conftest.py (ctxengine's GGUF reader,
+# which tests/test_gguf_file.py holds equal to gguf's GGUFReader).
 
 
 @pytest.fixture(scope="session")

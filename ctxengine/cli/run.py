@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .common import add_model_arguments, load_model
+from .common import add_model_arguments, add_sampling_arguments, load_model, sampling_options
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -17,22 +17,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("prompt", nargs="?", help="the prompt (default: standard input, or a chat on a terminal)")
     p.add_argument("--raw", action="store_true", help="do not apply the chat template")
     p.add_argument("--system", default=None, help="system message (chat template only)")
-    p.add_argument("-n", "--max-tokens", type=int, default=256, help="tokens to generate at most (default 256)")
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    p.add_argument("--top-k", type=int, default=40)
-    p.add_argument("--top-p", type=float, default=0.95)
-    p.add_argument("--min-p", type=float, default=0.05)
-    p.add_argument("--repeat-penalty", type=float, default=1.0)
-    p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    add_sampling_arguments(p, max_tokens=256, seed_help="RNG seed (default: random)")
 
 
 def main(args: argparse.Namespace) -> int:
     model = load_model(args)
     use_template = not args.raw and model.chat_template is not None
     ctx = model.context("run")
-    sampling = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
-                    repeat_penalty=args.repeat_penalty, seed=args.seed)
+    sampling = sampling_options(args)
     messages = [{"role": "system", "content": args.system}] if args.system and use_template else []
 
     def turn(user_text: str) -> None:
