@@ -177,11 +177,18 @@ class Env:
 
     # -- map size -------------------------------------------------------------
 
+    # env.info() / env.stat() must not run while another thread resizes the
+    # map (LMDB answers EINVAL), so they read under the shared lock.
     def map_size(self) -> int:
-        return self.env.info()["map_size"]
+        with self._lock.shared():
+            return self._map_size_unlocked()
 
     def used_bytes(self) -> int:
-        return (self.env.info()["last_pgno"] + 1) * self.env.stat()["psize"]
+        with self._lock.shared():
+            return (self.env.info()["last_pgno"] + 1) * self.env.stat()["psize"]
+
+    def _map_size_unlocked(self) -> int:
+        return self.env.info()["map_size"]
 
     def _reserve(self, size_hint: int) -> None:
         """Grow before a big write so it does not fill the map half-way and replay."""
@@ -197,7 +204,7 @@ class Env:
 
     def _grow(self, new_size: int) -> None:
         with self._lock.exclusive():
-            if new_size > self.map_size():  # another thread may have grown it already
+            if new_size > self._map_size_unlocked():  # another thread may have grown it already
                 try:
                     self.env.set_mapsize(new_size)
                 except lmdb.Error as e:
