@@ -17,6 +17,7 @@ from ..errors import ModelFileError, UnsupportedModelError
 from .chat import ChatTemplate
 from .cpu import physical_cores
 from .gguf_file import GGUFFile, open_gguf
+from .scheduler import Scheduler
 from .tokenizer import Tokenizer
 from .weights import cached_weight_id
 
@@ -138,6 +139,8 @@ class LoadedModel:
             raise ModelFileError(f"{self.path.name}: {err}") from None
         page_bytes = self._core.page_bytes(PAGE_TOKENS)
         self.pool = _core.PagePool(cfg.n_layer, PAGE_TOKENS, cfg.kv_dim, 2, max(16, kv_budget // page_bytes))
+        # Every forward goes through one loop that batches concurrent callers into shared steps.
+        self.scheduler = Scheduler(self._core, n_ctx=cfg.n_ctx, n_vocab=cfg.n_vocab)
 
     # -- tokens ---------------------------------------------------------------
     def tokenize(self, text: str, *, add_bos: bool = False, parse_special: bool = False) -> list[int]:
@@ -155,14 +158,14 @@ class LoadedModel:
         toks = np.asarray(tokens, dtype=np.int32)
         rows = len(toks) if all_logits else 1
         logits = np.empty((rows, self.config.n_vocab), dtype=np.float32)
-        self._core.forward([(seq, toks, logits, all_logits, None)])
+        self.scheduler.submit(seq, toks, logits, all_logits, None)
         return logits if all_logits else logits[0]
 
     def forward_hidden(self, seq: "_core.KVSeq", tokens: Sequence[int]) -> np.ndarray:
         """Append tokens; final normed hidden state of every new position (n, n_embd)."""
         toks = np.asarray(tokens, dtype=np.int32)
         hidden = np.empty((len(toks), self.config.n_embd), dtype=np.float32)
-        self._core.forward([(seq, toks, None, False, hidden)])
+        self.scheduler.submit(seq, toks, None, False, hidden)
         return hidden
 
     def logprobs(self, ids: Sequence[int], *, top: int = 40, chunk: int = 256) -> LogProbs:
@@ -190,5 +193,6 @@ class LoadedModel:
         return LogProbs(ids, np.concatenate(top_ids), np.concatenate(top_lp), np.asarray(next_lp, dtype=np.float32))
 
     def close(self) -> None:
+        self.scheduler.close()
         self._core = None
         self.file.close()

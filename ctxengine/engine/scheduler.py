@@ -1,0 +1,217 @@
+"""Continuous batching: one loop thread per model runs every pending forward
+request together, one native step at a time.
+
+Each step takes the next token of every decoding sequence first, then chunks
+of pending prompts, oldest first, up to a token budget; a long prompt is split
+over several steps so streams already decoding keep getting tokens. The native
+forward reads each weight once for all rows of a step, and each row's result
+is bit-identical to running its sequence alone, so batching changes speed only.
+Callers block on their request; sequences join and leave between steps.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+
+import numpy as np
+
+DEFAULT_STEP_TOKENS = 256
+# How long a step waits for streams that decoded in the last one to send their
+# next token (they are sampling it): without it every other step would run
+# without them. Only when some are missing; a submit ends the wait at once.
+REJOIN_WAIT_S = 0.003
+
+
+class _Request:
+    __slots__ = ("seq", "tokens", "logits", "all_logits", "hidden", "start", "done", "error", "finished", "_done")
+
+    def __init__(self, seq, tokens, logits, all_logits, hidden):
+        self.seq, self.tokens, self.logits, self.all_logits, self.hidden = seq, tokens, logits, all_logits, hidden
+        self.start = 0             # KV length before its first chunk, restored if it fails part way
+        self.done = 0              # tokens already run
+        self.error: BaseException | None = None
+        self.finished = False
+        self._done = threading.Lock()  # held until the request finishes: the cheapest one-shot wake-up
+        self._done.acquire()
+
+    def finish(self, error: BaseException | None = None) -> None:
+        self.error, self.finished = error, True
+        self._done.release()
+
+    def wait(self) -> None:
+        self._done.acquire()
+
+    @property
+    def remaining(self) -> int:
+        return len(self.tokens) - self.done
+
+    def item(self, n: int) -> tuple:
+        """The native batch item for this request's next n tokens."""
+        a, b = self.done, self.done + n
+        if self.logits is None:
+            logits = None
+        elif self.all_logits:
+            logits = self.logits[a:b]
+        else:
+            logits = self.logits if b == len(self.tokens) else None  # only the last chunk's last row
+        hidden = None if self.hidden is None else self.hidden[a:b]
+        return (self.seq, self.tokens[a:b], logits, self.all_logits, hidden)
+
+
+class Scheduler:
+    """Batches forward requests from any number of threads into shared steps."""
+
+    def __init__(self, core, *, n_ctx: int, n_vocab: int, step_tokens: int = DEFAULT_STEP_TOKENS):
+        if step_tokens < 1:
+            raise ValueError("step_tokens must be at least 1")
+        self._core = core
+        self.n_ctx, self.n_vocab, self.step_tokens = n_ctx, n_vocab, step_tokens
+        # Decode rows may not take the whole budget while a prompt waits, so it never starves.
+        self._prefill_reserve = max(1, step_tokens // 8)
+        self._cv = threading.Condition()
+        self._queue: list[_Request] = []  # in submission order; only the loop removes
+        self._thread: threading.Thread | None = None
+        self._closed = False
+        self._busy = False          # a step is running (on the loop or inline on a caller)
+        self._last_seqs: set = set()  # ids of the sequences in the last step
+        self._decoded: set = set()    # ids of those that decoded a token in it
+        self.steps = 0                            # native steps run
+        self.history: deque = deque(maxlen=4096)  # (decode rows, prefill rows) of recent steps
+
+    # -- callers --------------------------------------------------------------
+    def submit(self, seq, tokens: np.ndarray, logits, all_logits: bool, hidden) -> None:
+        """Run tokens on seq in some coming step(s), filling logits / hidden; blocks until done."""
+        if len(tokens) > self.step_tokens:
+            self._check(seq, tokens)  # before the first chunk, so a refused prompt leaves no KV behind
+        req = _Request(seq, tokens, logits, all_logits, hidden)
+        with self._cv:
+            if self._closed:
+                raise RuntimeError("the model is closed")
+            # A lone stream (the last step was its own, nothing is queued or running) runs
+            # its step on its own thread: no hand-off to the loop and back.
+            inline = (not self._queue and not self._busy and len(tokens) <= self.step_tokens
+                      and self._last_seqs <= {id(seq)})
+            if inline:
+                self._busy = True
+            else:
+                if self._thread is None:
+                    self._thread = threading.Thread(target=self._loop, name="ctxengine-scheduler", daemon=True)
+                    self._thread.start()
+                self._queue.append(req)
+                self._cv.notify()
+        if inline:
+            try:
+                self._run([(req, len(tokens))])
+            finally:
+                with self._cv:
+                    self._busy = False
+                    if self._queue:
+                        self._cv.notify()
+        else:
+            req.wait()
+        if req.error is not None:
+            raise req.error
+
+    def close(self) -> None:
+        """Finish what is queued, then stop the loop thread."""
+        with self._cv:
+            self._closed = True
+            self._cv.notify()
+            thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()
+
+    def _check(self, seq, tokens: np.ndarray) -> None:
+        # The native forward's own checks and messages, for prompts it will only see in chunks.
+        total = seq.n_tokens + len(tokens)
+        if total > self.n_ctx:
+            raise ValueError(f"context length exceeded: {total} tokens > {self.n_ctx}")
+        bad = tokens[(tokens < 0) | (tokens >= self.n_vocab)]
+        if len(bad):
+            raise IndexError(f"token id {int(bad[0])} outside the vocabulary")
+
+    # -- the loop -------------------------------------------------------------
+    def _loop(self) -> None:
+        while True:
+            with self._cv:
+                while self._busy or not (self._queue or self._closed):
+                    self._cv.wait()
+                if not self._queue:
+                    return
+                self._await_decoders()
+                self._busy = True
+                plan = self._plan()
+            try:
+                self._run(plan)
+            except BaseException as err:  # a bug here must not leave callers waiting forever
+                for r, _ in plan:
+                    if not r.finished:
+                        r.finish(err)
+            with self._cv:
+                self._busy = False
+                self._queue = [r for r in self._queue if not r.finished]
+
+    def _await_decoders(self) -> None:
+        deadline = time.monotonic() + REJOIN_WAIT_S
+        while not self._closed and self._decoded - {id(r.seq) for r in self._queue}:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            self._cv.wait(left)
+        self._decoded = set()
+
+    def _plan(self) -> list[tuple[_Request, int]]:
+        """This step's (request, tokens): decode rows first, then prompt chunks FIFO."""
+        heads, seen = [], set()
+        for r in self._queue:  # one request per sequence per step, the oldest
+            if id(r.seq) not in seen:
+                seen.add(id(r.seq))
+                heads.append(r)
+        decodes = [r for r in heads if r.remaining <= 1]
+        prefills = [r for r in heads if r.remaining > 1]
+        cap = self.step_tokens - (self._prefill_reserve if prefills else 0)
+        plan = [(r, r.remaining) for r in decodes[:max(1, cap)]]
+        left = self.step_tokens - sum(n for _, n in plan)
+        for r in prefills:
+            if left <= 0:
+                break
+            n = min(r.remaining, left)
+            plan.append((r, n))
+            left -= n
+        return plan
+
+    def _run(self, plan: list[tuple[_Request, int]]) -> None:
+        for r, _ in plan:
+            if r.done == 0:
+                r.start = r.seq.n_tokens
+        items = [r.item(n) for r, n in plan]
+        try:
+            self._core.forward(items)
+            errors = [None] * len(plan)
+        except Exception as err:
+            # The native step checks every item before touching any KV and undoes
+            # a failed step, so each item can be rerun alone to find whose it was.
+            errors = [err] if len(items) == 1 else [self._alone(item) for item in items]
+        self.steps += 1
+        self._last_seqs = {id(r.seq) for r, _ in plan}
+        decodes = [r for r, n in plan if r.done == 0 and n == len(r.tokens) == 1]
+        self._decoded = {id(r.seq) for r in decodes}
+        n_decode = len(decodes)
+        self.history.append((n_decode, sum(n for _, n in plan) - n_decode))
+        for (r, n), err in zip(plan, errors):
+            if err is not None:
+                if r.seq.n_tokens > r.start:
+                    r.seq.truncate(r.start)  # undo its earlier chunks
+                r.finish(err)
+            else:
+                r.done += n
+                if r.remaining == 0:
+                    r.finish()
+
+    def _alone(self, item: tuple) -> BaseException | None:
+        try:
+            self._core.forward([item])
+        except Exception as err:
+            return err
+        return None

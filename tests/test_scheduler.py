@@ -1,0 +1,167 @@
+"""Continuous batching: concurrent forwards share native steps and give exactly
+what each would alone (ctxengine/engine/scheduler.py)."""
+import random
+import threading
+
+import numpy as np
+import pytest
+
+import ctxengine as ce
+
+
+@pytest.fixture(scope="module")
+def model(smollm2_path):
+    m = ce.load(smollm2_path, threads=2)
+    yield m
+    m.close()
+
+
+def concurrently(fns):
+    """Run every fn in its own thread, released together; their results in order."""
+    out, errs = [None] * len(fns), [None] * len(fns)
+    gate = threading.Barrier(len(fns))
+
+    def run(i):
+        gate.wait()
+        try:
+            out[i] = fns[i]()
+        except BaseException as err:  # noqa: BLE001 - handed to the test
+            errs[i] = err
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(fns))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not any(t.is_alive() for t in threads)
+    return out, errs
+
+
+def test_batched_forward_is_bit_identical_to_alone(model):
+    eng = model.engine
+    rng = random.Random(6)
+    for _ in range(3):
+        lengths = [rng.choice([1, 2, 7, 40, 130, 300]) for _ in range(rng.randint(2, 6))]
+        prompts = [[rng.randrange(eng.config.n_vocab) for _ in range(n)] for n in lengths]
+        alone = []
+        for p in prompts:
+            seq = eng.new_sequence()
+            alone.append((eng.forward(seq, p, all_logits=True), eng.forward(seq, [42]), seq))
+        seqs = [eng.new_sequence() for _ in prompts]
+
+        def job(seq, p):
+            return lambda: (eng.forward(seq, p, all_logits=True), eng.forward(seq, [42]))
+
+        out, errs = concurrently([job(s, p) for s, p in zip(seqs, prompts)])
+        assert errs == [None] * len(prompts)
+        for (a_all, a_next, a_seq), (b_all, b_next), seq in zip(alone, out, seqs):
+            assert np.array_equal(a_all, b_all) and np.array_equal(a_next, b_next)
+            assert seq.n_tokens == a_seq.n_tokens
+
+
+def test_forward_hidden_and_last_logits_through_chunks(model):
+    eng = model.engine
+    ids = list(range(100, 700))  # over two step budgets: split into chunks
+    ref = eng.new_sequence()
+    ref_logits = [eng.forward(ref, ids[i:i + 64], all_logits=True) for i in range(0, len(ids), 64)]
+    last = eng.forward(eng.new_sequence(), ids)
+    assert np.array_equal(last, ref_logits[-1][-1])
+    h1 = eng.forward_hidden(eng.new_sequence(), ids)
+    h2 = np.concatenate([eng.forward_hidden(s := eng.new_sequence(), ids[:10]), eng.forward_hidden(s, ids[10:])])
+    assert h1.shape == (len(ids), eng.config.n_embd) and np.array_equal(h1, h2)
+
+
+def _generate(model, name, prompt, n, base=None, **sampling):
+    ctx = model.context(name) if base is None else base.fork(name)
+    if prompt:
+        ctx.append(prompt)
+    ids = [p.token_id for p in ctx.generate(n, **sampling)]
+    ctx.delete()
+    return ids
+
+
+@pytest.mark.parametrize("sampling", [dict(temperature=0), dict(temperature=0.9, top_k=40, seed=11)])
+def test_eight_threads_generate_exactly_as_sequential(model, sampling):
+    sched = model.engine.scheduler
+    base = model.context("sched-base")
+    base.append("The three most useful kitchen tools are")
+    prompts = [f"Write line {i} of a poem about {w}:" for i, w in enumerate("sea sky hill rain wind fog sun moon".split())]
+    jobs = [lambda i=i, p=p: _generate(model, f"s{i}", p, 24, **sampling) for i, p in enumerate(prompts)]
+    jobs += [lambda i=i: _generate(model, f"f{i}", f" number {i}" if i % 2 else "", 24, base=base, **sampling)
+             for i in range(8)]
+    sequential = [job() for job in jobs]
+    steps0 = sched.steps
+    for lo in (0, 8):  # separate contexts, then forks of one
+        out, errs = concurrently(jobs[lo:lo + 8])
+        assert errs == [None] * 8
+        assert out == sequential[lo:lo + 8]
+    requests = sum(len(ids) for ids in sequential) + len(jobs)  # one forward per token plus the prompt
+    assert sched.steps - steps0 < requests / 2, "concurrent requests did not share steps"
+    base.delete()
+
+
+def test_long_prompt_does_not_stall_decoders(model):
+    sched = model.engine.scheduler
+    long_prompt = [1] + [random.Random(3).randrange(1000, 20000) for _ in range(1500)]
+    decoding = threading.Barrier(5)
+
+    def decoder(i):
+        ctx = model.context(f"d{i}")
+        ctx.append(f"Count to ten in language {i}:")
+        ids = []
+        for piece in ctx.generate(48, temperature=0):
+            ids.append(piece.token_id)
+            if len(ids) == 2:
+                decoding.wait(30)  # every stream is decoding before the long prompt comes
+        ctx.delete()
+        return ids
+
+    def long_job():
+        decoding.wait(30)
+        return model.engine.forward(model.engine.new_sequence(), long_prompt)
+
+    sched.history.clear()
+    out, errs = concurrently([lambda i=i: decoder(i) for i in range(4)] + [long_job])
+    assert errs == [None] * 5
+    both = [(d, p) for d, p in sched.history if d and p]
+    # The 1500-token prompt took several steps, and the decoders got a row in each.
+    assert len(both) >= 4, list(sched.history)
+    assert max(d + p for d, p in sched.history) <= sched.step_tokens
+
+
+def test_error_reaches_only_its_caller(model):
+    eng = model.engine
+    V, n_ctx = eng.config.n_vocab, eng.config.n_ctx
+    good = [eng.new_sequence() for _ in range(4)]
+    bad, long_bad, too_long = eng.new_sequence(), eng.new_sequence(), eng.new_sequence()
+    ref = eng.forward(eng.new_sequence(), [1, 2, 3], all_logits=True)
+    jobs = [lambda s=s: eng.forward(s, [1, 2, 3], all_logits=True) for s in good]
+    jobs.append(lambda: eng.forward(bad, [1, V + 5, 2]))
+    jobs.append(lambda: eng.forward(long_bad, list(range(1, 600)) + [-1]))
+    jobs.append(lambda: eng.forward(too_long, [1] * (n_ctx + 1)))
+    out, errs = concurrently(jobs)
+    for o, e in zip(out[:4], errs[:4]):
+        assert e is None and np.array_equal(o, ref)
+    assert isinstance(errs[4], IndexError) and "outside the vocabulary" in str(errs[4])
+    assert isinstance(errs[5], IndexError)
+    assert isinstance(errs[6], ValueError) and "context length exceeded" in str(errs[6])
+    assert bad.n_tokens == long_bad.n_tokens == too_long.n_tokens == 0
+    # The loop lives on.
+    assert np.array_equal(eng.forward(bad, [1, 2, 3], all_logits=True), ref)
+
+
+def test_close_stops_the_loop(smollm2_path):
+    m = ce.load(smollm2_path, threads=2)
+    eng = m.engine
+    eng.forward(eng.new_sequence(), [1, 2])  # a lone caller runs its step itself
+    assert eng.scheduler._thread is None
+    for _ in range(20):  # concurrent callers start the loop thread
+        concurrently([lambda: eng.forward(eng.new_sequence(), [1, 2, 3] * 20) for _ in range(4)])
+        if eng.scheduler._thread is not None:
+            break
+    thread = eng.scheduler._thread
+    assert thread.daemon and thread.is_alive()
+    m.close()
+    assert not thread.is_alive()
+    with pytest.raises(RuntimeError, match="closed"):
+        eng.forward(eng.new_sequence(), [1])
