@@ -400,88 +400,12 @@ def test_f16_round_trip_exhaustive(isa):
 
 
 def test_f16_widening_exhaustive_on_each_path():
-    """axpy with a = 1 onto -0 is exactly the f16 -> f32 conversion (fma(1, h, -0) == h,
-    signed zeros included): checks each path's F16C use against the scalar bits."""
-    minus_zero = np.full(1 << 16, -0.0, np.float32)
-    results = on_each_path(lambda: Q.axpy_f16(1.0, ALL_HALVES, minus_zero))
+    """Attention scores with q = [1] and scale 1 are exactly the f16 -> f32 conversion
+    of every half (fma(1, h, 0) == h, but -0 becomes +0): checks each path's F16C
+    use against the scalar bits and numpy."""
+    kt = ALL_HALVES.reshape(1, -1)
+    results = on_each_path(lambda: _core.attn_scores(np.ones(1, np.float32), kt, kt.shape[1], 1.0))
     assert_same_bits(results)
-    want = ALL_HALVES.view(np.float16).astype(np.float32).view(np.uint32)
-    np.testing.assert_array_equal(results["scalar"].view(np.uint32)[~HALF_NAN], want[~HALF_NAN])
-
-
-def f32_edge_values():
-    bits = [0x00000000, 0x80000000, 0x00000001, 0x807FFFFF, 0x7F800000, 0xFF800000, 0x7F7FFFFF]
-    values = [65504.0, 65519.996, 65520.0, -65520.0, 65536.0, 2.0**-14, 2.0**-14 * (1 - 2.0**-24),
-              2.0**-24, 2.0**-25, -(2.0**-25), 2.0**-25 * (1 + 2.0**-23), 2.0**-25 * (1 - 2.0**-24),
-              3 * 2.0**-25, 5 * 2.0**-25, 1.0 + 2.0**-11, 1.0 + 3 * 2.0**-11, 1.0 + 2.0**-11 + 2.0**-23,
-              2.0**-15 + 2.0**-25, 2.0**-15 + 3 * 2.0**-25]
-    return np.concatenate([np.array(bits, np.uint32).view(np.float32), np.array(values, np.float32)])
-
-
-def test_f32_to_f16_matches_numpy(isa):
-    rng = np.random.default_rng(13)
-    random_bits = rng.integers(0, 1 << 32, 1 << 18, dtype=np.uint64).astype(np.uint32).view(np.float32)
-    near_half_range = (rng.standard_normal(1 << 16) * 10.0 ** rng.uniform(-9, 5, 1 << 16)).astype(np.float32)
-    x = np.concatenate([f32_edge_values(), random_bits, near_half_range])
-    x = x[~np.isnan(x)]
-    with np.errstate(over="ignore"):
-        want = x.astype(np.float16).view(np.uint16)
-    np.testing.assert_array_equal(Q.f32_to_f16(x), want)
-
-
-def test_f32_to_f16_nan_and_tails_on_each_path():
-    rng = np.random.default_rng(17)
-    nan_bits = (rng.integers(0, 1 << 23, 200, dtype=np.uint32) | 1) | np.where(rng.random(200) < 0.5, 0x7F800000, 0xFF800000).astype(np.uint32)
-    nans = nan_bits.view(np.float32)
-    got = Q.f32_to_f16(nans)
-    np.testing.assert_array_equal(got, ((nan_bits >> 16) & 0x8000) | 0x7E00 | ((nan_bits >> 13) & 0x3FF))
-    x = np.concatenate([nans, f32_edge_values(), rng.standard_normal(100).astype(np.float32)])
-    for n in (1, 7, 8, 9, 15, 16, 17, 31, len(x)):
-        assert_same_bits(on_each_path(lambda: Q.f32_to_f16(x[:n])))
-
-
-# ---------------------------------------------------------------------------
-# Attention helpers
-
-def f16_row(rng, n):
-    return (rng.standard_normal(n) * 2).astype(np.float16).view(np.uint16)
-
-
-def test_dot_and_axpy_paths_bit_identical():
-    rng = np.random.default_rng(19)
-    for n in (1, 7, 8, 15, 16, 17, 33, 64, 100, 256):
-        q = rng.standard_normal(n).astype(np.float32)
-        k = f16_row(rng, n)
-        y = rng.standard_normal(n).astype(np.float32)
-        assert_same_bits(on_each_path(lambda: np.float32(Q.dot_f32_f16(q, k))))
-        assert_same_bits(on_each_path(lambda: Q.axpy_f16(0.37, k, y)))
-
-
-@settings(max_examples=40, deadline=None)
-@given(st.integers(1, 300), st.integers(0, 2**32 - 1))
-def test_dot_f32_f16_matches_reference(n, seed):
-    rng = np.random.default_rng(seed)
-    q = rng.standard_normal(n).astype(np.float32)
-    k = f16_row(rng, n)
-    kf = k.view(np.float16).astype(np.float64)
-    results = on_each_path(lambda: np.float32(Q.dot_f32_f16(q, k)))
-    assert_same_bits(results)
-    ref = float(q.astype(np.float64) @ kf)
-    scale = float(np.abs(q.astype(np.float64)) @ np.abs(kf))
-    assert abs(float(results["scalar"]) - ref) <= REL_TOL * scale + 1e-30, (results["scalar"], ref)
-
-
-@settings(max_examples=40, deadline=None)
-@given(st.integers(1, 300), st.floats(-4, 4, width=32), st.integers(0, 2**32 - 1))
-def test_axpy_f16_is_one_fma_per_element(n, a, seed):
-    rng = np.random.default_rng(seed)
-    v = f16_row(rng, n)
-    y = rng.standard_normal(n).astype(np.float32)
-    results = on_each_path(lambda: Q.axpy_f16(a, v, y))
-    assert_same_bits(results)
-    # fma(a, v, y) in float64 is exact (24 + 11 bit product) but for the final
-    # rounding of the sum, which numpy's float64 -> float32 cast does once more:
-    # double rounding can only move a tie, so allow one float32 ulp.
-    exact = np.float64(a) * v.view(np.float16).astype(np.float64) + y.astype(np.float64)
-    err = np.abs(results["scalar"].astype(np.float64) - exact)
-    assert (err <= np.spacing(np.abs(exact).astype(np.float32)).astype(np.float64)).all()
+    want = ALL_HALVES.view(np.float16).astype(np.float32)
+    want[want == 0] = 0.0
+    np.testing.assert_array_equal(results["scalar"].view(np.uint32)[~HALF_NAN], want.view(np.uint32)[~HALF_NAN])

@@ -292,16 +292,6 @@ void matmul_f_scalar(const void* W, int n_in, int o0, int o1, const float* Xf, i
   }
 }
 
-float dot_f32_f16_scalar(const float* q, const uint16_t* k, int n) {
-  float acc[16] = {};
-  for (int i = 0; i < n; ++i) acc[i % 16] = std::fma(q[i], f16_to_f32(k[i]), acc[i % 16]);
-  return hsum16(acc);
-}
-
-void axpy_f16_scalar(float a, const uint16_t* v, float* y, int n) {
-  for (int i = 0; i < n; ++i) y[i] = std::fma(a, f16_to_f32(v[i]), y[i]);
-}
-
 void f32_to_f16_row_scalar(const float* x, uint16_t* y, int n) {
   for (int i = 0; i < n; ++i) y[i] = f32_to_f16(x[i]);
 }
@@ -339,24 +329,6 @@ void matmul_f(DType t, const void* W, int n_in, int o0, int o1, const float* Xf,
     case DType::F16: return matmul_f_scalar<uint16_t, load_f16>(W, n_in, o0, o1, Xf, n_x, Y, y_stride);
     default: return matmul_f_scalar<uint16_t, load_bf16>(W, n_in, o0, o1, Xf, n_x, Y, y_stride);
   }
-}
-
-float dot_f32_f16(const float* q, const uint16_t* k, int n) {
-  switch (active_isa()) {
-    case Isa::avx512: return qk::dot_f32_f16_avx512(q, k, n);
-    case Isa::avx2: return qk::dot_f32_f16_avx2(q, k, n);
-    case Isa::scalar: break;
-  }
-  return dot_f32_f16_scalar(q, k, n);
-}
-
-void axpy_f16(float a, const uint16_t* v, float* y, int n) {
-  switch (active_isa()) {
-    case Isa::avx512: return qk::axpy_f16_avx512(a, v, y, n);
-    case Isa::avx2: return qk::axpy_f16_avx2(a, v, y, n);
-    case Isa::scalar: break;
-  }
-  axpy_f16_scalar(a, v, y, n);
 }
 
 void f32_to_f16_row(const float* x, uint16_t* y, int n) {

@@ -87,12 +87,8 @@ void matmul_f(DType t, const void* W, int n_in, int o0, int o1,
 bool dtype_is_quantized(DType t);  // true for the matmul_q types
 
 // ---------------------------------------------------------------------------
-// Attention helpers over f16 KV.
-// dot_f32_f16: canonical as the float matmul: acc[i % 16] = fma(q[i], f16(k[i]), acc[i % 16]); hsum16.
-float dot_f32_f16(const float* q, const uint16_t* k, int n);
-// axpy_f16: y[i] = fma(a, f16(v[i]), y[i]) for every i (elementwise, no reduction).
-void axpy_f16(float a, const uint16_t* v, float* y, int n);
-// Round n floats to f16 (KV writes).
+// f16 KV writes (the attention kernels themselves are in models/attention.h).
+// Round n floats to f16.
 void f32_to_f16_row(const float* x, uint16_t* y, int n);
 
 }  // namespace ctx

@@ -264,32 +264,6 @@ void matmul_f_avx2(DType t, const void* W, int n_in, int o0, int o1, const float
 // ---------------------------------------------------------------------------
 // Attention helpers
 
-float dot_f32_f16_avx2(const float* q, const uint16_t* k, int n) {
-  __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();
-  int i = 0;
-  for (; i + 16 <= n; i += 16) {
-    lo = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(k + i))), lo);
-    hi = _mm256_fmadd_ps(_mm256_loadu_ps(q + i + 8),
-                         _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(k + i + 8))), hi);
-  }
-  if (i == n) return hsum16_ps(lo, hi);
-  alignas(32) float a[16];
-  _mm256_store_ps(a, lo);
-  _mm256_store_ps(a + 8, hi);
-  for (; i < n; ++i) a[i % 16] = std::fma(q[i], _cvtsh_ss(k[i]), a[i % 16]);
-  return hsum16(a);
-}
-
-void axpy_f16_avx2(float a, const uint16_t* v, float* y, int n) {
-  const __m256 av = _mm256_set1_ps(a);
-  int i = 0;
-  for (; i + 8 <= n; i += 8) {
-    const __m256 vf = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(v + i)));
-    _mm256_storeu_ps(y + i, _mm256_fmadd_ps(av, vf, _mm256_loadu_ps(y + i)));
-  }
-  for (; i < n; ++i) y[i] = std::fma(a, _cvtsh_ss(v[i]), y[i]);
-}
-
 void f32_to_f16_row_avx2(const float* x, uint16_t* y, int n) {
   int i = 0;
   for (; i + 8 <= n; i += 8)

@@ -440,34 +440,6 @@ void matmul_f_avx512(DType t, const void* W, int n_in, int o0, int o1, const flo
 // ---------------------------------------------------------------------------
 // Attention helpers
 
-float dot_f32_f16_avx512(const float* q, const uint16_t* k, int n) {
-  __m512 acc = _mm512_setzero_ps();
-  int i = 0;
-  for (; i + 16 <= n; i += 16)
-    acc = _mm512_fmadd_ps(_mm512_loadu_ps(q + i),
-                          _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(k + i))), acc);
-  if (i < n) {
-    const auto m = static_cast<__mmask16>((1u << (n - i)) - 1);
-    acc = _mm512_mask3_fmadd_ps(_mm512_maskz_loadu_ps(m, q + i), _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, k + i)),
-                                acc, m);
-  }
-  return hsum16_ps(acc);
-}
-
-void axpy_f16_avx512(float a, const uint16_t* v, float* y, int n) {
-  const __m512 av = _mm512_set1_ps(a);
-  int i = 0;
-  for (; i + 16 <= n; i += 16) {
-    const __m512 vf = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(v + i)));
-    _mm512_storeu_ps(y + i, _mm512_fmadd_ps(av, vf, _mm512_loadu_ps(y + i)));
-  }
-  if (i < n) {
-    const auto m = static_cast<__mmask16>((1u << (n - i)) - 1);
-    const __m512 vf = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, v + i));
-    _mm512_mask_storeu_ps(y + i, m, _mm512_fmadd_ps(av, vf, _mm512_maskz_loadu_ps(m, y + i)));
-  }
-}
-
 void f32_to_f16_row_avx512(const float* x, uint16_t* y, int n) {
   int i = 0;
   for (; i + 16 <= n; i += 16)

@@ -21,16 +21,12 @@ void matmul_q_avx2(DType t, const void* W, int n_in, int o0, int o1, const Block
                    size_t y_stride);
 void matmul_f_avx2(DType t, const void* W, int n_in, int o0, int o1, const float* Xf, int n_x, float* Y,
                    size_t y_stride);
-float dot_f32_f16_avx2(const float* q, const uint16_t* k, int n);
-void axpy_f16_avx2(float a, const uint16_t* v, float* y, int n);
 void f32_to_f16_row_avx2(const float* x, uint16_t* y, int n);
 
 void matmul_q_avx512(DType t, const void* W, int n_in, int o0, int o1, const BlockQ8A* Xq, int n_x, float* Y,
                      size_t y_stride);
 void matmul_f_avx512(DType t, const void* W, int n_in, int o0, int o1, const float* Xf, int n_x, float* Y,
                      size_t y_stride);
-float dot_f32_f16_avx512(const float* q, const uint16_t* k, int n);
-void axpy_f16_avx512(float a, const uint16_t* v, float* y, int n);
 void f32_to_f16_row_avx512(const float* x, uint16_t* y, int n);
 
 // The canonical hsum16 / hsum8 of quant.h on floats in memory (the scalar

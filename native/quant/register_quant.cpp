@@ -81,19 +81,6 @@ py::array_t<float> dequantize(int ggml_type, const Array<uint8_t>& data, int n) 
   return out;
 }
 
-float dot(const Array<float>& q, const Array<uint16_t>& k) {
-  if (q.ndim() != 1 || k.ndim() != 1 || q.size() != k.size()) throw py::value_error("q and k must be 1-D of one length");
-  return dot_f32_f16(q.data(), k.data(), static_cast<int>(q.size()));
-}
-
-py::array_t<float> axpy(float a, const Array<uint16_t>& v, const Array<float>& y) {
-  if (v.ndim() != 1 || y.ndim() != 1 || v.size() != y.size()) throw py::value_error("v and y must be 1-D of one length");
-  py::array_t<float> out(y.size());
-  std::copy(y.data(), y.data() + y.size(), out.mutable_data());
-  axpy_f16(a, v.data(), out.mutable_data(), static_cast<int>(y.size()));
-  return out;
-}
-
 py::array_t<uint16_t> to_f16(const Array<float>& x) {
   py::array_t<uint16_t> out(std::vector<py::ssize_t>(x.shape(), x.shape() + x.ndim()));
   f32_to_f16_row(x.data(), out.mutable_data(), static_cast<int>(x.size()));
@@ -119,8 +106,6 @@ void register_quant(py::module_& m) {
         "Y (n_x, n_out) = X . W^T; W: raw row-major weight bytes. Quantized types quantize X to Q8A first.");
   m.def("quantize_q8a", &quantize_q8a, py::arg("x"), "one activation row -> raw BlockQ8A bytes (40 per 32 elements)");
   m.def("dequantize", &dequantize, py::arg("ggml_type"), py::arg("data"), py::arg("n"), "one row -> float32");
-  m.def("dot_f32_f16", &dot, py::arg("q"), py::arg("k"));
-  m.def("axpy_f16", &axpy, py::arg("a"), py::arg("v"), py::arg("y"), "returns fma(a, f16(v), y) as a new array");
   m.def("f32_to_f16", &to_f16, py::arg("x"), "round to f16 bits (round to nearest even), same shape");
 }
 
