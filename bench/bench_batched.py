@@ -12,9 +12,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
-
-import numpy as np
 
 
 def main() -> int:
@@ -28,24 +25,12 @@ def main() -> int:
     args = ap.parse_args()
 
     import ctxengine as ce
+    from ctxengine.cli.bench import measure_batched
 
     eng = ce.load(args.model, threads=args.threads).engine
-    V = eng.config.n_vocab
     print(f"{eng.name}: {args.threads} threads, {args.prompt}-token prompts, {args.gen} generated, median of {args.reps}")
     for b in [int(x) for x in args.batch.split(",")]:
-        rates = []
-        for _ in range(args.reps):
-            seqs = [eng.new_sequence() for _ in range(b)]
-            last = []
-            for k, seq in enumerate(seqs):
-                prompt = [(101 + 37 * k + 7 * i) % V for i in range(args.prompt)]
-                last.append(int(np.argmax(eng.forward(seq, prompt))))
-            bufs = [np.empty((1, V), np.float32) for _ in range(b)]
-            t0 = time.perf_counter()
-            for _ in range(args.gen):
-                eng._core.forward([(s, np.array([t], np.int32), buf, False, None) for s, t, buf in zip(seqs, last, bufs)])
-                last = [int(np.argmax(buf[0])) for buf in bufs]
-            rates.append(b * args.gen / (time.perf_counter() - t0))
+        rates = [measure_batched(eng, b, args.prompt, args.gen) for _ in range(args.reps)]
         print(f"  {b} sequences: {statistics.median(rates):7.1f} tok/s aggregate")
     return 0
 

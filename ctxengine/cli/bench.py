@@ -59,20 +59,27 @@ def measure_ours(path, threads: int, n_prompt: int = 512, n_gen: int = 128, reps
         next(iter(ctx.generate(1, temperature=0.0)))
         ttft.append((time.perf_counter() - t0) * 1e3)
         ctx.delete()
-    batched = {}
-    for b in batches:
-        seqs = [eng.new_sequence() for _ in range(b)]
-        last = [int(np.argmax(eng.forward(s, ids[k:k + batch_prompt]))) for k, s in enumerate(seqs)]
-        bufs = [np.empty((1, eng.config.n_vocab), np.float32) for _ in range(b)]
-        t0 = time.perf_counter()
-        for _ in range(batch_gen):
-            # One forward step for all b sequences: each weight is read once for all of them.
-            eng._core.forward([(s, np.array([t], np.int32), buf, False, None) for s, t, buf in zip(seqs, last, bufs)])
-            last = [int(np.argmax(buf[0])) for buf in bufs]
-        batched[str(b)] = b * batch_gen / (time.perf_counter() - t0)
+    batched = {str(b): measure_batched(eng, b, batch_prompt, batch_gen) for b in batches}
     model.close()
     return {"prefill_tps": statistics.median(pp), "decode_tps": statistics.median(tg),
             "batched_decode_tps": batched, "ttft_ms": statistics.median(ttft)}
+
+
+def measure_batched(eng, n_seq: int, n_prompt: int = 128, n_gen: int = 64) -> float:
+    """Aggregate decode tok/s of n_seq sequences (own n_prompt-token prompts)
+    decoding together, one native forward step per token for all of them, so
+    each weight is read once per step (like llama-batched-bench)."""
+    import numpy as np
+
+    ids = prompt_ids(eng.tokenize, n_prompt + n_seq)
+    seqs = [eng.new_sequence() for _ in range(n_seq)]
+    last = [int(np.argmax(eng.forward(s, ids[k:k + n_prompt]))) for k, s in enumerate(seqs)]
+    bufs = [np.empty((1, eng.config.n_vocab), np.float32) for _ in range(n_seq)]
+    t0 = time.perf_counter()
+    for _ in range(n_gen):
+        eng._core.forward([(s, np.array([t], np.int32), buf, False, None) for s, t, buf in zip(seqs, last, bufs)])
+        last = [int(np.argmax(buf[0])) for buf in bufs]
+    return n_seq * n_gen / (time.perf_counter() - t0)
 
 
 def measure_llama(path, threads: int, n_prompt: int = 512, n_gen: int = 128, reps: int = 3,
