@@ -83,5 +83,9 @@ class Model:
 
 def load(model: str | os.PathLike | None = None, *, threads: int | None = None, kv: str = "f16",
          n_ctx: int | None = None) -> Model:
-    """Load a model: the packaged default (None or "smollm2"), a .gguf path, or a known name."""
+    """Load a model: the packaged default (None or "smollm2"), a .gguf path, or a known name.
+
+    ``kv`` is the KV cache dtype: "f16", "q8" (K and V in 8-bit blocks) or
+    "vq8" (V only); contexts restore only into a model loaded with theirs.
+    """
     return Model(LoadedModel(resolve_model(model), threads=threads, kv=kv, n_ctx=n_ctx))

@@ -115,3 +115,13 @@ def test_errors_are_one_line(tmp_path):
     one_line_error(ctx("rm", "nobody", store=s), "nobody")
     one_line_error(ctx("restore", "deadbeefdeadbeef", store=s), "deadbeefdeadbeef")
     one_line_error(ctx("import", str(tmp_path / "missing.snap"), store=s), "missing.snap")
+
+
+def test_kv_dtype_is_chosen_per_load_and_checked_on_restore(tmp_path):
+    s = tmp_path / "store"
+    ok("new", "q", "--kv", "q8", store=s)
+    ok("append", "q", "The capital of France is", "--kv", "q8", store=s)
+    r = ok("gen", "q", "-n", "4", "--kv", "q8", store=s)
+    assert r.stdout.strip()
+    one_line_error(ctx("gen", "q", "-n", "4", store=s), "holds its KV in q8", "kv='f16'", "--kv q8")
+

@@ -11,7 +11,7 @@ PT = 4  # small pages make boundaries frequent
 
 
 def make_pool(max_pages=64):
-    return _core.PagePool(n_layer=2, page_tokens=PT, kv_dim=8, elem_bytes=2, max_pages=max_pages)
+    return _core.PagePool(n_layer=2, page_tokens=PT, kv_dim=8, kv_dtype="f16", max_pages=max_pages)
 
 
 def test_fork_shares_pages_and_costs_no_copies():

@@ -2,11 +2,15 @@
 import subprocess
 import sys
 
+import pytest
 
-def test_ctx_verify_passes_and_prints_its_table():
-    r = subprocess.run([sys.executable, "-m", "ctxengine.cli.main", "verify", "-t", "2"], capture_output=True,
-                       text=True, timeout=300)
+
+@pytest.mark.parametrize("kv", ["f16", "q8"])
+def test_ctx_verify_passes_and_prints_its_table(kv):
+    r = subprocess.run([sys.executable, "-m", "ctxengine.cli.main", "verify", "-t", "2", "--kv", kv],
+                       capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
+    assert f" {kv} KV " in r.stdout.splitlines()[0]
     for check in ("threads vs 1", "token by token", "uneven chunks", "batch of 8", "forked", "snapshot-restored"):
         line = next(l for l in r.stdout.splitlines() if check in l)
         assert "bit-identical" in line and "MISMATCH" not in line, line

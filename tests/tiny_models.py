@@ -127,8 +127,27 @@ def write_gguf(path: Path, cfg: TinyConfig, weights: dict[str, np.ndarray],
     return stored
 
 
-def reference_logits(cfg: TinyConfig, w: dict[str, np.ndarray], tokens: list[int]) -> np.ndarray:
-    """Plain float64 transformer; K and V rounded to f16 as the engine stores them."""
+def kv8_quantize(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """x (..., n) as a q8 KV page holds it (quant.h quantize_row_kv8, in float32 like
+    the engine): int8 values (..., n) and one f16 scale per 32 along the last axis (..., n / 32)."""
+    b = x.astype(np.float32).reshape(*x.shape[:-1], -1, 32)
+    amax = np.abs(b).max(axis=-1, keepdims=True)
+    with np.errstate(divide="ignore"):
+        inv = np.where(amax != 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)
+    q = np.rint(b * inv).astype(np.int8)  # round half to even
+    d = (amax / np.float32(127)).astype(np.float16)
+    return q.reshape(x.shape), d[..., 0]
+
+
+def kv8_round(x: np.ndarray) -> np.ndarray:
+    """x after a trip through a q8 KV page, as float64."""
+    q, d = kv8_quantize(x)
+    return (q.reshape(*x.shape[:-1], -1, 32) * d[..., None].astype(np.float64)).reshape(x.shape)
+
+
+def reference_logits(cfg: TinyConfig, w: dict[str, np.ndarray], tokens: list[int], kv: str = "f16") -> np.ndarray:
+    """Plain float64 transformer; K and V rounded as the engine stores them in a
+    page of KV dtype `kv` (f16; q8: both 8-bit; vq8: K f16, V 8-bit)."""
     f = lambda a: a.astype(np.float64)  # noqa: E731
     hd, nh, nkv = cfg.head_dim, cfg.n_head, cfg.n_head_kv
 
@@ -166,7 +185,8 @@ def reference_logits(cfg: TinyConfig, w: dict[str, np.ndarray], tokens: list[int
         if cfg.arch == "qwen3":
             q, k = rms(q, f(w[p + "attn_q_norm.weight"])), rms(k, f(w[p + "attn_k_norm.weight"]))
         q, k = rope(q), rope(k)
-        k, v = f(k.astype(np.float16)), f(v.astype(np.float16))
+        k = kv8_round(k) if kv == "q8" else f(k.astype(np.float16))
+        v = kv8_round(v) if kv in ("q8", "vq8") else f(v.astype(np.float16))
         att = np.empty((T, nh, hd))
         for hh in range(nh):
             g = hh // (nh // nkv)

@@ -3,17 +3,24 @@ from __future__ import annotations
 
 import argparse
 
+# ctxengine.engine.model.KV_DTYPES, repeated so that parsing arguments does not import the native core.
+KV_DTYPES = ("f16", "q8", "vq8")
+
 
 def add_model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-m", "--model", default=None,
                    help="a .gguf path or a known name (default: the packaged SmolLM2-135M-Instruct)")
     p.add_argument("-t", "--threads", type=int, default=None, help="threads (default: physical cores)")
+    p.add_argument("--kv", choices=KV_DTYPES, default="f16",
+                   help="KV cache dtype: f16 (default), q8 (K and V 8-bit, ~1.9x the tokens per GiB), "
+                        "vq8 (V 8-bit); a context restores only into a model loaded with its dtype")
 
 
-def load_model(args: argparse.Namespace):
+def load_model(args: argparse.Namespace, *, threads: int | None = None):
+    """The model the arguments name; ``threads`` overrides ``--threads``."""
     from ..model import load
 
-    return load(args.model, threads=args.threads)
+    return load(args.model, threads=threads or args.threads, kv=args.kv)
 
 
 def add_sampling_arguments(p: argparse.ArgumentParser, *, max_tokens: int, seed_help: str) -> None:

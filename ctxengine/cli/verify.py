@@ -1,4 +1,4 @@
-"""``ctx verify [-m MODEL]``: prove the determinism promise on this machine.
+"""``ctx verify [-m MODEL] [--kv DTYPE]``: prove the determinism promise on this machine.
 
 For a few prompts, the logits of every position and a greedy continuation are
 computed the plain way (one thread, the whole prompt at once) and then every
@@ -15,7 +15,7 @@ from typing import Callable
 
 import numpy as np
 
-from .common import add_model_arguments
+from .common import add_model_arguments, load_model
 
 PROMPTS = (
     "The history of the printing press begins in the fifteenth century,",
@@ -45,12 +45,11 @@ def main(args: argparse.Namespace) -> int:
     from .. import _core
     from ..engine.cpu import physical_cores
     from ..errors import CtxError
-    from ..model import load
     from ..store import Store
 
     n_threads = args.threads or max(2, physical_cores())
-    base = load(args.model, threads=1)
-    wide = load(args.model, threads=n_threads)
+    base = load_model(args, threads=1)
+    wide = load_model(args, threads=n_threads)
     eng = base.engine
     prompts = [eng.tokenize(p, add_bos=eng.tokenizer.add_bos) for p in PROMPTS]
 
@@ -137,7 +136,8 @@ def main(args: argparse.Namespace) -> int:
                     _core.set_isa(prior)
             checks.append((f"{isa} vs {prior} SIMD path", on_isa))
 
-    print(f"{base.name}  weight_id {base.weight_id[:16]}  ({len(PROMPTS)} prompts, {sum(map(len, prompts))} positions)")
+    print(f"{base.name}  weight_id {base.weight_id[:16]}  {eng.kv_dtype} KV  "
+          f"({len(PROMPTS)} prompts, {sum(map(len, prompts))} positions)")
     print(f"{'check':<30} {'logits':<22} {'greedy tokens':<14}")
     failed = 0
     for label, fn in checks:

@@ -27,7 +27,9 @@ SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3")
 SUPPORTED_TYPES = frozenset(_core.quant.supported_types())
 # Rotary pairs (i, i + d/2) rather than llama's interleaved (2i, 2i + 1).
 NEOX_ROPE_ARCHS = ("qwen2", "qwen3")
-KV_DTYPES = ("f16",)
+# How KV pages store K and V (native/kv/page_pool.h, docs/design-notes.md):
+# f16; q8: K and V as int8 with an f16 scale per 32 values; vq8: K f16, V int8.
+KV_DTYPES = ("f16", "q8", "vq8")
 PAGE_TOKENS = 16
 DEFAULT_KV_BUDGET = 2 << 30  # bytes of KV pages a model may hold in memory
 
@@ -137,8 +139,11 @@ class LoadedModel:
             self._core = _core.Model(asdict(cfg), tensors, self.threads)
         except (ValueError, IndexError) as err:
             raise ModelFileError(f"{self.path.name}: {err}") from None
-        page_bytes = self._core.page_bytes(PAGE_TOKENS)
-        self.pool = _core.PagePool(cfg.n_layer, PAGE_TOKENS, cfg.kv_dim, 2, max(16, kv_budget // page_bytes))
+        try:
+            page_bytes = self._core.page_bytes(PAGE_TOKENS, kv)
+        except ValueError as err:
+            raise UnsupportedModelError(f"{self.path.name}: {err}") from None
+        self.pool = _core.PagePool(cfg.n_layer, PAGE_TOKENS, cfg.kv_dim, kv, max(16, kv_budget // page_bytes))
         # Every forward goes through one loop that batches concurrent callers into shared steps.
         self.scheduler = Scheduler(self._core, n_ctx=cfg.n_ctx, n_vocab=cfg.n_vocab)
 

@@ -259,8 +259,8 @@ def check_compatible(m: Manifest, sid: str, engine: "LoadedModel") -> None:
             f"{what} was made by weights {m.weight_id} ({m.model_name}), but the loaded model "
             f"has weights {engine.weight_id} ({engine.name}); refusing to restore it onto other weights")
     if m.kv_dtype != engine.kv_dtype:
-        raise StoreError(f"{what} holds a {m.kv_dtype} KV; the model is loaded with a {engine.kv_dtype} KV "
-                         f"(load it with kv='{m.kv_dtype}')")
+        raise StoreError(f"{what} holds its KV in {m.kv_dtype}, but the model is loaded with kv='{engine.kv_dtype}'; "
+                         f"load the model with kv='{m.kv_dtype}' (ctx: --kv {m.kv_dtype}) to restore it")
     layout = m.arch.get("kv_layout")
     if layout != KV_LAYOUT:
         raise StoreError(f"{what} uses KV page layout {layout!r}; this ctxengine reads layout {KV_LAYOUT}")

@@ -7,9 +7,27 @@
 
 namespace ctx {
 
+const char* kv_dtype_name(KVDType t) {
+  switch (t) {
+    case KVDType::f16: return "f16";
+    case KVDType::q8: return "q8";
+    case KVDType::vq8: return "vq8";
+  }
+  return "unknown";
+}
+
+KVDType kv_dtype_from_name(const std::string& name) {
+  for (KVDType t : {KVDType::f16, KVDType::q8, KVDType::vq8})
+    if (name == kv_dtype_name(t)) return t;
+  throw std::invalid_argument("unknown KV dtype '" + name + "' (f16, q8, vq8)");
+}
+
 PagePool::PagePool(PageLayout layout, int64_t max_pages)
     : layout_(layout), page_bytes_(layout.page_bytes()), max_pages_(max_pages) {
   if (page_bytes_ == 0) throw std::invalid_argument("page layout has zero size");
+  if (layout.v_quantized() && layout.kv_dim % KV_BLOCK != 0)
+    throw std::invalid_argument(std::string("a ") + kv_dtype_name(layout.dtype) + " KV needs kv_dim to be a multiple of " +
+                                std::to_string(KV_BLOCK));
   if (max_pages < 1) throw std::invalid_argument("page pool needs at least one page");
 }
 
@@ -144,12 +162,16 @@ void KVSeq::truncate(int64_t n) {
     pool_->decref(last);
     last = own;
   }
+  // Zero slots [used, pt) of every array of every layer (page_pool.h layout).
   uint8_t* base = pool_->data(last);
-  const size_t eb = lay.elem_bytes;
+  auto zero_columns = [&](uint8_t* rows, int n_rows, size_t eb) {  // [n_rows][slot] arrays
+    for (int r = 0; r < n_rows; ++r) std::memset(rows + (static_cast<size_t>(r) * pt + used) * eb, 0, (pt - used) * eb);
+  };
   for (int layer = 0; layer < lay.n_layer; ++layer) {
-    uint8_t* k = base + lay.k_offset(layer);
-    for (int e = 0; e < lay.kv_dim; ++e) std::memset(k + (static_cast<size_t>(e) * pt + used) * eb, 0, (pt - used) * eb);
-    std::memset(base + lay.v_offset(layer, used), 0, (pt - used) * lay.row_bytes());
+    zero_columns(base + lay.k_offset(layer), lay.kv_dim, lay.k_elem_bytes());
+    if (lay.k_quantized()) zero_columns(base + lay.k_scale_offset(layer), lay.n_blocks(), 2);
+    std::memset(base + lay.v_offset(layer, used), 0, (pt - used) * lay.v_row_bytes());
+    std::memset(base + lay.v_scale_offset(layer, used), 0, (pt - used) * lay.v_scale_row_bytes());
   }
 }
 

@@ -1,42 +1,80 @@
 // Paged KV: a pool of fixed-size pages with reference counts, and per-sequence
 // page tables that share pages copy-on-write.
 //
-// A page holds the KV of PAGE_TOKENS consecutive positions for every layer:
-//   page bytes = n_layer * 2 (K, V) * page_tokens * kv_dim * elem_bytes
-//   layout, per layer: K as [kv_dim][slot] (dimension-major, so attention
-//   scores a whole page of keys with one vector op per dimension), then V as
-//   [slot][kv_dim] (row per position, for the weighted sum).
-// A full page is immutable; only a sequence's last, partly filled page is
-// written, and only after copy-on-write when it is shared. Slots past a
-// sequence's length are kept zero, so a page's bytes depend only on the
-// tokens in it (identical prefixes give identical pages, which the store
-// deduplicates).
+// A page holds the KV of PAGE_TOKENS consecutive positions for every layer, in
+// the KV dtype the model was loaded with (PageLayout below has the byte
+// layout; docs/design-notes.md the arithmetic). A full page is immutable;
+// only a sequence's last, partly filled page is written, and only after
+// copy-on-write when it is shared. Slots past a sequence's length are kept
+// zero (values and scales), so a page's bytes depend only on the tokens in it
+// (identical prefixes give identical pages, which the store deduplicates).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <vector>
 
 namespace ctx {
 
 using PageId = int32_t;
 
+// How a page stores K and V. q8: K and V as int8 with one f16 scale per
+// KV_BLOCK values (ggml q8_0 numerics, quant.h quantize_row_kv8); vq8: K f16,
+// V int8.
+enum class KVDType : int { f16 = 0, q8 = 1, vq8 = 2 };
+constexpr int KV_BLOCK = 32;  // values per scale, along kv_dim (blocks never cross a head)
+
+const char* kv_dtype_name(KVDType t);                 // "f16", "q8", "vq8"
+KVDType kv_dtype_from_name(const std::string& name);  // throws std::invalid_argument
+
+// Per layer, a page holds four arrays in this order (the scale arrays only
+// when that side is quantized):
+//   K values  [kv_dim][slot]          f16, or int8 (q8)   dimension-major, so
+//   K scales  [kv_dim / 32][slot]     f16 (q8)            attention scores a page of
+//                                                         keys with one vector op per dimension
+//   V values  [slot][kv_dim]          f16, or int8 (q8, vq8)   a row per position,
+//   V scales  [slot][kv_dim / 32]     f16 (q8, vq8)            for the weighted sum
 struct PageLayout {
   int n_layer = 0;
   int page_tokens = 16;
-  int kv_dim = 0;       // n_head_kv * head_dim
-  int elem_bytes = 2;   // f16
-  size_t row_bytes() const { return static_cast<size_t>(kv_dim) * elem_bytes; }
-  size_t page_bytes() const { return static_cast<size_t>(n_layer) * 2 * page_tokens * row_bytes(); }
-  size_t layer_bytes() const { return 2 * static_cast<size_t>(page_tokens) * row_bytes(); }
-  // K block of a layer: kv_dim rows of page_tokens elements.
+  int kv_dim = 0;  // n_head_kv * head_dim
+  KVDType dtype = KVDType::f16;
+
+  bool k_quantized() const { return dtype == KVDType::q8; }
+  bool v_quantized() const { return dtype != KVDType::f16; }
+  size_t k_elem_bytes() const { return k_quantized() ? 1 : 2; }
+  size_t v_elem_bytes() const { return v_quantized() ? 1 : 2; }
+  int n_blocks() const { return kv_dim / KV_BLOCK; }  // scales per key or value row
+
+  size_t k_bytes() const { return static_cast<size_t>(kv_dim) * page_tokens * k_elem_bytes(); }
+  size_t k_scale_bytes() const { return k_quantized() ? static_cast<size_t>(n_blocks()) * page_tokens * 2 : 0; }
+  size_t v_row_bytes() const { return static_cast<size_t>(kv_dim) * v_elem_bytes(); }
+  size_t v_scale_row_bytes() const { return v_quantized() ? static_cast<size_t>(n_blocks()) * 2 : 0; }
+  size_t layer_bytes() const {
+    return k_bytes() + k_scale_bytes() + static_cast<size_t>(page_tokens) * (v_row_bytes() + v_scale_row_bytes());
+  }
+  size_t page_bytes() const { return static_cast<size_t>(n_layer) * layer_bytes(); }
+
+  // K values of a layer: kv_dim rows of page_tokens elements.
   size_t k_offset(int layer) const { return static_cast<size_t>(layer) * layer_bytes(); }
+  // K scales of a layer: n_blocks rows of page_tokens f16.
+  size_t k_scale_offset(int layer) const { return k_offset(layer) + k_bytes(); }
   // V row of (layer, slot): kv_dim elements.
   size_t v_offset(int layer, int slot) const {
-    return k_offset(layer) + static_cast<size_t>(page_tokens) * row_bytes() + static_cast<size_t>(slot) * row_bytes();
+    return k_scale_offset(layer) + k_scale_bytes() + static_cast<size_t>(slot) * v_row_bytes();
   }
+  // V scales of (layer, slot): n_blocks f16.
+  size_t v_scale_offset(int layer, int slot) const {
+    return v_offset(layer, page_tokens) + static_cast<size_t>(slot) * v_scale_row_bytes();
+  }
+
+  bool operator==(const PageLayout& o) const {
+    return n_layer == o.n_layer && page_tokens == o.page_tokens && kv_dim == o.kv_dim && dtype == o.dtype;
+  }
+  bool operator!=(const PageLayout& o) const { return !(*this == o); }
 };
 
 class PagePool {

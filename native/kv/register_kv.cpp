@@ -6,6 +6,7 @@
 #include <cstring>
 #include <memory>
 #include <stdexcept>
+#include <string>
 
 #include "kv/page_pool.h"
 
@@ -15,17 +16,18 @@ namespace ctx {
 
 void register_kv(py::module_& m) {
   py::class_<PagePool, std::shared_ptr<PagePool>>(m, "PagePool", "fixed-size KV pages with reference counts")
-      .def(py::init([](int n_layer, int page_tokens, int kv_dim, int elem_bytes, int64_t max_pages) {
+      .def(py::init([](int n_layer, int page_tokens, int kv_dim, const std::string& kv_dtype, int64_t max_pages) {
              PageLayout lay;
              lay.n_layer = n_layer;
              lay.page_tokens = page_tokens;
              lay.kv_dim = kv_dim;
-             lay.elem_bytes = elem_bytes;
+             lay.dtype = kv_dtype_from_name(kv_dtype);
              return std::make_shared<PagePool>(lay, max_pages);
            }),
-           py::arg("n_layer"), py::arg("page_tokens"), py::arg("kv_dim"), py::arg("elem_bytes"),
-           py::arg("max_pages"))
+           py::arg("n_layer"), py::arg("page_tokens"), py::arg("kv_dim"), py::arg("kv_dtype"), py::arg("max_pages"),
+           "kv_dtype: 'f16', 'q8' (K and V int8 with f16 scales per 32) or 'vq8' (K f16, V int8)")
       .def_property_readonly("page_bytes", &PagePool::page_bytes)
+      .def_property_readonly("kv_dtype", [](const PagePool& p) { return std::string(kv_dtype_name(p.layout().dtype)); })
       .def_property_readonly("page_tokens", [](const PagePool& p) { return p.layout().page_tokens; })
       .def_property_readonly("max_pages", &PagePool::max_pages)
       .def_property_readonly("n_used", &PagePool::n_used)

@@ -62,4 +62,46 @@ void attn_accumulate_f16(const float* p, const uint16_t* v, int v_stride, int n,
   }
 }
 
+// q8 K and V (int8 values, one f16 scale per 32): the orders of attention.h.
+
+static void scores_q8_scalar(const float* q, const int8_t* kq, const uint16_t* ks, int hd, int stride, int n,
+                             float scale, float* scores) {
+  for (int j = 0; j < n; ++j) {
+    float acc = 0.0f;
+    for (int d = 0; d < hd; ++d) {
+      const float k = f16_to_f32(ks[static_cast<size_t>(d / 32) * stride + j]) *
+                      static_cast<float>(kq[static_cast<size_t>(d) * stride + j]);
+      acc = std::fma(q[d], k, acc);
+    }
+    scores[j] = acc * scale;
+  }
+}
+
+void attn_scores_q8(const float* q, const int8_t* kq, const uint16_t* ks, int hd, int stride, int n, float scale,
+                    float* scores) {
+  switch (active_isa()) {
+    case Isa::avx512: return attn::scores_q8_avx512(q, kq, ks, hd, stride, n, scale, scores);
+    case Isa::avx2: return attn::scores_q8_avx2(q, kq, ks, hd, stride, n, scale, scores);
+    default: return scores_q8_scalar(q, kq, ks, hd, stride, n, scale, scores);
+  }
+}
+
+static void accumulate_q8_scalar(const float* p, const int8_t* vq, int v_stride, const uint16_t* vs, int s_stride,
+                                 int n, int hd, float* out) {
+  for (int j = 0; j < n; ++j)
+    for (int d = 0; d < hd; ++d) {
+      const float pd = p[j] * f16_to_f32(vs[static_cast<size_t>(j) * s_stride + d / 32]);
+      out[d] = std::fma(pd, static_cast<float>(vq[static_cast<size_t>(j) * v_stride + d]), out[d]);
+    }
+}
+
+void attn_accumulate_q8(const float* p, const int8_t* vq, int v_stride, const uint16_t* vs, int s_stride, int n,
+                        int hd, float* out) {
+  switch (active_isa()) {
+    case Isa::avx512: return attn::accumulate_q8_avx512(p, vq, v_stride, vs, s_stride, n, hd, out);
+    case Isa::avx2: return attn::accumulate_q8_avx2(p, vq, v_stride, vs, s_stride, n, hd, out);
+    default: return accumulate_q8_scalar(p, vq, v_stride, vs, s_stride, n, hd, out);
+  }
+}
+
 }  // namespace ctx

@@ -84,4 +84,62 @@ void accumulate_avx2(const float* p, const uint16_t* v, int v_stride, int n, int
     }
 }
 
+// q8: 8 keys at a time; partial groups go through a zero-padded copy.
+static __m256 load8_i8_f32(const int8_t* p, int lanes) {
+  __m128i raw;
+  if (lanes == 8) {
+    raw = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+  } else {
+    alignas(16) int8_t tmp[16] = {0};
+    std::memcpy(tmp, p, lanes);
+    raw = _mm_load_si128(reinterpret_cast<const __m128i*>(tmp));
+  }
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(raw));
+}
+
+static __m256 load8_f16_f32(const uint16_t* p, int lanes) {
+  if (lanes == 8) return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  alignas(16) uint16_t tmp[8] = {0};
+  std::memcpy(tmp, p, sizeof(uint16_t) * lanes);
+  return _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(tmp)));
+}
+
+void scores_q8_avx2(const float* q, const int8_t* kq, const uint16_t* ks, int hd, int stride, int n, float scale,
+                    float* scores) {
+  for (int j0 = 0; j0 < n; j0 += 8) {
+    const int lanes = n - j0 < 8 ? n - j0 : 8;
+    __m256 acc = _mm256_setzero_ps();
+    for (int b = 0; b < hd / 32; ++b) {
+      const __m256 s = load8_f16_f32(ks + static_cast<size_t>(b) * stride + j0, lanes);
+      const int8_t* k = kq + static_cast<size_t>(b) * 32 * stride + j0;
+      for (int d = b * 32; d < b * 32 + 32; ++d, k += stride)
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(q[d]), _mm256_mul_ps(s, load8_i8_f32(k, lanes)), acc);
+    }
+    alignas(32) float out[8];
+    _mm256_store_ps(out, _mm256_mul_ps(acc, _mm256_set1_ps(scale)));
+    std::memcpy(scores + j0, out, sizeof(float) * lanes);
+  }
+}
+
+void accumulate_q8_avx2(const float* p, const int8_t* vq, int v_stride, const uint16_t* vs, int s_stride, int n,
+                        int hd, float* out) {
+  for (int d = 0; d < hd; d += 32) {  // one scale block in four registers
+    __m256 a0 = _mm256_loadu_ps(out + d), a1 = _mm256_loadu_ps(out + d + 8);
+    __m256 a2 = _mm256_loadu_ps(out + d + 16), a3 = _mm256_loadu_ps(out + d + 24);
+    const int8_t* row = vq + d;
+    const uint16_t* sc = vs + d / 32;
+    for (int j = 0; j < n; ++j, row += v_stride, sc += s_stride) {
+      const __m256 pd = _mm256_set1_ps(p[j] * _cvtsh_ss(*sc));
+      a0 = _mm256_fmadd_ps(pd, load8_i8_f32(row, 8), a0);
+      a1 = _mm256_fmadd_ps(pd, load8_i8_f32(row + 8, 8), a1);
+      a2 = _mm256_fmadd_ps(pd, load8_i8_f32(row + 16, 8), a2);
+      a3 = _mm256_fmadd_ps(pd, load8_i8_f32(row + 24, 8), a3);
+    }
+    _mm256_storeu_ps(out + d, a0);
+    _mm256_storeu_ps(out + d + 8, a1);
+    _mm256_storeu_ps(out + d + 16, a2);
+    _mm256_storeu_ps(out + d + 24, a3);
+  }
+}
+
 }  // namespace ctx::attn

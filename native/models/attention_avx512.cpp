@@ -74,4 +74,61 @@ void accumulate_avx512(const float* p, const uint16_t* v, int v_stride, int n, i
   }
 }
 
+static __m512 load16_i8_f32(const int8_t* p) {
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+}
+
+void scores_q8_avx512(const float* q, const int8_t* kq, const uint16_t* ks, int hd, int stride, int n, float scale,
+                      float* scores) {
+  for (int j0 = 0; j0 < n; j0 += 16) {
+    const int lanes = n - j0 < 16 ? n - j0 : 16;
+    const __mmask16 m = static_cast<__mmask16>((1u << lanes) - 1);
+    __m512 acc = _mm512_setzero_ps();
+    for (int b = 0; b < hd / 32; ++b) {
+      const __m512 s = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, ks + static_cast<size_t>(b) * stride + j0));
+      const int8_t* k = kq + static_cast<size_t>(b) * 32 * stride + j0;
+      for (int d = b * 32; d < b * 32 + 32; ++d, k += stride) {
+        const __m512 kv = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(m, k)));
+        acc = _mm512_fmadd_ps(_mm512_set1_ps(q[d]), _mm512_mul_ps(s, kv), acc);
+      }
+    }
+    _mm512_mask_storeu_ps(scores + j0, m, _mm512_mul_ps(acc, _mm512_set1_ps(scale)));
+  }
+}
+
+void accumulate_q8_avx512(const float* p, const int8_t* vq, int v_stride, const uint16_t* vs, int s_stride, int n,
+                          int hd, float* out) {
+  int d = 0;
+  for (; d + 64 <= hd; d += 64) {  // two scale blocks in four registers
+    __m512 a0 = _mm512_loadu_ps(out + d), a1 = _mm512_loadu_ps(out + d + 16);
+    __m512 a2 = _mm512_loadu_ps(out + d + 32), a3 = _mm512_loadu_ps(out + d + 48);
+    const int8_t* row = vq + d;
+    const uint16_t* sc = vs + d / 32;
+    for (int j = 0; j < n; ++j, row += v_stride, sc += s_stride) {
+      const __m512 p0 = _mm512_set1_ps(p[j] * _cvtsh_ss(sc[0]));
+      const __m512 p1 = _mm512_set1_ps(p[j] * _cvtsh_ss(sc[1]));
+      a0 = _mm512_fmadd_ps(p0, load16_i8_f32(row), a0);
+      a1 = _mm512_fmadd_ps(p0, load16_i8_f32(row + 16), a1);
+      a2 = _mm512_fmadd_ps(p1, load16_i8_f32(row + 32), a2);
+      a3 = _mm512_fmadd_ps(p1, load16_i8_f32(row + 48), a3);
+    }
+    _mm512_storeu_ps(out + d, a0);
+    _mm512_storeu_ps(out + d + 16, a1);
+    _mm512_storeu_ps(out + d + 32, a2);
+    _mm512_storeu_ps(out + d + 48, a3);
+  }
+  for (; d < hd; d += 32) {  // a last single block
+    __m512 a0 = _mm512_loadu_ps(out + d), a1 = _mm512_loadu_ps(out + d + 16);
+    const int8_t* row = vq + d;
+    const uint16_t* sc = vs + d / 32;
+    for (int j = 0; j < n; ++j, row += v_stride, sc += s_stride) {
+      const __m512 p0 = _mm512_set1_ps(p[j] * _cvtsh_ss(sc[0]));
+      a0 = _mm512_fmadd_ps(p0, load16_i8_f32(row), a0);
+      a1 = _mm512_fmadd_ps(p0, load16_i8_f32(row + 16), a1);
+    }
+    _mm512_storeu_ps(out + d, a0);
+    _mm512_storeu_ps(out + d + 16, a1);
+  }
+}
+
 }  // namespace ctx::attn

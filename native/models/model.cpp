@@ -4,10 +4,10 @@
 //
 // Determinism: every output element is computed whole by one thread with a
 // fixed reduction order (quant/quant.h), rows never interact except through
-// the KV they have written, and attention reads K/V back from the f16 pages
-// (also for positions written in this very step). So a token's logits do not
-// depend on the thread count, on how the prompt was chunked, or on which other
-// sequences share the step.
+// the KV they have written, and attention reads K/V back from the pages, f16
+// or 8-bit (also for positions written in this very step). So a token's
+// logits do not depend on the thread count, on how the prompt was chunked, or
+// on which other sequences share the step.
 #include "models/model.h"
 
 #include "models/activations.h"
@@ -54,12 +54,18 @@ Model::Model(ModelConfig config, ModelWeights weights, int n_threads)
   theta_scale_ = std::pow(cfg_.rope_base, -2.0f / static_cast<float>(cfg_.rope_dim));
 }
 
-PageLayout Model::page_layout(int page_tokens) const {
+static_assert(KV_BLOCK == QK, "q8 KV pages use quantize_row_kv8's blocks");
+
+PageLayout Model::page_layout(int page_tokens, KVDType dtype) const {
+  if (page_tokens < 1) throw std::invalid_argument("pages need at least one token");
+  if (dtype != KVDType::f16 && cfg_.head_dim % KV_BLOCK != 0)
+    throw std::invalid_argument(std::string("a ") + kv_dtype_name(dtype) + " KV needs a head size that is a multiple of " +
+                                std::to_string(KV_BLOCK) + "; this model's is " + std::to_string(cfg_.head_dim));
   PageLayout lay;
   lay.n_layer = cfg_.n_layer;
   lay.page_tokens = page_tokens;
   lay.kv_dim = cfg_.kv_dim();
-  lay.elem_bytes = 2;
+  lay.dtype = dtype;
   return lay;
 }
 
@@ -79,6 +85,8 @@ void Model::ensure_scratch(int rows) {
   s_.rope.assign(r * cfg_.rope_dim, 0.0f);
   s_.xlog.assign(r * cfg_.n_embd, 0.0f);
   s_.k16.assign(cfg_.kv_dim(), 0);
+  s_.k8.assign(cfg_.kv_dim(), 0);
+  s_.k8d.assign(cfg_.kv_dim() / KV_BLOCK, 0);
   scratch_rows_ = rows;
 }
 
@@ -130,7 +138,9 @@ void Model::attention(int layer, const std::vector<Row>& rows, size_t r0,
   const int group = cfg_.n_head / cfg_.n_head_kv;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   const PageLayout& lay = layout_;
-  const size_t k_off = lay.k_offset(layer);
+  const size_t k_off = lay.k_offset(layer), ks_off = lay.k_scale_offset(layer);
+  const size_t v_off = lay.v_offset(layer, 0), vs_off = lay.v_scale_offset(layer, 0);
+  const int hb = hd / KV_BLOCK;  // scale rows per head (quantized sides only)
   const int pt = lay.page_tokens;
   const int64_t n_ctx = static_cast<int64_t>(s_.scores.size()) / pool_.size();
 
@@ -152,8 +162,14 @@ void Model::attention(int layer, const std::vector<Row>& rows, size_t r0,
       const int64_t n_pages = (n_kv + pt - 1) / pt;
       for (int64_t p = 0; p < n_pages; ++p) {
         const int n = static_cast<int>(std::min<int64_t>(pt, n_kv - p * pt));
-        const uint16_t* kt = reinterpret_cast<const uint16_t*>(pg[p] + k_off) + static_cast<size_t>(kv_head) * hd * pt;
-        attn_scores_f16(q, kt, hd, pt, n, scale, sc + p * pt);
+        if (lay.k_quantized()) {
+          const int8_t* kq = reinterpret_cast<const int8_t*>(pg[p] + k_off) + static_cast<size_t>(kv_head) * hd * pt;
+          const uint16_t* ks = reinterpret_cast<const uint16_t*>(pg[p] + ks_off) + static_cast<size_t>(kv_head) * hb * pt;
+          attn_scores_q8(q, kq, ks, hd, pt, n, scale, sc + p * pt);
+        } else {
+          const uint16_t* kt = reinterpret_cast<const uint16_t*>(pg[p] + k_off) + static_cast<size_t>(kv_head) * hd * pt;
+          attn_scores_f16(q, kt, hd, pt, n, scale, sc + p * pt);
+        }
       }
       const float mx = max_f32(sc, static_cast<int>(n_kv));
       const float inv = 1.0f / exp_shift_sum(sc, static_cast<int>(n_kv), mx);
@@ -162,11 +178,42 @@ void Model::attention(int layer, const std::vector<Row>& rows, size_t r0,
       std::fill(out, out + hd, 0.0f);
       for (int64_t p = 0; p < n_pages; ++p) {
         const int n = static_cast<int>(std::min<int64_t>(pt, n_kv - p * pt));
-        const uint16_t* v = reinterpret_cast<const uint16_t*>(pg[p] + lay.v_offset(layer, 0)) + static_cast<size_t>(kv_head) * hd;
-        attn_accumulate_f16(sc + p * pt, v, cfg_.kv_dim(), n, hd, out);
+        if (lay.v_quantized()) {
+          const int8_t* vq = reinterpret_cast<const int8_t*>(pg[p] + v_off) + static_cast<size_t>(kv_head) * hd;
+          const uint16_t* vs = reinterpret_cast<const uint16_t*>(pg[p] + vs_off) + static_cast<size_t>(kv_head) * hb;
+          attn_accumulate_q8(sc + p * pt, vq, cfg_.kv_dim(), vs, lay.n_blocks(), n, hd, out);
+        } else {
+          const uint16_t* v = reinterpret_cast<const uint16_t*>(pg[p] + v_off) + static_cast<size_t>(kv_head) * hd;
+          attn_accumulate_f16(sc + p * pt, v, cfg_.kv_dim(), n, hd, out);
+        }
       }
     }
   });
+}
+
+void Model::write_kv(int layer, int r, uint8_t* page, int slot) {
+  const PageLayout& lay = layout_;
+  const int KD = cfg_.kv_dim(), pt = lay.page_tokens;
+  const float* k = &s_.k[static_cast<size_t>(r) * KD];
+  const float* v = &s_.v[static_cast<size_t>(r) * KD];
+  uint8_t* k_base = page + lay.k_offset(layer);
+  if (lay.k_quantized()) {  // scatter into the dimension-major int8 K and its scale rows
+    quantize_row_kv8(k, s_.k8.data(), s_.k8d.data(), KD);
+    int8_t* kq = reinterpret_cast<int8_t*>(k_base);
+    uint16_t* ks = reinterpret_cast<uint16_t*>(page + lay.k_scale_offset(layer));
+    for (int e = 0; e < KD; ++e) kq[static_cast<size_t>(e) * pt + slot] = s_.k8[e];
+    for (int b = 0; b < lay.n_blocks(); ++b) ks[static_cast<size_t>(b) * pt + slot] = s_.k8d[b];
+  } else {
+    uint16_t* kt = reinterpret_cast<uint16_t*>(k_base);
+    f32_to_f16_row(k, s_.k16.data(), KD);
+    for (int e = 0; e < KD; ++e) kt[static_cast<size_t>(e) * pt + slot] = s_.k16[e];
+  }
+  uint8_t* v_row = page + lay.v_offset(layer, slot);
+  if (lay.v_quantized())
+    quantize_row_kv8(v, reinterpret_cast<int8_t*>(v_row),
+                     reinterpret_cast<uint16_t*>(page + lay.v_scale_offset(layer, slot)), KD);
+  else
+    f32_to_f16_row(v, reinterpret_cast<uint16_t*>(v_row), KD);
 }
 
 void Model::run_rows(std::vector<BatchItem>& items, const std::vector<Row>& rows, size_t r0, size_t r1,
@@ -232,15 +279,11 @@ void Model::run_rows(std::vector<BatchItem>& items, const std::vector<Row>& rows
     rope(s_.k.data(), cfg_.n_head_kv);
 
     // Write this step's K/V into the pages first; attention then reads every
-    // position, old and new, from the same f16 bytes.
+    // position, old and new, from the same page bytes.
     for (int r = 0; r < n; ++r) {
       const Row& row = rows[r0 + r];
-      const int pt = layout_.page_tokens, slot = static_cast<int>(row.pos % pt);
-      uint8_t* page = pages[row.item][row.pos / pt];
-      uint16_t* kt = reinterpret_cast<uint16_t*>(page + layout_.k_offset(l));
-      f32_to_f16_row(&s_.k[r * KD], s_.k16.data(), KD);
-      for (int e = 0; e < KD; ++e) kt[static_cast<size_t>(e) * pt + slot] = s_.k16[e];
-      f32_to_f16_row(&s_.v[r * KD], reinterpret_cast<uint16_t*>(page + layout_.v_offset(l, slot)), KD);
+      const int pt = layout_.page_tokens;
+      write_kv(l, r, pages[row.item][row.pos / pt], static_cast<int>(row.pos % pt));
     }
     attention(l, rows, r0, n, pages);
 
@@ -294,7 +337,7 @@ void Model::forward(std::vector<BatchItem>& items) {
     for (size_t j = 0; j < i; ++j)
       if (items[j].seq == it.seq) throw std::invalid_argument("a sequence appears twice in one batch");
     const PageLayout& lay = it.seq->pool().layout();
-    if (lay.n_layer != cfg_.n_layer || lay.kv_dim != cfg_.kv_dim() || lay.elem_bytes != 2)
+    if (lay != page_layout(lay.page_tokens, lay.dtype))
       throw std::invalid_argument("sequence pages do not match this model's KV shape");
     if (it.seq->n_tokens() + it.n_tokens > cfg_.n_ctx)
       throw std::length_error("context length exceeded: " + std::to_string(it.seq->n_tokens() + it.n_tokens) +
@@ -307,8 +350,8 @@ void Model::forward(std::vector<BatchItem>& items) {
   if (rows.empty()) return;
   layout_ = items[0].seq->pool().layout();
   for (const BatchItem& it : items)
-    if (it.seq->pool().layout().page_tokens != layout_.page_tokens)
-      throw std::invalid_argument("sequences with different page sizes in one batch");
+    if (it.seq->pool().layout() != layout_)
+      throw std::invalid_argument("sequences with different page layouts (size or KV dtype) in one batch");
 
   int64_t max_ctx = 0;
   for (BatchItem& it : items) {

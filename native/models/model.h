@@ -84,6 +84,8 @@ struct RunState {
   std::vector<float> rope;    // (rows, rope_dim / 2, 2) cos, sin per position
   std::vector<float> scores;  // (threads, n_ctx) attention scores
   std::vector<uint16_t> k16;  // (kv_dim) one K row in f16, before it is scattered into a page
+  std::vector<int8_t> k8;     // (kv_dim) one K row in int8 (q8 pages), likewise
+  std::vector<uint16_t> k8d;  // (kv_dim / 32) its f16 scales
   std::vector<float> xlog;    // (rows, n_embd) rows that want logits or hidden states, normed
   std::vector<float> logits;  // (rows, n_vocab) logits before they are copied out
   std::vector<float*> logit_dst;  // (rows) where each logits row goes
@@ -95,7 +97,9 @@ class Model {
 
   const ModelConfig& config() const { return cfg_; }
   int n_threads() const { return pool_.size(); }
-  PageLayout page_layout(int page_tokens) const;
+  // The pages this model's sequences use; throws for a KV dtype the model's
+  // shape cannot take (quantized KV needs head_dim % 32 == 0).
+  PageLayout page_layout(int page_tokens, KVDType dtype) const;
 
   // Runs every item's tokens through the model, appending their KV to each
   // item's sequence, and writes the requested logits. Items must name
@@ -119,6 +123,8 @@ class Model {
   // wake-up and a barrier.
   void matmul(std::initializer_list<MatmulJob> jobs, const float* x, int n_rows);
   void quantize_rows(const float* x, int n_rows, int n_in);
+  // Store row r of s_.k / s_.v (this layer's new K and V) in slot `slot` of a page.
+  void write_kv(int layer, int r, uint8_t* page, int slot);
   void attention(int layer, const std::vector<Row>& rows, size_t r0,
                  int n_rows, const std::vector<std::vector<uint8_t*>>& pages);
   void ensure_scratch(int rows);

@@ -110,6 +110,8 @@ std::unique_ptr<Model> build(const py::dict& c, const TensorMap& t, int n_thread
 
 using F32Array = py::array_t<float, py::array::c_style | py::array::forcecast>;
 using I32Array = py::array_t<int32_t, py::array::c_style | py::array::forcecast>;
+using I8Array = py::array_t<int8_t, py::array::c_style | py::array::forcecast>;
+using U16Array = py::array_t<uint16_t, py::array::c_style | py::array::forcecast>;
 
 }  // namespace
 
@@ -165,6 +167,41 @@ void register_model(py::module_& m) {
       },
       py::arg("scores"), py::arg("v"), py::arg("out"), "softmax weights of scores applied to V rows");
 
+  m.def(
+      "attn_scores_q8",
+      [](F32Array q, I8Array kq, U16Array ks, int n, float scale) {
+        // kq: (hd, stride) int8 and ks: (hd / 32, stride) f16 bits, as a head's K sits in a q8 page
+        const py::ssize_t hd = q.size();
+        if (hd % 32 != 0 || kq.ndim() != 2 || kq.shape(0) != hd || ks.ndim() != 2 || ks.shape(0) != hd / 32 ||
+            ks.shape(1) != kq.shape(1) || n > kq.shape(1))
+          throw std::invalid_argument("need len(q) % 32 == 0, kq (len(q), stride), ks (len(q) / 32, stride), n <= stride");
+        py::array_t<float> out(n);
+        attn_scores_q8(q.data(), kq.data(), ks.data(), static_cast<int>(hd), static_cast<int>(kq.shape(1)), n, scale,
+                       out.mutable_data());
+        return out;
+      },
+      py::arg("q"), py::arg("kq"), py::arg("ks"), py::arg("n"), py::arg("scale"),
+      "scores of n keys of a q8 page's K block");
+  m.def(
+      "attn_softmax_v_q8",
+      [](F32Array scores, I8Array vq, U16Array vs, F32Array out) {
+        // like attn_softmax_v, with V as int8 rows (n, hd) and f16 scales (n, hd / 32)
+        const py::ssize_t n = scores.size(), hd = out.size();
+        if (hd % 32 != 0 || vq.ndim() != 2 || vq.shape(0) != n || vq.shape(1) != hd || vs.ndim() != 2 ||
+            vs.shape(0) != n || vs.shape(1) != hd / 32)
+          throw std::invalid_argument("need len(out) % 32 == 0, vq (len(scores), len(out)), vs (len(scores), len(out) / 32)");
+        std::vector<float> p(scores.data(), scores.data() + n);
+        const float mx = max_f32(p.data(), static_cast<int>(n));
+        const float inv = 1.0f / exp_shift_sum(p.data(), static_cast<int>(n), mx);
+        scale_round_f16(p.data(), static_cast<int>(n), inv);
+        py::array_t<float> res(hd);
+        std::copy(out.data(), out.data() + hd, res.mutable_data());
+        attn_accumulate_q8(p.data(), vq.data(), static_cast<int>(hd), vs.data(), static_cast<int>(hd / 32),
+                           static_cast<int>(n), static_cast<int>(hd), res.mutable_data());
+        return py::make_tuple(res, mx);
+      },
+      py::arg("scores"), py::arg("vq"), py::arg("vs"), py::arg("out"), "softmax weights of scores applied to q8 V rows");
+
   py::class_<Model>(m, "Model", "a decoder-only transformer over mapped GGUF weights")
       .def(py::init(&build), py::arg("config"), py::arg("tensors"), py::arg("n_threads"))
       .def_property_readonly("n_threads", &Model::n_threads)
@@ -213,8 +250,13 @@ void register_model(py::module_& m) {
           },
           py::arg("batch"),
           "run one step: [(seq, tokens, logits | None, all_logits, hidden | None)]; appends KV to each seq")
-      .def("page_bytes", [](const Model& m, int page_tokens) { return m.page_layout(page_tokens).page_bytes(); },
-           py::arg("page_tokens"));
+      .def(
+          "page_bytes",
+          [](const Model& m, int page_tokens, const std::string& kv_dtype) {
+            return m.page_layout(page_tokens, kv_dtype_from_name(kv_dtype)).page_bytes();
+          },
+          py::arg("page_tokens"), py::arg("kv_dtype") = "f16",
+          "bytes of one page; raises ValueError for a KV dtype this model's shape cannot take");
 }
 
 }  // namespace ctx

@@ -156,22 +156,28 @@ static int round_half_even(float v) {
 
 static float round_to_f16(float f) { return f16_to_f32(f32_to_f16(f)); }
 
+// One block of 32: qs[j] = round(x[j] * 127 / amax); returns d = amax / 127
+// (not yet rounded to f16). Shared by the activation and the KV quantizers.
+static float quantize_block_q8(const float* xb, int8_t* qs) {
+  float amax = 0.0f;
+  for (int j = 0; j < QK; ++j) amax = std::max(amax, std::fabs(xb[j]));
+  const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+  for (int j = 0; j < QK; ++j) qs[j] = static_cast<int8_t>(round_half_even(xb[j] * id));
+  return amax / 127.0f;
+}
+
 void quantize_row_q8a(const float* x, BlockQ8A* y, int n) {
   for (int b = 0; b < n / QK; ++b) {
-    const float* xb = x + b * QK;
-    float amax = 0.0f;
-    for (int j = 0; j < QK; ++j) amax = std::max(amax, std::fabs(xb[j]));
-    const float d = amax / 127.0f;
-    const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+    const float d = quantize_block_q8(x + b * QK, y[b].qs);
     int sum = 0;
-    for (int j = 0; j < QK; ++j) {
-      const int q = round_half_even(xb[j] * id);
-      y[b].qs[j] = static_cast<int8_t>(q);
-      sum += q;
-    }
+    for (int j = 0; j < QK; ++j) sum += y[b].qs[j];
     y[b].s = round_to_f16(d * static_cast<float>(sum));
     y[b].d = round_to_f16(d);
   }
+}
+
+void quantize_row_kv8(const float* x, int8_t* qs, uint16_t* d, int n) {
+  for (int b = 0; b < n / QK; ++b) d[b] = f32_to_f16(quantize_block_q8(x + b * QK, qs + b * QK));
 }
 
 // ---------------------------------------------------------------------------

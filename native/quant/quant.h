@@ -87,8 +87,14 @@ void matmul_f(DType t, const void* W, int n_in, int o0, int o1,
 bool dtype_is_quantized(DType t);  // true for the matmul_q types
 
 // ---------------------------------------------------------------------------
-// f16 KV writes (the attention kernels themselves are in models/attention.h).
+// KV writes (the attention kernels themselves are in models/attention.h).
 // Round n floats to f16.
 void f32_to_f16_row(const float* x, uint16_t* y, int n);
+
+// n floats (n % 32 == 0) -> n int8 values qs and n / 32 f16 scales d, one per
+// block of 32, with BlockQ8A's numerics (ggml q8_0 on x86):
+//   amax = max |x[j]|;  d = f16(amax / 127);  qs[j] = nearbyint(x[j] * (amax != 0 ? 127 / amax : 0))
+// (round half to even). The value is then d * qs[j], exact in f32.
+void quantize_row_kv8(const float* x, int8_t* qs, uint16_t* d, int n);
 
 }  // namespace ctx

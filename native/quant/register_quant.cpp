@@ -81,6 +81,14 @@ py::array_t<float> dequantize(int ggml_type, const Array<uint8_t>& data, int n) 
   return out;
 }
 
+py::tuple quantize_kv8(const Array<float>& x) {
+  if (x.ndim() != 1 || x.shape(0) % QK != 0) throw py::value_error("x must be 1-D with a multiple of 32 elements");
+  py::array_t<int8_t> qs(x.shape(0));
+  py::array_t<uint16_t> d(x.shape(0) / QK);
+  quantize_row_kv8(x.data(), qs.mutable_data(), d.mutable_data(), static_cast<int>(x.shape(0)));
+  return py::make_tuple(qs, d);
+}
+
 py::array_t<uint16_t> to_f16(const Array<float>& x) {
   py::array_t<uint16_t> out(std::vector<py::ssize_t>(x.shape(), x.shape() + x.ndim()));
   f32_to_f16_row(x.data(), out.mutable_data(), static_cast<int>(x.size()));
@@ -105,6 +113,8 @@ void register_quant(py::module_& m) {
   m.def("matmul", &matmul, py::arg("ggml_type"), py::arg("W"), py::arg("n_in"), py::arg("n_out"), py::arg("X"),
         "Y (n_x, n_out) = X . W^T; W: raw row-major weight bytes. Quantized types quantize X to Q8A first.");
   m.def("quantize_q8a", &quantize_q8a, py::arg("x"), "one activation row -> raw BlockQ8A bytes (40 per 32 elements)");
+  m.def("quantize_kv8", &quantize_kv8, py::arg("x"),
+        "one K or V row -> (int8 values, f16 scale bits per 32), as q8 KV pages store it");
   m.def("dequantize", &dequantize, py::arg("ggml_type"), py::arg("data"), py::arg("n"), "one row -> float32");
   m.def("f32_to_f16", &to_f16, py::arg("x"), "round to f16 bits (round to nearest even), same shape");
 }

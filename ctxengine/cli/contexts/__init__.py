@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from typing import Iterator
 
 from ...errors import CtxError, StoreError
-from ..common import add_model_arguments
+from ..common import add_model_arguments, load_model  # noqa: F401  (the verbs import load_model from here)
 
 EVICTED_PREFIX = "_evicted/"  # refs the context table keeps for evicted contexts
 
@@ -31,12 +31,6 @@ def open_store(args: argparse.Namespace):
     from ...store import Store
 
     return Store(args.store)
-
-
-def load_model(args: argparse.Namespace):
-    from ...model import load
-
-    return load(args.model, threads=args.threads)
 
 
 def check_name(name: str, what: str = "context") -> str:
