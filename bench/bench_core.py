@@ -28,12 +28,15 @@ def ours(path: str, threads: int, n_prompt: int, n_gen: int, reps: int) -> dict:
 
 
 def llama(path: str, threads: int, n_prompt: int, n_gen: int, reps: int) -> dict:
-    # llama.cpp's venv need not have ctxengine installed: the measurement code
-    # in ctxengine.cli.bench imports neither _core nor numpy at import time.
-    sys.path.insert(0, REPO)
-    from ctxengine.cli.bench import measure_llama
+    # llama.cpp's venv need not have ctxengine installed: its measuring module
+    # is self-contained, so load it by path.
+    import importlib.util
 
-    r = measure_llama(path, threads, n_prompt, n_gen, reps)
+    spec = importlib.util.spec_from_file_location(
+        "bench_llama", os.path.join(REPO, "ctxengine", "cli", "bench_llama.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    r = mod.measure_llama(path, threads, n_prompt, n_gen, reps, batches=())
     return {k: r[k] for k in ("prefill_tps", "decode_tps")}
 
 

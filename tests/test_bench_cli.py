@@ -12,3 +12,4 @@ def test_ctx_bench_json_has_the_figures():
     assert out["prefill_tps"] > 0 and out["decode_tps"] > 0 and out["ttft_ms"] > 0
     assert set(out["batched_decode_tps"]) == {"1", "4", "8"}
     assert all(v > 0 for v in out["batched_decode_tps"].values())
+    assert out["kv_dtype"] == "f16" and out["kv_bytes_per_token"] == 23040

@@ -1,44 +1,37 @@
 """``ctx bench [-m MODEL]``: prefill, decode, batched decode and time to first token.
 
 Like llama-bench's pp512 / tg128 plus aggregate decode at several concurrent
-sequences. When `llama_cpp` is importable, llama.cpp is measured on the same
+sequences. When `llama_cpp` is importable (here, or in the Python given by
+``--llama-python`` / ``$CTX_LLAMA_PYTHON``), llama.cpp is measured on the same
 file and threads in the same run and the ratios are printed. ``--json``
 prints one object: prefill_tps, decode_tps, batched_decode_tps (keyed by
-concurrency), ttft_ms, and the same under "llama.cpp" when measured.
-
-This module imports neither the native core nor numpy at import time, so the
-llama.cpp half can run in an environment that has only llama-cpp-python
-(bench/bench_core.py does that).
+concurrency), ttft_ms, kv_dtype, kv_bytes_per_token, and the same timings
+under "llama.cpp" when measured (always with its default f16 KV).
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
+import subprocess
+import sys
 import time
+from pathlib import Path
 
+from .bench_llama import measure_llama, prompt_ids
 from .common import add_model_arguments
-
-TEXT = ("The history of the printing press begins in the fifteenth century, when Johannes Gutenberg "
-        "combined a screw press with movable metal type. Books became cheaper, literacy spread, and "
-        "ideas travelled faster than ever before across Europe and then the world. ")
-
-
-def prompt_ids(tokenize, n: int) -> list[int]:
-    ids: list[int] = []
-    while len(ids) < n:
-        ids += tokenize(TEXT)
-    return ids[:n]
 
 
 def measure_ours(path, threads: int, n_prompt: int = 512, n_gen: int = 128, reps: int = 3,
-                 batches=(1, 4, 8), batch_prompt: int = 128, batch_gen: int = 64) -> dict:
+                 batches=(1, 4, 8), batch_prompt: int = 128, batch_gen: int = 64, kv: str = "f16") -> dict:
     import numpy as np
 
     from ..model import load
 
-    model = load(path, threads=threads)
+    model = load(path, threads=threads, kv=kv)
     eng = model.engine
+    kv_bytes_per_token = eng.pool.page_bytes / eng.pool.page_tokens
     ids = prompt_ids(eng.tokenize, n_prompt)
     eng.forward(eng.new_sequence(), ids[:32])  # warm pages, scratch and caches
     pp, tg, ttft = [], [], []
@@ -62,7 +55,8 @@ def measure_ours(path, threads: int, n_prompt: int = 512, n_gen: int = 128, reps
     batched = {str(b): measure_batched(eng, b, batch_prompt, batch_gen) for b in batches}
     model.close()
     return {"prefill_tps": statistics.median(pp), "decode_tps": statistics.median(tg),
-            "batched_decode_tps": batched, "ttft_ms": statistics.median(ttft)}
+            "batched_decode_tps": batched, "ttft_ms": statistics.median(ttft),
+            "kv_dtype": kv, "kv_bytes_per_token": kv_bytes_per_token}
 
 
 def measure_batched(eng, n_seq: int, n_prompt: int = 128, n_gen: int = 64) -> float:
@@ -82,49 +76,36 @@ def measure_batched(eng, n_seq: int, n_prompt: int = 128, n_gen: int = 64) -> fl
     return n_seq * n_gen / (time.perf_counter() - t0)
 
 
-def measure_llama(path, threads: int, n_prompt: int = 512, n_gen: int = 128, reps: int = 3,
-                  batch_prompt: int = 128) -> dict:
-    import ctypes
-
-    import llama_cpp
-    import numpy as np
-
-    m = llama_cpp.Llama(str(path), n_threads=threads, n_threads_batch=threads, n_batch=512, n_ubatch=512,
-                        n_ctx=n_prompt + n_gen + 64, verbose=False)
-    ids = prompt_ids(lambda t: m.tokenize(t.encode(), add_bos=False), n_prompt)
-    n_vocab = m.n_vocab()
-
-    def last_logits():
-        ptr = llama_cpp.llama_get_logits_ith(m._ctx.ctx, -1)
-        return np.ctypeslib.as_array(ctypes.cast(ptr, ctypes.POINTER(ctypes.c_float)), shape=(n_vocab,))
-
-    m.reset()
-    m.eval(ids[:32])
-    pp, tg, ttft = [], [], []
-    for _ in range(reps):
-        m.reset()
-        t0 = time.perf_counter()
-        m.eval(ids)
-        pp.append(n_prompt / (time.perf_counter() - t0))
-        m.reset()
-        m.eval(ids[:16])
-        t0 = time.perf_counter()
-        for _ in range(n_gen):
-            m.eval([int(np.argmax(last_logits()))])
-        tg.append(n_gen / (time.perf_counter() - t0))
-        m.reset()
-        t0 = time.perf_counter()
-        m.eval(ids[:batch_prompt])
-        int(np.argmax(last_logits()))
-        ttft.append((time.perf_counter() - t0) * 1e3)
-    return {"prefill_tps": statistics.median(pp), "decode_tps": statistics.median(tg),
-            "ttft_ms": statistics.median(ttft)}
+def llama_cpp_results(path, threads: int, reps: int, python: str | None) -> dict | None:
+    """llama.cpp's figures, measured here or in another venv's Python; None if neither has it."""
+    if python is None:
+        try:
+            import llama_cpp  # noqa: F401
+        except ImportError:
+            return None
+        return measure_llama(path, threads, reps=reps)
+    # The other venv has no ctxengine: load the self-contained measuring module by path.
+    code = ("import importlib.util, json, sys; "
+            "spec = importlib.util.spec_from_file_location('bench_llama', sys.argv[1]); "
+            "mod = importlib.util.module_from_spec(spec); spec.loader.exec_module(mod); "
+            "print(json.dumps(mod.measure_llama(sys.argv[2], int(sys.argv[3]), reps=int(sys.argv[4]))))")
+    module = Path(__file__).with_name("bench_llama.py")
+    done = subprocess.run([python, "-c", code, str(module), str(path), str(threads), str(reps)],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        print(f"ctx bench: llama.cpp under {python} failed: {done.stderr.strip().splitlines()[-1:]}",
+              file=sys.stderr)
+        return None
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_model_arguments(p)
     p.add_argument("--reps", type=int, default=3, help="repetitions; medians are reported (default 3)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--llama-python", metavar="PY", default=os.environ.get("CTX_LLAMA_PYTHON"),
+                   help="a Python with llama-cpp-python to measure llama.cpp in (default: $CTX_LLAMA_PYTHON, "
+                        "else this one if it has llama_cpp)")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -133,18 +114,16 @@ def main(args: argparse.Namespace) -> int:
 
     path = resolve_model(args.model)
     threads = args.threads or physical_cores()
-    results = {"model": path.name, "threads": threads, **measure_ours(path, threads, reps=args.reps)}
-    try:
-        import llama_cpp  # noqa: F401
-    except ImportError:
-        pass
-    else:
-        results["llama.cpp"] = measure_llama(path, threads, reps=args.reps)
+    results = {"model": path.name, "threads": threads, **measure_ours(path, threads, reps=args.reps, kv=args.kv)}
+    llama = llama_cpp_results(path, threads, args.reps, args.llama_python)
+    if llama is not None:
+        results["llama.cpp"] = llama
     if args.json:
         print(json.dumps(results, indent=1))
         return 0
     ref = results.get("llama.cpp", {})
-    print(f"{path.name}, {threads} threads, medians of {args.reps}"
+    print(f"{path.name}, {threads} threads, {args.kv} KV ({results['kv_bytes_per_token'] / 1e3:.1f} KB/token), "
+          f"medians of {args.reps}"
           + ("" if ref else "   (llama.cpp not importable: pip install llama-cpp-python to compare)"))
     rows = [("prefill 512 (tok/s)", "prefill_tps"), ("decode 128 (tok/s)", "decode_tps"),
             ("time to first token, 128-token prompt (ms)", "ttft_ms")]
@@ -153,5 +132,7 @@ def main(args: argparse.Namespace) -> int:
         ratio = "" if theirs is None else f"  llama.cpp {theirs:8.1f}  ratio {ours / theirs if key != 'ttft_ms' else theirs / ours:5.2f}x"
         print(f"{label:<44} {ours:8.1f}{ratio}")
     for b, tps in results["batched_decode_tps"].items():
-        print(f"{'aggregate decode, ' + b + ' sequences (tok/s)':<44} {tps:8.1f}")
+        theirs = ref.get("batched_decode_tps", {}).get(b)
+        ratio = "" if theirs is None else f"  llama.cpp {theirs:8.1f}  ratio {tps / theirs:5.2f}x"
+        print(f"{'aggregate decode, ' + b + ' sequences (tok/s)':<44} {tps:8.1f}{ratio}")
     return 0

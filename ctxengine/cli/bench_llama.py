@@ -1,0 +1,112 @@
+"""llama.cpp's side of ``ctx bench``: the same measurements through llama-cpp-python.
+
+Self-contained on purpose (no relative imports, nothing of ours, numpy only
+inside functions): ``ctx bench --llama-python PY`` and bench/bench_core.py
+load this file by path in a separate venv that has llama-cpp-python but
+not ctxengine.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+
+TEXT = ("The history of the printing press begins in the fifteenth century, when Johannes Gutenberg "
+        "combined a screw press with movable metal type. Books became cheaper, literacy spread, and "
+        "ideas travelled faster than ever before across Europe and then the world. ")
+
+
+def prompt_ids(tokenize, n: int) -> list[int]:
+    ids: list[int] = []
+    while len(ids) < n:
+        ids += tokenize(TEXT)
+    return ids[:n]
+
+
+def measure_llama(path, threads: int, n_prompt: int = 512, n_gen: int = 128, reps: int = 3,
+                  batches=(1, 4, 8), batch_prompt: int = 128) -> dict:
+    import ctypes
+
+    import llama_cpp
+    import numpy as np
+
+    m = llama_cpp.Llama(str(path), n_threads=threads, n_threads_batch=threads, n_batch=512, n_ubatch=512,
+                        n_ctx=n_prompt + n_gen + 64, verbose=False)
+    ids = prompt_ids(lambda t: m.tokenize(t.encode(), add_bos=False), n_prompt)
+    n_vocab = m.n_vocab()
+
+    def last_logits():
+        ptr = llama_cpp.llama_get_logits_ith(m._ctx.ctx, -1)
+        return np.ctypeslib.as_array(ctypes.cast(ptr, ctypes.POINTER(ctypes.c_float)), shape=(n_vocab,))
+
+    m.reset()
+    m.eval(ids[:32])
+    pp, tg, ttft = [], [], []
+    for _ in range(reps):
+        m.reset()
+        t0 = time.perf_counter()
+        m.eval(ids)
+        pp.append(n_prompt / (time.perf_counter() - t0))
+        m.reset()
+        m.eval(ids[:16])
+        t0 = time.perf_counter()
+        for _ in range(n_gen):
+            m.eval([int(np.argmax(last_logits()))])
+        tg.append(n_gen / (time.perf_counter() - t0))
+        m.reset()
+        t0 = time.perf_counter()
+        m.eval(ids[:batch_prompt])
+        int(np.argmax(last_logits()))
+        ttft.append((time.perf_counter() - t0) * 1e3)
+    batched = {str(b): measure_llama_batched(m, threads, b, batch_prompt) for b in batches}
+    return {"prefill_tps": statistics.median(pp), "decode_tps": statistics.median(tg),
+            "batched_decode_tps": batched, "ttft_ms": statistics.median(ttft)}
+
+
+def measure_llama_batched(m, threads: int, n_seq: int, n_prompt: int = 128, n_gen: int = 64) -> float:
+    """llama.cpp's aggregate decode of n_seq sequences, as llama-batched-bench
+    runs it: every prompt prefilled, then one llama_decode per step holding
+    the next token of every sequence (greedy, like measure_batched)."""
+    import ctypes
+
+    import llama_cpp
+    import numpy as np
+
+    params = llama_cpp.llama_context_default_params()
+    per_seq = -(-(n_prompt + n_gen + 16) // 256) * 256  # llama.cpp splits n_ctx evenly between sequences
+    params.n_ctx = n_seq * per_seq
+    params.n_batch = params.n_ubatch = max(512, n_seq)
+    params.n_seq_max = n_seq
+    params.n_threads = params.n_threads_batch = threads
+    ctx = llama_cpp.llama_init_from_model(m._model.model, params)
+    if not ctx:
+        raise RuntimeError("llama.cpp could not create a batched context")
+    n_vocab = m.n_vocab()
+    batch = llama_cpp.llama_batch_init(max(n_prompt, n_seq), 0, 1)
+
+    def decode(rows) -> None:  # rows: (token, pos, seq, want_logits)
+        batch.n_tokens = len(rows)
+        for i, (tok, pos, seq, want) in enumerate(rows):
+            batch.token[i], batch.pos[i], batch.n_seq_id[i] = tok, pos, 1
+            batch.seq_id[i][0], batch.logits[i] = seq, want
+        if llama_cpp.llama_decode(ctx, batch) != 0:
+            raise RuntimeError("llama_decode failed")
+
+    def argmax(i: int) -> int:
+        ptr = llama_cpp.llama_get_logits_ith(ctx, i)
+        return int(np.argmax(np.ctypeslib.as_array(ctypes.cast(ptr, ctypes.POINTER(ctypes.c_float)),
+                                                   shape=(n_vocab,))))
+
+    try:
+        ids = prompt_ids(lambda t: m.tokenize(t.encode(), add_bos=False), n_prompt + n_seq)
+        last = []
+        for s in range(n_seq):
+            decode([(ids[s + j], j, s, j == n_prompt - 1) for j in range(n_prompt)])
+            last.append(argmax(n_prompt - 1))
+        t0 = time.perf_counter()
+        for step in range(n_gen):
+            decode([(last[s], n_prompt + step, s, True) for s in range(n_seq)])
+            last = [argmax(s) for s in range(n_seq)]
+        return n_seq * n_gen / (time.perf_counter() - t0)
+    finally:
+        llama_cpp.llama_batch_free(batch)
+        llama_cpp.llama_free(ctx)
