@@ -43,3 +43,7 @@ class CorruptDataError(StoreError):
 
 class WeightMismatchError(StoreError):
     """A snapshot was made by other weights than the model it is restored onto."""
+
+
+class UnsupportedTemplateError(CtxError):
+    """A model's Go (Ollama) template uses what we do not render; fall back to the GGUF's template."""

@@ -2,9 +2,9 @@
 packaged models into the models directory.
 
 ``resolve_model`` tries, in order: a known name (MODELS below), then an
-existing file path.  Anything else is a ModelNotFoundError that lists the
-names and says how to get the default model.  (Ollama store names will be
-one more step between the path and the error.)
+existing file path, then a model in Ollama's store (engine/ollama_store.py:
+``smollm2:135m``, ``library/qwen3:0.6b``...).  Anything else is a
+ModelNotFoundError that lists the names and says how to get the default model.
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from .. import paths
-from ..errors import CtxError, ModelFileError, ModelNotFoundError
+from ..errors import CtxError, ModelFileError, ModelNotFoundError, UnsupportedModelError
 from .gguf_file import open_gguf
 
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -110,6 +110,11 @@ def _by_name(name: str) -> KnownModel | None:
     return next((m for m in MODELS if key == m.name or key in m.aliases), None)
 
 
+def is_known_name(name: str) -> bool:
+    """Whether a name is one of MODELS' names or aliases (these come before Ollama's store)."""
+    return _by_name(name) is not None
+
+
 def _provide(model: KnownModel) -> Path:
     path = model.find()
     if path is not None:
@@ -125,7 +130,8 @@ def _names() -> str:
 
 def _not_found(spec: str | os.PathLike) -> ModelNotFoundError:
     path = Path(os.path.expanduser(spec))
-    reason = "is a directory, not a model file" if path.is_dir() else "is neither a known model name nor a file"
+    reason = ("is a directory, not a model file" if path.is_dir()
+              else "is neither a known model name, nor a file, nor a model in Ollama's store")
     return ModelNotFoundError(f"'{os.fspath(spec)}' {reason}. Known names: {_names()}. "
                               f"Get the default model with: {DEFAULT_HOW_TO}")
 
@@ -141,7 +147,23 @@ def resolve_model(spec: str | os.PathLike | None = None) -> Path:
     path = Path(os.path.expanduser(spec))
     if path.is_file():
         return path
+    if isinstance(spec, str):
+        found = _in_ollama_store(spec)
+        if found is not None:
+            return found
     raise _not_found(spec)
+
+
+def _in_ollama_store(spec: str) -> Path | None:
+    """The model blob for an Ollama name; an unservable one is an error saying why."""
+    from .ollama_store import find_ollama_model
+
+    entry = find_ollama_model(spec)
+    if entry is None:
+        return None
+    if not entry.servable:
+        raise UnsupportedModelError(f"Ollama model '{entry.name}' cannot be served: {entry.error}")
+    return entry.path
 
 
 def known_models() -> dict[str, str]:
