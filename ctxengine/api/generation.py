@@ -1,0 +1,273 @@
+"""The one path every dialect's generation takes: request -> prompt ids ->
+prefix reuse -> a stream of text pieces -> usage.
+
+Each generation runs on a thread of its own from the lease of its model to
+its end (a context's lock belongs to the thread that took it, and the model's
+scheduler batches whatever threads are stepping at the same time), and hands
+its events to the request's event loop: first :class:`Started` (after the
+prompt is prefilled, so a refused prompt is still an HTTP error), then text
+pieces, then :class:`Finished`. ``cancel()`` (a client that went away, a
+server shutting down) stops it after the current token, and the context's
+generator is closed on its own thread, releasing its lock.
+
+A request that names no context goes through the model's prefix cache
+(``ctxengine.state.prefix_cache``): only the tokens past the longest prefix
+shared with a recent request are prefilled. A request with ``context``
+continues that named context: only the new turns are rendered and appended.
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, AsyncIterator
+
+from ..errors import ContextError, CtxError
+from .errors import ApiError, as_api_error
+from .options import Sampling, entry_sampling
+from .prompts import Prompt, continuation_text, prompt_ids, turn_closing
+
+if TYPE_CHECKING:
+    from ..engine.catalog import CatalogEntry
+    from ..state.runtime import Runtime
+
+_UNSET = object()
+_request_names = itertools.count(1)
+
+
+@dataclass
+class GenerationRequest:
+    model: str | None
+    prompt: Prompt
+    sampling: Sampling = field(default_factory=Sampling)
+    context: str | None = None        # a named context to continue (our extension)
+    keep_alive: object = _UNSET       # Ollama: seconds to stay loaded afterwards (None: forever)
+
+
+@dataclass
+class Started:
+    model: str               # the catalog entry's name
+    prompt_tokens: int       # every token the model was given
+    cached_tokens: int       # of those, how many had their KV already (not prefilled)
+    load_ns: int
+    prefill_ns: int
+
+
+@dataclass
+class Finished:
+    finish_reason: str       # "stop" (end of turn or a stop string) or "length"
+    stop_sequence: str | None
+    completion_tokens: int
+    decode_ns: int
+    total_ns: int
+    tokens: list[int]        # the context's tokens afterwards (Ollama's context array)
+
+
+class Generations:
+    """Starts generations and keeps track of those running (for shutdown)."""
+
+    def __init__(self, runtime: "Runtime", metrics=None):
+        self.runtime = runtime
+        self.metrics = metrics
+        self._active: set[Generation] = set()
+        self._lock = threading.Lock()
+
+    async def start(self, request: GenerationRequest) -> "Generation":
+        """A running generation whose prompt is prefilled; ApiError if it was refused."""
+        entry = self.runtime.resolve(request.model)
+        sampling = request.sampling.over(entry_sampling(entry)).checked()
+        gen = Generation(self, entry, request, sampling)
+        with self._lock:
+            self._active.add(gen)
+        await gen._start()
+        return gen
+
+    def _done(self, gen: "Generation") -> None:
+        with self._lock:
+            self._active.discard(gen)
+
+    def cancel_all(self) -> None:
+        """Stop every running generation after its current token (each still finishes its reply)."""
+        with self._lock:
+            active = list(self._active)
+        for gen in active:
+            gen.cancel()
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        """Cancel every running generation and wait (bounded) for their threads."""
+        with self._lock:
+            active = list(self._active)
+        self.cancel_all()
+        deadline = time.monotonic() + timeout
+        for gen in active:
+            gen._thread.join(max(0.0, deadline - time.monotonic()))
+
+
+class Generation:
+    def __init__(self, owner: Generations, entry: "CatalogEntry", request: GenerationRequest, sampling: Sampling):
+        self.entry = entry
+        self.request = request
+        self.sampling = sampling
+        self.started: Started | None = None
+        self._owner = owner
+        self._runtime = owner.runtime
+        self._loop = asyncio.get_running_loop()
+        self._queue: asyncio.Queue = asyncio.Queue()
+        self._cancel = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="ctx-generation", daemon=True)
+
+    @property
+    def metrics(self):
+        return self._owner.metrics
+
+    # -- the request's side (event loop) ------------------------------------------------
+    async def _start(self) -> None:
+        self._thread.start()
+        try:
+            event = await self._queue.get()
+        except BaseException:
+            self.cancel()
+            raise
+        if isinstance(event, BaseException):
+            raise as_api_error(event)
+        self.started = event
+
+    async def events(self) -> AsyncIterator["str | Finished"]:
+        """Text pieces, then the Finished event; stopping early cancels the generation."""
+        try:
+            while True:
+                event = await self._queue.get()
+                if isinstance(event, BaseException):
+                    raise as_api_error(event)
+                yield event
+                if isinstance(event, Finished):
+                    return
+        finally:
+            self.cancel()
+
+    async def collect(self) -> tuple[str, Finished]:
+        parts = []
+        async for event in self.events():
+            if isinstance(event, Finished):
+                return "".join(parts), event
+            parts.append(event)
+        raise ApiError(500, "the generation ended without finishing")
+
+    def cancel(self) -> None:
+        self._cancel.set()
+
+    # -- the generation's side (its own thread) -------------------------------------------
+    def _emit(self, event) -> None:
+        try:
+            self._loop.call_soon_threadsafe(self._queue.put_nowait, event)
+        except RuntimeError:  # the event loop is gone (shutdown): nobody is listening
+            self._cancel.set()
+
+    def _run(self) -> None:
+        t0 = time.perf_counter_ns()
+        try:
+            with self._runtime.lease(self.entry.name) as model:
+                load_ns = time.perf_counter_ns() - t0
+                if self.request.context is not None:
+                    self._continue_named(model, load_ns, t0)
+                else:
+                    self._run_fresh(model, load_ns, t0)
+            if self.request.keep_alive is not _UNSET:
+                self._runtime.keep_alive(self.entry.name, self.request.keep_alive)
+        except BaseException as err:  # every failure reaches the client, as its dialect says
+            self._emit(err)
+        finally:
+            self._owner._done(self)
+
+    def _run_fresh(self, model, load_ns: int, t0: int) -> None:
+        ids = prompt_ids(model, self.entry, self.request.prompt)
+        limit = self._limit(model)
+        if len(ids) >= limit:
+            raise ContextError(f"the prompt is {len(ids)} tokens; the context length is {limit}")
+        cache = self._runtime.prefix_cache(self.entry.name)
+        if cache is not None:
+            ctx, cached = cache.acquire(ids)
+        else:
+            ctx, cached = model.contexts.adopt(f"_request/{next(_request_names)}", model.engine.new_sequence(), ()), 0
+        ok = False
+        try:
+            t = time.perf_counter_ns()
+            ctx.append(ids[cached:])
+            self._started(Started(self.entry.name, len(ids), cached, load_ns, time.perf_counter_ns() - t))
+            self._finish(self._decode(model, ctx, limit, t0))
+            ok = True
+        finally:
+            if cache is not None:
+                cache.release(ctx, keep=ok)
+            else:
+                ctx.delete()
+
+    def _continue_named(self, model, load_ns: int, t0: int) -> None:
+        with self._runtime.hold_context(self.request.context) as ctx:
+            if ctx.model is not model.engine:
+                raise ApiError(400, f"context '{ctx.name}' belongs to model '{ctx.model.name}', "
+                                    f"not '{self.entry.name}'")
+            cached = ctx.n_cached
+            text = continuation_text(model, self.entry, self.request.prompt, ctx.tokens)
+            t = time.perf_counter_ns()
+            if text:
+                ctx.append(text, parse_special=True)
+            self._started(Started(self.entry.name, ctx.n_tokens, cached, load_ns, time.perf_counter_ns() - t))
+            try:
+                finished = self._decode(model, ctx, self._limit(model), t0)
+            finally:
+                if self.request.prompt.is_chat:
+                    closing = turn_closing(model, self.entry, ctx.tokens[-1] if ctx.n_tokens else None)
+                    try:
+                        if closing:
+                            ctx.append(closing, parse_special=True)
+                    except CtxError:
+                        pass  # the context is full: the turn stays open, nothing is lost
+            finished.tokens = ctx.tokens
+            self._finish(finished)
+
+    def _started(self, started: Started) -> None:
+        self.started = started
+        self._emit(started)
+
+    def _limit(self, model) -> int:
+        n_ctx = model.config.n_ctx
+        return min(n_ctx, self.sampling.num_ctx) if self.sampling.num_ctx else n_ctx
+
+    def _finish(self, finished: Finished) -> None:
+        if self.metrics is not None:
+            self.metrics.generation(self.started, finished)
+        self._emit(finished)
+
+    def _decode(self, model, ctx, limit: int, t0: int) -> Finished:
+        """Generate into ctx, streaming the pieces; how it ended."""
+        s = self.sampling
+        n0 = ctx.n_tokens
+        room = max(0, limit - n0)
+        max_tokens = room if s.max_tokens is None else min(s.max_tokens, room)
+        t = time.perf_counter_ns()
+        parts: list[str] = []
+        pieces = ctx.generate(max_tokens, stop=s.stop, **s.params)
+        try:
+            for piece in pieces:
+                if piece.text:
+                    parts.append(piece.text)
+                    self._emit(piece.text)
+                if self._cancel.is_set():
+                    break
+        finally:
+            pieces.close()  # on this thread: releases the context's lock
+        now = time.perf_counter_ns()
+        new = ctx.tokens[n0:]
+        stop = None
+        if ctx.finish_reason == "stop" and new and new[-1] not in model.tokenizer.eog_ids:
+            stop = _which_stop(model.detokenize(new), "".join(parts), s.stop)
+        return Finished(ctx.finish_reason or "length", stop, len(new), now - t, now - t0, ctx.tokens)
+
+
+def _which_stop(decoded: str, emitted: str, stops: list[str]) -> str | None:
+    """The stop string that ended a reply: the one right after the emitted text."""
+    at = decoded[len(emitted):] if decoded.startswith(emitted) else decoded
+    return next((x for x in stops if at.startswith(x)), next((x for x in stops if x in decoded), None))

@@ -1,0 +1,320 @@
+"""Ollama's dialect: ``/``, ``/api/version``, ``/api/tags``, ``/api/show``,
+``/api/ps``, ``/api/generate``, ``/api/chat``, ``/api/embed``, ``/api/embeddings``.
+
+Streaming is Ollama's default (``"stream": false`` turns it off): NDJSON, the
+last line with ``done``, the counts and nanosecond durations. ``options`` go
+through ``options.ollama_sampling`` (an entry's params layer gives the
+defaults). ``context`` is Ollama's token array on ``/api/generate``; a string
+there or on ``/api/chat`` names one of our contexts instead. Besides
+Ollama's fields, the last line carries ``prompt_cached_count``: how many of
+the ``prompt_eval_count`` tokens had their KV reused.
+"""
+from __future__ import annotations
+
+import re
+from datetime import datetime, timezone
+
+from fastapi import APIRouter, Request
+from starlette.responses import JSONResponse, PlainTextResponse
+
+from .. import __version__
+from .embeddings import embed
+from .errors import OLLAMA, ApiError, error_body
+from .fields import Fields, json_body
+from .generation import Finished, Generation, GenerationRequest, Generations
+from .options import ollama_sampling
+from .prompts import Prompt
+from .streaming import GenerationStream, ndjson
+
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h)")
+_UNIT_S = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+_FOREVER = "2318-01-01T00:00:00Z"  # what a model kept loaded without a deadline shows as its expiry
+
+
+def iso(ts: float | None = None) -> str:
+    t = datetime.now(timezone.utc) if ts is None else datetime.fromtimestamp(ts, timezone.utc)
+    return t.isoformat(timespec="microseconds").replace("+00:00", "Z")
+
+
+def keep_alive_seconds(value) -> float | None:
+    """Ollama's keep_alive (seconds, or a Go duration like "5m"); None: stay loaded. Negative: forever."""
+    if isinstance(value, bool):
+        raise ApiError(400, "'keep_alive' must be a number of seconds or a duration like '5m'")
+    if isinstance(value, (int, float)):
+        return None if value < 0 else float(value)
+    if isinstance(value, str):
+        text = value.strip()
+        sign = -1 if text.startswith("-") else 1
+        body = text.lstrip("+-")
+        if re.fullmatch(r"\d+(\.\d+)?", body):
+            seconds = float(body)
+        elif body and _DURATION.sub("", body) == "":
+            seconds = sum(float(n) * _UNIT_S[u] for n, u in _DURATION.findall(body))
+        else:
+            raise ApiError(400, f"'keep_alive' {value!r} is not a duration (e.g. 30s, 5m, 1h, -1)")
+        return None if sign < 0 else seconds
+    raise ApiError(400, "'keep_alive' must be a number of seconds or a duration like '5m'")
+
+
+def routes(runtime, generations: Generations, metrics) -> APIRouter:
+    router = APIRouter()
+
+    def resolve(name: str):
+        """Ollama names: an untagged model is ``:latest``, so accept either spelling."""
+        if runtime.catalog.lookup(name) is None and name.endswith(":latest"):
+            name = name[: -len(":latest")]
+        return runtime.resolve(name)
+
+    def model_name(f: Fields) -> str:
+        name = f.str("model", None) or f.str("name", None)
+        if not name:
+            raise ApiError(400, "'model' is required", param="model")
+        return resolve(name).name
+
+    def listing(entry) -> dict:
+        item = {"name": entry.name, "model": entry.name, "modified_at": iso(entry.modified or None),
+                "size": entry.size, "digest": _digest(entry), "details": _details(entry)}
+        if entry.error:
+            item["error"] = entry.error
+        return item
+
+    @router.get("/")
+    @router.head("/")
+    async def root():
+        return PlainTextResponse("Ollama is running")
+
+    @router.get("/api/version")
+    async def version():
+        return {"version": __version__}
+
+    @router.get("/api/tags")
+    async def tags():
+        return {"models": [listing(e) for e in runtime.catalog.entries()]}
+
+    @router.post("/api/show")
+    async def show(request: Request):
+        f = Fields(await json_body(request))
+        name = f.str("model", None) or f.str("name", None)
+        if not name:
+            raise ApiError(400, "'model' is required", param="model")
+        entry = runtime.catalog.get(name if runtime.catalog.lookup(name) else name.removesuffix(":latest"))
+        if entry.path is None:
+            raise ApiError(400, f"model '{entry.name}' cannot be served: {entry.error}")
+        return _show(entry)
+
+    @router.get("/api/ps")
+    async def ps():
+        out = []
+        for e in runtime.loaded():
+            out.append({"name": e.entry.name, "model": e.entry.name, "size": e.memory_bytes,
+                        "digest": _digest(e.entry), "details": _details(e.entry),
+                        "expires_at": iso(e.expires_at) if e.expires_at is not None else _FOREVER,
+                        "size_vram": 0, "context_length": e.model.config.n_ctx})
+        return {"models": out}
+
+    async def generation_body(request: Request) -> tuple[Fields, str]:
+        f = Fields(await json_body(request))
+        name = model_name(f)
+        _refuse_unsupported(f)
+        return f, name
+
+    @router.post("/api/generate")
+    async def generate(request: Request):
+        f, name = await generation_body(request)
+        f.refuse("suffix", "fill-in-the-middle is not supported")
+        context = f.data.get("context")
+        named = f.str("context") if isinstance(context, str) else None
+        prefix = f.int_list("context", []) if not isinstance(context, str) else []
+        text = f.str("prompt", "")
+        if not text and not prefix and named is None:
+            return await _load_or_unload(f, name, {"response": ""})
+        if f.bool("raw", False):
+            prompt = Prompt(text=text, prefix_ids=prefix)
+        else:
+            system = f.str("system", None)
+            messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": text}]
+            prompt = Prompt(messages=messages, prefix_ids=prefix, template=f.str("template", None))
+        return await _run(f, name, prompt, named, chat=False)
+
+    @router.post("/api/chat")
+    async def chat(request: Request):
+        f, name = await generation_body(request)
+        f.refuse("tools", "tool calls are not supported")
+        messages = [_message(m, i) for i, m in enumerate(f.list("messages", []))]
+        named = f.str("context", None)
+        if not messages:
+            return await _load_or_unload(f, name, {"message": {"role": "assistant", "content": ""}})
+        return await _run(f, name, Prompt(messages=messages), named, chat=True)
+
+    @router.post("/api/embed")
+    async def embed_route(request: Request):
+        f = Fields(await json_body(request))
+        name = model_name(f)
+        ollama_sampling(f.data.get("options") or {})  # checked, though nothing in it applies
+        inputs = f.str_list("input")
+        result = await embed(runtime, name, inputs, truncate=f.bool("truncate", True),
+                             dimensions=f.int("dimensions", None), metrics=metrics)
+        _apply_keep_alive(f, name)
+        return {"model": name, "embeddings": [v.tolist() for v in result.vectors],
+                "total_duration": result.total_ns, "load_duration": result.load_ns,
+                "prompt_eval_count": result.n_tokens}
+
+    @router.post("/api/embeddings")
+    async def embeddings_route(request: Request):
+        f = Fields(await json_body(request))
+        name = model_name(f)
+        ollama_sampling(f.data.get("options") or {})
+        text = f.str("prompt", "")
+        if not text:
+            return {"embedding": []}
+        result = await embed(runtime, name, [text], metrics=metrics)
+        _apply_keep_alive(f, name)
+        return {"embedding": result.vectors[0].tolist()}
+
+    def _apply_keep_alive(f: Fields, name: str) -> None:
+        ka = _keep_alive(f)
+        if ka is not _NOT_SET:
+            runtime.keep_alive(name, ka)
+
+    async def _load_or_unload(f: Fields, name: str, body: dict):
+        """An empty prompt loads the model (keep_alive 0: unloads it), as Ollama does."""
+        import anyio.to_thread
+
+        ka = _keep_alive(f)
+        if ka == 0:
+            await anyio.to_thread.run_sync(lambda: runtime.keep_alive(name, 0) if _is_loaded(name) else None)
+            return {"model": name, "created_at": iso(), **body, "done": True, "done_reason": "unload"}
+        await anyio.to_thread.run_sync(lambda: runtime.model(name))
+        if ka is not _NOT_SET:
+            runtime.keep_alive(name, ka)
+        return {"model": name, "created_at": iso(), **body, "done": True, "done_reason": "load"}
+
+    def _is_loaded(name: str) -> bool:
+        return any(e.entry.name == name for e in runtime.loaded())
+
+    async def _run(f: Fields, name: str, prompt: Prompt, context: str | None, *, chat: bool):
+        req = GenerationRequest(name, prompt, _sampling(f), context=context, keep_alive=_keep_alive(f))
+        stream = f.bool("stream", True)
+        gen = await generations.start(req)
+        if stream:
+            return GenerationStream(_lines(gen, req.model, chat), gen, "application/x-ndjson")
+        text, fin = await gen.collect()
+        return JSONResponse(_final(gen, req.model, fin, chat, text))
+
+    return router
+
+
+_NOT_SET = object()
+
+
+def _keep_alive(f: Fields):
+    value = f.data.get("keep_alive")
+    return _NOT_SET if value is None else keep_alive_seconds(value)
+
+
+def _sampling(f: Fields):
+    return ollama_sampling(f.data.get("options") or {})
+
+
+def _refuse_unsupported(f: Fields) -> None:
+    f.refuse("images", "images are not supported")
+    f.refuse("format", "structured output (format) is not supported")
+    if f.data.get("think") not in (None, False):
+        raise ApiError(400, "'think' is not supported: the models served here do not think aloud", param="think")
+
+
+def _message(m, i: int) -> dict:
+    f = Fields(m, f"messages[{i}].")
+    role = f.str("role")
+    if role not in ("system", "user", "assistant"):
+        raise ApiError(400, f"messages[{i}] has role '{role}'; supported: system, user, assistant")
+    f.refuse("images", "images are not supported")
+    f.refuse("tool_calls", "tool calls are not supported")
+    return {"role": role, "content": f.str("content", "")}
+
+
+def _piece(model: str, text: str, chat: bool) -> dict:
+    body = {"message": {"role": "assistant", "content": text}} if chat else {"response": text}
+    return {"model": model, "created_at": iso(), **body, "done": False}
+
+
+def _final(gen: Generation, model: str, fin: Finished, chat: bool, text: str = "") -> dict:
+    s = gen.started
+    out = _piece(model, text, chat)
+    out.update(done=True, done_reason=fin.finish_reason, total_duration=fin.total_ns, load_duration=s.load_ns,
+               prompt_eval_count=s.prompt_tokens, prompt_eval_duration=s.prefill_ns,
+               eval_count=fin.completion_tokens, eval_duration=fin.decode_ns, prompt_cached_count=s.cached_tokens)
+    if not chat:
+        out["context"] = fin.tokens
+    return out
+
+
+async def _lines(gen: Generation, model: str, chat: bool):
+    try:
+        async for ev in gen.events():
+            yield ndjson(_final(gen, model, ev, chat) if isinstance(ev, Finished) else _piece(model, ev, chat))
+    except ApiError as err:
+        yield ndjson(error_body(OLLAMA, err))
+
+
+# -- what /api/tags, /api/ps and /api/show say of a model -------------------------------
+def _digest(entry) -> str:
+    """The manifest's sha256 for an Ollama model (as Ollama shows it), else the weight id."""
+    if entry.digest or entry.path is None:
+        return entry.digest
+    from ..engine.weights import cached_weight_id
+
+    try:
+        return cached_weight_id(entry.path)
+    except Exception:  # an unreadable file: listed, with no digest
+        return ""
+
+
+def _details(entry) -> dict:
+    if entry.path is None:
+        return {"format": "gguf", "family": "", "families": None, "parameter_size": "", "quantization_level": ""}
+    try:
+        stat = entry.path.stat()
+        return _gguf_facts(entry, str(entry.path), stat.st_size, stat.st_mtime_ns)[0]
+    except Exception as err:  # noqa: BLE001 - a broken file is listed with the reason, not crashed on
+        return {"format": "gguf", "family": "", "families": None, "parameter_size": "",
+                "quantization_level": "", "error": str(err)}
+
+
+_FACTS: dict[tuple, tuple[dict, dict]] = {}
+
+
+def _gguf_facts(entry, path: str, size: int, mtime_ns: int) -> tuple[dict, dict]:
+    """(details, model_info) of a GGUF file, read once per file version."""
+    key = (entry.name, path, size, mtime_ns)
+    if key not in _FACTS:
+        from ..engine.gguf_file import open_gguf
+        from ..engine.model_info import details, model_info
+
+        with open_gguf(path) as f:
+            _FACTS[key] = (details(entry, f), model_info(f))
+    return _FACTS[key]
+
+
+def _show(entry) -> dict:
+    stat = entry.path.stat()
+    details, info = _gguf_facts(entry, str(entry.path), stat.st_size, stat.st_mtime_ns)
+    params = "\n".join(f"{k} {v}" for k, vs in entry.params.items()
+                       for v in (vs if isinstance(vs, list) else [vs]))
+    template = entry.template
+    if template is None:
+        from ..engine.gguf_file import open_gguf
+
+        with open_gguf(entry.path) as f:
+            template = f.get("tokenizer.chat_template") or ""
+    lines = [f"FROM {entry.path}", f'TEMPLATE """{template}"""']
+    if entry.system:
+        lines.append(f'SYSTEM """{entry.system}"""')
+    lines += [f"PARAMETER {line}" for line in params.splitlines()]
+    out = {"modelfile": "\n".join(lines) + "\n", "parameters": params, "template": template, "details": details,
+           "model_info": info, "capabilities": ["completion"], "modified_at": iso(entry.modified or None)}
+    if entry.system:
+        out["system"] = entry.system
+    if entry.license:
+        out["license"] = entry.license
+    return out

@@ -1,0 +1,106 @@
+"""Operations: ``/health``, ``/metrics``, the API key, request size limits, CORS.
+
+:class:`Guard` is plain ASGI middleware (it must not buffer streamed
+responses): it refuses a missing or wrong API key on every route but
+``/health`` (``Authorization: Bearer KEY`` or ``x-api-key: KEY``), refuses a
+body over the size limit (413, by Content-Length up front, or while a
+chunked body is read), and counts requests by route and status.
+"""
+from __future__ import annotations
+
+import hmac
+import time
+
+from fastapi import APIRouter, FastAPI, Request
+from starlette.responses import JSONResponse, Response
+
+from .errors import ApiError, dialect_of, error_response
+
+OPEN_PATHS = frozenset({"/health"})
+
+
+class Guard:
+    def __init__(self, app, *, api_key: str | None, max_body: int, metrics):
+        self.app = app
+        self.api_key = api_key.encode() if api_key else None
+        self.max_body = max_body
+        self.metrics = metrics
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        path = scope["path"]
+        status = {"code": 500}
+
+        async def sending(message):
+            if message["type"] == "http.response.start":
+                status["code"] = message["status"]
+            await send(message)
+
+        try:
+            refusal = self._refusal(scope)
+            if refusal is not None:
+                await error_response(dialect_of(path), refusal)(scope, receive, sending)
+                return
+            await self.app(scope, self._limited(receive), sending)
+        finally:
+            route = scope.get("route")
+            label = getattr(route, "path", None) or "unmatched"
+            self.metrics.requests.labels(label, scope["method"], str(status["code"])).inc()
+
+    def _refusal(self, scope) -> ApiError | None:
+        headers = {k.decode("latin-1").lower(): v for k, v in scope["headers"]}
+        if self.api_key is not None and scope["path"] not in OPEN_PATHS:
+            given = headers.get("x-api-key")
+            auth = headers.get("authorization", b"")
+            if given is None and auth[:7].lower() == b"bearer ":
+                given = auth[7:].strip()
+            if given is None or not hmac.compare_digest(given, self.api_key):
+                return ApiError(401, "a valid API key is required (Authorization: Bearer KEY, or x-api-key: KEY)")
+        length = headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > self.max_body:
+            return _too_large(self.max_body)
+        return None
+
+    def _limited(self, receive):
+        seen = 0
+
+        async def limited():
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.max_body:
+                    raise _too_large(self.max_body)
+            return message
+
+        return limited
+
+
+def _too_large(limit: int) -> ApiError:
+    return ApiError(413, f"the request body is larger than the limit of {limit} bytes (--max-body)")
+
+
+def add_cors(app: FastAPI, origins: list[str]) -> None:
+    """CORS for these origins ("*": any); without any, no CORS headers are sent."""
+    if not origins:
+        return
+    from starlette.middleware.cors import CORSMiddleware
+
+    app.add_middleware(CORSMiddleware, allow_origins=origins, allow_methods=["*"], allow_headers=["*"],
+                       allow_credentials="*" not in origins)
+
+
+def routes(runtime, metrics) -> APIRouter:
+    router = APIRouter()
+
+    @router.get("/health")
+    async def health():
+        return JSONResponse({"status": "ok", "uptime_s": round(time.time() - runtime.started_at, 3),
+                             "models_loaded": len(runtime.loaded())})
+
+    @router.get("/metrics")
+    async def prometheus(request: Request):
+        return Response(metrics.exposition(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    return router

@@ -1,0 +1,90 @@
+"""Sampling settings as every dialect states them, onto one :class:`Sampling`.
+
+Each dialect reads its own field names into a Sampling; an entry's Ollama
+params layer (Ollama option names, like ``"temperature"`` or ``"stop"``) is
+read by the same table as Ollama's request ``options``, and gives the
+defaults a request's own values override. What no one sets is the engine's
+default (SamplerParams: llama.cpp's).
+
+Ollama options: the ones that map are honoured; the others Ollama knows are
+type-checked and have no effect here (GPU placement, mirostat, ...); unknown
+names are ignored, as Ollama ignores them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from ..engine.sampler import SamplerParams
+from ..errors import CtxError
+from .errors import ApiError
+from .fields import Fields
+
+
+@dataclass
+class Sampling:
+    max_tokens: int | None = None                  # None: up to the context length
+    stop: list[str] | None = None
+    params: dict = field(default_factory=dict)     # SamplerParams fields
+    num_ctx: int | None = None                     # Ollama: a smaller context length
+
+    def over(self, base: "Sampling") -> "Sampling":
+        """These settings where set, else ``base``'s."""
+        return Sampling(max_tokens=self.max_tokens if self.max_tokens is not None else base.max_tokens,
+                        stop=self.stop if self.stop is not None else base.stop,
+                        params={**base.params, **self.params},
+                        num_ctx=self.num_ctx if self.num_ctx is not None else base.num_ctx)
+
+    def checked(self) -> "Sampling":
+        """Refuse values the sampler would refuse, before any work is done."""
+        try:
+            SamplerParams(**self.params)
+        except CtxError as err:
+            raise ApiError(400, str(err)) from None
+        if self.stop is not None and any(not s for s in self.stop):
+            raise ApiError(400, "stop strings must not be empty")
+        return replace(self, stop=list(self.stop or []))
+
+
+# Ollama option -> (kind, SamplerParams field or None: no effect here)
+_SAMPLER = {"temperature": "float", "top_k": "int", "top_p": "float", "min_p": "float",
+            "repeat_penalty": "float", "repeat_last_n": "int", "presence_penalty": "float",
+            "frequency_penalty": "float"}
+_NO_EFFECT = {"num_keep": "int", "typical_p": "float", "tfs_z": "float", "mirostat": "int",
+              "mirostat_tau": "float", "mirostat_eta": "float", "penalize_newline": "bool", "numa": "bool",
+              "num_batch": "int", "num_gpu": "int", "main_gpu": "int", "low_vram": "bool", "f16_kv": "bool",
+              "logits_all": "bool", "vocab_only": "bool", "use_mmap": "bool", "use_mlock": "bool",
+              "embedding_only": "bool", "num_thread": "int"}
+
+
+def ollama_sampling(options: dict, where: str = "options.") -> Sampling:
+    """Ollama options (a request's, or a params layer's) as Sampling."""
+    f = Fields(options, where)
+    out = Sampling()
+    for name, kind in _SAMPLER.items():
+        if name in f:
+            out.params[name] = getattr(f, kind)(name)
+    for name, kind in _NO_EFFECT.items():
+        if name in f:
+            getattr(f, kind)(name)
+    if "seed" in f:
+        seed = f.int("seed")
+        if seed >= 0:  # Ollama: a negative seed means a random one
+            out.params["seed"] = seed
+    if "num_predict" in f:
+        n = f.int("num_predict")
+        out.max_tokens = n if n >= 0 else None  # -1: no limit, -2: fill the context
+    if "num_ctx" in f:
+        out.num_ctx = f.int("num_ctx", min=1)
+    if "stop" in f:
+        out.stop = f.str_list("stop")
+    return out
+
+
+def entry_sampling(entry) -> Sampling:
+    """The defaults an entry's params layer sets (none for plain GGUF files)."""
+    if not entry.params:
+        return Sampling()
+    try:
+        return ollama_sampling(entry.params, where=f"{entry.name} params layer: ")
+    except ApiError as err:
+        raise ApiError(500, f"model '{entry.name}' has an unusable params layer: {err.message}") from None

@@ -1,0 +1,111 @@
+"""From what a request says to the tokens a model continues.
+
+Every dialect turns its request into a :class:`Prompt`: chat turns
+(``messages``), or raw text whose special tokens are parsed (OpenAI
+completions, Ollama ``raw``), optionally after token ids a previous reply
+returned (Ollama's ``context`` array).
+
+Chat turns are rendered with the model's template: an Ollama template layer
+(a Go template) when the entry has one and it can be rendered, else the
+GGUF's own chat template. An entry's system layer is the system prompt when
+the messages have none.
+
+A named context (our extension) already holds the conversation so far, so
+only the new turns are rendered: the template's text for ``[anchor] + new``
+minus its text for ``[anchor]``, where the anchor is a system turn. After a
+chat reply the context's assistant turn is closed as the template closes it
+(:func:`turn_closing`), so the context always ends on a turn boundary.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from ..errors import CtxError, UnsupportedTemplateError
+
+if TYPE_CHECKING:
+    from ..engine.catalog import CatalogEntry
+    from ..model import Model
+
+_ANCHOR = "ctx-anchor-3f9b1c"
+_REPLY = "ctx-reply-8d2e4a"
+
+
+@dataclass
+class Prompt:
+    messages: list[dict] | None = None            # chat: [{"role", "content"}], system first if any
+    text: str | None = None                       # raw text, used as is (special tokens parsed)
+    prefix_ids: list[int] = field(default_factory=list)  # token ids before the rest (Ollama context)
+    template: str | None = None                   # a Go template for this request (Ollama's `template`)
+
+    @property
+    def is_chat(self) -> bool:
+        return self.messages is not None
+
+
+def chat_text(model: "Model", entry: "CatalogEntry", messages: list[dict], *,
+              add_generation_prompt: bool = True, layer_template: bool = True,
+              template: str | None = None) -> str:
+    """The messages rendered as the model expects them (see the module doc).
+
+    ``layer_template=False`` uses the GGUF's template even when the entry has
+    a Go template: turns rendered piecemeal (named contexts) need a template
+    that can end without a generation prompt, which Ollama's cannot.
+    ``template`` overrides the entry's Go template."""
+    if entry.system and not any(m["role"] == "system" for m in messages):
+        messages = [{"role": "system", "content": entry.system}, *messages]
+    template = template or entry.template
+    if template and layer_template and add_generation_prompt:
+        from ..engine.ollama_template import render_go_template
+
+        try:
+            return render_go_template(template, messages=messages)
+        except UnsupportedTemplateError:
+            pass  # fall back to the GGUF's own template
+    return model.chat_prompt(messages, add_generation_prompt=add_generation_prompt)
+
+
+def prompt_ids(model: "Model", entry: "CatalogEntry", prompt: Prompt) -> list[int]:
+    """Every token of a fresh request's prompt, BOS included where the model wants one."""
+    text = chat_text(model, entry, prompt.messages, template=prompt.template) if prompt.is_chat else prompt.text or ""
+    ids = list(prompt.prefix_ids) + model.tokenize(text, parse_special=True)
+    tok = model.tokenizer
+    if not prompt.prefix_ids and tok.add_bos and tok.bos_id is not None and ids[:1] != [tok.bos_id]:
+        ids.insert(0, tok.bos_id)
+    if not ids:
+        raise CtxError("the prompt is empty")
+    return ids
+
+
+def continuation_text(model: "Model", entry: "CatalogEntry", prompt: Prompt, context_tokens: list[int]) -> str:
+    """The text to append to a named context that holds ``context_tokens``."""
+    if not prompt.is_chat:
+        return prompt.text or ""
+    if not context_tokens:
+        return chat_text(model, entry, prompt.messages, layer_template=False)
+    anchor = [{"role": "system", "content": _ANCHOR}]
+    before = chat_text(model, entry, anchor, add_generation_prompt=False, layer_template=False)
+    after = chat_text(model, entry, anchor + prompt.messages, layer_template=False)
+    if not after.startswith(before):
+        raise CtxError("this model's chat template cannot render turns on their own, so a named context "
+                       "cannot be continued with messages; append the turns as text instead")
+    # A reply that ended on its end-of-turn token (generated elsewhere) still lacks what follows it.
+    last = context_tokens[-1]
+    opening = turn_closing(model, entry, last) if last in model.tokenizer.eog_ids else ""
+    return opening + after[len(before):]
+
+
+def turn_closing(model: "Model", entry: "CatalogEntry", last_token: int | None) -> str:
+    """What the template writes after an assistant reply, less the end-of-turn token
+    the reply already ended with (if it did)."""
+    anchor = [{"role": "system", "content": _ANCHOR}, {"role": "assistant", "content": _REPLY}]
+    try:
+        text = chat_text(model, entry, anchor, add_generation_prompt=False, layer_template=False)
+    except CtxError:
+        return ""  # a template that refuses this shape: leave the turn as the reply left it
+    closing = text[text.index(_REPLY) + len(_REPLY):] if _REPLY in text else ""
+    if last_token is not None and last_token in model.tokenizer.eog_ids:
+        ended = model.detokenize([last_token])
+        if closing.startswith(ended):
+            closing = closing[len(ended):]
+    return closing

@@ -1,0 +1,126 @@
+"""The HTTP app (every dialect's routes on one port) and how it is run.
+
+``serve_http`` runs uvicorn in the calling thread until SIGINT or SIGTERM.
+Shutdown is graceful: no new connections, requests in flight may finish for
+``--shutdown-timeout`` seconds; a second before that runs out their
+generations are stopped after the current token, so each reply (streamed or
+not) still ends in its dialect's proper form, cut short; we then wait for
+their threads before the caller closes the models.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import threading
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException
+
+from .. import __version__
+from ..errors import CtxError
+from . import DEFAULT_MAX_BODY, anthropic, contexts, ollama, openai, ops
+from .errors import ApiError, as_api_error, dialect_of, error_response
+from .generation import Generations
+from .metrics import Metrics
+
+
+def build_app(runtime, *, api_key: str | None = None, max_body: int = DEFAULT_MAX_BODY,
+              cors_origins: list[str] | tuple = ()) -> FastAPI:
+    metrics = Metrics(runtime)
+    generations = Generations(runtime, metrics)
+    app = FastAPI(title="ctx-engine", version=__version__, docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.runtime = runtime
+    app.state.metrics = metrics
+    app.state.generations = generations
+    app.include_router(ops.routes(runtime, metrics))
+    app.include_router(openai.routes(runtime, generations, metrics))
+    app.include_router(anthropic.routes(runtime, generations))
+    app.include_router(ollama.routes(runtime, generations, metrics))
+    app.include_router(contexts.routes(runtime))
+
+    def reply(request: Request, err: ApiError):
+        return error_response(dialect_of(request.url.path), err)
+
+    @app.exception_handler(ApiError)
+    @app.exception_handler(CtxError)
+    async def refused(request: Request, err: Exception):
+        return reply(request, as_api_error(err))
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, err: HTTPException):
+        message = "no such route" if err.status_code == 404 else str(err.detail)
+        return reply(request, ApiError(err.status_code, f"{message}: {request.method} {request.url.path}"))
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, err: RequestValidationError):
+        first = err.errors()[0] if err.errors() else {}
+        where = ".".join(str(x) for x in first.get("loc", ()))
+        return reply(request, ApiError(400, f"invalid {where}: {first.get('msg', 'bad request')}"))
+
+    @app.exception_handler(Exception)
+    async def bug(request: Request, err: Exception):
+        return reply(request, as_api_error(err))
+
+    app.add_middleware(ops.Guard, api_key=api_key, max_body=max_body, metrics=metrics)
+    ops.add_cors(app, list(cors_origins))
+    return app
+
+
+def serve_http(runtime, args, on_ready=None) -> None:
+    app = build_app(runtime, api_key=args.api_key, max_body=args.max_body, cors_origins=args.cors_origin)
+    config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning", access_log=False,
+                            lifespan="off", timeout_graceful_shutdown=args.shutdown_timeout)
+    server = _Server(config, on_ready, on_shutdown=app.state.generations.cancel_all)
+    try:
+        server.run()
+    except SystemExit:  # uvicorn's way of saying it could not start
+        pass
+    finally:
+        app.state.generations.shutdown(timeout=args.shutdown_timeout)
+    if not server.started:
+        raise CtxError(f"cannot listen on {_url(args.host, args.port)} (is the port in use?)")
+
+
+def _url(host: str, port: int) -> str:
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's Server, telling us when it listens and handing SIGTERM back to us.
+
+    (uvicorn re-raises the signal that stopped it once it is done, which would
+    kill the process before ``ctx serve`` closes its models and gRPC face.)"""
+
+    def __init__(self, config: uvicorn.Config, on_ready, on_shutdown):
+        super().__init__(config)
+        self._on_ready = on_ready
+        self._on_shutdown = on_shutdown
+
+    async def shutdown(self, sockets=None):
+        # A second before uvicorn would cancel the requests still running, stop their
+        # generations instead: each reply then ends normally, cut short ("length").
+        grace = self.config.timeout_graceful_shutdown
+        if grace is not None:
+            asyncio.get_running_loop().call_later(max(0.0, grace - 1.0), self._on_shutdown)
+        await super().shutdown(sockets=sockets)
+
+    async def startup(self, sockets=None):
+        await super().startup(sockets=sockets)
+        if self.started and self._on_ready is not None:
+            port = self.servers[0].sockets[0].getsockname()[1] if self.servers else self.config.port
+            self._on_ready(_url(self.config.host, port))
+
+    @contextlib.contextmanager
+    def capture_signals(self):
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        previous = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)

@@ -1,0 +1,85 @@
+"""``ctx serve``: one process, one runtime, two faces.
+
+HTTP (OpenAI, Anthropic, Ollama and contexts routes; ``ctxengine.api``) on
+``--port`` and gRPC (contexts and snapshot transfer; ``ctxengine.rpc``) on
+``--grpc-port`` share the same models, contexts, scheduler and store. Either
+port set to 0 turns that face off. Both bind to loopback unless ``--host``
+says otherwise.
+"""
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+
+from ..engine.model import KV_DTYPES
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_HTTP_PORT = 11435
+DEFAULT_GRPC_PORT = 11436
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    from ..api import add_http_arguments
+    from ..rpc import add_grpc_arguments
+
+    p.add_argument("-m", "--model", action="append", default=[], metavar="PATH",
+                   help="a .gguf file or known name to serve (repeatable; the packaged SmolLM2 is always served)")
+    p.add_argument("--models-dir", metavar="DIR", default=None, help="serve every .gguf file under DIR")
+    p.add_argument("--host", default=DEFAULT_HOST, help=f"address to bind (default {DEFAULT_HOST}: loopback only)")
+    p.add_argument("--port", type=int, default=DEFAULT_HTTP_PORT,
+                   help=f"HTTP port (default {DEFAULT_HTTP_PORT}; 0 turns HTTP off)")
+    p.add_argument("--grpc-port", type=int, default=DEFAULT_GRPC_PORT,
+                   help=f"gRPC port (default {DEFAULT_GRPC_PORT}; 0 turns gRPC off)")
+    p.add_argument("--store", metavar="DIR", default=None,
+                   help="snapshot store directory (default: $CTX_STORE, else the XDG data dir)")
+    p.add_argument("-t", "--threads", type=int, default=None, help="threads per model (default: physical cores)")
+    p.add_argument("--kv", choices=KV_DTYPES, default="f16", help="KV cache dtype of loaded models")
+    p.add_argument("--memory-budget", type=float, default=None, metavar="GIB",
+                   help="unload least recently used models past this many GiB (default: half the RAM)")
+    add_http_arguments(p)
+    add_grpc_arguments(p)
+
+
+def build_runtime(args: argparse.Namespace):
+    from ..api import build_catalog
+    from ..state.runtime import Runtime
+    from ..store import Store
+
+    budget = None if args.memory_budget is None else int(args.memory_budget * (1 << 30))
+    return Runtime(build_catalog(args), store=Store(args.store), threads=args.threads, kv=args.kv,
+                   memory_budget=budget, prefix_cache_entries=args.prefix_cache)
+
+
+def main(args: argparse.Namespace) -> int:
+    from ..api import serve_http
+    from ..rpc import start_grpc
+
+    runtime = build_runtime(args)
+    grpc_server = None
+    try:
+        if args.grpc_port:
+            grpc_server = start_grpc(runtime, args)
+            print(f"ctx serve: gRPC on {args.host}:{grpc_server.port}", file=sys.stderr, flush=True)
+        if args.port:
+            # Blocks until SIGINT/SIGTERM; streams in flight are finished or cancelled.
+            serve_http(runtime, args, on_ready=lambda url: print(f"ctx serve: HTTP on {url}", file=sys.stderr,
+                                                                 flush=True))
+        elif grpc_server is not None:
+            _wait_for_signal()
+        else:
+            print("ctx serve: error: both --port and --grpc-port are 0; nothing to serve", file=sys.stderr)
+            return 2
+    finally:
+        if grpc_server is not None:
+            grpc_server.stop(grace=5.0)
+        runtime.close()
+    return 0
+
+
+def _wait_for_signal() -> None:
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    stop.wait()

@@ -1,0 +1,168 @@
+"""The models one server can serve, by the names clients use.
+
+A catalog is built from what the user pointed at (``-m PATH`` files, a
+``--models-dir``) plus the packaged default. Each entry either has a GGUF
+file to load or a reason it cannot be served; the catalog never loads a
+model itself (that is the runtime's job, on first use).
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable
+
+from ..errors import ModelNotFoundError
+from .registry import DEFAULT, MODELS
+
+
+@dataclass
+class CatalogEntry:
+    name: str                          # what clients put in "model"
+    path: Path | None                  # the GGUF file; None when it cannot be served
+    source: str                        # "packaged", "file", "models-dir", "ollama"
+    aliases: tuple[str, ...] = ()
+    error: str | None = None           # why it cannot be served (listed, never crashed on)
+    # Layers an Ollama manifest may carry: default options, system prompt, template.
+    params: dict = field(default_factory=dict)
+    system: str | None = None
+    template: str | None = None
+    modified: float = 0.0              # mtime of the file (or manifest)
+    # From an Ollama manifest (engine/ollama_store.py): the manifest's sha256 (what
+    # /api/tags lists as digest), its config blob (model_family, file_type, ...),
+    # the model layer's "from" and the license layer.
+    digest: str = ""
+    config: dict = field(default_factory=dict)
+    parent_model: str = ""
+    license: str | None = None
+
+    @property
+    def size(self) -> int:
+        try:
+            return self.path.stat().st_size if self.path is not None else 0
+        except OSError:
+            return 0
+
+    @property
+    def servable(self) -> bool:
+        return self.path is not None and self.error is None
+
+
+class ModelCatalog:
+    def __init__(self, entries: Iterable[CatalogEntry] = ()):
+        self._entries: list[CatalogEntry] = []
+        self._by_name: dict[str, CatalogEntry] = {}
+        for e in entries:
+            self.add(e)
+
+    @classmethod
+    def build(cls, model_paths: Iterable[str | os.PathLike] = (), models_dir: str | os.PathLike | None = None,
+              *, packaged: bool = True, ollama_roots: Iterable[str | os.PathLike] = ()) -> "ModelCatalog":
+        """ollama_roots: Ollama stores to list (engine.ollama_store.ollama_roots() finds the usual ones)."""
+        cat = cls()
+        for spec in model_paths:
+            cat.add_spec(spec)
+        if models_dir is not None:
+            cat.add_dir(models_dir)
+        if packaged:
+            cat.add_packaged()
+        roots = list(ollama_roots)
+        if roots:
+            from .ollama_store import add_ollama_models
+
+            add_ollama_models(cat, roots)
+        return cat
+
+    # -- building -------------------------------------------------------------------
+    def add(self, entry: CatalogEntry) -> CatalogEntry:
+        """Add an entry unless another entry has its name (the first one wins).
+        A name beats an alias: an earlier entry's alias that spells this name
+        (the packaged smollm2's "smollm2:135m", say) now finds this entry."""
+        key = entry.name.lower()
+        taken = self._by_name.get(key)
+        if taken is not None and taken.name.lower() == key:
+            return taken
+        self._entries.append(entry)
+        self._by_name[key] = entry
+        for n in entry.aliases:
+            self._by_name.setdefault(n.lower(), entry)
+        return entry
+
+    def add_spec(self, spec: str | os.PathLike) -> CatalogEntry:
+        """A ``-m`` argument: a GGUF path, a known name (smollm2, gemma3), or a
+        model in Ollama's store (with its layers, or the reason it cannot be served)."""
+        from .ollama_store import find_ollama_model
+        from .registry import is_known_name, resolve_model
+
+        path = Path(os.path.expanduser(spec))
+        if path.is_file():
+            return self.add(_file_entry(path, "file"))
+        found = None if is_known_name(str(spec)) else find_ollama_model(str(spec))
+        if found is not None:
+            return self.add(found)
+        try:
+            resolved = resolve_model(str(spec))
+        except ModelNotFoundError as err:
+            return self.add(CatalogEntry(str(spec), None, "file", error=str(err)))
+        return self.add(_file_entry(resolved, "file", name=str(spec)))
+
+    def add_dir(self, folder: str | os.PathLike) -> None:
+        folder = Path(os.path.expanduser(folder))
+        if not folder.is_dir():
+            raise ModelNotFoundError(f"models directory {folder} does not exist")
+        for path in sorted(folder.rglob("*.gguf")):
+            if path.is_file():
+                self.add(_file_entry(path, "models-dir"))
+
+    def add_packaged(self) -> None:
+        for known in MODELS:
+            path = known.find()
+            if path is None and known is not DEFAULT:
+                continue  # not installed: not worth listing
+            error = None if path is not None else f"not installed: {known.how_to_get}"
+            self.add(CatalogEntry(known.name, path, "packaged", aliases=known.aliases, error=error,
+                                  modified=_mtime(path)))
+
+    # -- reading --------------------------------------------------------------------
+    def entries(self) -> list[CatalogEntry]:
+        return list(self._entries)
+
+    def get(self, name: str) -> CatalogEntry:
+        entry = self.lookup(name)
+        if entry is None:
+            known = ", ".join(e.name for e in self._entries) or "none"
+            raise ModelNotFoundError(f"model '{name}' not found (served here: {known})")
+        return entry
+
+    def lookup(self, name: str) -> CatalogEntry | None:
+        """By name or alias, case-insensitively; then any other Ollama spelling of an
+        Ollama entry's name (``https://registry.ollama.ai/library/smollm2:latest``)."""
+        key = name.strip().lower()
+        entry = self._by_name.get(key)
+        if entry is None and key:
+            from ..errors import InvalidNameError
+            from .ollama_store import parse_model_name
+
+            try:
+                entry = self._by_name.get(parse_model_name(key).full.lower())
+            except InvalidNameError:
+                return None
+        return entry
+
+    @property
+    def default(self) -> CatalogEntry | None:
+        """The model a request without a model name gets: the first servable entry."""
+        return next((e for e in self._entries if e.servable), None)
+
+
+def _mtime(path: Path | None) -> float:
+    try:
+        return path.stat().st_mtime if path is not None else 0.0
+    except OSError:
+        return 0.0
+
+
+def _file_entry(path: Path, source: str, *, name: str | None = None) -> CatalogEntry:
+    stem = path.name[:-5] if path.name.endswith(".gguf") else path.name
+    return CatalogEntry(name or stem, path, source, aliases=(path.name,) if name is None else (stem,),
+                        modified=_mtime(path))

@@ -1,0 +1,146 @@
+"""Prefix reuse without asking: the contexts of recent requests, kept so that
+a later request sharing a prefix with one of them prefills only what is new.
+
+A request that names no context gets a fresh internal context (a name under
+``_prefix/``, which the runtime treats as the server's own) by ``acquire``:
+the cached context whose tokens share the longest prefix with the prompt is
+forked (O(pages), copy-on-write) and cut back to that common length, so the
+caller appends just the rest. When the request ends, ``release`` keeps the
+context (prompt plus reply) as an entry for the next request: the second
+turn of a chat sent as a plain stateless request finds the first turn's
+pages here.
+
+Because the kernels are deterministic, the KV of a cached prefix is
+bit-identical to recomputing it, so output with reuse equals output without.
+
+Bounds: at most ``max_entries`` entries, least recently used dropped first,
+and entries are dropped while the model's page pool is more than
+``max_pool_fraction`` full (the cache only ever uses pages nobody asked us
+to keep). An entry whose tokens are a prefix of a newer entry's is dropped:
+the newer one serves every request the older could.
+"""
+from __future__ import annotations
+
+import itertools
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Sequence
+
+import numpy as np
+
+from ..errors import CtxError
+
+if TYPE_CHECKING:
+    from ..model import Model
+    from .context import Context
+
+NAME_PREFIX = "_prefix/"
+DEFAULT_MAX_ENTRIES = 32
+DEFAULT_MAX_POOL_FRACTION = 0.5
+
+
+@dataclass
+class PrefixStats:
+    lookups: int = 0
+    hits: int = 0            # lookups that reused at least one token
+    prompt_tokens: int = 0   # over every lookup
+    cached_tokens: int = 0   # of those, how many came from the cache
+
+
+def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
+    """Length of the longest common prefix of two int arrays."""
+    n = min(len(a), len(b))
+    if n == 0:
+        return 0
+    diff = np.flatnonzero(a[:n] != b[:n])
+    return int(diff[0]) if len(diff) else n
+
+
+class PrefixCache:
+    def __init__(self, model: "Model", *, max_entries: int = DEFAULT_MAX_ENTRIES,
+                 max_pool_fraction: float = DEFAULT_MAX_POOL_FRACTION):
+        if max_entries < 1:
+            raise ValueError("a prefix cache needs room for at least one entry")
+        self.model = model
+        self.max_entries = max_entries
+        self.max_pool_fraction = max_pool_fraction
+        self.stats = PrefixStats()
+        self._entries: OrderedDict[str, np.ndarray] = OrderedDict()  # name -> tokens; oldest first
+        self._lock = threading.Lock()
+        self._names = itertools.count(1)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._entries)
+
+    # -- one request's life ----------------------------------------------------------
+    def acquire(self, prompt: Sequence[int]) -> tuple["Context", int]:
+        """A new internal context holding the longest cached prefix of ``prompt``, and
+        that prefix's length (at most len(prompt) - 1: the last token is always
+        run, for its logits). The caller appends ``prompt[n:]``, generates, and
+        hands the context to ``release``."""
+        want = np.asarray(prompt, dtype=np.int64)
+        table = self.model.contexts
+        name = f"{NAME_PREFIX}{next(self._names)}"
+        with self._lock:
+            self.stats.lookups += 1
+            self.stats.prompt_tokens += len(want)
+            for src_name, n in self._candidates(want):
+                try:
+                    src = table.get(src_name)
+                    with src._lock:
+                        src._check_live()  # an entry evicted to the store comes back here
+                        seq = src._seq.fork()
+                except CtxError:
+                    self._entries.pop(src_name, None)  # gone with its model, or unreadable
+                    continue
+                n = min(n, seq.n_tokens, len(want) - 1)
+                if seq.n_tokens > n:
+                    seq.truncate(n)
+                self._entries.move_to_end(src_name)
+                if n > 0:
+                    self.stats.hits += 1
+                    self.stats.cached_tokens += n
+                return table.adopt(name, seq, [int(t) for t in want[:n]]), n
+        return table.adopt(name, self.model.engine.new_sequence(), ()), 0
+
+    def release(self, ctx: "Context", *, keep: bool = True) -> None:
+        """The request is over: keep its context for later requests, or drop it."""
+        tokens = np.asarray(ctx.tokens, dtype=np.int64)
+        if not keep or len(tokens) == 0:
+            self._delete(ctx.name)
+            return
+        with self._lock:
+            for name, old in list(self._entries.items()):
+                if len(old) <= len(tokens) and common_prefix(old, tokens) == len(old):
+                    self._drop(name)  # the new entry serves every request this one could
+            self._entries[ctx.name] = tokens
+            self._trim()
+
+    def clear(self) -> None:
+        with self._lock:
+            for name in list(self._entries):
+                self._drop(name)
+
+    # -- internals ---------------------------------------------------------------------
+    def _candidates(self, want: np.ndarray) -> list[tuple[str, int]]:
+        """Entries sharing a prefix with ``want``, longest shared prefix first."""
+        found = [(name, common_prefix(tokens, want)) for name, tokens in self._entries.items()]
+        return sorted((f for f in found if f[1] > 0), key=lambda f: -f[1])
+
+    def _trim(self) -> None:
+        pool = self.model.engine.pool
+        while self._entries and (len(self._entries) > self.max_entries
+                                 or pool.n_used > pool.max_pages * self.max_pool_fraction):
+            self._drop(next(iter(self._entries)))
+
+    def _drop(self, name: str) -> None:
+        self._entries.pop(name, None)
+        self._delete(name)
+
+    def _delete(self, name: str) -> None:
+        try:
+            self.model.contexts.remove(name)
+        except CtxError:
+            pass  # already gone (its model was closed)

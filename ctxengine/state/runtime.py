@@ -1,0 +1,253 @@
+"""What one serving process holds: its model catalog, the models loaded from
+it, their named contexts, and the snapshot store they share.
+
+The HTTP and gRPC faces (``ctxengine.api``, ``ctxengine.rpc``) both take a
+Runtime and nothing else, so a context created over one is visible to the
+other, and every forward pass of every client goes through each model's one
+scheduler.
+
+Models load on first use. Past the memory budget the least recently used
+model that no request is using and that holds no named context is unloaded
+(a context is state a client asked us to keep; the prefix cache is not).
+"""
+from __future__ import annotations
+
+import os
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Iterator
+
+from ..engine.catalog import CatalogEntry, ModelCatalog
+from ..engine.weights import cached_weight_id
+from ..errors import ContextError, ModelFileError, ModelNotFoundError, UnsupportedModelError
+from .prefix_cache import DEFAULT_MAX_ENTRIES, PrefixCache
+
+if TYPE_CHECKING:
+    from ..model import Model
+    from ..store import Store
+    from .context import Context
+
+
+def _physical_memory() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        return 8 << 30
+
+
+@dataclass
+class LoadedEntry:
+    entry: CatalogEntry
+    model: "Model"
+    loaded_at: float
+    last_used: float
+    leases: int = 0
+    expires_at: float | None = None    # keep_alive: unload when idle past this (None: keep)
+    prefix_cache: PrefixCache | None = None  # recent requests' contexts (None: reuse is off)
+
+    @property
+    def memory_bytes(self) -> int:
+        """Weights (the mapped file) plus the KV pages allocated so far."""
+        pool = self.model.engine.pool
+        return self.entry.size + pool.n_allocated * pool.page_bytes
+
+
+class Runtime:
+    def __init__(self, catalog: ModelCatalog, *, store: "Store | None" = None, threads: int | None = None,
+                 kv: str = "f16", memory_budget: int | None = None,
+                 prefix_cache_entries: int = DEFAULT_MAX_ENTRIES):
+        self.catalog = catalog
+        self.store = store
+        self.threads = threads
+        self.kv = kv
+        self.memory_budget = memory_budget if memory_budget is not None else _physical_memory() // 2
+        self.prefix_cache_entries = prefix_cache_entries  # per model; 0 turns prefix reuse off
+        self.started_at = time.time()
+        self._loaded: dict[str, LoadedEntry] = {}  # by catalog entry name
+        self._lock = threading.RLock()
+        self._loading: dict[str, threading.Lock] = {}
+
+    # -- models -------------------------------------------------------------------------
+    def resolve(self, name: str | None) -> CatalogEntry:
+        """The catalog entry for a model name (None or "": the default model)."""
+        if not name:
+            entry = self.catalog.default
+            if entry is None:
+                raise ModelNotFoundError("no model can be served here (see `ctx models list`)")
+            return entry
+        entry = self.catalog.get(name)
+        if not entry.servable:
+            raise UnsupportedModelError(f"model '{entry.name}' cannot be served: {entry.error}")
+        return entry
+
+    def model(self, name: str | None = None) -> "Model":
+        """The loaded model for a name, loading it (and unloading others) if needed."""
+        entry = self.resolve(name)
+        with self._lock:
+            loaded = self._loaded.get(entry.name)
+            if loaded is not None:
+                loaded.last_used = time.time()
+                return loaded.model
+            gate = self._loading.setdefault(entry.name, threading.Lock())
+        with gate:  # one load per model at a time; other models load in parallel
+            with self._lock:
+                loaded = self._loaded.get(entry.name)
+                if loaded is not None:
+                    return loaded.model
+            model = self._load(entry)
+            now = time.time()
+            cache = PrefixCache(model, max_entries=self.prefix_cache_entries) if self.prefix_cache_entries else None
+            with self._lock:
+                self._loaded[entry.name] = LoadedEntry(entry, model, now, now, prefix_cache=cache)
+                self._unload_over_budget(keep=entry.name)
+            return model
+
+    @contextmanager
+    def lease(self, name: str | None = None) -> Iterator["Model"]:
+        """A model that is not unloaded while the block runs (one request's use)."""
+        entry = self.resolve(name)
+        while True:
+            model = self.model(entry.name)
+            with self._lock:
+                loaded = self._loaded.get(entry.name)
+                if loaded is not None and loaded.model is model:
+                    loaded.leases += 1
+                    break
+        try:
+            yield model
+        finally:
+            with self._lock:
+                loaded.leases -= 1
+                loaded.last_used = time.time()
+                if loaded.expires_at is not None and loaded.expires_at <= loaded.last_used:
+                    self._maybe_unload(loaded)
+
+    def keep_alive(self, name: str | None, seconds: float | None) -> None:
+        """Ollama's keep_alive: unload after this many idle seconds (0: right after
+        the current requests; None or negative: keep until the budget needs room)."""
+        entry = self.resolve(name)
+        with self._lock:
+            loaded = self._loaded.get(entry.name)
+            if loaded is None:
+                return
+            loaded.expires_at = None if seconds is None or seconds < 0 else time.time() + seconds
+            if loaded.leases == 0 and loaded.expires_at is not None and loaded.expires_at <= time.time():
+                self._maybe_unload(loaded)
+
+    def prefix_cache(self, name: str | None) -> PrefixCache | None:
+        """The prefix cache of a loaded model (None when it is not loaded or reuse is off)."""
+        entry = self.resolve(name)
+        with self._lock:
+            loaded = self._loaded.get(entry.name)
+            return None if loaded is None else loaded.prefix_cache
+
+    def loaded(self) -> list[LoadedEntry]:
+        with self._lock:
+            self._expire()
+            return sorted(self._loaded.values(), key=lambda e: -e.last_used)
+
+    def unload(self, name: str) -> bool:
+        """Unload a model now if nothing uses it; whether it is gone."""
+        entry = self.resolve(name)
+        with self._lock:
+            loaded = self._loaded.get(entry.name)
+            return loaded is None or self._maybe_unload(loaded)
+
+    def weight_ids(self) -> dict[str, str]:
+        """weight_id -> model name, for every servable model (hashes each file once, then cached)."""
+        out: dict[str, str] = {}
+        for entry in self.catalog.entries():
+            if not entry.servable:
+                continue
+            try:
+                out.setdefault(cached_weight_id(entry.path), entry.name)
+            except (OSError, ModelFileError):
+                continue
+        return out
+
+    def model_for_weight_id(self, weight_id: str) -> "Model":
+        """Load the model with these weights (to restore a snapshot they made)."""
+        name = self.weight_ids().get(weight_id)
+        if name is None:
+            raise ModelNotFoundError(f"no model with weight_id {weight_id} is served here")
+        return self.model(name)
+
+    # -- contexts, across models --------------------------------------------------------
+    def contexts(self) -> list["Context"]:
+        """Every named context of every loaded model."""
+        with self._lock:
+            models = [e.model for e in self._loaded.values()]
+        return [m.contexts.get(n) for m in models for n in m.contexts.names() if not _internal(n)]
+
+    def find_context(self, name: str) -> "Context":
+        with self._lock:
+            models = [e.model for e in self._loaded.values()]
+        for m in models:
+            if name in m.contexts:
+                return m.contexts.get(name)
+        raise ContextError(f"no context named '{name}'")
+
+    @contextmanager
+    def hold_context(self, name: str) -> Iterator["Context"]:
+        """A named context held for one request: no other request appends to or
+        generates from it until the block ends (requests on it queue up)."""
+        ctx = self.find_context(name)
+        with ctx._lock:
+            ctx._check_live()  # deleted meanwhile: a clear error; evicted: read back
+            yield ctx
+
+    def create_context(self, name: str | None, model: str | None = None) -> "Context":
+        """A new, empty named context (names are unique across models)."""
+        if name is not None:
+            try:
+                self.find_context(name)
+            except ContextError:
+                pass
+            else:
+                raise ContextError(f"a context named '{name}' already exists")
+        m = self.model(model)
+        return m.contexts.adopt(name, m.engine.new_sequence(), ())
+
+    def close(self) -> None:
+        with self._lock:
+            for loaded in list(self._loaded.values()):
+                loaded.model.close()
+            self._loaded.clear()
+
+    # -- internals ------------------------------------------------------------------------
+    def _load(self, entry: CatalogEntry) -> "Model":
+        from ..engine.model import LoadedModel
+        from ..model import Model
+
+        model = Model(LoadedModel(entry.path, threads=self.threads, kv=self.kv))
+        model.contexts.store = self.store  # idle contexts are evicted there when pages run out
+        return model
+
+    def _expire(self) -> None:
+        now = time.time()
+        for loaded in list(self._loaded.values()):
+            if loaded.expires_at is not None and loaded.expires_at <= now:
+                self._maybe_unload(loaded)
+
+    def _unload_over_budget(self, keep: str) -> None:
+        self._expire()
+        for loaded in sorted(self._loaded.values(), key=lambda e: e.last_used):
+            if sum(e.memory_bytes for e in self._loaded.values()) <= self.memory_budget:
+                return
+            if loaded.entry.name != keep:
+                self._maybe_unload(loaded)
+
+    def _maybe_unload(self, loaded: LoadedEntry) -> bool:
+        """Unload if no request uses it and it holds no client's named context."""
+        if loaded.leases > 0 or any(not _internal(n) for n in loaded.model.contexts.names()):
+            return False
+        self._loaded.pop(loaded.entry.name, None)
+        loaded.model.close()
+        return True
+
+
+def _internal(name: str) -> bool:
+    """Contexts the server keeps for itself (the prefix cache), not a client's."""
+    return name.startswith("_")

@@ -1,0 +1,85 @@
+"""The Anthropic dialect of `ctx serve`, driven by the real `anthropic` client."""
+import anthropic
+import pytest
+
+from api_server import greedy_reply, module_server
+from api_server import anthropic_client, model  # noqa: F401 (fixtures)
+
+HELLO = [{"role": "user", "content": "Say hello to the reader."}]
+# This client no longer has sampling arguments; the API still takes them, so they go in the body.
+GREEDY = {"extra_body": {"temperature": 0}}
+
+server = module_server("anthropic")
+
+
+def test_message_equals_the_engine_greedy(anthropic_client, model):
+    r = anthropic_client.messages.create(model="smollm2", max_tokens=10, messages=HELLO, **GREEDY)
+    assert r.type == "message" and r.role == "assistant"
+    assert [b.type for b in r.content] == ["text"]
+    assert r.content[0].text == greedy_reply(model, messages=HELLO, max_tokens=10)
+    assert r.stop_reason == "max_tokens"
+    assert r.usage.output_tokens == 10
+    n_prompt = len(model.tokenize(model.chat_prompt(HELLO), parse_special=True))
+    assert r.usage.input_tokens + (r.usage.cache_read_input_tokens or 0) == n_prompt
+
+
+def test_system_and_content_blocks(anthropic_client, model):
+    system = "You answer in French."
+    r = anthropic_client.messages.create(model="smollm2", max_tokens=60, **GREEDY,
+                               system=[{"type": "text", "text": system}],
+                               messages=[{"role": "user", "content": [{"type": "text", "text": "Say hello."}]}])
+    want = greedy_reply(model, messages=[{"role": "system", "content": system},
+                                         {"role": "user", "content": "Say hello."}], max_tokens=60)
+    assert r.content[0].text == want
+    assert r.stop_reason == "end_turn" and r.stop_sequence is None
+
+
+def test_stop_sequences(anthropic_client, model):
+    full = greedy_reply(model, messages=HELLO, max_tokens=10)
+    stop = full[3:6]
+    r = anthropic_client.messages.create(model="smollm2", max_tokens=10, messages=HELLO, **GREEDY,
+                               stop_sequences=["never-appears", stop])
+    assert r.content[0].text == full[: full.index(stop)]
+    assert r.stop_reason == "stop_sequence" and r.stop_sequence == stop
+
+
+def test_streaming_events(anthropic_client):
+    kw = dict(model="smollm2", max_tokens=8, messages=HELLO, **GREEDY)
+    whole = anthropic_client.messages.create(**kw).content[0].text
+    with anthropic_client.messages.stream(**kw) as stream:
+        text = "".join(stream.text_stream)
+        final = stream.get_final_message()
+    assert text == whole == final.content[0].text
+    assert final.stop_reason == "max_tokens" and final.usage.output_tokens == 8
+    kinds = [e.type for e in anthropic_client.messages.create(stream=True, **kw)]
+    assert kinds[:2] == ["message_start", "content_block_start"]
+    assert kinds[-3:] == ["content_block_stop", "message_delta", "message_stop"]
+    assert set(kinds[2:-3]) == {"content_block_delta"}
+
+
+def test_top_k_and_top_p_are_honoured(anthropic_client):
+    kw = dict(model="smollm2", max_tokens=8, messages=HELLO)
+    # top_k=1 leaves only the most likely token: greedy whatever the temperature
+    top_k_1 = anthropic_client.messages.create(extra_body={"temperature": 1.0, "top_k": 1}, **kw).content[0].text
+    assert top_k_1 == anthropic_client.messages.create(**GREEDY, **kw).content[0].text
+    assert anthropic_client.messages.create(extra_body={"temperature": 1.0, "top_p": 0.5}, **kw).usage.output_tokens > 0
+    with pytest.raises(anthropic.BadRequestError, match="top_p"):
+        anthropic_client.messages.create(extra_body={"top_p": 1.5}, **kw)
+
+
+def test_count_tokens(anthropic_client, model):
+    r = anthropic_client.messages.count_tokens(model="smollm2", messages=HELLO, system="Be brief.")
+    msgs = [{"role": "system", "content": "Be brief."}, *HELLO]
+    assert r.input_tokens == len(model.tokenize(model.chat_prompt(msgs), parse_special=True))
+
+
+def test_refused_requests_are_anthropic_errors(anthropic_client, server):
+    with pytest.raises(anthropic.NotFoundError) as e:
+        anthropic_client.messages.create(model="no-such-model", max_tokens=4, messages=HELLO)
+    assert e.value.body["type"] == "error" and e.value.body["error"]["type"] == "not_found_error"
+    with pytest.raises(anthropic.BadRequestError, match="image"):
+        anthropic_client.messages.create(model="smollm2", max_tokens=4, messages=[{"role": "user", "content": [
+            {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AAAA"}}]}])
+    r = server.post("/v1/messages", {"model": "smollm2", "messages": HELLO})  # no max_tokens
+    assert r.status_code == 400
+    assert r.json()["error"] == {"type": "invalid_request_error", "message": "'max_tokens' is required"}

@@ -1,0 +1,123 @@
+"""Contexts over HTTP (our extension): the /v1/contexts routes and the
+`context` field of chat, messages and generate requests."""
+import anthropic
+import httpx
+import openai
+import pytest
+
+from api_server import module_server
+from api_server import model, openai_client  # noqa: F401 (fixtures)
+
+server = module_server("contexts")
+
+
+def test_create_get_list_delete(server, model):
+    r = server.post("/v1/contexts", {"name": "notes", "system": "You keep notes.", "labels": {"owner": "test"}})
+    assert r.status_code == 201, r.text
+    card = r.json()
+    system = model.chat_prompt([{"role": "system", "content": "You keep notes."}], add_generation_prompt=False)
+    assert card["n_tokens"] == len(model.tokenize(system, parse_special=True))
+    assert card["model"] == "smollm2" and card["weight_id"] == model.weight_id
+    assert card["labels"] == {"owner": "test"}
+    got = server.get("/v1/contexts/notes", params={"tokens": "true"}).json()
+    assert got["text"] == system and got["tokens"] == model.tokenize(system, parse_special=True)
+    assert "notes" in [c["name"] for c in server.get("/v1/contexts").json()["data"]]
+    assert server.post("/v1/contexts", {"name": "notes"}).status_code == 409
+    d = httpx.delete(f"{server.url}/v1/contexts/notes")
+    assert d.status_code == 200 and d.json()["deleted"] is True
+    assert server.get("/v1/contexts/notes").status_code == 404
+    assert httpx.delete(f"{server.url}/v1/contexts/notes").status_code == 404
+
+
+def test_chat_continues_a_named_context_prefilling_only_new_tokens(server, openai_client, model):
+    server.post("/v1/contexts", {"name": "chat", "system": "You are brief."})
+    r1 = openai_client.chat.completions.create(model="smollm2", max_tokens=12, temperature=0,
+                                        messages=[{"role": "user", "content": "Name a colour."}],
+                                        extra_body={"context": "chat"})
+    before = server.get("/v1/contexts/chat").json()
+    r2 = openai_client.chat.completions.create(model="smollm2", max_tokens=12, temperature=0,
+                                        messages=[{"role": "user", "content": "Another one."}],
+                                        extra_body={"context": "chat"})
+    # everything the context held was reused; only the new turn was prefilled
+    assert r2.usage.prompt_tokens_details.cached_tokens >= before["n_tokens"] - 1
+    new_turn = model.chat_prompt([{"role": "system", "content": "x"}, {"role": "user", "content": "Another one."}])
+    new_turn = new_turn[len(model.chat_prompt([{"role": "system", "content": "x"}], add_generation_prompt=False)):]
+    assert r2.usage.prompt_tokens == before["n_tokens"] + len(model.tokenize(new_turn, parse_special=True))
+    text = server.get("/v1/contexts/chat").json()["text"]
+    # the context holds the whole conversation as the chat template writes it
+    reply1, reply2 = r1.choices[0].message.content, r2.choices[0].message.content
+    assert text.startswith(model.chat_prompt([{"role": "system", "content": "You are brief."}],
+                                             add_generation_prompt=False))
+    assert f"<|im_start|>user\nName a colour.<|im_end|>\n<|im_start|>assistant\n{reply1}" in text
+    assert f"<|im_start|>user\nAnother one.<|im_end|>\n<|im_start|>assistant\n{reply2}" in text
+    assert text.endswith("<|im_end|>\n")  # the reply's turn is closed
+
+
+def test_anthropic_and_ollama_requests_continue_contexts_too(server, model):
+    server.post("/v1/contexts", {"name": "multi"})
+    with anthropic.Anthropic(base_url=server.url, api_key="x", max_retries=0) as a:
+        r = a.messages.create(model="smollm2", max_tokens=6, messages=[{"role": "user", "content": "Hi."}],
+                              extra_body={"context": "multi", "temperature": 0})
+    n = server.get("/v1/contexts/multi").json()["n_tokens"]
+    assert r.usage.output_tokens == 6 and n > 6
+    o = server.post("/api/chat", {"model": "smollm2", "stream": False, "context": "multi",
+                                  "messages": [{"role": "user", "content": "Bye."}],
+                                  "options": {"temperature": 0, "num_predict": 4}}).json()
+    assert o["prompt_cached_count"] >= n - 1
+    g = server.post("/api/generate", {"model": "smollm2", "stream": False, "context": "multi", "prompt": "Again.",
+                                      "options": {"temperature": 0, "num_predict": 4}}).json()
+    assert g["eval_count"] == 4
+    after = server.get("/v1/contexts/multi", params={"tokens": "true"}).json()
+    assert g["context"] == after["tokens"]
+    assert after["text"].count("<|im_start|>user") == 3
+
+
+def test_fork_snapshot_restore(server):
+    server.post("/v1/contexts", {"name": "base", "text": "The capital of France is"})
+    fork = server.post("/v1/contexts/base/fork", {"name": "base-fork"})
+    assert fork.status_code == 201 and fork.json()["n_tokens"] == server.get("/v1/contexts/base").json()["n_tokens"]
+    server.post("/v1/contexts/base-fork/append", {"text": " Paris"})
+    assert server.get("/v1/contexts/base-fork").json()["text"] == "The capital of France is Paris"
+    assert server.get("/v1/contexts/base").json()["text"] == "The capital of France is"  # copy-on-write
+    snap = server.post("/v1/contexts/base-fork/snapshot", {"ref": "saved-fork"}).json()
+    assert len(snap["snapshot_id"]) == 64 and snap["pages_sent"] >= 1
+    httpx.delete(f"{server.url}/v1/contexts/base-fork")
+    restored = server.post("/v1/contexts/again/restore", {"ref": "saved-fork"})
+    assert restored.status_code == 201, restored.text
+    got = server.get("/v1/contexts/again").json()
+    assert got["text"] == "The capital of France is Paris" and got["snapshot_id"] == snap["snapshot_id"]
+    assert server.post("/v1/contexts/again/restore", {"ref": "saved-fork"}).status_code == 409
+    assert server.post("/v1/contexts/other/restore", {"ref": "no-such-ref"}).status_code == 404
+    server.post("/v1/contexts/again/rewind", {"n": 1})
+    assert server.get("/v1/contexts/again").json()["text"] == "The capital of France is"
+
+
+def test_generation_on_a_context_equals_the_engine(server, model):
+    server.post("/v1/contexts", {"name": "raw", "text": "The capital of France is"})
+    r = server.post("/v1/completions", {"model": "smollm2", "prompt": " a city", "max_tokens": 6,
+                                        "temperature": 0, "context": "raw"}).json()
+    ctx = model.context(None)
+    ctx.append("The capital of France is")
+    ctx.append(" a city", parse_special=True)
+    want = "".join(p.text for p in ctx.generate(6, temperature=0.0))
+    ctx.delete()
+    assert r["choices"][0]["text"] == want
+
+
+def test_refusals_lose_nothing(server, openai_client):
+    server.post("/v1/contexts", {"name": "keep", "text": "Some text."})
+    before = server.get("/v1/contexts/keep", params={"tokens": "true"}).json()
+    too_long = server.post("/v1/contexts/keep/append", {"text": "word " * 9000})
+    assert too_long.status_code == 400 and "context length" in too_long.json()["error"]["message"]
+    with pytest.raises(openai.BadRequestError):
+        openai_client.chat.completions.create(model="smollm2", max_tokens=4, extra_body={"context": "keep"},
+                                       messages=[{"role": "user", "content": "word " * 9000}])
+    assert server.get("/v1/contexts/keep", params={"tokens": "true"}).json()["tokens"] == before["tokens"]
+    with pytest.raises(openai.NotFoundError, match="no context named 'nobody'"):
+        openai_client.chat.completions.create(model="smollm2", max_tokens=4, extra_body={"context": "nobody"},
+                                       messages=[{"role": "user", "content": "hi"}])
+    assert server.post("/v1/contexts", {"name": "_mine"}).status_code == 400
+    assert server.post("/v1/contexts", {"name": "../up"}).status_code == 400
+    assert server.get("/v1/contexts/_prefix/1").status_code == 400
+    assert "_prefix" not in str(server.get("/v1/contexts").json())
+    assert server.post("/v1/contexts", {"name": "x", "labels": {"a": 1}}).status_code == 400

@@ -1,0 +1,179 @@
+"""The Ollama dialect of `ctx serve`, driven by the real `ollama` client (whose
+pydantic models validate every response), with an Ollama store laid out in a
+temporary directory exactly as Ollama lays it out."""
+import numpy as np
+import ollama
+import pytest
+
+import ctxengine
+from api_server import greedy_reply, running
+from api_server import model, ollama_client  # noqa: F401 (fixtures)
+from ollama_layout import make_ollama_store
+
+PIRATE = "You are a pirate. Always answer like a pirate."
+GREEDY = {"temperature": 0, "num_predict": 8}
+# ChatML as an Ollama template layer: unlike the GGUF's template it adds no default system prompt
+CHATML = ("{{- range .Messages }}<|im_start|>{{ .Role }}\n{{ .Content }}<|im_end|>\n{{ end }}"
+          "<|im_start|>assistant\n")
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory, smollm2_path):
+    root = tmp_path_factory.mktemp("ollama-store")
+    make_ollama_store(root, "smollm2:135m", smollm2_path, system=PIRATE, params={"temperature": 0, "num_predict": 12})
+    make_ollama_store(root, "smollm2:chatml", smollm2_path, template=CHATML)
+    make_ollama_store(root, "broken:1b", smollm2_path,
+                      extra_layers=[("application/vnd.ollama.image.tensor", b"not a tensor")])
+    return root
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, store):
+    with running(tmp_path_factory.mktemp("ollama-home"), "--ollama-models", str(store)) as s:
+        yield s
+
+
+def test_root_and_version(server):
+    assert server.get("/").text == "Ollama is running"
+    assert server.get("/api/version").json()["version"] == ctxengine.__version__
+
+
+def test_tags_list_every_model_and_why_one_cannot_be_served(ollama_client, server):
+    models = {m.model: m for m in ollama_client.list().models}
+    assert {"smollm2", "smollm2:135m", "broken:1b"} <= set(models)
+    d = models["smollm2:135m"].details
+    assert (d.format, d.family, d.parameter_size, d.quantization_level) == ("gguf", "llama", "134.52M", "Q4_1")
+    assert len(models["smollm2:135m"].digest) == 64
+    raw = {m["name"]: m for m in server.get("/api/tags").json()["models"]}
+    assert "safetensors" in raw["broken:1b"]["error"] and "error" not in raw["smollm2:135m"]
+    with pytest.raises(ollama.ResponseError, match="safetensors") as e:
+        ollama_client.generate(model="broken:1b", prompt="hi")
+    assert e.value.status_code == 400
+
+
+def test_show_has_model_info_and_the_layers(ollama_client):
+    r = ollama_client.show("smollm2:135m")
+    assert r.modelinfo["general.architecture"] == "llama"
+    assert r.modelinfo["llama.context_length"] == 8192
+    assert r.details.parameter_size == "134.52M"
+    assert "temperature 0" in r.parameters and "num_predict 12" in r.parameters
+    assert PIRATE in r.modelfile
+    assert "<|im_start|>" in r.template  # no template layer: the GGUF's own
+    with pytest.raises(ollama.ResponseError) as e:
+        ollama_client.show("no-such-model")
+    assert e.value.status_code == 404
+
+
+def test_generate_equals_the_engine_greedy(ollama_client, model):
+    r = ollama_client.generate(model="smollm2", prompt="Name a colour.", options=GREEDY)
+    assert r.response == greedy_reply(model, messages=[{"role": "user", "content": "Name a colour."}], max_tokens=8)
+    assert r.done and r.done_reason == "length" and r.eval_count == 8
+    assert r.prompt_eval_count == len(model.tokenize(model.chat_prompt(
+        [{"role": "user", "content": "Name a colour."}]), parse_special=True))
+    assert 0 < r.prompt_eval_duration < r.total_duration and 0 < r.eval_duration < r.total_duration
+    assert r.load_duration >= 0
+    assert len(r.context) == r.prompt_eval_count + r.eval_count
+
+
+def test_generate_streams_ndjson(ollama_client):
+    whole = ollama_client.generate(model="smollm2", prompt="Name a colour.", options=GREEDY).response
+    parts = list(ollama_client.generate(model="smollm2", prompt="Name a colour.", options=GREEDY, stream=True))
+    assert "".join(p.response for p in parts) == whole
+    assert [p.done for p in parts] == [False] * (len(parts) - 1) + [True]
+    last = parts[-1]
+    assert last.eval_count == 8 and last.total_duration > 0 and last.context
+
+
+def test_generate_continues_a_context_array(ollama_client, server, model):
+    first = ollama_client.generate(model="smollm2", prompt="Name a colour.", options=GREEDY)
+    body = {"model": "smollm2", "prompt": "Another one.", "context": list(first.context), "options": GREEDY,
+            "stream": False}
+    raw = server.post("/api/generate", body).json()
+    second = ollama.GenerateResponse(**raw)  # what the ollama_client makes of it (it drops our extra field)
+    ctx = model.context(None)
+    ctx.append(first.context + model.tokenize(model.chat_prompt([{"role": "user", "content": "Another one."}]),
+                                              parse_special=True))
+    want = "".join(p.text for p in ctx.generate(8, temperature=0.0))
+    ctx.delete()
+    assert second.response == want
+    assert raw["prompt_cached_count"] >= len(first.context) - 1  # the first exchange was not prefilled again
+
+
+def test_generate_raw_and_system(ollama_client, model):
+    raw = ollama_client.generate(model="smollm2", prompt="The capital of France is", raw=True, options=GREEDY)
+    assert raw.response == greedy_reply(model, text="The capital of France is", max_tokens=8)
+    sys = ollama_client.generate(model="smollm2", prompt="Say hi.", system="Answer in French.", options=GREEDY)
+    assert sys.response == greedy_reply(model, messages=[{"role": "system", "content": "Answer in French."},
+                                                         {"role": "user", "content": "Say hi."}], max_tokens=8)
+
+
+def test_chat_streaming_and_not(ollama_client, model):
+    messages = [{"role": "user", "content": "Name a fruit."}]
+    r = ollama_client.chat(model="smollm2", messages=messages, options=GREEDY)
+    assert r.message.role == "assistant"
+    assert r.message.content == greedy_reply(model, messages=messages, max_tokens=8)
+    parts = list(ollama_client.chat(model="smollm2", messages=messages, options=GREEDY, stream=True))
+    assert "".join(p.message.content for p in parts) == r.message.content
+    assert parts[-1].done and parts[-1].eval_count == 8 and parts[-1].prompt_eval_count == r.prompt_eval_count
+
+
+def test_model_from_the_store_by_its_ollama_name_with_its_layers(ollama_client, model):
+    messages = [{"role": "user", "content": "Where is the treasure?"}]
+    # temperature 0 and num_predict 12 come from the params layer, the system prompt from the system layer
+    r = ollama_client.chat(model="smollm2:135m", messages=messages)
+    want = greedy_reply(model, messages=[{"role": "system", "content": PIRATE}, *messages], max_tokens=12)
+    assert r.message.content == want and r.eval_count <= 12
+    assert ollama_client.chat(model="smollm2:135m", messages=messages, options={"num_predict": 3}).eval_count == 3
+    # a request's own system message replaces the layer's
+    own = ollama_client.chat(model="smollm2:135m", messages=[{"role": "system", "content": "Be brief."}, *messages])
+    assert own.message.content == greedy_reply(
+        model, messages=[{"role": "system", "content": "Be brief."}, *messages], max_tokens=12)
+
+
+def test_the_template_layer_renders_the_prompt(ollama_client, model):
+    r = ollama_client.chat(model="smollm2:chatml", messages=[{"role": "user", "content": "Name a fruit."}],
+                           options=GREEDY)
+    text = "<|im_start|>user\nName a fruit.<|im_end|>\n<|im_start|>assistant\n"
+    assert r.prompt_eval_count == len(model.tokenize(text, parse_special=True))
+    assert r.message.content == greedy_reply(model, text=text, max_tokens=8)
+    assert ollama_client.show("smollm2:chatml").template == CHATML
+
+
+def test_embed_and_embeddings(ollama_client, model):
+    r = ollama_client.embed(model="smollm2", input=["The cat sat on the mat.", "Stock prices fell."])
+    vectors = np.array(r.embeddings)
+    assert vectors.shape == (2, model.config.n_embd)
+    assert np.allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
+    assert r.prompt_eval_count == sum(len(model.tokenize(t)) for t in ["The cat sat on the mat.",
+                                                                       "Stock prices fell."])
+    one = ollama_client.embeddings(model="smollm2", prompt="The cat sat on the mat.")
+    assert np.allclose(one.embedding, vectors[0], atol=1e-6)
+    assert ollama_client.embed(model="smollm2", input="Stock prices fell.", dimensions=64).embeddings[0].__len__() == 64
+
+
+def test_options_unknown_ignored_wrong_types_refused(ollama_client, server):
+    r = ollama_client.generate(model="smollm2", prompt="Hi", options={**GREEDY, "mirostat": 0, "num_gpu": 1})
+    assert r.eval_count == 8
+    ok = server.post("/api/generate", {"model": "smollm2", "prompt": "Hi", "stream": False,
+                                       "options": {**GREEDY, "no_such_option": [1, 2]}})
+    assert ok.status_code == 200 and ok.json()["eval_count"] == 8
+    for bad in ({"temperature": "hot"}, {"num_predict": 1.5}, {"stop": 3}, {"mirostat": "x"}):
+        r = server.post("/api/generate", {"model": "smollm2", "prompt": "Hi", "options": bad})
+        assert r.status_code == 400, bad
+        assert set(r.json()) == {"error"} and next(iter(bad)) in r.json()["error"]
+
+
+def test_load_unload_and_ps(ollama_client):
+    assert ollama_client.generate(model="smollm2", prompt="", keep_alive=0).done_reason == "unload"
+    assert "smollm2" not in [m.model for m in ollama_client.ps().models]
+    assert ollama_client.generate(model="smollm2", prompt="").done_reason == "load"
+    loaded = {m.model: m for m in ollama_client.ps().models}
+    assert loaded["smollm2"].context_length == 8192 and loaded["smollm2"].size > 90_000_000
+    ollama_client.generate(model="smollm2", prompt="Hi", options=GREEDY, keep_alive="10m")
+    assert ollama_client.ps().models[0].expires_at is not None
+
+
+def test_unknown_model_is_404(ollama_client):
+    with pytest.raises(ollama.ResponseError) as e:
+        ollama_client.chat(model="no-such-model", messages=[{"role": "user", "content": "hi"}])
+    assert e.value.status_code == 404 and "no-such-model" in e.value.error

@@ -1,0 +1,127 @@
+"""The OpenAI dialect of `ctx serve`, driven by the real `openai` client."""
+import math
+
+import numpy as np
+import openai
+import pytest
+
+from api_server import greedy_reply, module_server
+from api_server import model, openai_client  # noqa: F401 (fixtures)
+
+QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+
+server = module_server("openai")
+
+
+def test_models_are_listed(openai_client):
+    ids = [m.id for m in openai_client.models.list()]
+    assert "smollm2" in ids
+    assert openai_client.models.retrieve("smollm2").id == "smollm2"
+
+
+def test_chat_equals_the_engine_greedy(openai_client, model):
+    r = openai_client.chat.completions.create(model="smollm2", messages=QUESTION, max_tokens=12, temperature=0)
+    assert r.object == "chat.completion"
+    choice = r.choices[0]
+    assert choice.message.role == "assistant"
+    assert choice.message.content == greedy_reply(model, messages=QUESTION, max_tokens=12)
+    assert choice.finish_reason == "length"
+    assert r.usage.completion_tokens == 12
+    assert r.usage.prompt_tokens == len(model.tokenize(model.chat_prompt(QUESTION), parse_special=True))
+    assert r.usage.total_tokens == r.usage.prompt_tokens + 12
+
+
+def test_system_message_and_stop_reason(openai_client, model):
+    messages = [{"role": "system", "content": "Answer with one word."}, {"role": "user", "content": "Say hello."}]
+    r = openai_client.chat.completions.create(model="smollm2", messages=messages, max_completion_tokens=40,
+                                              temperature=0)
+    assert r.choices[0].message.content == greedy_reply(model, messages=messages, max_tokens=40)
+    assert r.choices[0].finish_reason == "stop"  # the model ended its turn before 40 tokens
+    assert r.usage.completion_tokens < 40
+
+
+def test_streaming_chat_matches_non_streaming(openai_client):
+    kw = dict(model="smollm2", messages=QUESTION, max_tokens=10, temperature=0)
+    whole = openai_client.chat.completions.create(**kw).choices[0].message.content
+    chunks = list(openai_client.chat.completions.create(stream=True, stream_options={"include_usage": True}, **kw))
+    assert all(c.object == "chat.completion.chunk" for c in chunks)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole
+    assert chunks[0].choices[0].delta.role == "assistant"
+    finals = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finals == ["length"]
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 10
+
+
+def test_stream_without_usage_sends_none(openai_client):
+    chunks = list(openai_client.chat.completions.create(model="smollm2", messages=QUESTION, max_tokens=3, stream=True))
+    assert all(c.usage is None for c in chunks)
+
+
+def test_stop_strings_cut_the_reply(openai_client, model):
+    full = greedy_reply(model, messages=QUESTION, max_tokens=12)
+    stop = full[4:7]
+    r = openai_client.chat.completions.create(model="smollm2", messages=QUESTION, max_tokens=12, temperature=0,
+                                              stop=[stop])
+    assert r.choices[0].message.content == full[: full.index(stop)]
+    assert r.choices[0].finish_reason == "stop"
+
+
+def test_seed_reproduces_a_sampled_reply(openai_client):
+    kw = dict(model="smollm2", messages=QUESTION, max_tokens=12, temperature=1.0, top_p=0.9, seed=1234,
+              presence_penalty=0.5, frequency_penalty=0.5)
+    a = openai_client.chat.completions.create(**kw).choices[0].message.content
+    b = openai_client.chat.completions.create(**kw).choices[0].message.content
+    assert a == b
+    others = {openai_client.chat.completions.create(**{**kw, "seed": s}).choices[0].message.content for s in (1, 2, 3)}
+    assert len(others | {a}) > 1  # the seed matters
+
+
+def test_completions_continue_text(openai_client, model):
+    prompt = "The capital of France is"
+    r = openai_client.completions.create(model="smollm2", prompt=prompt, max_tokens=6, temperature=0)
+    assert r.object == "text_completion"
+    assert r.choices[0].text == greedy_reply(model, text=prompt, max_tokens=6)
+    streamed = "".join(c.choices[0].text for c in openai_client.completions.create(
+        model="smollm2", prompt=prompt, max_tokens=6, temperature=0, stream=True))
+    assert streamed == r.choices[0].text
+
+
+def test_completions_take_token_ids(openai_client, model):
+    ids = model.tokenize("The capital of France is")
+    r = openai_client.completions.create(model="smollm2", prompt=ids, max_tokens=6, temperature=0)
+    assert r.choices[0].text == greedy_reply(model, text="The capital of France is", max_tokens=6)
+    assert r.usage.prompt_tokens == len(ids)
+
+
+def test_embeddings_are_pooled_and_normalised(openai_client, model):
+    texts = ["The cat sat on the mat.", "A cat was sitting on a mat.", "Quarterly revenue grew by 4%."]
+    r = openai_client.embeddings.create(model="smollm2", input=texts)  # the client asks for base64 and decodes it
+    vectors = np.array([d.embedding for d in r.data])
+    assert vectors.shape == (3, model.config.n_embd)
+    assert np.allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
+    assert vectors[0] @ vectors[1] > vectors[0] @ vectors[2]
+    assert r.usage.prompt_tokens == sum(len(model.tokenize(t)) for t in texts)
+    floats = openai_client.embeddings.create(model="smollm2", input=texts[0], encoding_format="float")
+    assert np.allclose(floats.data[0].embedding, vectors[0], atol=1e-6)
+    # mean of the final normed hidden states, as the engine gives them
+    seq = model.engine.new_sequence()
+    want = model.engine.forward_hidden(seq, model.tokenize(texts[0])).astype(np.float64).mean(axis=0)
+    assert np.allclose(vectors[0], want / np.linalg.norm(want), atol=1e-6)
+    assert math.isclose(float(np.linalg.norm(want / np.linalg.norm(want))), 1.0)
+
+
+def test_refused_requests_are_openai_errors(openai_client):
+    with pytest.raises(openai.NotFoundError) as e:
+        openai_client.chat.completions.create(model="no-such-model", messages=QUESTION, max_tokens=2)
+    assert "no-such-model" in str(e.value)
+    with pytest.raises(openai.BadRequestError, match="'n' must be 1"):
+        openai_client.chat.completions.create(model="smollm2", messages=QUESTION, max_tokens=2, n=2)
+    with pytest.raises(openai.BadRequestError, match="tool"):
+        openai_client.chat.completions.create(model="smollm2", messages=QUESTION, max_tokens=2,
+                                       tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}])
+    with pytest.raises(openai.BadRequestError, match="temperature"):
+        openai_client.chat.completions.create(model="smollm2", messages=QUESTION, max_tokens=2, temperature=-1)
+    with pytest.raises(openai.BadRequestError, match="role"):
+        openai_client.chat.completions.create(model="smollm2", messages=[{"role": "tool", "content": "x",
+                                                                   "tool_call_id": "1"}], max_tokens=2)

@@ -1,0 +1,126 @@
+"""The serving runtime: models by name, loaded on first use, unloaded past the
+memory budget (never while a request or a client's context needs them)."""
+import threading
+
+import pytest
+
+from ctxengine.engine.catalog import CatalogEntry, ModelCatalog
+from ctxengine.errors import ContextError, ModelNotFoundError, UnsupportedModelError
+from ctxengine.state.runtime import Runtime
+from tiny_models import TinyConfig, make_weights, write_gguf
+
+
+@pytest.fixture(scope="module")
+def tiny_paths(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("models")
+    paths = []
+    for seed in (1, 2):
+        cfg = TinyConfig()
+        path = folder / f"tiny-{seed}.gguf"
+        write_gguf(path, cfg, make_weights(cfg, seed=seed))
+        paths.append(path)
+    return paths
+
+
+def runtime_for(paths, **kw) -> Runtime:
+    return Runtime(ModelCatalog.build(paths, packaged=False), **kw)
+
+
+def test_catalog_names_files_by_stem_and_lists_unservable_entries(tiny_paths, tmp_path):
+    cat = ModelCatalog.build([*tiny_paths, tmp_path / "missing.gguf"], packaged=False)
+    names = [e.name for e in cat.entries()]
+    assert names[:2] == ["tiny-1", "tiny-2"]
+    assert cat.get("tiny-1.gguf").path == tiny_paths[0]  # the file name is an alias
+    broken = cat.get(str(tmp_path / "missing.gguf"))
+    assert not broken.servable and "nor a file" in broken.error
+    assert cat.default.name == "tiny-1"
+    with pytest.raises(ModelNotFoundError, match="served here: tiny-1, tiny-2"):
+        cat.get("nope")
+
+
+def test_models_dir_is_scanned_recursively(tiny_paths):
+    cat = ModelCatalog.build(models_dir=tiny_paths[0].parent, packaged=False)
+    assert sorted(e.name for e in cat.entries()) == ["tiny-1", "tiny-2"]
+    with pytest.raises(ModelNotFoundError, match="does not exist"):
+        ModelCatalog.build(models_dir=tiny_paths[0].parent / "nowhere", packaged=False)
+
+
+def test_unservable_model_is_refused_with_its_reason(tmp_path):
+    rt = Runtime(ModelCatalog([CatalogEntry("broken", None, "ollama", error="missing blob sha256-00")]))
+    with pytest.raises(UnsupportedModelError, match="missing blob sha256-00"):
+        rt.model("broken")
+    with pytest.raises(ModelNotFoundError, match="no model can be served"):
+        rt.model(None)
+
+
+def test_loads_once_and_by_default(tiny_paths):
+    rt = runtime_for(tiny_paths, threads=1)
+    got = []
+    threads = [threading.Thread(target=lambda: got.append(rt.model("tiny-2"))) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len({id(m) for m in got}) == 1  # concurrent first uses load it once
+    assert rt.model(None).path == tiny_paths[0]
+    assert [e.entry.name for e in rt.loaded()] == ["tiny-1", "tiny-2"]  # most recently used first
+    rt.close()
+
+
+def test_least_recently_used_model_is_unloaded_past_the_budget(tiny_paths):
+    rt = runtime_for(tiny_paths, threads=1, memory_budget=1)  # room for one model at a time
+    rt.model("tiny-1")
+    rt.model("tiny-2")
+    assert [e.entry.name for e in rt.loaded()] == ["tiny-2"]
+    rt.close()
+
+
+def test_a_leased_model_or_one_holding_a_context_is_never_unloaded(tiny_paths):
+    rt = runtime_for(tiny_paths, threads=1, memory_budget=1)
+    with rt.lease("tiny-1") as m1:
+        rt.model("tiny-2")
+        assert {e.entry.name for e in rt.loaded()} == {"tiny-1", "tiny-2"}
+        c = m1.context("work")
+        c.append([1, 2, 3])
+    rt.model("tiny-2")  # tiny-1 holds a client's context: still kept
+    assert {e.entry.name for e in rt.loaded()} == {"tiny-1", "tiny-2"}
+    assert rt.unload("tiny-1") is False
+    c.delete()
+    assert rt.unload("tiny-1") is True
+    assert [e.entry.name for e in rt.loaded()] == ["tiny-2"]
+    rt.close()
+
+
+def test_keep_alive_zero_unloads_after_the_request(tiny_paths):
+    rt = runtime_for(tiny_paths, threads=1)
+    with rt.lease("tiny-1"):
+        rt.keep_alive("tiny-1", 0)
+        assert [e.entry.name for e in rt.loaded()] == ["tiny-1"]  # in use: stays until the lease ends
+    assert rt.loaded() == []
+    rt.model("tiny-1")
+    rt.keep_alive("tiny-1", -1)
+    assert [e.entry.name for e in rt.loaded()] == ["tiny-1"]
+    rt.close()
+
+
+def test_context_names_are_unique_across_models(tiny_paths):
+    rt = runtime_for(tiny_paths, threads=1)
+    a = rt.create_context("shared-name", "tiny-1")
+    with pytest.raises(ContextError, match="already exists"):
+        rt.create_context("shared-name", "tiny-2")
+    assert rt.find_context("shared-name") is a
+    assert [c.name for c in rt.contexts()] == ["shared-name"]
+    with pytest.raises(ContextError, match="no context named 'other'"):
+        rt.find_context("other")
+    rt.close()
+
+
+def test_weight_ids_map_to_served_models(tiny_paths):
+    rt = runtime_for(tiny_paths, threads=1)
+    ids = rt.weight_ids()
+    assert sorted(ids.values()) == ["tiny-1", "tiny-2"]
+    wid = next(w for w, n in ids.items() if n == "tiny-2")
+    assert rt.model_for_weight_id(wid).weight_id == wid
+    with pytest.raises(ModelNotFoundError, match="no model with weight_id 00"):
+        rt.model_for_weight_id("00" * 32)
+    rt.close()
