@@ -26,6 +26,14 @@ def test_run_raw_continues_text(smollm2_ref):
     assert r.stdout.startswith(" Paris")
 
 
+@pytest.mark.parametrize("kv", ["q8", "vq8"])
+def test_run_with_a_quantized_kv(smollm2_ref, kv):
+    case = smollm2_ref["greedy"][0]
+    r = ctx("run", "--raw", "--kv", kv, case["prompt"], "-n", "8")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith(" Paris")
+
+
 def test_tokenize_matches_reference(smollm2_ref):
     case = smollm2_ref["tokenize"][6]
     r = ctx("tokenize", case["text"])

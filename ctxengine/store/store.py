@@ -149,6 +149,19 @@ class Store:
         codec.decode(str(key).lower(), record)
         return self._put_one(key.lower(), record)
 
+    def put_page_records(self, records: Mapping[str, bytes]) -> int:
+        """Store encoded pages in one transaction, every one verified first: a
+        record that fails stores none of them. Returns how many were new."""
+        checked = {}
+        for key, record in records.items():
+            key, record = str(key).lower(), bytes(record)
+            codec.decode(key, record)
+            checked[key] = record
+        if not checked:
+            return 0
+        return self.env.write(lambda txn: self._put_records(txn, checked, pending=list(checked)),
+                              size_hint=sum(map(len, checked.values())))
+
     def page_keys(self) -> list[str]:
         with self.env.read() as txn:
             cur = txn.cursor(db=self.dbs["pages"])

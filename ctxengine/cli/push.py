@@ -1,0 +1,69 @@
+"""``ctx push REF HOST[:PORT]``: send a snapshot to another host's ``ctx serve``.
+
+The host first says which pages it lacks (and refuses a snapshot of weights
+it does not serve, before any page moves); only those are sent, and the
+manifest and ref are written there last, so a push that is cut off leaves no
+half snapshot and running it again sends only what is still missing.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import asdict
+
+
+def add_remote_arguments(p: argparse.ArgumentParser) -> None:
+    """Options of every verb that talks to a remote host (push, remote pull)."""
+    p.add_argument("--store", metavar="DIR", default=None,
+                   help="local snapshot store (default: $CTX_STORE, else the XDG data dir)")
+    p.add_argument("--as", dest="as_ref", metavar="REF", default=None,
+                   help="ref to set on the receiving side (default: the same name)")
+    p.add_argument("--token", default=None, help="bearer token for the host (default: $CTX_TOKEN)")
+    p.add_argument("--tls", action="store_true", help="connect over TLS, trusting the system's CAs")
+    p.add_argument("--tls-ca", metavar="FILE", default=None, help="connect over TLS, trusting this PEM CA")
+    p.add_argument("--chunk-mb", type=float, default=8.0, metavar="MB",
+                   help="page records per call (default 8; a cut-off transfer keeps the calls that ended)")
+    p.add_argument("--json", action="store_true", help="print the transfer's figures as JSON")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("ref", help="a ref, snapshot id or id prefix in the local store")
+    p.add_argument("host", metavar="HOST[:PORT]", help="the receiving ctx serve (gRPC port default 11436)")
+    add_remote_arguments(p)
+
+
+def connect(args: argparse.Namespace, host: str):
+    from ..rpc.client import Remote
+
+    return Remote(host, token=args.token, tls=args.tls_ca or args.tls)
+
+
+def chunk_bytes(args: argparse.Namespace) -> int:
+    from ..errors import CtxError
+
+    if not args.chunk_mb > 0:
+        raise CtxError("--chunk-mb must be > 0")
+    return max(1, int(args.chunk_mb * (1 << 20)))
+
+
+def report(verb: str, result, args: argparse.Namespace, where: str) -> None:
+    if args.json:
+        print(json.dumps({**asdict(result), "mb_per_s": round(result.mb_per_s, 1)}, sort_keys=True))
+        return
+    ref = f" as {result.ref}" if result.ref else ""
+    moved = "sent" if verb == "pushed" else "fetched"
+    print(f"{verb} {result.snapshot_id[:12]}{ref} {where}: {result.pages_sent} pages {moved}, "
+          f"{result.pages_skipped} already there; {result.page_bytes:,} bytes of pages, "
+          f"{result.wire_bytes:,} on the wire, {result.seconds:.2f} s ({result.mb_per_s:.1f} MB/s)")
+
+
+def main(args: argparse.Namespace) -> int:
+    from ..store import Store
+    from .contexts import progress_bar
+
+    with Store(args.store) as store, connect(args, args.host) as remote:
+        with progress_bar(f"push {args.ref}") as progress:
+            result = remote.push(store, args.ref, as_ref=args.as_ref, chunk_bytes=chunk_bytes(args),
+                                 progress=progress)
+    report("pushed", result, args, f"to {remote.target}")
+    return 0

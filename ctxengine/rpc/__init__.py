@@ -1,0 +1,42 @@
+"""gRPC face of ``ctx serve`` (ContextService, SnapshotService) and its client.
+
+    from ctxengine.rpc import Remote
+    with Remote("hostb:11436", token=...) as b:
+        b.push(store, "main")                     # sends only the pages b lacks
+        c = b.restore("main", name="main")        # a live context on host b
+        for piece in c.generate(max_tokens=16, temperature=0.0):
+            print(piece.text, end="")
+
+Protocol: proto/ctxengine/v1/*.proto, docs/grpc.md.
+"""
+from __future__ import annotations
+
+import argparse
+
+
+def add_grpc_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--token", default=None, help="bearer token required on every gRPC call (default: $CTX_TOKEN)")
+    p.add_argument("--tls-cert", metavar="FILE", default=None, help="serve gRPC over TLS with this PEM certificate")
+    p.add_argument("--tls-key", metavar="FILE", default=None, help="the PEM private key of --tls-cert")
+    p.add_argument("--max-message-mb", type=float, default=16.0, metavar="MB",
+                   help="largest gRPC message accepted or sent (default 16; a KV page must fit)")
+    p.add_argument("--max-pages", type=int, default=65536, metavar="N",
+                   help="most page keys in one request or snapshot (default 65536)")
+
+
+def start_grpc(runtime, args: argparse.Namespace):
+    from .server import start_grpc as start
+
+    return start(runtime, args)
+
+
+def __getattr__(name: str):
+    if name in ("Remote", "RemoteContext"):
+        from . import client
+
+        return getattr(client, name)
+    if name in ("TransferResult", "RemoteError"):
+        from . import errors, transfer
+
+        return getattr(transfer if name == "TransferResult" else errors, name)
+    raise AttributeError(f"module 'ctxengine.rpc' has no attribute {name!r}")

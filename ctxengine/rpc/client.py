@@ -1,0 +1,239 @@
+"""The Python client of a ``ctx serve`` gRPC face.
+
+    from ctxengine.rpc import Remote
+    with Remote("hostb:11436", token="...", tls="ca.pem") as b:
+        b.push(store, "main")                  # only the pages b lacks cross the wire
+        c = b.restore("main", name="main")     # a RemoteContext: a live context on b
+        c.append(" and then")
+        for piece in c.generate(max_tokens=16, temperature=0.0):
+            print(piece.text, end="")
+
+A RemoteContext reads like a local Context (state/context.py): append,
+generate (yielding the same Piece objects, and setting ``finish_reason``),
+fork, rewind, snapshot (into the server's store), delete. Every failure the
+server reports is a :class:`RemoteError` (a CtxError) carrying its status code.
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Collection, Iterable, Iterator, Sequence
+from pathlib import Path
+
+import grpc
+
+from ..errors import ContextError, CtxError
+from ..state import Piece
+from ..store import Store
+from . import transfer
+from .auth import metadata, resolve_token
+from .errors import remote_error
+from .v1 import context_pb2 as cpb
+from .v1 import context_pb2_grpc, snapshot_pb2 as spb, snapshot_pb2_grpc
+
+DEFAULT_PORT = 11436
+MAX_MESSAGE_BYTES = 64 << 20
+_SAMPLING = set(cpb.SamplingParams.DESCRIPTOR.fields_by_name)
+
+
+def parse_target(text: str, default_port: int = DEFAULT_PORT) -> str:
+    """``HOST[:PORT]`` (``[v6]:PORT`` for IPv6) -> the ``host:port`` gRPC dials."""
+    text = text.strip()
+    if not text:
+        raise CtxError("empty host")
+    if text.startswith("["):
+        host, _, rest = text[1:].partition("]")
+        port = rest[1:] if rest.startswith(":") else ""
+        host = f"[{host}]"
+    elif text.count(":") == 1:
+        host, port = text.split(":")
+    else:
+        host, port = (f"[{text}]" if ":" in text else text), ""
+    if port and not port.isdigit():
+        raise CtxError(f"bad port in {text!r}")
+    return f"{host}:{port or default_port}"
+
+
+class Remote:
+    def __init__(self, target: str, *, token: str | None = None, tls: bool | str | os.PathLike = False,
+                 timeout: float | None = None):
+        """``tls``: False (plaintext), True (system roots) or a PEM CA certificate file;
+        ``token``: a bearer token (default $CTX_TOKEN); ``timeout``: seconds per unary call."""
+        self.target = parse_target(target)
+        self.timeout = timeout
+        self._metadata = metadata(resolve_token(token))
+        options = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                   ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)]
+        if tls:
+            try:
+                roots = None if tls is True else Path(tls).read_bytes()
+            except OSError as err:
+                raise CtxError(f"cannot read the TLS CA certificate: {err}") from None
+            self._channel = grpc.secure_channel(self.target, grpc.ssl_channel_credentials(roots), options)
+        else:
+            self._channel = grpc.insecure_channel(self.target, options)
+        self._stubs = {"contexts": context_pb2_grpc.ContextServiceStub(self._channel),
+                       "snapshots": snapshot_pb2_grpc.SnapshotServiceStub(self._channel)}
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> "Remote":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Remote({self.target!r})"
+
+    # -- calls (RemoteError on failure) -------------------------------------------------
+    def unary(self, service: str, method: str, request):
+        try:
+            return getattr(self._stubs[service], method)(request, metadata=self._metadata, timeout=self.timeout)
+        except grpc.RpcError as err:
+            raise remote_error(self.target, err) from None
+
+    def client_stream(self, service: str, method: str, requests: Iterable, on_response=None):
+        """A client-streaming call: send ``requests``; return the one response."""
+        try:
+            response = getattr(self._stubs[service], method)(iter(requests), metadata=self._metadata)
+        except grpc.RpcError as err:
+            raise remote_error(self.target, err) from None
+        return on_response(response) if on_response else response
+
+    def stream(self, service: str, method: str, request) -> Iterator:
+        """A server-streaming call's responses; cancelled if the caller stops reading."""
+        call = getattr(self._stubs[service], method)(request, metadata=self._metadata)
+        try:
+            yield from call
+        except grpc.RpcError as err:
+            raise remote_error(self.target, err) from None
+        finally:
+            call.cancel()  # a no-op once the stream has ended
+
+    # -- snapshots ------------------------------------------------------------------------
+    def models(self) -> dict[str, str]:
+        """weight_id -> model name, for every model the host serves."""
+        return {m.weight_id: m.name for m in self.unary("snapshots", "Models", spb.ModelsRequest()).models}
+
+    def refs(self, prefix: str = "") -> dict[str, str]:
+        return dict(self.unary("snapshots", "ListRefs", spb.ListRefsRequest(prefix=prefix)).refs)
+
+    def missing_pages(self, weight_id: str, keys: Sequence[str]) -> list[str]:
+        """Which of these page keys the host lacks (refused if it lacks the weights)."""
+        req = spb.MissingPagesRequest(weight_id=weight_id, keys=[bytes.fromhex(k) for k in keys])
+        return [k.hex() for k in self.unary("snapshots", "MissingPages", req).missing]
+
+    def push(self, store: Store, ref: str, *, as_ref: str | None = None,
+             chunk_bytes: int = transfer.DEFAULT_CHUNK_BYTES, progress=None) -> transfer.TransferResult:
+        """Send a snapshot of a local store here (only the pages this host lacks)."""
+        return transfer.push(self, store, ref, as_ref=as_ref, chunk_bytes=chunk_bytes, progress=progress)
+
+    def pull(self, ref: str, store: Store, *, as_ref: str | None = None,
+             weight_ids: Collection[str] | None = None, chunk_bytes: int = transfer.DEFAULT_CHUNK_BYTES,
+             progress=None) -> transfer.TransferResult:
+        """Fetch a snapshot from here into a local store (only the pages it lacks)."""
+        return transfer.pull(self, ref, store, as_ref=as_ref, weight_ids=weight_ids, chunk_bytes=chunk_bytes,
+                             progress=progress)
+
+    # -- contexts -------------------------------------------------------------------------
+    def create(self, name: str | None = None, *, model: str | None = None, system: str | None = None,
+               labels: dict[str, str] | None = None) -> "RemoteContext":
+        req = cpb.CreateRequest(model=model or "", name=name or "", system=system or "", labels=labels or {})
+        return RemoteContext(self, self.unary("contexts", "Create", req))
+
+    def context(self, name: str) -> "RemoteContext":
+        return RemoteContext(self, self.unary("contexts", "Get", cpb.GetRequest(name=name)))
+
+    def contexts(self) -> list["RemoteContext"]:
+        return [RemoteContext(self, i) for i in self.unary("contexts", "List", cpb.ListRequest()).contexts]
+
+    def restore(self, ref: str, name: str | None = None) -> "RemoteContext":
+        """A live context on this host from a snapshot in its store."""
+        return RemoteContext(self, self.unary("contexts", "Restore", cpb.RestoreRequest(ref=ref, name=name or "")))
+
+
+class RemoteContext:
+    """A context living on a remote host; its fields are as of the last call."""
+
+    def __init__(self, remote: Remote, info: cpb.ContextInfo):
+        self._remote = remote
+        self.finish_reason: str | None = None
+        self.usage: cpb.Done | None = None   # of the last generate()
+        self._set(info)
+
+    def _set(self, info: cpb.ContextInfo) -> None:
+        self.name = info.name
+        self.model = info.model
+        self.weight_id = info.weight_id
+        self.n_tokens = info.n_tokens
+        self.snapshot_id = info.snapshot_id or None
+        self.labels = dict(info.labels)
+
+    def __repr__(self) -> str:
+        return f"RemoteContext({self.name!r} on {self._remote.target}, {self.n_tokens} tokens)"
+
+    def _call(self, method: str, request) -> cpb.ContextInfo:
+        info = self._remote.unary("contexts", method, request)
+        self._set(info)
+        return info
+
+    @property
+    def tokens(self) -> list[int]:
+        return list(self._call("Get", cpb.GetRequest(name=self.name, include_tokens=True)).token_ids)
+
+    @property
+    def text(self) -> str:
+        return self._call("Get", cpb.GetRequest(name=self.name, include_tokens=True)).text
+
+    def refresh(self) -> "RemoteContext":
+        self._call("Get", cpb.GetRequest(name=self.name))
+        return self
+
+    def append(self, content: str | Sequence[int], *, parse_special: bool = False) -> int:
+        if isinstance(content, str):
+            req = cpb.AppendRequest(name=self.name, text=content, parse_special=parse_special)
+        else:
+            req = cpb.AppendRequest(name=self.name, ids=cpb.TokenIds(ids=[int(i) for i in content]),
+                                    parse_special=parse_special)
+        resp = self._remote.unary("contexts", "Append", req)
+        self._set(resp.context)
+        return resp.n_new
+
+    def generate(self, max_tokens: int = 256, *, stop: Sequence[str] = (), **sampling) -> Iterator[Piece]:
+        """Stream pieces as the host samples them; stopping early cancels the generation there."""
+        unknown = set(sampling) - _SAMPLING
+        if max_tokens < 0:
+            raise ContextError("max_tokens must be >= 0")
+        if unknown:
+            raise ContextError(f"unknown sampling option(s): {', '.join(sorted(unknown))}")
+        params = cpb.SamplingParams(**{k: v for k, v in sampling.items() if v is not None})
+        req = cpb.GenerateRequest(name=self.name, max_tokens=max_tokens, stop=list(stop), sampling=params)
+        self.finish_reason = self.usage = None
+        for event in self._remote.stream("contexts", "Generate", req):
+            if event.HasField("piece"):
+                p = event.piece
+                yield Piece(p.text, p.token_id if p.HasField("token_id") else None)
+            else:
+                self.usage = event.done
+                self.finish_reason = event.done.finish_reason
+                self.n_tokens = event.done.n_tokens
+
+    def fork(self, name: str | None = None) -> "RemoteContext":
+        info = self._remote.unary("contexts", "Fork", cpb.ForkRequest(name=self.name, new_name=name or ""))
+        return RemoteContext(self._remote, info)
+
+    def rewind(self, n: int) -> None:
+        if n < 0:
+            raise ContextError(f"cannot rewind {n} tokens")
+        self._call("Rewind", cpb.RewindRequest(name=self.name, n=n))
+
+    def snapshot(self, ref: str | None = None, *, labels: dict[str, str] | None = None) -> str:
+        """Snapshot into the host's store; the snapshot id."""
+        req = cpb.SnapshotRequest(name=self.name, ref=ref or "", labels=labels or {})
+        sid = self._remote.unary("contexts", "Snapshot", req).snapshot_id
+        self.snapshot_id = sid
+        return sid
+
+    def delete(self) -> None:
+        self._remote.unary("contexts", "Delete", cpb.DeleteRequest(name=self.name))

@@ -1,0 +1,151 @@
+"""ContextService: the runtime's live contexts, driven remotely.
+
+Each method is the matching Context call (state/context.py) on the shared
+Runtime, so a context made here is the one the HTTP face and every other
+client sees. Generate streams as it samples; a client that cancels stops it
+at the next token, and the context keeps what was streamed.
+"""
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING
+
+from ..errors import ContextError
+from ..state.snapshots import take_snapshot
+from .errors import Code, Refused, guarded
+from .snapshots import check_client_name, require_served, runtime_store
+from .v1 import context_pb2 as pb
+from .v1 import context_pb2_grpc
+
+if TYPE_CHECKING:
+    from ..state import Context
+    from ..state.runtime import Runtime
+
+DEFAULT_MAX_TOKENS = 256
+_SAMPLING = ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "repeat_last_n",
+             "presence_penalty", "frequency_penalty", "seed")
+
+
+class ContextServicer(context_pb2_grpc.ContextServiceServicer):
+    def __init__(self, runtime: "Runtime"):
+        self.runtime = runtime
+
+    @guarded
+    def Create(self, request, context):
+        name = self._new_name(request.name)
+        ctx = self.runtime.create_context(name, request.model or None)
+        try:
+            ctx.labels.update(request.labels)
+            if request.system:
+                template = ctx.model.chat_template
+                if template is not None:
+                    ctx.append(template.render([{"role": "system", "content": request.system}],
+                                               add_generation_prompt=False), parse_special=True)
+                else:
+                    ctx.append(request.system)
+        except BaseException:
+            ctx.delete()  # no half-made context left behind
+            raise
+        return self._info(ctx)
+
+    @guarded
+    def Append(self, request, context):
+        ctx = self._find(request.name)
+        which = request.WhichOneof("content")
+        if which is None:
+            raise Refused(Code.INVALID_ARGUMENT, "append needs text or ids")
+        content = request.text if which == "text" else list(request.ids.ids)
+        n_new = ctx.append(content, parse_special=request.parse_special)
+        return pb.AppendResponse(n_new=n_new, context=self._info(ctx))
+
+    @guarded
+    def Generate(self, request, context):
+        ctx = self._find(request.name)
+        sampling = {f: getattr(request.sampling, f) for f in _SAMPLING if request.sampling.HasField(f)}
+        max_tokens = request.max_tokens if request.HasField("max_tokens") else DEFAULT_MAX_TOKENS
+        cancelled = threading.Event()
+        context.add_callback(cancelled.set)  # runs when the call ends, however it ends
+        before = ctx.n_tokens
+        stream = ctx.generate(max_tokens, stop=list(request.stop), **sampling)
+        try:
+            for piece in stream:
+                if cancelled.is_set():
+                    return  # the client went away: sample no more
+                yield pb.GenerateEvent(piece=pb.Piece(text=piece.text, token_id=piece.token_id))
+        finally:
+            stream.close()  # here, in this thread: it releases the context's lock
+        after = ctx.n_tokens
+        yield pb.GenerateEvent(done=pb.Done(finish_reason=ctx.finish_reason or "length", prompt_tokens=before,
+                                            completion_tokens=after - before, n_tokens=after))
+
+    @guarded
+    def Fork(self, request, context):
+        src = self._find(request.name)
+        return self._info(src.fork(self._new_name(request.new_name)))
+
+    @guarded
+    def Rewind(self, request, context):
+        ctx = self._find(request.name)
+        ctx.rewind(request.n)
+        return self._info(ctx)
+
+    @guarded
+    def Snapshot(self, request, context):
+        ctx = self._find(request.name)
+        ref = check_client_name(request.ref, "ref") if request.ref else None
+        result = take_snapshot(ctx, runtime_store(self.runtime), ref=ref, labels=dict(request.labels))
+        return pb.SnapshotResponse(snapshot_id=result.snapshot_id, n_pages=result.n_pages,
+                                   pages_written=result.pages_sent)
+
+    @guarded
+    def Restore(self, request, context):
+        store = runtime_store(self.runtime)
+        sid = store.resolve(check_client_name(request.ref, "ref"))
+        m = store.get_manifest(sid)
+        model = self.runtime.model(require_served(self.runtime, m.weight_id))
+        return self._info(model.restore(store, sid, name=self._new_name(request.name)))
+
+    @guarded
+    def Delete(self, request, context):
+        self._find(request.name).delete()
+        return pb.DeleteResponse()
+
+    @guarded
+    def List(self, request, context):
+        names = self._model_names()
+        return pb.ListResponse(contexts=[self._info(c, names=names)
+                                         for c in sorted(self.runtime.contexts(), key=lambda c: c.name)])
+
+    @guarded
+    def Get(self, request, context):
+        return self._info(self._find(request.name), tokens=request.include_tokens)
+
+    # -- helpers ----------------------------------------------------------------------
+    def _find(self, name: str) -> "Context":
+        return self.runtime.find_context(check_client_name(name, "context"))
+
+    def _new_name(self, name: str) -> str | None:
+        """A name for a new context ("" lets the table choose); refused if taken on any model."""
+        if not name:
+            return None
+        check_client_name(name, "context")
+        try:
+            self.runtime.find_context(name)
+        except ContextError:
+            return name
+        raise ContextError(f"a context named '{name}' already exists")
+
+    def _model_names(self) -> dict[int, str]:
+        """id(LoadedModel) -> catalog name, for the models loaded now."""
+        return {id(e.model.engine): e.entry.name for e in self.runtime.loaded()}
+
+    def _info(self, ctx: "Context", *, tokens: bool = False, names: dict[int, str] | None = None) -> pb.ContextInfo:
+        names = self._model_names() if names is None else names
+        ids = ctx.tokens
+        info = pb.ContextInfo(name=ctx.name, model=names.get(id(ctx.model), ctx.model.name),
+                              weight_id=ctx.weight_id, n_tokens=len(ids), snapshot_id=ctx.snapshot_id or "",
+                              labels=ctx.labels)
+        if tokens:
+            info.token_ids.extend(ids)
+            info.text = ctx.model.detokenize(ids)
+        return info

@@ -1,0 +1,174 @@
+"""SnapshotService: the server's snapshot store, page by page, for transfers.
+
+The receiving side of a push and the sending side of a pull. Nothing here
+trusts the client: keys are checked for shape, every page is verified against
+its key before any of its call is stored, manifests must be canonical and
+name only pages already present, and a host that serves no model with a
+snapshot's weights refuses it before a page moves (docs/grpc.md).
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from ..errors import CorruptDataError, StoreError
+from ..store import Manifest, validate_name
+from ..store import pages as codec
+from .errors import Code, Refused, guarded
+from .v1 import snapshot_pb2 as pb
+from .v1 import snapshot_pb2_grpc
+
+if TYPE_CHECKING:
+    from ..state.runtime import Runtime
+    from ..store import Store
+
+KEY_BYTES = 32
+RESERVED_PREFIX = "_"  # refs and contexts the server keeps for itself
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_message_bytes: int = 16 << 20   # one gRPC message (a page record must fit)
+    max_pages: int = 65536              # keys in one request, pages in one manifest
+    max_call_bytes: int = 64 << 20      # records in one PutPages call (held until it ends)
+    max_put_calls: int = 8              # PutPages calls buffering at once (the rest wait): bounds memory
+
+
+def check_client_name(name: str, what: str) -> str:
+    """A ref or context name a client may use: valid and not one of the server's own."""
+    validate_name(name, what)
+    if name.startswith(RESERVED_PREFIX):
+        raise Refused(Code.INVALID_ARGUMENT, f"{what} names starting with '{RESERVED_PREFIX}' are reserved "
+                                             f"for the server: {name!r}")
+    return name
+
+
+def require_served(runtime: "Runtime", weight_id: str) -> str:
+    """The name of the served model with these weights; FAILED_PRECONDITION if none."""
+    served = runtime.weight_ids()
+    if weight_id not in served:
+        have = ", ".join(f"{name} ({wid[:16]})" for wid, name in served.items()) or "none"
+        raise Refused(Code.FAILED_PRECONDITION,
+                      f"this host serves no model with weight_id {weight_id} (it serves: {have})")
+    return served[weight_id]
+
+
+def runtime_store(runtime: "Runtime") -> "Store":
+    if runtime.store is None:
+        raise StoreError("this server has no snapshot store")
+    return runtime.store
+
+
+class SnapshotServicer(snapshot_pb2_grpc.SnapshotServiceServicer):
+    def __init__(self, runtime: "Runtime", limits: Limits):
+        self.runtime = runtime
+        self.limits = limits
+        self._put_slots = threading.BoundedSemaphore(limits.max_put_calls)
+
+    @property
+    def store(self) -> "Store":
+        return runtime_store(self.runtime)
+
+    @guarded
+    def Models(self, request, context):
+        loaded = {e.entry.name for e in self.runtime.loaded()}
+        models = [pb.ServedModel(weight_id=wid, name=name, loaded=name in loaded)
+                  for wid, name in self.runtime.weight_ids().items()]
+        return pb.ModelsResponse(models=models, kv_dtype=self.runtime.kv)
+
+    @guarded
+    def MissingPages(self, request, context):
+        if not request.weight_id:
+            raise Refused(Code.INVALID_ARGUMENT, "weight_id is required: the weights of the snapshot "
+                                                 "these pages belong to")
+        require_served(self.runtime, request.weight_id)
+        keys = self._keys(request.keys)
+        return pb.MissingPagesResponse(missing=[bytes.fromhex(k) for k in self.store.missing_pages(keys)])
+
+    @guarded
+    def PutPages(self, request_iterator, context):
+        with self._put_slots:
+            return self._put_pages(request_iterator)
+
+    def _put_pages(self, request_iterator) -> pb.PutPagesResponse:
+        records: dict[str, bytes] = {}
+        size = received = 0
+        for page in request_iterator:
+            key = self._key(page.key)
+            received += 1
+            size += len(page.record)
+            if received > self.limits.max_pages or size > self.limits.max_call_bytes:
+                raise Refused(Code.RESOURCE_EXHAUSTED,
+                              f"a PutPages call may carry at most {self.limits.max_pages} pages and "
+                              f"{self.limits.max_call_bytes >> 20} MiB; send the rest in another call")
+            records[key] = page.record
+        try:  # every record is verified before any is written, in one transaction
+            stored = self.store.put_page_records(records)
+        except CorruptDataError as err:
+            raise CorruptDataError(f"{err}; nothing from this call was stored") from None
+        return pb.PutPagesResponse(received=received, stored=stored)
+
+    @guarded
+    def GetPages(self, request, context):
+        keys = self._keys(request.keys)
+        store = self.store
+        for key in keys:
+            if not context.is_active():
+                return  # the client went away: read no more
+            yield pb.Page(key=bytes.fromhex(key), record=store.get_page_record(key))
+
+    @guarded
+    def PutManifest(self, request, context):
+        try:
+            m = Manifest.from_bytes(request.manifest, what="manifest")
+        except CorruptDataError as err:
+            raise Refused(Code.INVALID_ARGUMENT, str(err)) from None
+        sid = codec.page_key(request.manifest)
+        if request.snapshot_id and request.snapshot_id.lower() != sid:
+            raise Refused(Code.INVALID_ARGUMENT, f"manifest hashes to {sid}, not {request.snapshot_id}")
+        if len(m.page_keys) > self.limits.max_pages:
+            raise Refused(Code.RESOURCE_EXHAUSTED,
+                          f"manifest names {len(m.page_keys)} pages; the limit is {self.limits.max_pages}")
+        ref = check_client_name(request.ref, "ref") if request.ref else None
+        require_served(self.runtime, m.weight_id)
+        # All or nothing: refused (naming a missing page) unless every page is stored.
+        return pb.PutManifestResponse(snapshot_id=self.store.snapshot(m, {}, ref=ref))
+
+    @guarded
+    def GetManifest(self, request, context):
+        sid = self.store.resolve(request.ref)
+        m = self.store.get_manifest(sid)  # verified against sid as it is read
+        return pb.GetManifestResponse(snapshot_id=sid, manifest=m.canonical_bytes())
+
+    @guarded
+    def SetRef(self, request, context):
+        self.store.set_ref(check_client_name(request.name, "ref"), request.snapshot_id)
+        return pb.SetRefResponse()
+
+    @guarded
+    def GetRef(self, request, context):
+        name = check_client_name(request.name, "ref")
+        sid = self.store.refs().get(name)
+        if sid is None:
+            raise StoreError(f"no ref named {name!r}")
+        return pb.GetRefResponse(snapshot_id=sid)
+
+    @guarded
+    def ListRefs(self, request, context):
+        refs = {n: sid for n, sid in self.store.refs().items()
+                if n.startswith(request.prefix) and not n.startswith(RESERVED_PREFIX)}
+        return pb.ListRefsResponse(refs=refs)
+
+    # -- checks ---------------------------------------------------------------------
+    def _keys(self, raw_keys) -> list[str]:
+        if len(raw_keys) > self.limits.max_pages:
+            raise Refused(Code.RESOURCE_EXHAUSTED, f"{len(raw_keys)} page keys in one request; "
+                                                   f"the limit is {self.limits.max_pages}")
+        return [self._key(k) for k in raw_keys]
+
+    @staticmethod
+    def _key(raw: bytes) -> str:
+        if len(raw) != KEY_BYTES:
+            raise Refused(Code.INVALID_ARGUMENT, f"a page key is {KEY_BYTES} bytes (BLAKE3), got {len(raw)}")
+        return raw.hex()

@@ -1,0 +1,189 @@
+"""Moving a snapshot between a local store and a remote host (the client side).
+
+Both directions follow one rule: the receiver says which page keys it lacks,
+only those cross, each is verified against its key as it is stored, and the
+manifest (with its ref) is written last, in one transaction that is refused
+while any page is missing. So an interrupted transfer leaves no half
+snapshot, and running it again sends only what is still missing: pages that
+arrived are kept, and protected from gc for an hour (store/maintenance.py).
+
+* push: MissingPages (the receiver refuses other weights here, before any
+  page moves) -> PutPages in calls of about ``chunk_bytes``, two in flight so
+  the receiver stores one while the next arrives -> PutManifest.
+* pull: GetManifest -> our weights check -> our store's missing pages ->
+  GetPages in calls of about ``chunk_bytes``, each call's pages stored (on
+  another thread) while the next call's arrive -> manifest.
+
+Bytes on the wire are counted as the serialized size of every message of the
+transfer, both directions (HTTP/2 framing adds a few bytes per message).
+"""
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Collection, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from ..errors import CorruptDataError, WeightMismatchError
+from ..store import Manifest, Store, page_key, validate_name
+from .snapshots import check_client_name
+from .v1 import snapshot_pb2 as pb
+
+if TYPE_CHECKING:
+    from .client import Remote
+
+DEFAULT_CHUNK_BYTES = 8 << 20   # page records per PutPages/GetPages call
+PIPELINE = 2                    # PutPages calls in flight: the receiver stores one as the next arrives
+Progress = Callable[[int, int], None] | None
+
+
+@dataclass(frozen=True)
+class TransferResult:
+    snapshot_id: str
+    ref: str | None      # the ref moved on the receiving side (None: none)
+    n_pages: int         # distinct pages the snapshot names
+    pages_sent: int      # pages that crossed the wire
+    pages_skipped: int   # pages the receiver already had
+    page_bytes: int      # bytes of those page records (as stored: maybe zstd)
+    wire_bytes: int      # serialized bytes of every message, both directions
+    seconds: float
+
+    @property
+    def mb_per_s(self) -> float:
+        return self.wire_bytes / 1e6 / self.seconds if self.seconds > 0 else 0.0
+
+
+class _Meter:
+    """Counts what a transfer sends and receives (from several threads)."""
+
+    def __init__(self):
+        self.wire = self.pages = self.page_bytes = self.stored = 0
+        self._lock = threading.Lock()
+
+    def message(self, msg):
+        with self._lock:
+            self.wire += msg.ByteSize()
+        return msg
+
+    def page(self, msg: pb.Page) -> pb.Page:
+        with self._lock:
+            self.pages += 1
+            self.page_bytes += len(msg.record)
+        return self.message(msg)
+
+    def pages_done(self, n: int) -> int:
+        """Pages whose calls have ended (for progress), after ``n`` more."""
+        with self._lock:
+            self.stored += n
+            return self.stored
+
+
+def push(remote: "Remote", store: Store, ref: str, *, as_ref: str | None = None,
+         chunk_bytes: int = DEFAULT_CHUNK_BYTES, progress: Progress = None) -> TransferResult:
+    """Send snapshot ``ref`` of ``store`` to the remote host; its ref ``as_ref`` (default: the same
+    name when ``ref`` is a ref) points at it afterwards."""
+    t0 = time.perf_counter()
+    sid = store.resolve(ref)
+    m = store.get_manifest(sid)
+    target = as_ref or (ref if ref in store.refs() else None)
+    if target is not None:
+        check_client_name(target, "ref")  # before any page moves
+    keys = list(dict.fromkeys(m.page_keys))
+    meter = _Meter()
+    asked = meter.message(pb.MissingPagesRequest(weight_id=m.weight_id, keys=[bytes.fromhex(k) for k in keys]))
+    missing = [k.hex() for k in meter.message(remote.unary("snapshots", "MissingPages", asked)).missing]
+    if not set(missing) <= set(keys):
+        raise CorruptDataError(f"{remote.target} asked for pages snapshot {sid[:16]} does not name")
+    with ThreadPoolExecutor(PIPELINE, thread_name_prefix="ctx-push") as pool:
+        in_flight: deque = deque()
+
+        def finish_one() -> None:
+            done = in_flight.popleft().result()  # raises the receiver's refusal
+            if progress:
+                progress(meter.pages_done(done.received), len(missing))
+
+        for chunk in _chunks(store, missing, chunk_bytes):
+            in_flight.append(pool.submit(remote.client_stream, "snapshots", "PutPages",
+                                         [meter.page(p) for p in chunk], meter.message))
+            if len(in_flight) >= PIPELINE:
+                finish_one()
+        while in_flight:
+            finish_one()
+    put = meter.message(pb.PutManifestRequest(manifest=m.canonical_bytes(), ref=target or "", snapshot_id=sid))
+    meter.message(remote.unary("snapshots", "PutManifest", put))
+    return _result(sid, target, len(keys), meter, t0)
+
+
+def pull(remote: "Remote", ref: str, store: Store, *, as_ref: str | None = None,
+         weight_ids: Collection[str] | None = None, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+         progress: Progress = None) -> TransferResult:
+    """Fetch snapshot ``ref`` from the remote host into ``store`` (ref ``as_ref``, default the same
+    name when ``ref`` is a ref there). With ``weight_ids``, refuse before any page moves a snapshot
+    made by weights not among them."""
+    t0 = time.perf_counter()
+    meter = _Meter()
+    got = meter.message(remote.unary("snapshots", "GetManifest", meter.message(pb.GetManifestRequest(ref=ref))))
+    sid = got.snapshot_id
+    if page_key(got.manifest) != sid:
+        raise CorruptDataError(f"{remote.target} sent a manifest that does not hash to snapshot {sid}")
+    m = Manifest.from_bytes(got.manifest, what=f"snapshot {sid[:16]} from {remote.target}")
+    if weight_ids is not None and m.weight_id not in weight_ids:
+        raise WeightMismatchError(f"snapshot {sid[:16]} was made by weights {m.weight_id} ({m.model_name}); "
+                                  f"no model here has them, so it could not be restored (nothing was fetched)")
+    target = as_ref or (None if sid.startswith(ref.lower()) else ref)
+    if target is not None:
+        validate_name(target, "ref")
+    keys = list(dict.fromkeys(m.page_keys))
+    missing = store.missing_pages(keys)
+    per_call = max(1, chunk_bytes // max(1, m.page_size))
+    with ThreadPoolExecutor(1, thread_name_prefix="ctx-pull") as writer:
+        writing = None  # the previous call's pages are stored while the next ones arrive
+        for i in range(0, len(missing), per_call):
+            records = _fetch(remote, missing[i:i + per_call], meter)
+            if writing is not None:
+                writing.result()
+            writing = writer.submit(store.put_page_records, records)  # all verified before any is stored
+            if progress:
+                progress(meter.pages, len(missing))
+        if writing is not None:
+            writing.result()
+    store.snapshot(m, {}, ref=target)  # manifest and ref last: refused if a page is missing
+    return _result(sid, target, len(keys), meter, t0)
+
+
+def _fetch(remote: "Remote", asked: list[str], meter: _Meter) -> dict[str, bytes]:
+    """One GetPages call: the records of ``asked``, in that order, or CorruptDataError."""
+    request = meter.message(pb.GetPagesRequest(keys=[bytes.fromhex(k) for k in asked]))
+    records = {}
+    for page in remote.stream("snapshots", "GetPages", request):
+        meter.page(page)
+        key = page.key.hex()
+        if len(records) >= len(asked) or key != asked[len(records)]:
+            raise CorruptDataError(f"{remote.target} sent page {key}, which was not the one asked for")
+        records[key] = page.record
+    if len(records) != len(asked):
+        raise CorruptDataError(f"{remote.target} sent {len(records)} of the {len(asked)} pages asked for")
+    return records
+
+
+def _chunks(store: Store, keys: list[str], chunk_bytes: int) -> Iterator[list[pb.Page]]:
+    """Page messages for ``keys``, in lists of about ``chunk_bytes`` of records."""
+    chunk, size = [], 0
+    for key in keys:
+        record = store.get_page_record(key)
+        chunk.append(pb.Page(key=bytes.fromhex(key), record=record))
+        size += len(record)
+        if size >= chunk_bytes:
+            yield chunk
+            chunk, size = [], 0
+    if chunk:
+        yield chunk
+
+
+def _result(sid: str, ref: str | None, n_pages: int, meter: _Meter, t0: float) -> TransferResult:
+    return TransferResult(snapshot_id=sid, ref=ref, n_pages=n_pages, pages_sent=meter.pages,
+                          pages_skipped=n_pages - meter.pages, page_bytes=meter.page_bytes,
+                          wire_bytes=meter.wire, seconds=time.perf_counter() - t0)

@@ -1,0 +1,142 @@
+"""Helpers of the gRPC tests: `ctx serve` processes on loopback and a TCP
+proxy that counts (and can slow down) the bytes between a client and one."""
+from __future__ import annotations
+
+import os
+import selectors
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+CTX = [sys.executable, "-m", "ctxengine.cli.main"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def ctx_env(home: Path, **extra: str) -> dict:
+    """The environment of a child `ctx`: its own CTX_HOME, no token or store from ours."""
+    env = {k: v for k, v in os.environ.items() if k not in ("CTX_TOKEN", "CTX_STORE")}
+    return {**env, "CTX_HOME": str(home), "PYTHONSAFEPATH": "1", **extra}
+
+
+def ctx(*args, home: Path, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([*CTX, *map(str, args)], capture_output=True, text=True,
+                          env=ctx_env(home, **(env or {})), timeout=timeout)
+
+
+class CtxServer:
+    """``ctx serve --port 0 --grpc-port N --store DIR ...`` in a child process."""
+
+    def __init__(self, root: Path, *extra: str, host: str = "127.0.0.1", prefix: tuple[str, ...] = (),
+                 env: dict | None = None, timeout: float = 60):
+        self.root = root
+        self.store = root / "store"
+        self.host = host
+        self.port = free_port() if host == "127.0.0.1" else 11436
+        self.target = f"{host}:{self.port}"
+        root.mkdir(parents=True, exist_ok=True)
+        self._log = open(root / "serve.log", "w+")
+        cmd = [*prefix, *CTX, "serve", "--port", "0", "--grpc-port", str(self.port), "--host", host,
+               "--store", str(self.store), *extra]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=self._log,
+                                     env=ctx_env(root / "home", **(env or {})))
+        self._wait(timeout)
+
+    def _wait(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if "gRPC on" in self.log():
+                return
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.05)
+        self.stop(check=False)
+        raise RuntimeError(f"ctx serve did not start:\n{self.log()}")
+
+    def log(self) -> str:
+        self._log.flush()
+        return (self.root / "serve.log").read_text()
+
+    def stop(self, check: bool = True) -> None:
+        """SIGTERM, then (with ``check``) insist it exited cleanly and logged no traceback."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        log = self.log()
+        self._log.close()
+        if check:
+            assert self.proc.returncode == 0 and "Traceback" not in log, \
+                f"ctx serve exited with {self.proc.returncode}:\n{log}"
+
+
+class ByteProxy:
+    """Forwards 127.0.0.1:<port> to ``target``, counting bytes each way;
+    ``rate`` (bytes/s, client to server) slows a transfer down to watch it."""
+
+    def __init__(self, target: tuple[str, int], rate: float | None = None):
+        self.target = target
+        self.rate = rate
+        self.up = self.down = 0
+        self._lock = threading.Lock()
+        self._sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self._sock.getsockname()[1]
+        self._stop = threading.Event()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    @property
+    def total(self) -> int:
+        return self.up + self.down
+
+    def reset(self) -> None:
+        with self._lock:
+            self.up = self.down = 0
+
+    def close(self) -> None:
+        self._stop.set()
+        self._sock.close()
+
+    def _accept(self) -> None:
+        while not self._stop.is_set():
+            try:
+                client, _ = self._sock.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(self.target)
+            threading.Thread(target=self._pump, args=(client, upstream), daemon=True).start()
+
+    def _pump(self, client: socket.socket, upstream: socket.socket) -> None:
+        sel = selectors.DefaultSelector()
+        sel.register(client, selectors.EVENT_READ, (upstream, "up"))
+        sel.register(upstream, selectors.EVENT_READ, (client, "down"))
+        try:
+            while not self._stop.is_set():
+                for key, _ in sel.select(0.2):
+                    peer, way = key.data
+                    data = key.fileobj.recv(1 << 16)
+                    if not data:
+                        return
+                    if way == "up" and self.rate:
+                        time.sleep(len(data) / self.rate)
+                    peer.sendall(data)
+                    with self._lock:
+                        if way == "up":
+                            self.up += len(data)
+                        else:
+                            self.down += len(data)
+        except OSError:
+            return
+        finally:
+            sel.close()
+            client.close()
+            upstream.close()
