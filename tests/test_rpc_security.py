@@ -20,8 +20,7 @@ MAX_PAGES = 64
 
 @pytest.fixture(scope="module")
 def tls(tmp_path_factory):
-    if shutil.which("openssl") is None:
-        pytest.skip("openssl is not installed: it makes the test's TLS certificate")
+    assert shutil.which("openssl"), "the TLS test makes its certificate with openssl: install it"
     d = tmp_path_factory.mktemp("tls")
     subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
                     "-keyout", d / "key.pem", "-out", d / "cert.pem", "-subj", "/CN=localhost",
