@@ -48,7 +48,7 @@ def first_token(ctx) -> int:
 def run(args) -> dict:
     import ctxengine as ce
     from ctxengine.rpc import Remote
-    from rpc_servers import ByteProxy, CtxServer
+    from servers import ByteProxy, CtxServer
 
     model = ce.load(args.model)  # only to tokenize here
     ids = prompt_ids(model.tokenize, LONG)

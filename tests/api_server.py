@@ -1,19 +1,12 @@
 """A real `ctx serve` on loopback, in a subprocess, for the HTTP tests.
 
 Each test module shares one (a module-scoped fixture around ``running``);
-the server's stderr is kept and shown when it fails to start.
+the server's log is shown when it fails to start or exits uncleanly.
 """
 from __future__ import annotations
 
 import contextlib
-import os
 import re
-import signal
-import socket
-import subprocess
-import sys
-import threading
-import time
 from pathlib import Path
 
 import anthropic
@@ -23,47 +16,16 @@ import openai
 import pytest
 
 import ctxengine
+from servers import CtxServer
 
-READY = "ctx serve: HTTP on"
 START_TIMEOUT_S = 120
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+class Server(CtxServer):
+    """``ctx serve`` with HTTP on a free loopback port, gRPC off; CTX_HOME and store under ``home``."""
 
-
-class Server:
     def __init__(self, home: Path, *args: str):
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        env = dict(os.environ, CTX_HOME=str(home), PYTHONSAFEPATH="1")
-        env.pop("OLLAMA_MODELS", None)
-        cmd = [sys.executable, "-m", "ctxengine.cli.main", "serve", "--port", str(self.port), "--grpc-port", "0",
-               "--store", str(home / "store"), *args]
-        if "--ollama-models" not in args:
-            cmd.append("--no-ollama")  # the machine's own Ollama models are not the tests' business
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
-        self.stderr: list[str] = []
-        self._ready = threading.Event()
-        self._reader = threading.Thread(target=self._read_stderr, daemon=True)
-        self._reader.start()
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while not self._ready.wait(0.1):
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                self.stop(timeout=5)
-                pytest.fail(f"ctx serve did not start (rc {self.proc.poll()}):\n{self.log}")
-
-    def _read_stderr(self) -> None:
-        for line in self.proc.stderr:
-            self.stderr.append(line)
-            if line.startswith(READY):
-                self._ready.set()
-
-    @property
-    def log(self) -> str:
-        return "".join(self.stderr)
+        super().__init__(home, *args, http=True, timeout=START_TIMEOUT_S)
 
     def get(self, path: str, **kw) -> httpx.Response:
         return httpx.get(self.url + path, timeout=60, **kw)
@@ -76,18 +38,6 @@ class Server:
         text = self.get("/metrics", headers=headers or {}).text
         return sum(float(m.group(1)) for m in re.finditer(rf"^{re.escape(name)}(?:{{[^}}]*}})? (\S+)$", text, re.M))
 
-    def stop(self, timeout: float = 30) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self._reader.join(10)
-        self.proc.stderr.close()
-        return self.proc.returncode
-
 
 @contextlib.contextmanager
 def running(home: Path, *args: str):
@@ -95,9 +45,7 @@ def running(home: Path, *args: str):
     try:
         yield server
     finally:
-        rc = server.stop()
-        assert rc == 0, f"ctx serve exited with {rc}:\n{server.log}"
-        assert "Traceback" not in server.log, server.log
+        server.stop()  # and insists on exit status 0 and no traceback in the log
 
 
 def greedy_reply(model, *, messages: list[dict] | None = None, text: str | None = None, max_tokens: int = 16,

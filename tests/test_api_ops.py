@@ -113,12 +113,12 @@ def test_sigterm_finishes_short_streams_and_cuts_long_ones(tmp_path):
         assert started.wait(60)
     t0 = time.monotonic()
     server.proc.send_signal(signal.SIGTERM)
-    assert server.proc.wait(30) == 0, server.log
+    assert server.proc.wait(30) == 0, server.log()
     assert time.monotonic() - t0 < 15
     for t in threads:
         t.join(10)
     server.stop()
-    assert "Traceback" not in server.log, server.log
+    assert "Traceback" not in server.log(), server.log()
     for name in ("short", "long"):
         events = streams[name]["events"]
         assert events[-1] == "[DONE]", (name, events[-3:])

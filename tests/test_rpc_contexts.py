@@ -8,7 +8,7 @@ import pytest
 import ctxengine as ce
 from ctxengine.errors import ContextError
 from ctxengine.rpc import Remote, RemoteError
-from rpc_servers import CtxServer
+from servers import CtxServer
 
 PROMPT = "The three primary colours are"
 

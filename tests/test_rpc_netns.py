@@ -11,7 +11,7 @@ import textwrap
 
 import pytest
 
-from rpc_servers import CtxServer, ctx_env
+from servers import CtxServer, ctx_env
 
 TOKEN = "netns-token"
 

@@ -12,7 +12,7 @@ from ctxengine.rpc import Remote, RemoteError
 from ctxengine.rpc.v1 import snapshot_pb2 as pb
 from ctxengine.store import Store, page_key
 from ctxengine.store import pages as codec
-from rpc_servers import CtxServer, ctx
+from servers import CtxServer, ctx
 
 TOKEN = "s3cret-token-for-tests"
 MAX_PAGES = 64

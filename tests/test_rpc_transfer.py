@@ -12,7 +12,7 @@ import pytest
 from ctxengine.rpc import Remote, RemoteError
 from ctxengine.rpc.v1 import snapshot_pb2 as pb
 from ctxengine.store import Manifest, Store, page_key
-from rpc_servers import CTX, ByteProxy, CtxServer, ctx, ctx_env
+from servers import CTX, ByteProxy, CtxServer, ctx, ctx_env
 
 TEXT = ("The history of the printing press begins in the fifteenth century, when Johannes Gutenberg "
         "combined a screw press with movable metal type. ")

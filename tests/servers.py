@@ -1,5 +1,5 @@
-"""Helpers of the gRPC tests: `ctx serve` processes on loopback and a TCP
-proxy that counts (and can slow down) the bytes between a client and one."""
+"""`ctx serve` processes on loopback for the tests (HTTP, gRPC or both), and a
+TCP proxy that counts (and can slow down) the bytes between a client and one."""
 from __future__ import annotations
 
 import os
@@ -21,8 +21,8 @@ def free_port() -> int:
 
 
 def ctx_env(home: Path, **extra: str) -> dict:
-    """The environment of a child `ctx`: its own CTX_HOME, no token or store from ours."""
-    env = {k: v for k, v in os.environ.items() if k not in ("CTX_TOKEN", "CTX_STORE")}
+    """The environment of a child `ctx`: its own CTX_HOME, no token, store or Ollama models from ours."""
+    env = {k: v for k, v in os.environ.items() if k not in ("CTX_TOKEN", "CTX_STORE", "OLLAMA_MODELS")}
     return {**env, "CTX_HOME": str(home), "PYTHONSAFEPATH": "1", **extra}
 
 
@@ -32,39 +32,45 @@ def ctx(*args, home: Path, env: dict | None = None, timeout: float = 120) -> sub
 
 
 class CtxServer:
-    """``ctx serve --port 0 --grpc-port N --store DIR ...`` in a child process."""
+    """``ctx serve`` in a child process: gRPC on a free port (``--port 0``), or
+    with ``http=True`` HTTP on a free port (``--grpc-port 0``). The machine's
+    own Ollama models are left out unless ``--ollama-models`` is given."""
 
     def __init__(self, root: Path, *extra: str, host: str = "127.0.0.1", prefix: tuple[str, ...] = (),
-                 env: dict | None = None, timeout: float = 60):
+                 env: dict | None = None, timeout: float = 60, http: bool = False):
         self.root = root
         self.store = root / "store"
         self.host = host
         self.port = free_port() if host == "127.0.0.1" else 11436
         self.target = f"{host}:{self.port}"
+        self.url = f"http://{host}:{self.port}"
         root.mkdir(parents=True, exist_ok=True)
         self._log = open(root / "serve.log", "w+")
-        cmd = [*prefix, *CTX, "serve", "--port", "0", "--grpc-port", str(self.port), "--host", host,
-               "--store", str(self.store), *extra]
+        ports = ["--port", str(self.port), "--grpc-port", "0"] if http else ["--port", "0", "--grpc-port", str(self.port)]
+        if "--ollama-models" not in extra:
+            extra = (*extra, "--no-ollama")
+        cmd = [*prefix, *CTX, "serve", *ports, "--host", host, "--store", str(self.store), *extra]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=self._log,
                                      env=ctx_env(root / "home", **(env or {})))
-        self._wait(timeout)
+        self._wait("ctx serve: HTTP on" if http else "ctx serve: gRPC on", timeout)
 
-    def _wait(self, timeout: float) -> None:
+    def _wait(self, ready: str, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if "gRPC on" in self.log():
+            if ready in self.log():
                 return
             if self.proc.poll() is not None:
                 break
             time.sleep(0.05)
         self.stop(check=False)
-        raise RuntimeError(f"ctx serve did not start:\n{self.log()}")
+        raise RuntimeError(f"ctx serve did not start (rc {self.proc.returncode}):\n{self.log()}")
 
     def log(self) -> str:
-        self._log.flush()
+        if not self._log.closed:
+            self._log.flush()
         return (self.root / "serve.log").read_text()
 
-    def stop(self, check: bool = True) -> None:
+    def stop(self, check: bool = True) -> int:
         """SIGTERM, then (with ``check``) insist it exited cleanly and logged no traceback."""
         if self.proc.poll() is None:
             self.proc.terminate()
@@ -78,6 +84,7 @@ class CtxServer:
         if check:
             assert self.proc.returncode == 0 and "Traceback" not in log, \
                 f"ctx serve exited with {self.proc.returncode}:\n{log}"
+        return self.proc.returncode
 
 
 class ByteProxy:
