@@ -9,6 +9,7 @@ import pytest
 
 import ctxengine as ce
 from ctxengine import _core
+from ctxengine.errors import ContextError
 
 
 @pytest.fixture(scope="module")
@@ -124,6 +125,27 @@ def test_forked_context_equals_fresh_one(model):
     trunk2.append(trunk.tokens)
     assert before == [trunk2._seq.export_page(i) for i in range(len(trunk2._seq.pages))]
     for c in (trunk, branch, fresh, trunk2):
+        c.delete()
+
+
+def test_a_fork_of_a_prefix_continues_like_a_fresh_context(model):
+    trunk = model.context("trunk")
+    trunk.append("The history of the printing press begins in the fifteenth century")
+    n = trunk.n_tokens - 5  # cut inside a page the trunk keeps writing to
+    head = trunk.fork("head", n_tokens=n)
+    assert head.tokens == trunk.tokens[:n] and head.n_cached == n
+    with pytest.raises(ContextError, match="cannot fork the first"):
+        trunk.fork("too-long", n_tokens=trunk.n_tokens + 1)
+    fresh = model.context("fresh")
+    fresh.append(trunk.tokens[:n])
+    assert [p.token_id for p in head.generate(6, temperature=0.0)] == \
+        [p.token_id for p in fresh.generate(6, temperature=0.0)]
+    assert np.array_equal(bits(head._sync()), bits(fresh._sync()))
+    trunk2 = model.context("trunk2")
+    trunk2.append(trunk.tokens)  # the trunk's pages are untouched by the head's writes
+    assert [trunk._seq.export_page(i) for i in range(len(trunk._seq.pages))] == \
+        [trunk2._seq.export_page(i) for i in range(len(trunk2._seq.pages))]
+    for c in (trunk, head, fresh, trunk2):
         c.delete()
 
 

@@ -149,13 +149,24 @@ class Context:
                 self._table.touch(self)
 
     # -- branching --------------------------------------------------------------
-    def fork(self, name: str | None = None) -> "Context":
-        """A new context sharing every KV page copy-on-write: O(pages), no KV copied."""
+    def fork(self, name: str | None = None, *, n_tokens: int | None = None) -> "Context":
+        """A new context sharing every KV page copy-on-write: O(pages), no KV copied.
+
+        With ``n_tokens`` the branch holds only the first n tokens (a shared
+        last page is copied on its first write, as always)."""
         with self._lock:
             self._check_live()
-            return self._table.adopt(name, self._seq.fork(), self._tokens, labels=self.labels,
+            keep = len(self._tokens) if n_tokens is None else n_tokens
+            if not 0 <= keep <= len(self._tokens):
+                raise ContextError(f"cannot fork the first {keep} tokens of a {len(self._tokens)}-token context")
+            seq = self._seq.fork()
+            if seq.n_tokens > keep:
+                seq.truncate(keep)
+            same_kv = seq.n_tokens == self._seq.n_tokens  # then our last logits are the branch's too
+            return self._table.adopt(name, seq, self._tokens[:keep], labels=self.labels,
                                      sampler_state=self.sampler_state,
-                                     last_logits=None if self._last_logits is None else self._last_logits.copy(),
+                                     last_logits=self._last_logits.copy() if same_kv and self._last_logits is not None
+                                     else None,
                                      snapshot_id=self.snapshot_id)
 
     def rewind(self, n: int) -> None:

@@ -89,20 +89,19 @@ class PrefixCache:
             for src_name, n in self._candidates(want):
                 try:
                     src = table.get(src_name)
-                    with src._lock:
-                        src._check_live()  # an entry evicted to the store comes back here
-                        seq = src._seq.fork()
+                    # Only tokens whose KV is computed count as cached (an entry
+                    # evicted to the store comes back here).
+                    n = min(n, src.n_cached, len(want) - 1)
+                    ctx = src.fork(name, n_tokens=n)
                 except CtxError:
                     self._entries.pop(src_name, None)  # gone with its model, or unreadable
                     continue
-                n = min(n, seq.n_tokens, len(want) - 1)
-                if seq.n_tokens > n:
-                    seq.truncate(n)
+                ctx.sampler_state = None  # a new request starts its own RNG, as without the cache
                 self._entries.move_to_end(src_name)
                 if n > 0:
                     self.stats.hits += 1
                     self.stats.cached_tokens += n
-                return table.adopt(name, seq, [int(t) for t in want[:n]]), n
+                return ctx, n
         return table.adopt(name, self.model.engine.new_sequence(), ()), 0
 
     def release(self, ctx: "Context", *, keep: bool = True) -> None:
