@@ -37,12 +37,7 @@ class ContextServicer(context_pb2_grpc.ContextServiceServicer):
         try:
             ctx.labels.update(request.labels)
             if request.system:
-                template = ctx.model.chat_template
-                if template is not None:
-                    ctx.append(template.render([{"role": "system", "content": request.system}],
-                                               add_generation_prompt=False), parse_special=True)
-                else:
-                    ctx.append(request.system)
+                ctx.append_system(request.system)
         except BaseException:
             ctx.delete()  # no half-made context left behind
             raise

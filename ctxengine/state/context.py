@@ -109,6 +109,15 @@ class Context:
             self._table.touch(self)
             return len(ids)
 
+    def append_system(self, text: str) -> int:
+        """Add a system message: rendered with the model's chat template when it
+        has one (its control tokens parsed), else as plain text."""
+        template = self.model.chat_template
+        if template is None:
+            return self.append(text)
+        return self.append(template.render([{"role": "system", "content": text}], add_generation_prompt=False),
+                           parse_special=True)
+
     def generate(self, max_tokens: int = 256, *, stop: Sequence[str] = (), **sampling) -> Iterator[Piece]:
         """Stream up to max_tokens sampled tokens as pieces of text.
 

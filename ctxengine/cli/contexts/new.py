@@ -20,10 +20,6 @@ def main(args: argparse.Namespace) -> int:
         model = load_model(args)
         ctx = model.context(args.name)
         if args.system:
-            if model.chat_template is not None:
-                ctx.append(model.chat_prompt([{"role": "system", "content": args.system}],
-                                             add_generation_prompt=False), parse_special=True)
-            else:
-                ctx.append(args.system)
+            ctx.append_system(args.system)
         save(ctx, store, args.name)
     return 0
