@@ -59,8 +59,7 @@ def _embed(runtime, name: str | None, inputs: list, *, truncate: bool, dimension
 
 def _ids(model, item) -> list[int]:
     if isinstance(item, str):
-        tok = model.tokenizer
-        ids = model.tokenize(item, add_bos=bool(tok.add_bos and tok.bos_id is not None))
+        ids = model.tokenizer.with_bos(model.tokenize(item))
     else:
         ids = [int(i) for i in item]
         bad = [i for i in ids if not 0 <= i < model.config.n_vocab]

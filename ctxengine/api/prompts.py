@@ -68,10 +68,8 @@ def chat_text(model: "Model", entry: "CatalogEntry", messages: list[dict], *,
 def prompt_ids(model: "Model", entry: "CatalogEntry", prompt: Prompt) -> list[int]:
     """Every token of a fresh request's prompt, BOS included where the model wants one."""
     text = chat_text(model, entry, prompt.messages, template=prompt.template) if prompt.is_chat else prompt.text or ""
-    ids = list(prompt.prefix_ids) + model.tokenize(text, parse_special=True)
-    tok = model.tokenizer
-    if not prompt.prefix_ids and tok.add_bos and tok.bos_id is not None and ids[:1] != [tok.bos_id]:
-        ids.insert(0, tok.bos_id)
+    ids = model.tokenize(text, parse_special=True)
+    ids = list(prompt.prefix_ids) + ids if prompt.prefix_ids else model.tokenizer.with_bos(ids)
     if not ids:
         raise CtxError("the prompt is empty")
     return ids

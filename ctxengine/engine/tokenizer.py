@@ -104,6 +104,14 @@ class Tokenizer:
                    bos_id=ids["bos"], eos_id=ids["eos"], add_bos=add_bos,
                    add_space_prefix=add_space_prefix, eog_ids=eog_ids)
 
+    def with_bos(self, ids: list[int]) -> list[int]:
+        """``ids`` as the start of a sequence: with the BOS token in front if the
+        model wants one and it is not there yet (a rendered chat template may
+        already begin with it)."""
+        if self.add_bos and self.bos_id is not None and ids[:1] != [self.bos_id]:
+            return [self.bos_id, *ids]
+        return ids
+
     def encode(self, text: str, *, add_bos: bool = False, parse_special: bool = False) -> list[int]:
         """Token ids of ``text``. Control tokens are recognised in the text only
         with ``parse_special``; user-defined tokens always are (as in llama.cpp).

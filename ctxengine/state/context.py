@@ -94,10 +94,8 @@ class Context:
             self._check_live()
             if isinstance(content, str):
                 ids = self.model.tokenize(content, parse_special=parse_special)
-                tok = self.model.tokenizer
-                # BOS once, even when the text (a rendered chat template) already starts with it.
-                if not self._tokens and tok.add_bos and tok.bos_id is not None and ids[:1] != [tok.bos_id]:
-                    ids.insert(0, tok.bos_id)
+                if not self._tokens:
+                    ids = self.model.tokenizer.with_bos(ids)
             else:
                 ids = [int(i) for i in content]
                 bad = [i for i in ids if not 0 <= i < self.model.config.n_vocab]
