@@ -13,7 +13,7 @@ import signal
 import sys
 import threading
 
-from ..engine.model import KV_DTYPES
+from .common import KV_DTYPES
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_HTTP_PORT = 11435

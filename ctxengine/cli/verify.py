@@ -13,7 +13,6 @@ import argparse
 import tempfile
 from typing import Callable
 
-import numpy as np
 
 from .common import add_model_arguments, load_model
 
@@ -29,7 +28,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_model_arguments(p)
 
 
-def bits(a: np.ndarray) -> np.ndarray:
+def bits(a):
+    """The float32 values' bit patterns (uint32), to compare exactly."""
+    import numpy as np
+
     return np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
 
 
@@ -42,6 +44,8 @@ def greedy(model, ids: list[int], n: int) -> list[int]:
 
 
 def main(args: argparse.Namespace) -> int:
+    import numpy as np  # here, not at import: every `ctx` command builds the parser from this module
+
     from .. import _core
     from ..engine.cpu import physical_cores
     from ..errors import CtxError

@@ -57,13 +57,14 @@ class LoadedEntry:
 class Runtime:
     def __init__(self, catalog: ModelCatalog, *, store: "Store | None" = None, threads: int | None = None,
                  kv: str = "f16", memory_budget: int | None = None,
-                 prefix_cache_entries: int = DEFAULT_MAX_ENTRIES):
+                 prefix_cache_entries: int | None = None):
         self.catalog = catalog
         self.store = store
         self.threads = threads
         self.kv = kv
         self.memory_budget = memory_budget if memory_budget is not None else _physical_memory() // 2
-        self.prefix_cache_entries = prefix_cache_entries  # per model; 0 turns prefix reuse off
+        # Per model; 0 turns prefix reuse off, None is the prefix cache's default.
+        self.prefix_cache_entries = DEFAULT_MAX_ENTRIES if prefix_cache_entries is None else prefix_cache_entries
         self.started_at = time.time()
         self._loaded: dict[str, LoadedEntry] = {}  # by catalog entry name
         self._lock = threading.RLock()
