@@ -149,13 +149,24 @@ def _compute_and_remember(real: str, stamp: dict[str, int]) -> str:
     return wid
 
 
+# What this process already knows, so a server asked which weights it serves
+# on every transfer stats its files but does not re-read the cache file.
+_known: dict[tuple[str, tuple], str] = {}
+
+
 def cached_weight_id(path: str | os.PathLike) -> str:
     """weight_id of the file at path, from the cache when the file is unchanged."""
     real, stamp = _stamp(path)
-    return _lookup(_load_entries(), real, stamp) or _compute_and_remember(real, stamp)
+    key = (real, tuple(sorted(stamp.items())))
+    wid = _known.get(key)
+    if wid is None:
+        wid = _known[key] = _lookup(_load_entries(), real, stamp) or _compute_and_remember(real, stamp)
+    return wid
 
 
 def verify_weight_id(path: str | os.PathLike) -> tuple[str | None, str]:
     """(cached id or None, freshly computed id); the cache is corrected to the latter."""
     real, stamp = _stamp(path)
-    return _lookup(_load_entries(), real, stamp), _compute_and_remember(real, stamp)
+    cached = _lookup(_load_entries(), real, stamp)
+    fresh = _known[(real, tuple(sorted(stamp.items())))] = _compute_and_remember(real, stamp)
+    return cached, fresh
