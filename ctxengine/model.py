@@ -15,6 +15,11 @@ from .engine.registry import resolve_model
 from .state import Context, ContextTable
 
 
+# Stand-in turn contents for rendering a template around (chat_continuation).
+_ANCHOR = "ctx-anchor-3f9b1c"
+_REPLY = "ctx-reply-8d2e4a"
+
+
 class Model:
     def __init__(self, engine: LoadedModel):
         self.engine = engine
@@ -74,6 +79,41 @@ class Model:
         if self.chat_template is None:
             raise CtxError(f"{self.name} has no chat template")
         return self.chat_template.render(messages, add_generation_prompt=add_generation_prompt)
+
+    def chat_continuation(self, messages: list[dict], after: Sequence[int] = (), *,
+                          add_generation_prompt: bool = True) -> str:
+        """The text that continues a conversation already held as the tokens
+        ``after`` with more ``messages``.
+
+        Templates render whole conversations (and may add a default system
+        turn to a lone user turn), so this is the rendering of [anchor] +
+        messages minus that of [anchor], the anchor being a system turn; a
+        context ending on an end-of-turn token first gets what the template
+        writes after it (see chat_turn_closing)."""
+        anchor = [{"role": "system", "content": _ANCHOR}]
+        before = self.chat_prompt(anchor, add_generation_prompt=False)
+        full = self.chat_prompt(anchor + messages, add_generation_prompt=add_generation_prompt)
+        if not full.startswith(before):
+            raise CtxError(f"{self.name}'s chat template cannot render turns on their own; "
+                           "append the turns as text instead")
+        last = after[-1] if len(after) else None
+        opening = self.chat_turn_closing(last) if last in self.tokenizer.eog_ids else ""
+        return opening + full[len(before):]
+
+    def chat_turn_closing(self, last_token: int | None) -> str:
+        """What the template writes after an assistant reply, less the end-of-turn
+        token the reply already ended with (if it did)."""
+        anchor = [{"role": "system", "content": _ANCHOR}, {"role": "assistant", "content": _REPLY}]
+        try:
+            text = self.chat_prompt(anchor, add_generation_prompt=False)
+        except CtxError:
+            return ""  # a template that refuses this shape: leave the turn as the reply left it
+        closing = text[text.index(_REPLY) + len(_REPLY):] if _REPLY in text else ""
+        if last_token is not None and last_token in self.tokenizer.eog_ids:
+            ended = self.detokenize([last_token])
+            if closing.startswith(ended):
+                closing = closing[len(ended):]
+        return closing
 
     def close(self) -> None:
         for name in self.contexts.names():

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, AsyncIterator
 from ..errors import ContextError, CtxError
 from .errors import ApiError, as_api_error
 from .options import Sampling, entry_sampling
-from .prompts import Prompt, continuation_text, prompt_ids, turn_closing
+from .prompts import Prompt, continuation_text, prompt_ids
 
 if TYPE_CHECKING:
     from ..engine.catalog import CatalogEntry
@@ -219,7 +219,7 @@ class Generation:
                 finished = self._decode(model, ctx, self._limit(model), t0)
             finally:
                 if self.request.prompt.is_chat:
-                    closing = turn_closing(model, self.entry, ctx.tokens[-1] if ctx.n_tokens else None)
+                    closing = model.chat_turn_closing(ctx.tokens[-1] if ctx.n_tokens else None)
                     try:
                         if closing:
                             ctx.append(closing, parse_special=True)

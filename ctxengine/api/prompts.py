@@ -14,7 +14,7 @@ A named context (our extension) already holds the conversation so far, so
 only the new turns are rendered: the template's text for ``[anchor] + new``
 minus its text for ``[anchor]``, where the anchor is a system turn. After a
 chat reply the context's assistant turn is closed as the template closes it
-(:func:`turn_closing`), so the context always ends on a turn boundary.
+(``Model.chat_turn_closing``), so the context always ends on a turn boundary.
 """
 from __future__ import annotations
 
@@ -26,10 +26,6 @@ from ..errors import CtxError, UnsupportedTemplateError
 if TYPE_CHECKING:
     from ..engine.catalog import CatalogEntry
     from ..model import Model
-
-_ANCHOR = "ctx-anchor-3f9b1c"
-_REPLY = "ctx-reply-8d2e4a"
-
 
 @dataclass
 class Prompt:
@@ -81,29 +77,4 @@ def continuation_text(model: "Model", entry: "CatalogEntry", prompt: Prompt, con
         return prompt.text or ""
     if not context_tokens:
         return chat_text(model, entry, prompt.messages, layer_template=False)
-    anchor = [{"role": "system", "content": _ANCHOR}]
-    before = chat_text(model, entry, anchor, add_generation_prompt=False, layer_template=False)
-    after = chat_text(model, entry, anchor + prompt.messages, layer_template=False)
-    if not after.startswith(before):
-        raise CtxError("this model's chat template cannot render turns on their own, so a named context "
-                       "cannot be continued with messages; append the turns as text instead")
-    # A reply that ended on its end-of-turn token (generated elsewhere) still lacks what follows it.
-    last = context_tokens[-1]
-    opening = turn_closing(model, entry, last) if last in model.tokenizer.eog_ids else ""
-    return opening + after[len(before):]
-
-
-def turn_closing(model: "Model", entry: "CatalogEntry", last_token: int | None) -> str:
-    """What the template writes after an assistant reply, less the end-of-turn token
-    the reply already ended with (if it did)."""
-    anchor = [{"role": "system", "content": _ANCHOR}, {"role": "assistant", "content": _REPLY}]
-    try:
-        text = chat_text(model, entry, anchor, add_generation_prompt=False, layer_template=False)
-    except CtxError:
-        return ""  # a template that refuses this shape: leave the turn as the reply left it
-    closing = text[text.index(_REPLY) + len(_REPLY):] if _REPLY in text else ""
-    if last_token is not None and last_token in model.tokenizer.eog_ids:
-        ended = model.detokenize([last_token])
-        if closing.startswith(ended):
-            closing = closing[len(ended):]
-    return closing
+    return model.chat_continuation(prompt.messages, context_tokens)

@@ -60,25 +60,11 @@ def save(ctx, store, ref: str) -> str:
 
 
 def chat_turn(model, ctx, role: str, text: str) -> str:
-    """The text a chat template adds for one more message of ``role``.
-
-    Templates render whole conversations (and may add a default system
-    message to a lone user turn), so we render [system, message] and keep
-    what follows the rendering of [system] alone.
-    """
+    """The text a chat template adds to ``ctx`` for one more message of ``role``."""
     if model.chat_template is None:
         raise CtxError(f"{model.name} has no chat template; append plain text instead of --role")
-    anchor = [{"role": "system", "content": "-"}]
-    base = model.chat_prompt(anchor, add_generation_prompt=False)
-    full = model.chat_prompt(anchor + [{"role": role, "content": text}], add_generation_prompt=role == "user")
-    if not full.startswith(base):
-        raise CtxError(f"{model.name}'s chat template does not render messages one after another; "
-                       "append plain text with --special instead")
-    turn = full[len(base):]
-    # generate() stops on the end-of-turn token; the template puts a newline after it.
-    if ctx.tokens and ctx.tokens[-1] in model.tokenizer.eog_ids and base.endswith("\n") and not turn.startswith("\n"):
-        turn = "\n" + turn
-    return turn
+    return model.chat_continuation([{"role": role, "content": text}], ctx.tokens,
+                                   add_generation_prompt=role == "user")
 
 
 def describe(store, sid: str) -> dict:
