@@ -20,9 +20,13 @@ def test_unknown_architecture(tmp_path):
         ce.load(path)
 
 
-def test_unsupported_architecture_is_named(gemma3_path):
-    with pytest.raises(UnsupportedModelError, match="architecture 'gemma3'"):
-        ce.load(gemma3_path)
+def test_longrope_is_refused_with_its_name(tmp_path):
+    cfg = TinyConfig(arch="phi3")
+    weights = make_weights(cfg)
+    weights["rope_factors_long.weight"] = np.ones(cfg.head_dim // 2, np.float32)
+    write_gguf(tmp_path / "phi3-128k.gguf", cfg, weights)
+    with pytest.raises(UnsupportedModelError, match="LongRoPE"):
+        ce.load(tmp_path / "phi3-128k.gguf")
 
 
 def test_unsupported_tensor_type_is_named(tmp_path):

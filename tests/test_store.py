@@ -1,4 +1,5 @@
 """Snapshot store: pages, codec, manifests, refs, names, map growth, stats."""
+import dataclasses
 import os
 import random
 from pathlib import Path
@@ -207,7 +208,10 @@ def test_canonical_bytes_format(rng):
 
 
 @pytest.mark.parametrize("change, match", [
-    (dict(format_version=2), "format version"),
+    (dict(format_version=3), "format version"),
+    (dict(format_version=2), "released_pages"),            # format 2 means some released pages
+    (dict(format_version=2, released_pages=3), "released_pages"),  # more than the full pages
+    (dict(released_pages=1), "unknown"),                   # format 1 has no such field
     (dict(page_tokens=0), "page_tokens"),
     (dict(page_tokens=True), "page_tokens"),
     (dict(n_tokens=33, token_ids=list(range(40))), "pages for 33 tokens"),
@@ -231,6 +235,17 @@ def test_malformed_manifests_refused(change, match):
         setattr(m, k, v)
     with pytest.raises(StoreError, match=match):
         m.canonical_bytes()
+
+
+def test_format_2_only_when_pages_are_released():
+    """A manifest without released pages keeps format 1's bytes (and id); one with
+    them is format 2 and round-trips."""
+    m = manifest(["ab" * 32, "cd" * 32])
+    assert m.format_version == 1 and b"released_pages" not in m.canonical_bytes()
+    r = Manifest(**{**dataclasses.asdict(m), "released_pages": 1})
+    assert r.format_version == 2
+    back = Manifest.from_bytes(r.canonical_bytes())
+    assert back.released_pages == 1 and back.snapshot_id() == r.snapshot_id() != m.snapshot_id()
 
 
 def test_from_bytes_rejects_garbage():

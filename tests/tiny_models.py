@@ -23,6 +23,14 @@ class TinyConfig:
     eps: float = 1e-5
     wtype: str = "F32"          # F32, F16, BF16, Q8_0, Q4_0, Q4_1
     tied: bool = True
+    swa_window: int = 0         # gemma3: sliding window of the local layers
+    swa_pattern: int = 3        # gemma3: every swa_pattern-th layer is global
+    rope_base_swa: float = 1000.0
+    rope_freqs: bool = False    # llama3-style per-pair RoPE divisors (rope_freqs.weight)
+    rope_linear: float = 1.0    # linear RoPE scaling factor (rope.scaling.type linear)
+
+    def is_swa(self, layer: int) -> bool:
+        return self.arch == "gemma3" and self.swa_window > 0 and layer % self.swa_pattern < self.swa_pattern - 1
 
 
 def byte_vocab() -> list[str]:
@@ -51,8 +59,12 @@ def make_weights(cfg: TinyConfig, seed: int = 0) -> dict[str, np.ndarray]:
         return (1 + 0.1 * rng.standard_normal(n)).astype(np.float32)
 
     w = {"token_embd.weight": mat(n_vocab, cfg.n_embd), "output_norm.weight": norm(cfg.n_embd)}
+    if cfg.arch == "gemma3":  # its embeddings are scaled up by sqrt(n_embd): keep the residual stream sane
+        w["token_embd.weight"] /= np.float32(np.sqrt(cfg.n_embd))
     if not cfg.tied:
         w["output.weight"] = mat(n_vocab, cfg.n_embd)
+    if cfg.rope_freqs:
+        w["rope_freqs.weight"] = (1 + 3 * rng.random(cfg.head_dim // 2)).astype(np.float32)
     for i in range(cfg.n_layer):
         p = f"blk.{i}."
         w[p + "attn_norm.weight"] = norm(cfg.n_embd)
@@ -63,13 +75,33 @@ def make_weights(cfg: TinyConfig, seed: int = 0) -> dict[str, np.ndarray]:
         if cfg.arch == "qwen2":
             for name, n in (("attn_q.bias", qd), ("attn_k.bias", kd), ("attn_v.bias", kd)):
                 w[p + name] = (0.1 * rng.standard_normal(n)).astype(np.float32)
-        if cfg.arch == "qwen3":
+        if cfg.arch in ("qwen3", "gemma3"):
             w[p + "attn_q_norm.weight"] = norm(cfg.head_dim)
             w[p + "attn_k_norm.weight"] = norm(cfg.head_dim)
+        if cfg.arch == "gemma3":
+            w[p + "post_attention_norm.weight"] = norm(cfg.n_embd)
+            w[p + "post_ffw_norm.weight"] = norm(cfg.n_embd)
         w[p + "ffn_norm.weight"] = norm(cfg.n_embd)
         w[p + "ffn_gate.weight"] = mat(cfg.n_ff, cfg.n_embd)
         w[p + "ffn_up.weight"] = mat(cfg.n_ff, cfg.n_embd)
         w[p + "ffn_down.weight"] = mat(cfg.n_embd, cfg.n_ff)
+        if cfg.arch == "phi3":  # fused: attn_qkv = [q; k; v], ffn_up = [gate; up]
+            w[p + "attn_qkv.weight"] = np.concatenate([w.pop(p + f"attn_{x}.weight") for x in "qkv"])
+            w[p + "ffn_up.weight"] = np.concatenate([w.pop(p + "ffn_gate.weight"), w.pop(p + "ffn_up.weight")])
+    return w
+
+
+def unfused(cfg: TinyConfig, w: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """phi3's fused tensors split into llama's (the reference reads those)."""
+    w = dict(w)
+    qd, kd = cfg.n_head * cfg.head_dim, cfg.n_head_kv * cfg.head_dim
+    for i in range(cfg.n_layer):
+        p = f"blk.{i}."
+        if p + "attn_qkv.weight" in w:
+            qkv = w.pop(p + "attn_qkv.weight")
+            w[p + "attn_q.weight"], w[p + "attn_k.weight"], w[p + "attn_v.weight"] = np.split(qkv, [qd, qd + kd])
+        if p + "ffn_gate.weight" not in w:
+            w[p + "ffn_gate.weight"], w[p + "ffn_up.weight"] = np.split(w[p + "ffn_up.weight"], 2)
     return w
 
 
@@ -92,6 +124,13 @@ def write_gguf(path: Path, cfg: TinyConfig, weights: dict[str, np.ndarray],
     w.add_layer_norm_rms_eps(cfg.eps)
     w.add_rope_freq_base(cfg.rope_base)
     w.add_rope_dimension_count(cfg.head_dim)
+    if cfg.arch == "gemma3" and cfg.swa_window:
+        w.add_sliding_window(cfg.swa_window)
+        w.add_uint32(f"{cfg.arch}.attention.sliding_window_pattern", cfg.swa_pattern)
+        w.add_float32(f"{cfg.arch}.rope.freq_base_swa", cfg.rope_base_swa)
+    if cfg.rope_linear != 1.0:
+        w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        w.add_rope_scaling_factor(cfg.rope_linear)
     vocab = byte_vocab()
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("default")
@@ -154,13 +193,18 @@ def reference_logits(cfg: TinyConfig, w: dict[str, np.ndarray], tokens: list[int
     def rms(x, g):
         return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + cfg.eps) * g
 
-    inv = cfg.rope_base ** (-np.arange(0, hd, 2) / hd)
-    ang = np.arange(len(tokens))[:, None] * inv[None, :]
-    cos, sin = np.cos(ang), np.sin(ang)
+    def angles(base, local):
+        inv = base ** (-np.arange(0, hd, 2) / hd)
+        if not local and "rope_freqs.weight" in w:
+            inv = inv / f(w["rope_freqs.weight"])
+        ang = np.arange(len(tokens))[:, None] * inv[None, :]
+        return ang if local else ang / cfg.rope_linear
 
-    def rope(v):  # v: (T, heads, hd)
+    def rope(v, local=False):  # v: (T, heads, hd)
+        ang = angles(cfg.rope_base_swa, True) if local else angles(cfg.rope_base, False)
+        cos, sin = np.cos(ang), np.sin(ang)
         out = v.copy()
-        if cfg.arch in ("qwen2", "qwen3"):
+        if cfg.arch in ("qwen2", "qwen3", "gemma3", "phi3"):
             a, b = v[..., : hd // 2], v[..., hd // 2:]
             out[..., : hd // 2] = a * cos[:, None] - b * sin[:, None]
             out[..., hd // 2:] = a * sin[:, None] + b * cos[:, None]
@@ -170,9 +214,13 @@ def reference_logits(cfg: TinyConfig, w: dict[str, np.ndarray], tokens: list[int
             out[..., 1::2] = a * sin[:, None] + b * cos[:, None]
         return out
 
+    w = unfused(cfg, w)
     T = len(tokens)
-    x = f(w["token_embd.weight"])[tokens]
+    gemma = cfg.arch == "gemma3"
+    x = f(w["token_embd.weight"])[tokens] * (np.sqrt(np.float32(cfg.n_embd)) if gemma else 1.0)
     mask = np.triu(np.full((T, T), -np.inf), 1)
+    pos = np.arange(T)
+    window_mask = np.where(pos[:, None] - pos[None, :] >= max(cfg.swa_window, 1), -np.inf, 0.0) + mask
     for i in range(cfg.n_layer):
         p = f"blk.{i}."
         h = rms(x, f(w[p + "attn_norm.weight"]))
@@ -182,21 +230,28 @@ def reference_logits(cfg: TinyConfig, w: dict[str, np.ndarray], tokens: list[int
         if cfg.arch == "qwen2":
             q, k, v = q + w[p + "attn_q.bias"], k + w[p + "attn_k.bias"], v + w[p + "attn_v.bias"]
         q, k, v = q.reshape(T, nh, hd), k.reshape(T, nkv, hd), v.reshape(T, nkv, hd)
-        if cfg.arch == "qwen3":
+        if cfg.arch in ("qwen3", "gemma3"):
             q, k = rms(q, f(w[p + "attn_q_norm.weight"])), rms(k, f(w[p + "attn_k_norm.weight"]))
-        q, k = rope(q), rope(k)
+        local = cfg.is_swa(i)
+        q, k = rope(q, local), rope(k, local)
         k = kv8_round(k) if kv == "q8" else f(k.astype(np.float16))
         v = kv8_round(v) if kv in ("q8", "vq8") else f(v.astype(np.float16))
         att = np.empty((T, nh, hd))
         for hh in range(nh):
             g = hh // (nh // nkv)
-            s = q[:, hh] @ k[:, g].T / np.sqrt(hd) + mask
+            s = q[:, hh] @ k[:, g].T / np.sqrt(hd) + (window_mask if local else mask)
             s = np.exp(s - s.max(axis=1, keepdims=True))
             att[:, hh] = (s / s.sum(axis=1, keepdims=True)) @ v[:, g]
-        x = x + att.reshape(T, nh * hd) @ f(w[p + "attn_output.weight"]).T
+        o = att.reshape(T, nh * hd) @ f(w[p + "attn_output.weight"]).T
+        x = x + (rms(o, f(w[p + "post_attention_norm.weight"])) if gemma else o)
         h = rms(x, f(w[p + "ffn_norm.weight"]))
         gt = h @ f(w[p + "ffn_gate.weight"]).T
         up = h @ f(w[p + "ffn_up.weight"]).T
-        x = x + (gt / (1 + np.exp(-gt)) * up) @ f(w[p + "ffn_down.weight"]).T
+        if gemma:  # tanh GELU
+            act = 0.5 * gt * (1 + np.tanh(np.sqrt(2 / np.pi) * (gt + 0.044715 * gt ** 3)))
+        else:
+            act = gt / (1 + np.exp(-gt))
+        o = (act * up) @ f(w[p + "ffn_down.weight"]).T
+        x = x + (rms(o, f(w[p + "post_ffw_norm.weight"])) if gemma else o)
     out = w.get("output.weight", w["token_embd.weight"])
     return rms(x, f(w["output_norm.weight"])) @ f(out).T

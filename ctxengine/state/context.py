@@ -168,7 +168,7 @@ class Context:
                 raise ContextError(f"cannot fork the first {keep} tokens of a {len(self._tokens)}-token context")
             seq = self._seq.fork()
             if seq.n_tokens > keep:
-                seq.truncate(keep)
+                seq = self._truncated(seq, keep)
             same_kv = seq.n_tokens == self._seq.n_tokens  # then our last logits are the branch's too
             return self._table.adopt(name, seq, self._tokens[:keep], labels=self.labels,
                                      sampler_state=self.sampler_state,
@@ -185,9 +185,18 @@ class Context:
             keep = len(self._tokens) - n
             del self._tokens[keep:]
             if self._seq.n_tokens > keep:
-                self._seq.truncate(keep)
+                self._seq = self._truncated(self._seq, keep)
                 self._last_logits = None
             self._sync()
+
+    def shares_kv_at(self, n_tokens: int) -> bool:
+        """Whether a fork of the first n tokens reuses this context's KV. It
+        does unless a sliding-window model has released KV that the window at
+        n would need; such a fork recomputes the prefix instead."""
+        with self._lock:
+            self._check_live()
+            return 0 <= n_tokens <= len(self._tokens) and (n_tokens >= self._seq.n_tokens
+                                                           or self._seq.can_truncate(n_tokens))
 
     def delete(self) -> None:
         self._table.remove(self.name)
@@ -210,10 +219,20 @@ class Context:
             self._last_logits = self.model.forward(self._seq, self._tokens[n_kv:])
         elif self._last_logits is None and self._tokens:
             # Logits were dropped (rewind, restore): recompute the last position.
-            self._table.reserve(self, 1)
-            self._seq.truncate(n_kv - 1)
-            self._last_logits = self.model.forward(self._seq, self._tokens[n_kv - 1:])
+            self._seq = self._truncated(self._seq, n_kv - 1)
+            n_kv = self._seq.n_tokens
+            self._table.reserve(self, len(self._tokens) - n_kv)
+            self._last_logits = self.model.forward(self._seq, self._tokens[n_kv:])
         return self._last_logits
+
+    def _truncated(self, seq, n: int):
+        """seq cut to its first n tokens; or, where a sliding-window model
+        released KV the window at n needs, a new empty sequence (the caller
+        prefills the tokens, which the deterministic kernels make bit-identical)."""
+        if seq.can_truncate(n):
+            seq.truncate(n)
+            return seq
+        return self.model.new_sequence()
 
     def _make_sampler(self, overrides: dict) -> Sampler:
         if not self._tokens:

@@ -92,6 +92,8 @@ class PrefixCache:
                     # Only tokens whose KV is computed count as cached (an entry
                     # evicted to the store comes back here).
                     n = min(n, src.n_cached, len(want) - 1)
+                    if not src.shares_kv_at(n):
+                        continue  # a sliding window released that prefix's KV
                     ctx = src.fork(name, n_tokens=n)
                 except CtxError:
                     self._entries.pop(src_name, None)  # gone with its model, or unreadable

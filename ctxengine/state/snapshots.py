@@ -170,8 +170,9 @@ def _page_keys(seq, cache: PageKeyCache) -> tuple[list[str], dict[str, bytes], i
     keys: list[str] = []
     exported: dict[str, bytes] = {}
     new_full = []
+    released = seq.n_released  # leading pages in the trim pool: their ids are another pool's, never cached
     for i, pid in enumerate(page_ids):
-        full = (i + 1) * pt <= n
+        full = (i + 1) * pt <= n and i >= released
         key = cache.get(pid) if full else None
         if key is None:
             raw = seq.export_page(i)
@@ -189,6 +190,9 @@ def arch_summary(model: "LoadedModel") -> dict:
     cfg = model.config
     summary = {name: getattr(cfg, name) for name in _ARCH_FIELDS}
     summary["kv_layout"] = KV_LAYOUT
+    if cfg.swa_window:  # what a released page holds (manifest released_pages)
+        summary["swa_window"] = cfg.swa_window
+        summary["swa_kept_layers"] = list(model.kept_layers)
     return summary
 
 
@@ -199,7 +203,7 @@ def _manifest(ctx: "Context", keys: list[str], n_tokens: int, labels: dict[str, 
         kv_dtype=model.kv_dtype, page_tokens=model.pool.page_tokens,
         token_ids=list(ctx._tokens), page_keys=keys, page_size=model.pool.page_bytes,
         n_tokens=n_tokens, sampler_state=ctx.sampler_state or {},
-        parent=ctx.snapshot_id, labels=labels,
+        parent=ctx.snapshot_id, labels=labels, released_pages=ctx._seq.n_released,
     )
 
 
@@ -268,6 +272,14 @@ def check_compatible(m: Manifest, sid: str, engine: "LoadedModel") -> None:
     if m.page_tokens != pool.page_tokens or m.page_size != pool.page_bytes:
         raise StoreError(f"{what} has pages of {m.page_tokens} tokens ({m.page_size} bytes); this model's "
                          f"pages hold {pool.page_tokens} tokens ({pool.page_bytes} bytes)")
+    if m.released_pages:
+        seq = engine.new_sequence()
+        if engine.trim_pool is None or m.arch.get("swa_kept_layers") != list(engine.kept_layers):
+            raise StoreError(f"{what} holds {m.released_pages} released sliding-window pages, which this "
+                             f"model's pages cannot take")
+        if m.released_pages > seq.release_target(m.n_tokens) + 1:
+            raise CorruptDataError(f"{what} claims {m.released_pages} released pages; a {m.n_tokens}-token "
+                                   f"context releases at most {seq.release_target(m.n_tokens) + 1}")
     cfg = engine.config
     if len(m.token_ids) > cfg.n_ctx:
         raise ContextError(f"{what} holds {len(m.token_ids)} tokens; the model is loaded with a "
@@ -287,23 +299,30 @@ def load_sequence(table, store: Store, m: Manifest, sid: str):
     engine = table.model
     pool = engine.pool
     pt = pool.page_tokens
+    released = m.released_pages  # leading pages holding only the full-attention layers (trim pool)
     unique = list(dict.fromkeys(m.page_keys))
-    table.reserve_pages(len(unique))
-    imported: dict[str, int] = {}
+    pool_of = {k: engine.trim_pool for k in m.page_keys[:released]}
+    if any(k in pool_of for k in m.page_keys[released:]):
+        raise CorruptDataError(f"snapshot {sid[:16]} names one page both released and whole")
+    table.reserve_pages(len(unique) - len(pool_of))
+    imported: dict[str, tuple[object, int]] = {}
     seq = engine.new_sequence()
     try:
         try:
             for key, raw in _read_pages(store, unique):
-                imported[key] = pool.import_page(raw)
+                target = pool_of.get(key, pool)
+                imported[key] = (target, target.import_page(raw))
         except CorruptDataError as err:
             raise CorruptDataError(f"cannot restore snapshot {sid[:16]}: {err}") from None
+        except ValueError as err:  # a page of the wrong size for its pool
+            raise CorruptDataError(f"cannot restore snapshot {sid[:16]}: {err}") from None
         for i, key in enumerate(m.page_keys):
-            seq.append_page(imported[key], min(pt, m.n_tokens - i * pt))
-        table.page_keys.remember((imported[k], k) for i, k in enumerate(m.page_keys)
-                                 if (i + 1) * pt <= m.n_tokens)
+            seq.append_page(imported[key][1], min(pt, m.n_tokens - i * pt), i < released)
+        table.page_keys.remember((imported[k][1], k) for i, k in enumerate(m.page_keys)
+                                 if (i + 1) * pt <= m.n_tokens and i >= released)
     finally:
-        for pid in imported.values():
-            pool.release(pid)  # the page table (and the cache) hold their own references
+        for target, pid in imported.values():
+            target.release(pid)  # the page table (and the cache) hold their own references
     return seq
 
 

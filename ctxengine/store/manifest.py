@@ -7,7 +7,8 @@ UTF-8 JSON produced by::
     json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
                allow_nan=False)
 
-where ``obj`` holds exactly the 14 fields of :class:`Manifest`, ``created``
+where ``obj`` holds exactly the 14 fields of :class:`Manifest` (15 in format 2,
+with ``released_pages``), ``created``
 always as a float and ``page_keys``/``parent`` as lowercase hex. The snapshot id
 is the hex BLAKE3 of those bytes, so two hosts that snapshot the same context
 state agree on the id. Parsing requires the bytes to *be* canonical (we re-encode
@@ -28,14 +29,20 @@ import blake3
 from ..errors import CorruptDataError, StoreError
 from .pages import KEY_HEX_LEN
 
-MANIFEST_FORMAT = 1
+MANIFEST_FORMAT = 2
 MAX_TOKEN_ID = 2**31 - 1
 
-_FIELDS = (
+_FIELDS_V1 = (
     "format_version", "weight_id", "model_name", "arch", "kv_dtype", "page_tokens",
     "token_ids", "page_keys", "page_size", "n_tokens", "sampler_state", "parent",
     "created", "labels",
 )
+# Format 2 adds `released_pages`: how many leading pages hold only the
+# full-attention layers of a sliding-window model (their local layers were
+# released). A manifest without released pages is written in format 1, byte
+# for byte as before, so its snapshot id does not change and older readers
+# still read it.
+_FIELDS = {1: _FIELDS_V1, 2: (*_FIELDS_V1, "released_pages")}
 _HEX = frozenset("0123456789abcdef")
 
 
@@ -58,11 +65,20 @@ class Manifest:
     parent: str | None = None
     created: float = field(default_factory=time.time)
     labels: dict[str, str] = field(default_factory=dict)
+    released_pages: int = 0
+
+    def __post_init__(self):
+        # The format follows from the content (see _FIELDS).
+        if self.format_version in _FIELDS:
+            self.format_version = 2 if self.released_pages else 1
 
     def canonical_bytes(self) -> bytes:
         """The bytes the snapshot id hashes; StoreError if the manifest is malformed."""
+        obj = dataclasses.asdict(self)
+        if obj["format_version"] == 1 and obj["released_pages"] == 0:
+            del obj["released_pages"]  # format 1 has no such field (anything else fails below)
         return json.dumps(
-            _checked(dataclasses.asdict(self), StoreError),
+            _checked(obj, StoreError),
             sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False,
         ).encode("utf-8")
 
@@ -90,15 +106,14 @@ def _checked(obj: dict, err: type[StoreError], what: str = "manifest") -> dict:
     def fail(msg: str):
         raise err(f"{what}: {msg}")
 
-    keys = set(obj)
-    if keys != set(_FIELDS):
-        missing, extra = sorted(set(_FIELDS) - keys), sorted(keys - set(_FIELDS))
-        fail(f"fields differ from format {MANIFEST_FORMAT} (missing {missing}, unknown {extra})")
-    out: dict[str, Any] = {}
-    v = obj["format_version"]
-    if not _is_int(v) or v != MANIFEST_FORMAT:
-        fail(f"unknown format version {v!r}; this ctxengine reads {MANIFEST_FORMAT}")
-    out["format_version"] = v
+    v = obj.get("format_version")
+    if not _is_int(v) or v not in _FIELDS:
+        fail(f"unknown format version {v!r}; this ctxengine reads {', '.join(map(str, _FIELDS))}")
+    keys, fields = set(obj), set(_FIELDS[v])
+    if keys != fields:
+        missing, extra = sorted(fields - keys), sorted(keys - fields)
+        fail(f"fields differ from format {v} (missing {missing}, unknown {extra})")
+    out: dict[str, Any] = {"format_version": v}
     for name in ("weight_id", "model_name", "kv_dtype"):
         if not isinstance(obj[name], str) or not obj[name]:
             fail(f"{name} must be a non-empty string, got {obj[name]!r}")
@@ -128,6 +143,12 @@ def _checked(obj: dict, err: type[StoreError], what: str = "manifest") -> dict:
     if len(out["page_keys"]) != want_pages:
         fail(f"{len(out['page_keys'])} pages for {out['n_tokens']} tokens at "
              f"{out['page_tokens']} tokens a page (expected {want_pages})")
+    if v >= 2:
+        released = obj["released_pages"]
+        full_pages = out["n_tokens"] // out["page_tokens"]
+        if not _is_int(released) or not 1 <= released <= full_pages:
+            fail(f"released_pages must be an integer in 1..{full_pages} (the full pages), got {released!r}")
+        out["released_pages"] = released
 
     parent = obj["parent"]
     if parent is not None and not _is_hex_id(parent):

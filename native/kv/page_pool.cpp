@@ -1,5 +1,6 @@
 #include "kv/page_pool.h"
 
+#include <algorithm>
 #include <cassert>
 #include <cstring>
 #include <stdexcept>
@@ -113,24 +114,76 @@ const uint8_t* PagePool::data(PageId id) const {
 
 // ---------------------------------------------------------------------------
 
-KVSeq::KVSeq(std::shared_ptr<PagePool> pool) : pool_(std::move(pool)) {}
+KVSeq::KVSeq(std::shared_ptr<PagePool> pool, std::shared_ptr<const SwaRelease> swa)
+    : pool_(std::move(pool)), swa_(std::move(swa)) {
+  if (swa_) {
+    const PageLayout& a = pool_->layout();
+    const PageLayout& b = swa_->trim_pool->layout();
+    if (swa_->window < 1 || b.n_layer != static_cast<int>(swa_->keep_layers.size()) || b.page_tokens != a.page_tokens ||
+        b.kv_dim != a.kv_dim || b.dtype != a.dtype)
+      throw std::invalid_argument("the trim pool's layout does not match the kept layers");
+    for (int l : swa_->keep_layers)
+      if (l < 0 || l >= a.n_layer) throw std::invalid_argument("kept layer outside the model");
+  }
+}
 
 KVSeq::~KVSeq() {
-  for (PageId id : pages_) pool_->decref(id);
+  for (size_t i = 0; i < pages_.size(); ++i) pool_of(i).decref(pages_[i]);
 }
 
 std::unique_ptr<KVSeq> KVSeq::fork() const {
-  auto child = std::make_unique<KVSeq>(pool_);
-  for (PageId id : pages_) pool_->incref(id);
+  auto child = std::make_unique<KVSeq>(pool_, swa_);
+  for (size_t i = 0; i < pages_.size(); ++i) pool_of(i).incref(pages_[i]);
   child->pages_ = pages_;
   child->n_tokens_ = n_tokens_;
+  child->n_released_ = n_released_;
   return child;
+}
+
+int64_t KVSeq::release_target(int64_t n) const {
+  if (!swa_) return 0;
+  const int pt = pool_->layout().page_tokens;
+  const int64_t first_visible = n - swa_->window + 1;  // the next query's oldest key
+  return first_visible - pt > 0 ? (first_visible - pt) / pt : 0;
+}
+
+bool KVSeq::can_truncate(int64_t n) const {
+  if (n < 0 || n > n_tokens_) return false;
+  if (n_released_ == 0) return true;
+  const int pt = pool_->layout().page_tokens;
+  const int64_t first_visible = n - swa_->window + 1;
+  return first_visible > 0 && first_visible / pt >= n_released_;
+}
+
+void KVSeq::commit_append(int64_t n) {
+  n_tokens_ += n;
+  release_outside_window();
+}
+
+void KVSeq::release_outside_window() {
+  const int64_t target = std::min<int64_t>(release_target(n_tokens_), static_cast<int64_t>(pages_.size()));
+  if (target <= n_released_) return;
+  const PageLayout& lay = pool_->layout();
+  const size_t layer_bytes = lay.layer_bytes();
+  PagePool& trim = *swa_->trim_pool;
+  for (int64_t i = n_released_; i < target; ++i) {
+    PageId released = trim.alloc();
+    const uint8_t* src = pool_->data(pages_[i]);
+    uint8_t* dst = trim.data(released);
+    // A layer's arrays are contiguous (page_pool.h), so each kept layer is one copy.
+    for (size_t k = 0; k < swa_->keep_layers.size(); ++k)
+      std::memcpy(dst + k * layer_bytes, src + lay.k_offset(swa_->keep_layers[k]), layer_bytes);
+    pool_->decref(pages_[i]);
+    pages_[i] = released;
+    n_released_ = i + 1;  // page i now lives in the trim pool (pool_of relies on it)
+  }
 }
 
 void KVSeq::prepare_append(int64_t n) {
   if (n <= 0) return;
   const int pt = pool_->layout().page_tokens;
   // The last page is partly filled and we will write into it: own it first.
+  // (It is never released: a released page lies wholly before the window.)
   if (n_tokens_ % pt != 0) {
     PageId& last = pages_.back();
     if (pool_->refcount(last) > 1) {
@@ -146,6 +199,9 @@ void KVSeq::prepare_append(int64_t n) {
 void KVSeq::truncate(int64_t n) {
   if (n < 0 || n > n_tokens_) throw std::out_of_range("truncate past the sequence end");
   if (n == n_tokens_) return;
+  if (!can_truncate(n))
+    throw std::domain_error("cannot step back to " + std::to_string(n) +
+                            " tokens: the sliding-window KV before that point was released");
   const PageLayout& lay = pool_->layout();
   const int pt = lay.page_tokens;
   const size_t keep_pages = static_cast<size_t>((n + pt - 1) / pt);
@@ -175,18 +231,35 @@ void KVSeq::truncate(int64_t n) {
   }
 }
 
-void KVSeq::append_page(PageId id, int n_valid) {
+void KVSeq::append_page(PageId id, int n_valid, bool released) {
   const int pt = pool_->layout().page_tokens;
   if (n_tokens_ % pt != 0) throw std::logic_error("append_page needs a page-aligned sequence");
   if (n_valid < 1 || n_valid > pt) throw std::out_of_range("n_valid outside 1..page_tokens");
-  pool_->incref(id);
-  pages_.push_back(id);
+  if (released) {
+    if (!swa_) throw std::invalid_argument("a released page needs a sliding-window sequence");
+    if (static_cast<int64_t>(pages_.size()) != n_released_)
+      throw std::logic_error("released pages must come before every full page");
+    if (n_valid != pt) throw std::invalid_argument("a released page must be full");
+    swa_->trim_pool->incref(id);
+    pages_.push_back(id);
+    ++n_released_;
+  } else {
+    pool_->incref(id);
+    pages_.push_back(id);
+  }
   n_tokens_ += n_valid;
+}
+
+const uint8_t* KVSeq::page_data(size_t index, size_t* n_bytes) const {
+  if (index >= pages_.size()) throw std::out_of_range("page index out of range");
+  PagePool& p = pool_of(index);
+  *n_bytes = p.page_bytes();
+  return p.data(pages_[index]);
 }
 
 void KVSeq::page_ptrs(std::vector<uint8_t*>& out) const {
   out.resize(pages_.size());
-  for (size_t i = 0; i < pages_.size(); ++i) out[i] = pool_->data(pages_[i]);
+  for (size_t i = 0; i < pages_.size(); ++i) out[i] = pool_of(i).data(pages_[i]);
 }
 
 }  // namespace ctx

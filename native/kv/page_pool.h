@@ -113,10 +113,24 @@ class PagePool {
   mutable std::mutex mu_;
 };
 
+// Sliding-window release (gemma3). The local layers of a sliding-window model
+// never look further back than `window` positions, so once a page lies wholly
+// outside every future window only its full-attention layers are still read.
+// Such a page is *released*: its keep_layers slices move to a page of
+// `trim_pool` (a layout of keep_layers.size() layers) and the full page is
+// dropped. Released pages are always a sequence's leading pages. One page of
+// slack is kept, so a sequence can always step back up to page_tokens
+// positions (Context._sync re-forwards the last token that way).
+struct SwaRelease {
+  int window = 0;                       // positions a sliding-window layer sees
+  std::vector<int> keep_layers;         // the full-attention layers, ascending
+  std::shared_ptr<PagePool> trim_pool;  // pages of keep_layers.size() layers
+};
+
 // A sequence's page table: ordered page ids plus its token count.
 class KVSeq {
  public:
-  explicit KVSeq(std::shared_ptr<PagePool> pool);
+  explicit KVSeq(std::shared_ptr<PagePool> pool, std::shared_ptr<const SwaRelease> swa = nullptr);
   ~KVSeq();
   KVSeq(const KVSeq&) = delete;
   KVSeq& operator=(const KVSeq&) = delete;
@@ -125,28 +139,44 @@ class KVSeq {
 
   int64_t n_tokens() const { return n_tokens_; }
   const std::vector<PageId>& pages() const { return pages_; }
+  // Leading pages held released (in the trim pool, keep_layers only).
+  int64_t n_released() const { return n_released_; }
+  const SwaRelease* swa() const { return swa_.get(); }
+  // Pages a sequence of n tokens keeps released: those wholly before its
+  // window, less one page of slack; 0 without sliding-window release.
+  int64_t release_target(int64_t n) const;
+  // Whether truncate(n) keeps every page the window at n needs.
+  bool can_truncate(int64_t n) const;
   PagePool& pool() const { return *pool_; }
   const std::shared_ptr<PagePool>& pool_ptr() const { return pool_; }
 
   // Make positions [n_tokens, n_tokens + n) writable: copy-on-write the shared
   // last page, allocate new pages. Does not change n_tokens.
   void prepare_append(int64_t n);
-  void commit_append(int64_t n) { n_tokens_ += n; }
+  void commit_append(int64_t n);
   // Keep the first n tokens [0, n); drop the rest (rewind). Zeroes the tail of
   // the new last page, copying it first if it is shared.
   void truncate(int64_t n);
   // Append a whole page given by the caller (restore from a snapshot). The
-  // sequence must end on a page boundary; n_valid tokens of it count.
-  void append_page(PageId id, int n_valid);
+  // sequence must end on a page boundary; n_valid tokens of it count. A
+  // released page (from the trim pool) may only follow released pages.
+  void append_page(PageId id, int n_valid, bool released = false);
 
   // Base address of every page, in order (pages never move once allocated):
   // the forward pass resolves them once per step instead of once per read.
   void page_ptrs(std::vector<uint8_t*>& out) const;
+  // Raw bytes of page `index` (a released page is the trim pool's size).
+  const uint8_t* page_data(size_t index, size_t* n_bytes) const;
 
  private:
+  void release_outside_window();
+  PagePool& pool_of(size_t index) const { return index < static_cast<size_t>(n_released_) ? *swa_->trim_pool : *pool_; }
+
   std::shared_ptr<PagePool> pool_;
-  std::vector<PageId> pages_;
+  std::shared_ptr<const SwaRelease> swa_;
+  std::vector<PageId> pages_;  // [0, n_released_) in swa_->trim_pool, the rest in pool_
   int64_t n_tokens_ = 0;
+  int64_t n_released_ = 0;
 };
 
 }  // namespace ctx

@@ -4,6 +4,7 @@
 #include <pybind11/stl.h>
 
 #include <cstring>
+#include <vector>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -55,22 +56,38 @@ void register_kv(py::module_& m) {
       .def("release", &PagePool::decref, py::arg("page"), "drop one reference");
 
   py::class_<KVSeq>(m, "KVSeq", "a sequence's page table: ordered page ids and a token count")
-      .def(py::init([](std::shared_ptr<PagePool> pool) { return std::make_unique<KVSeq>(std::move(pool)); }),
-           py::arg("pool"))
+      .def(py::init([](std::shared_ptr<PagePool> pool, std::shared_ptr<PagePool> trim_pool, int window,
+                       std::vector<int> keep_layers) {
+             if (!trim_pool) return std::make_unique<KVSeq>(std::move(pool));
+             auto swa = std::make_shared<SwaRelease>();
+             swa->window = window;
+             swa->keep_layers = std::move(keep_layers);
+             swa->trim_pool = std::move(trim_pool);
+             return std::make_unique<KVSeq>(std::move(pool), std::move(swa));
+           }),
+           py::arg("pool"), py::arg("trim_pool") = nullptr, py::arg("window") = 0,
+           py::arg("keep_layers") = std::vector<int>{},
+           "a page table; with trim_pool, pages wholly outside a `window`-token sliding window keep only "
+           "keep_layers (they move to trim_pool)")
       .def_property_readonly("n_tokens", &KVSeq::n_tokens)
+      .def_property_readonly("n_released", &KVSeq::n_released, "leading pages held released (in the trim pool)")
+      .def("release_target", &KVSeq::release_target, py::arg("n_tokens"),
+           "how many leading pages a sequence of n tokens keeps released")
+      .def("can_truncate", &KVSeq::can_truncate, py::arg("n_tokens"),
+           "whether truncate(n) keeps every page the sliding window at n needs")
       .def_property_readonly("pages", [](const KVSeq& s) { return s.pages(); })
       .def_property_readonly("pool", [](const KVSeq& s) { return s.pool_ptr(); })
       .def("fork", &KVSeq::fork, "share every page copy-on-write: O(pages), no KV bytes copied")
       .def("truncate", &KVSeq::truncate, py::arg("n_tokens"), "keep the first n tokens")
-      .def("append_page", &KVSeq::append_page, py::arg("page"), py::arg("n_valid"),
-           "attach a page (takes its own reference)")
+      .def("append_page", &KVSeq::append_page, py::arg("page"), py::arg("n_valid"), py::arg("released") = false,
+           "attach a page (takes its own reference); released: a trim-pool page, before every full one")
       .def(
           "export_page",
           [](const KVSeq& s, int64_t index) {
-            if (index < 0 || index >= static_cast<int64_t>(s.pages().size()))
-              throw std::out_of_range("page index out of range");
-            PagePool& p = s.pool();
-            return py::bytes(reinterpret_cast<const char*>(p.data(s.pages()[index])), p.page_bytes());
+            if (index < 0) throw std::out_of_range("page index out of range");
+            size_t n = 0;
+            const uint8_t* data = s.page_data(static_cast<size_t>(index), &n);
+            return py::bytes(reinterpret_cast<const char*>(data), n);
           },
           py::arg("index"));
 }

@@ -4,7 +4,10 @@
 #include <cstdint>
 #include <cstring>
 
+#include <vector>
+
 #include "core/cpu.h"
+#include "quant/quant.h"
 #include "models/activations_impl.h"
 
 namespace ctx {
@@ -48,6 +51,33 @@ static float exp_shift_sum_scalar(float* x, int n, float shift) {
 
 static void silu_mul_scalar(float* g, const float* u, int n) {
   for (int i = 0; i < n; ++i) g[i] = g[i] / (1.0f + exp_canonical(0.0f - g[i])) * u[i];
+}
+
+namespace {
+
+// f16 bits -> f16 bits of the tanh GELU, built once (thread-safe static init).
+const std::vector<uint16_t>& gelu_table() {
+  static const std::vector<uint16_t> table = [] {
+    std::vector<uint16_t> t(1 << 16);
+    for (uint32_t h = 0; h < t.size(); ++h) {
+      const double x = f16_to_f32(static_cast<uint16_t>(h));
+      const double y = 0.5 * x * (1.0 + std::tanh(0.79788456080286535588 * x * (1.0 + 0.044715 * x * x)));
+      t[h] = f32_to_f16(static_cast<float>(y));
+    }
+    return t;
+  }();
+  return table;
+}
+
+}  // namespace
+
+void gelu_mul(float* g, const float* u, int n) {
+  const uint16_t* table = gelu_table().data();
+  for (int i = 0; i < n; ++i) {
+    const float x = g[i];
+    const float y = x <= -10.0f ? 0.0f : x >= 10.0f ? x : f16_to_f32(table[f32_to_f16(x)]);
+    g[i] = y * u[i];
+  }
 }
 
 float exp_shift_sum(float* x, int n, float shift) {

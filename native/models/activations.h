@@ -14,6 +14,13 @@ float exp_shift_sum(float* x, int n, float shift);
 // g[i] = silu(g[i]) * u[i] = g[i] / (1 + exp(-g[i])) * u[i]
 void silu_mul(float* g, const float* u, int n);
 
+// g[i] = gelu(g[i]) * u[i] with the tanh GELU looked up in a table of every
+// f16 input, as llama.cpp computes it (GGML_GELU_FP16): for -10 < x < 10,
+// gelu(x) = f32(table[f16(x)]), table[h] = f16(gelu(f32(h))) evaluated in
+// double; x <= -10 gives 0 and x >= 10 gives x. A table lookup is the same
+// on every SIMD path, so there is one implementation.
+void gelu_mul(float* g, const float* u, int n);
+
 // The canonical exp of one float (the scalar reference of all paths).
 float exp_canonical(float x);
 

@@ -1,5 +1,7 @@
 // The llama-family forward pass: llama, mistral-style and SmolLM2, plus qwen2
-// (q/k/v biases) and qwen3 (per-head q/k RMS norms), selected by which
+// (q/k/v biases), qwen3 (per-head q/k RMS norms) and gemma3 (scaled
+// embeddings, post-attention and post-FFN norms, GeGLU, sliding-window
+// layers with their own RoPE base), selected by the config and by which
 // weights are present.
 //
 // Determinism: every output element is computed whole by one thread with a
@@ -51,7 +53,14 @@ Model::Model(ModelConfig config, ModelWeights weights, int n_threads)
     throw std::invalid_argument("rope dimension must be even and at most head_dim");
   if (static_cast<int>(w_.layers.size()) != cfg_.n_layer)
     throw std::invalid_argument("layer count does not match the config");
+  if (!cfg_.swa_layer.empty() && static_cast<int>(cfg_.swa_layer.size()) != cfg_.n_layer)
+    throw std::invalid_argument("sliding-window layer pattern does not cover every layer");
+  if (cfg_.swa_window < 0) throw std::invalid_argument("sliding window must not be negative");
+  kept_index_.assign(cfg_.n_layer, -1);
+  for (int l = 0, k = 0; l < cfg_.n_layer; ++l)
+    if (!cfg_.is_swa(l)) kept_index_[l] = cfg_.swa_window > 0 ? k++ : -1;
   theta_scale_ = std::pow(cfg_.rope_base, -2.0f / static_cast<float>(cfg_.rope_dim));
+  theta_scale_swa_ = std::pow(cfg_.rope_base_swa, -2.0f / static_cast<float>(cfg_.rope_dim));
 }
 
 static_assert(KV_BLOCK == QK, "q8 KV pages use quantize_row_kv8's blocks");
@@ -83,6 +92,7 @@ void Model::ensure_scratch(int rows) {
   s_.hb.assign(r * cfg_.n_ff, 0.0f);
   s_.hb2.assign(r * cfg_.n_ff, 0.0f);
   s_.rope.assign(r * cfg_.rope_dim, 0.0f);
+  s_.rope_swa.assign(cfg_.swa_window > 0 ? r * cfg_.rope_dim : 0, 0.0f);
   s_.xlog.assign(r * cfg_.n_embd, 0.0f);
   s_.k16.assign(cfg_.kv_dim(), 0);
   s_.k8.assign(cfg_.kv_dim(), 0);
@@ -136,10 +146,15 @@ void Model::attention(int layer, const std::vector<Row>& rows, size_t r0,
                       int n_rows, const std::vector<std::vector<uint8_t*>>& pages) {
   const int hd = cfg_.head_dim;
   const int group = cfg_.n_head / cfg_.n_head_kv;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  const float scale = cfg_.attn_scale > 0.0f ? cfg_.attn_scale : 1.0f / std::sqrt(static_cast<float>(hd));
+  const int64_t window = cfg_.is_swa(layer) ? cfg_.swa_window : 0;
   const PageLayout& lay = layout_;
   const size_t k_off = lay.k_offset(layer), ks_off = lay.k_scale_offset(layer);
   const size_t v_off = lay.v_offset(layer, 0), vs_off = lay.v_scale_offset(layer, 0);
+  // A released page (kv/page_pool.h SwaRelease) holds only the full-attention
+  // layers, this one at index kept_index_[layer]: its arrays sit `shift`
+  // bytes earlier than in a full page.
+  const size_t shift = kept_index_[layer] >= 0 ? static_cast<size_t>(layer - kept_index_[layer]) * lay.layer_bytes() : 0;
   const int hb = hd / KV_BLOCK;  // scale rows per head (quantized sides only)
   const int pt = lay.page_tokens;
   const int64_t n_ctx = static_cast<int64_t>(s_.scores.size()) / pool_.size();
@@ -158,33 +173,48 @@ void Model::attention(int layer, const std::vector<Row>& rows, size_t r0,
       float* q = sc + n_ctx - hd;  // the tail of this thread's score row holds q in f16 precision
       const float* q32 = s_.q.data() + static_cast<size_t>(r) * cfg_.q_dim() + h * hd;
       for (int i = 0; i < hd; ++i) q[i] = f16_to_f32(f32_to_f16(q32[i]));
+      // Keys [k0, pos] are visible: all of them, or the last `window` on a
+      // sliding-window layer. Pages p0.. hold them; sc[j] scores key p0 * pt + j.
       const int64_t n_kv = row.pos + 1;
-      const int64_t n_pages = (n_kv + pt - 1) / pt;
-      for (int64_t p = 0; p < n_pages; ++p) {
+      const int64_t k0 = window > 0 ? std::max<int64_t>(0, n_kv - window) : 0;
+      const int64_t p0 = k0 / pt, n_pages = (n_kv + pt - 1) / pt;
+      const int64_t n_rel = released_[row.item];  // pages [0, n_rel) are released; never in a window
+      for (int64_t p = p0; p < n_pages; ++p) {
         const int n = static_cast<int>(std::min<int64_t>(pt, n_kv - p * pt));
+        float* out = sc + (p - p0) * pt;
+        const size_t adj = p < n_rel ? shift : 0;  // sliding-window layers never reach a released page
         if (lay.k_quantized()) {
-          const int8_t* kq = reinterpret_cast<const int8_t*>(pg[p] + k_off) + static_cast<size_t>(kv_head) * hd * pt;
-          const uint16_t* ks = reinterpret_cast<const uint16_t*>(pg[p] + ks_off) + static_cast<size_t>(kv_head) * hb * pt;
-          attn_scores_q8(q, kq, ks, hd, pt, n, scale, sc + p * pt);
+          const int8_t* kq = reinterpret_cast<const int8_t*>(pg[p] + (k_off - adj)) + static_cast<size_t>(kv_head) * hd * pt;
+          const uint16_t* ks =
+              reinterpret_cast<const uint16_t*>(pg[p] + (ks_off - adj)) + static_cast<size_t>(kv_head) * hb * pt;
+          attn_scores_q8(q, kq, ks, hd, pt, n, scale, out);
         } else {
-          const uint16_t* kt = reinterpret_cast<const uint16_t*>(pg[p] + k_off) + static_cast<size_t>(kv_head) * hd * pt;
-          attn_scores_f16(q, kt, hd, pt, n, scale, sc + p * pt);
+          const uint16_t* kt =
+              reinterpret_cast<const uint16_t*>(pg[p] + (k_off - adj)) + static_cast<size_t>(kv_head) * hd * pt;
+          attn_scores_f16(q, kt, hd, pt, n, scale, out);
         }
       }
-      const float mx = max_f32(sc, static_cast<int>(n_kv));
-      const float inv = 1.0f / exp_shift_sum(sc, static_cast<int>(n_kv), mx);
-      scale_round_f16(sc, static_cast<int>(n_kv), inv);
+      // Softmax over the visible keys; the masked head of the first page gets
+      // weight 0, so the page-wise weighted sum below adds nothing for it.
+      const int skip = static_cast<int>(k0 - p0 * pt);
+      const int n_vis = static_cast<int>(n_kv - k0);
+      const float mx = max_f32(sc + skip, n_vis);
+      const float inv = 1.0f / exp_shift_sum(sc + skip, n_vis, mx);
+      scale_round_f16(sc + skip, n_vis, inv);
+      std::fill(sc, sc + skip, 0.0f);
       float* out = s_.att.data() + static_cast<size_t>(r) * cfg_.q_dim() + h * hd;
       std::fill(out, out + hd, 0.0f);
-      for (int64_t p = 0; p < n_pages; ++p) {
+      for (int64_t p = p0; p < n_pages; ++p) {
         const int n = static_cast<int>(std::min<int64_t>(pt, n_kv - p * pt));
+        const float* w = sc + (p - p0) * pt;
+        const size_t adj = p < n_rel ? shift : 0;
         if (lay.v_quantized()) {
-          const int8_t* vq = reinterpret_cast<const int8_t*>(pg[p] + v_off) + static_cast<size_t>(kv_head) * hd;
-          const uint16_t* vs = reinterpret_cast<const uint16_t*>(pg[p] + vs_off) + static_cast<size_t>(kv_head) * hb;
-          attn_accumulate_q8(sc + p * pt, vq, cfg_.kv_dim(), vs, lay.n_blocks(), n, hd, out);
+          const int8_t* vq = reinterpret_cast<const int8_t*>(pg[p] + (v_off - adj)) + static_cast<size_t>(kv_head) * hd;
+          const uint16_t* vs = reinterpret_cast<const uint16_t*>(pg[p] + (vs_off - adj)) + static_cast<size_t>(kv_head) * hb;
+          attn_accumulate_q8(w, vq, cfg_.kv_dim(), vs, lay.n_blocks(), n, hd, out);
         } else {
-          const uint16_t* v = reinterpret_cast<const uint16_t*>(pg[p] + v_off) + static_cast<size_t>(kv_head) * hd;
-          attn_accumulate_f16(sc + p * pt, v, cfg_.kv_dim(), n, hd, out);
+          const uint16_t* v = reinterpret_cast<const uint16_t*>(pg[p] + (v_off - adj)) + static_cast<size_t>(kv_head) * hd;
+          attn_accumulate_f16(w, v, cfg_.kv_dim(), n, hd, out);
         }
       }
     }
@@ -216,90 +246,121 @@ void Model::write_kv(int layer, int r, uint8_t* page, int slot) {
     f32_to_f16_row(v, reinterpret_cast<uint16_t*>(v_row), KD);
 }
 
-void Model::run_rows(std::vector<BatchItem>& items, const std::vector<Row>& rows, size_t r0, size_t r1,
-                     std::vector<std::vector<uint8_t*>>& pages) {
-  const int n = static_cast<int>(r1 - r0);
-  const int E = cfg_.n_embd, QD = cfg_.q_dim(), KD = cfg_.kv_dim(), F = cfg_.n_ff, hd = cfg_.head_dim;
-  const int half = cfg_.rope_dim / 2;
+// Angles as ggml computes them (theta_i = pos * scale^i by repeated float
+// multiplication, divided by a per-pair factor and scaled linearly when the
+// file asks): the positions' rounding then matches llama.cpp's.
+static void rope_table(float* rc, int64_t pos, int half, float theta_scale, float linear, const float* freqs) {
+  float theta = static_cast<float>(pos);
+  for (int i = 0; i < half; ++i) {
+    float angle = freqs ? theta / freqs[i] : theta;
+    if (linear != 1.0f) angle = linear * angle;
+    rc[2 * i] = std::cos(angle);
+    rc[2 * i + 1] = std::sin(angle);
+    theta = theta * theta_scale;
+  }
+}
 
+void Model::embed_rows(const std::vector<Row>& rows, size_t r0, int n) {
+  const int E = cfg_.n_embd, half = cfg_.rope_dim / 2;
+  const Weight& te = w_.tok_embd;
   for (int r = 0; r < n; ++r) {
     const Row& row = rows[r0 + r];
-    const Weight& te = w_.tok_embd;
-    dequantize_row(te.type, te.data + dtype_row_bytes(te.type, E) * row.token, s_.x.data() + r * E, E);
-    // Angles as ggml computes them (theta_i = pos * scale^i by repeated float
-    // multiplication): the positions' rounding then matches llama.cpp's.
-    float* rc = s_.rope.data() + static_cast<size_t>(r) * cfg_.rope_dim;
-    float theta = static_cast<float>(row.pos);
-    for (int i = 0; i < half; ++i) {
-      rc[2 * i] = std::cos(theta);
-      rc[2 * i + 1] = std::sin(theta);
-      theta = theta * theta_scale_;
+    float* x = s_.x.data() + static_cast<size_t>(r) * E;
+    dequantize_row(te.type, te.data + dtype_row_bytes(te.type, E) * row.token, x, E);
+    if (cfg_.embd_scale != 1.0f)
+      for (int i = 0; i < E; ++i) x[i] = x[i] * cfg_.embd_scale;
+    rope_table(s_.rope.data() + static_cast<size_t>(r) * cfg_.rope_dim, row.pos, half, theta_scale_, cfg_.rope_scale,
+               w_.rope_freqs);
+    if (cfg_.swa_window > 0)
+      rope_table(s_.rope_swa.data() + static_cast<size_t>(r) * cfg_.rope_dim, row.pos, half, theta_scale_swa_, 1.0f,
+                 nullptr);
+  }
+}
+
+void Model::rope(int layer, float* vec, int n_heads, int n) {
+  const int hd = cfg_.head_dim, half = cfg_.rope_dim / 2;
+  const std::vector<float>& table = cfg_.is_swa(layer) ? s_.rope_swa : s_.rope;
+  for (int r = 0; r < n; ++r) {
+    const float* rc = table.data() + static_cast<size_t>(r) * cfg_.rope_dim;
+    for (int h = 0; h < n_heads; ++h) {
+      float* v = vec + static_cast<size_t>(r) * n_heads * hd + h * hd;
+      for (int i = 0; i < half; ++i) {
+        const int a = cfg_.rope_neox ? i : 2 * i;
+        const int b = cfg_.rope_neox ? i + half : 2 * i + 1;
+        const float c = rc[2 * i], s = rc[2 * i + 1];
+        const float x0 = v[a], x1 = v[b];
+        v[a] = x0 * c - x1 * s;
+        v[b] = x0 * s + x1 * c;
+      }
     }
   }
+}
 
-  auto rope = [&](float* vec, int n_heads) {
+// x += attention(norm(x)) for one layer, writing this step's K and V into the pages.
+void Model::attention_block(int l, const std::vector<Row>& rows, size_t r0, int n,
+                            std::vector<std::vector<uint8_t*>>& pages) {
+  const LayerWeights& L = w_.layers[l];
+  const int E = cfg_.n_embd, QD = cfg_.q_dim(), KD = cfg_.kv_dim(), hd = cfg_.head_dim;
+  for (int r = 0; r < n; ++r) rmsnorm(&s_.x[r * E], L.attn_norm, &s_.xb[r * E], E, cfg_.norm_eps);
+  matmul({{&L.wq, s_.q.data()}, {&L.wk, s_.k.data()}, {&L.wv, s_.v.data()}}, s_.xb.data(), n);
+  if (L.bq)
     for (int r = 0; r < n; ++r) {
-      const float* rc = s_.rope.data() + static_cast<size_t>(r) * cfg_.rope_dim;
-      for (int h = 0; h < n_heads; ++h) {
-        float* v = vec + static_cast<size_t>(r) * n_heads * hd + h * hd;
-        for (int i = 0; i < half; ++i) {
-          const int a = cfg_.rope_neox ? i : 2 * i;
-          const int b = cfg_.rope_neox ? i + cfg_.rope_dim / 2 : 2 * i + 1;
-          const float c = rc[2 * i], s = rc[2 * i + 1];
-          const float x0 = v[a], x1 = v[b];
-          v[a] = x0 * c - x1 * s;
-          v[b] = x0 * s + x1 * c;
-        }
+      for (int i = 0; i < QD; ++i) s_.q[r * QD + i] += L.bq[i];
+      for (int i = 0; i < KD; ++i) s_.k[r * KD + i] += L.bk[i];
+      for (int i = 0; i < KD; ++i) s_.v[r * KD + i] += L.bv[i];
+    }
+  if (L.q_norm)
+    for (int r = 0; r < n; ++r) {
+      for (int h = 0; h < cfg_.n_head; ++h) {
+        float* v = &s_.q[r * QD + h * hd];
+        rmsnorm(v, L.q_norm, v, hd, cfg_.norm_eps);
+      }
+      for (int h = 0; h < cfg_.n_head_kv; ++h) {
+        float* v = &s_.k[r * KD + h * hd];
+        rmsnorm(v, L.k_norm, v, hd, cfg_.norm_eps);
       }
     }
-  };
+  rope(l, s_.q.data(), cfg_.n_head, n);
+  rope(l, s_.k.data(), cfg_.n_head_kv, n);
 
-  for (int l = 0; l < cfg_.n_layer; ++l) {
-    const LayerWeights& L = w_.layers[l];
-    for (int r = 0; r < n; ++r) rmsnorm(&s_.x[r * E], L.attn_norm, &s_.xb[r * E], E, cfg_.norm_eps);
-    matmul({{&L.wq, s_.q.data()}, {&L.wk, s_.k.data()}, {&L.wv, s_.v.data()}}, s_.xb.data(), n);
-    if (L.bq)
-      for (int r = 0; r < n; ++r) {
-        for (int i = 0; i < QD; ++i) s_.q[r * QD + i] += L.bq[i];
-        for (int i = 0; i < KD; ++i) s_.k[r * KD + i] += L.bk[i];
-        for (int i = 0; i < KD; ++i) s_.v[r * KD + i] += L.bv[i];
-      }
-    if (L.q_norm)
-      for (int r = 0; r < n; ++r) {
-        for (int h = 0; h < cfg_.n_head; ++h) {
-          float* v = &s_.q[r * QD + h * hd];
-          rmsnorm(v, L.q_norm, v, hd, cfg_.norm_eps);
-        }
-        for (int h = 0; h < cfg_.n_head_kv; ++h) {
-          float* v = &s_.k[r * KD + h * hd];
-          rmsnorm(v, L.k_norm, v, hd, cfg_.norm_eps);
-        }
-      }
-    rope(s_.q.data(), cfg_.n_head);
-    rope(s_.k.data(), cfg_.n_head_kv);
-
-    // Write this step's K/V into the pages first; attention then reads every
-    // position, old and new, from the same page bytes.
-    for (int r = 0; r < n; ++r) {
-      const Row& row = rows[r0 + r];
-      const int pt = layout_.page_tokens;
-      write_kv(l, r, pages[row.item][row.pos / pt], static_cast<int>(row.pos % pt));
-    }
-    attention(l, rows, r0, n, pages);
-
-    matmul({{&L.wo, s_.xb.data()}}, s_.att.data(), n);
-    for (int i = 0; i < n * E; ++i) s_.x[i] += s_.xb[i];
-
-    for (int r = 0; r < n; ++r) rmsnorm(&s_.x[r * E], L.ffn_norm, &s_.xb[r * E], E, cfg_.norm_eps);
-    matmul({{&L.gate, s_.hb.data()}, {&L.up, s_.hb2.data()}}, s_.xb.data(), n);
-    pool_.parallel_for(n, 4, [&](int64_t r0, int64_t r1) {
-      for (int64_t r = r0; r < r1; ++r) silu_mul(&s_.hb[r * F], &s_.hb2[r * F], F);
-    });
-    matmul({{&L.down, s_.xb.data()}}, s_.hb.data(), n);
-    for (int i = 0; i < n * E; ++i) s_.x[i] += s_.xb[i];
+  // Write this step's K/V into the pages first; attention then reads every
+  // position, old and new, from the same page bytes.
+  for (int r = 0; r < n; ++r) {
+    const Row& row = rows[r0 + r];
+    const int pt = layout_.page_tokens;
+    write_kv(l, r, pages[row.item][row.pos / pt], static_cast<int>(row.pos % pt));
   }
+  attention(l, rows, r0, n, pages);
 
-  // Final norm and logits for the rows that asked for them.
+  matmul({{&L.wo, s_.xb.data()}}, s_.att.data(), n);
+  if (L.attn_post_norm)
+    for (int r = 0; r < n; ++r) rmsnorm(&s_.xb[r * E], L.attn_post_norm, &s_.xb[r * E], E, cfg_.norm_eps);
+  for (int i = 0; i < n * E; ++i) s_.x[i] += s_.xb[i];
+}
+
+// x += ffn(norm(x)) for one layer: SwiGLU, or GeGLU for gemma.
+void Model::ffn_block(int l, int n) {
+  const LayerWeights& L = w_.layers[l];
+  const int E = cfg_.n_embd, F = cfg_.n_ff;
+  for (int r = 0; r < n; ++r) rmsnorm(&s_.x[r * E], L.ffn_norm, &s_.xb[r * E], E, cfg_.norm_eps);
+  matmul({{&L.gate, s_.hb.data()}, {&L.up, s_.hb2.data()}}, s_.xb.data(), n);
+  pool_.parallel_for(n, 4, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      if (cfg_.gelu_ffn)
+        gelu_mul(&s_.hb[r * F], &s_.hb2[r * F], F);
+      else
+        silu_mul(&s_.hb[r * F], &s_.hb2[r * F], F);
+    }
+  });
+  matmul({{&L.down, s_.xb.data()}}, s_.hb.data(), n);
+  if (L.ffn_post_norm)
+    for (int r = 0; r < n; ++r) rmsnorm(&s_.xb[r * E], L.ffn_post_norm, &s_.xb[r * E], E, cfg_.norm_eps);
+  for (int i = 0; i < n * E; ++i) s_.x[i] += s_.xb[i];
+}
+
+// Final norm, hidden states and logits for the rows that asked for them.
+void Model::output_rows(std::vector<BatchItem>& items, const std::vector<Row>& rows, size_t r0, int n) {
+  const int E = cfg_.n_embd;
   int n_out = 0;
   std::vector<float*>& dst = s_.logit_dst;
   dst.clear();
@@ -322,10 +383,25 @@ void Model::run_rows(std::vector<BatchItem>& items, const std::vector<Row>& rows
   // Logits go to a scratch block row by row; the output matmul is the largest
   // in the model, so all requested rows share one pass over its weights.
   std::vector<float>& block = s_.logits;
-  if (block.size() < static_cast<size_t>(n_out) * cfg_.n_vocab) block.resize(static_cast<size_t>(n_out) * cfg_.n_vocab);
+  const size_t V = static_cast<size_t>(cfg_.n_vocab);
+  if (block.size() < n_out * V) block.resize(n_out * V);
   matmul({{&w_.output, block.data()}}, s_.xlog.data(), n_out);
-  for (int i = 0; i < n_out; ++i)
-    std::memcpy(dst[i], block.data() + static_cast<size_t>(i) * cfg_.n_vocab, sizeof(float) * cfg_.n_vocab);
+  if (cfg_.logit_softcap > 0.0f) {
+    const float c = cfg_.logit_softcap, inv = 1.0f / c;
+    for (size_t i = 0; i < n_out * V; ++i) block[i] = c * std::tanh(block[i] * inv);
+  }
+  for (int i = 0; i < n_out; ++i) std::memcpy(dst[i], block.data() + i * V, sizeof(float) * V);
+}
+
+void Model::run_rows(std::vector<BatchItem>& items, const std::vector<Row>& rows, size_t r0, size_t r1,
+                     std::vector<std::vector<uint8_t*>>& pages) {
+  const int n = static_cast<int>(r1 - r0);
+  embed_rows(rows, r0, n);
+  for (int l = 0; l < cfg_.n_layer; ++l) {
+    attention_block(l, rows, r0, n, pages);
+    ffn_block(l, n);
+  }
+  output_rows(items, rows, r0, n);
 }
 
 void Model::forward(std::vector<BatchItem>& items) {
@@ -339,6 +415,13 @@ void Model::forward(std::vector<BatchItem>& items) {
     const PageLayout& lay = it.seq->pool().layout();
     if (lay != page_layout(lay.page_tokens, lay.dtype))
       throw std::invalid_argument("sequence pages do not match this model's KV shape");
+    if (const SwaRelease* swa = it.seq->swa()) {
+      std::vector<int> kept;
+      for (int l = 0; l < cfg_.n_layer; ++l)
+        if (kept_index_[l] >= 0) kept.push_back(l);
+      if (cfg_.swa_window <= 0 || swa->window != cfg_.swa_window || swa->keep_layers != kept)
+        throw std::invalid_argument("the sequence releases pages with another sliding window than this model's");
+    }
     if (it.seq->n_tokens() + it.n_tokens > cfg_.n_ctx)
       throw std::length_error("context length exceeded: " + std::to_string(it.seq->n_tokens() + it.n_tokens) +
                               " tokens > " + std::to_string(cfg_.n_ctx));
@@ -359,7 +442,11 @@ void Model::forward(std::vector<BatchItem>& items) {
     max_ctx = std::max(max_ctx, it.seq->n_tokens() + it.n_tokens);
   }
   std::vector<std::vector<uint8_t*>> pages(items.size());
-  for (size_t i = 0; i < items.size(); ++i) items[i].seq->page_ptrs(pages[i]);
+  released_.resize(items.size());
+  for (size_t i = 0; i < items.size(); ++i) {
+    items[i].seq->page_ptrs(pages[i]);
+    released_[i] = items[i].seq->n_released();
+  }
 
   ensure_scratch(std::min<int>(kMaxRows, static_cast<int>(rows.size())));
   // Per thread: a row of scores plus room for one head of q.

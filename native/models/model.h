@@ -31,6 +31,19 @@ struct ModelConfig {
   float rope_base = 10000.0f;
   int rope_dim = 0;        // rotated dims per head (<= head_dim)
   bool rope_neox = false;  // pairs (i, i + d/2) instead of (2i, 2i + 1)
+  float rope_scale = 1.0f;      // linear RoPE scaling of full-attention layers: angles * rope_scale
+  // Gemma-style options; the defaults give the llama family.
+  float attn_scale = 0.0f;      // q.k scale; 0 means 1 / sqrt(head_dim)
+  float embd_scale = 1.0f;      // token embeddings are multiplied by this (gemma: sqrt(n_embd))
+  bool gelu_ffn = false;        // GeGLU (tanh GELU of the gate) instead of SwiGLU
+  float logit_softcap = 0.0f;   // logits = c * tanh(logits / c) when > 0
+  // Sliding-window attention: layer l with swa_layer[l] sees only the last
+  // swa_window positions (keys k with pos - k < swa_window) and rotates with
+  // rope_base_swa (and no linear scaling).
+  int swa_window = 0;
+  std::vector<uint8_t> swa_layer;  // (n_layer) 1 for a sliding-window layer, or empty for none
+  float rope_base_swa = 10000.0f;
+  bool is_swa(int layer) const { return swa_window > 0 && !swa_layer.empty() && swa_layer[layer] != 0; }
   int q_dim() const { return n_head * head_dim; }
   int kv_dim() const { return n_head_kv * head_dim; }
 };
@@ -50,14 +63,17 @@ struct LayerWeights {
   const float* bv = nullptr;         // (kv_dim) qwen2
   const float* q_norm = nullptr;     // (head_dim) qwen3
   const float* k_norm = nullptr;     // (head_dim) qwen3
+  const float* attn_post_norm = nullptr;  // (n_embd) gemma3: norm of the attention output
   const float* ffn_norm = nullptr;   // (n_embd)
   Weight gate, up, down;
+  const float* ffn_post_norm = nullptr;   // (n_embd) gemma3: norm of the FFN output
 };
 
 struct ModelWeights {
   Weight tok_embd;                   // (n_vocab, n_embd)
   const float* output_norm = nullptr;
   Weight output;                     // (n_vocab, n_embd); the embedding when tied
+  const float* rope_freqs = nullptr; // (rope_dim / 2) llama3: per-pair divisors of the angle, or null
   std::vector<LayerWeights> layers;
 };
 
@@ -81,7 +97,8 @@ struct RunState {
   std::vector<float> att;     // (rows, q_dim) attention output
   std::vector<float> hb;      // (rows, n_ff) gate
   std::vector<float> hb2;     // (rows, n_ff) up
-  std::vector<float> rope;    // (rows, rope_dim / 2, 2) cos, sin per position
+  std::vector<float> rope;    // (rows, rope_dim / 2, 2) cos, sin per position (full-attention layers)
+  std::vector<float> rope_swa;  // (rows, rope_dim / 2, 2) the same for sliding-window layers
   std::vector<float> scores;  // (threads, n_ctx) attention scores
   std::vector<uint16_t> k16;  // (kv_dim) one K row in f16, before it is scattered into a page
   std::vector<int8_t> k8;     // (kv_dim) one K row in int8 (q8 pages), likewise
@@ -112,8 +129,15 @@ class Model {
     int64_t pos;
     int32_t token;
   };
+  // One chunk of rows through the whole model, in named steps.
   void run_rows(std::vector<BatchItem>& items, const std::vector<Row>& rows, size_t r0, size_t r1,
                 std::vector<std::vector<uint8_t*>>& pages);
+  void embed_rows(const std::vector<Row>& rows, size_t r0, int n);  // x and the RoPE tables
+  void rope(int layer, float* vec, int n_heads, int n);
+  void attention_block(int layer, const std::vector<Row>& rows, size_t r0, int n,
+                       std::vector<std::vector<uint8_t*>>& pages);
+  void ffn_block(int layer, int n);
+  void output_rows(std::vector<BatchItem>& items, const std::vector<Row>& rows, size_t r0, int n);
   struct MatmulJob {
     const Weight* w;
     float* y;  // (n_rows, w->n_out)
@@ -135,6 +159,9 @@ class Model {
   RunState s_;
   int scratch_rows_ = 0;
   float theta_scale_ = 1.0f;     // rope_base^(-2 / rope_dim)
+  float theta_scale_swa_ = 1.0f; // rope_base_swa^(-2 / rope_dim)
+  std::vector<int> kept_index_;   // (n_layer) a full-attention layer's index in a released page, else -1
+  std::vector<int64_t> released_; // (items) released leading pages of each item's sequence, this step
   PageLayout layout_;             // of the sequences last seen (checked per forward)
   std::mutex mu_;
 };

@@ -47,6 +47,15 @@ Weight matrix(const TensorMap& t, const std::string& name, int n_in, int n_out) 
   return w;
 }
 
+// Rows [r0, r0 + n) of a matrix: one part of a fused tensor (phi3's attn_qkv
+// and its gate-and-up ffn_up), which a matmul reads like any other weight.
+Weight row_slice(const Weight& w, int r0, int n) {
+  Weight part = w;
+  part.data = w.data + dtype_row_bytes(w.type, w.n_in) * static_cast<size_t>(r0);
+  part.n_out = n;
+  return part;
+}
+
 const float* vec(const TensorMap& t, const std::string& name, int n, bool required = true) {
   const TensorDesc* d = find(t, name);
   if (!d) {
@@ -65,6 +74,11 @@ T get(const py::dict& d, const char* key) {
   return d[key].cast<T>();
 }
 
+template <typename T>
+T get_or(const py::dict& d, const char* key, T fallback) {
+  return d.contains(key) && !d[key].is_none() ? d[key].cast<T>() : fallback;
+}
+
 std::unique_ptr<Model> build(const py::dict& c, const TensorMap& t, int n_threads) {
   ModelConfig cfg;
   cfg.arch = get<std::string>(c, "arch");
@@ -80,28 +94,52 @@ std::unique_ptr<Model> build(const py::dict& c, const TensorMap& t, int n_thread
   cfg.rope_base = get<float>(c, "rope_base");
   cfg.rope_dim = get<int>(c, "rope_dim");
   cfg.rope_neox = get<bool>(c, "rope_neox");
+  cfg.rope_scale = get_or<float>(c, "rope_scale", 1.0f);
+  cfg.attn_scale = get_or<float>(c, "attn_scale", 0.0f);
+  cfg.embd_scale = get_or<float>(c, "embd_scale", 1.0f);
+  cfg.gelu_ffn = get_or<bool>(c, "gelu_ffn", false);
+  cfg.logit_softcap = get_or<float>(c, "logit_softcap", 0.0f);
+  cfg.swa_window = get_or<int>(c, "swa_window", 0);
+  cfg.swa_layer = get_or<std::vector<uint8_t>>(c, "swa_layers", {});
+  cfg.rope_base_swa = get_or<float>(c, "rope_base_swa", 10000.0f);
 
   const int E = cfg.n_embd, QD = cfg.q_dim(), KD = cfg.kv_dim(), hd = cfg.head_dim;
   ModelWeights w;
   w.tok_embd = matrix(t, "token_embd.weight", E, cfg.n_vocab);
   w.output_norm = vec(t, "output_norm.weight", E);
   w.output = find(t, "output.weight") ? matrix(t, "output.weight", E, cfg.n_vocab) : w.tok_embd;
+  w.rope_freqs = vec(t, "rope_freqs.weight", cfg.rope_dim / 2, false);
   for (int i = 0; i < cfg.n_layer; ++i) {
     const std::string p = "blk." + std::to_string(i) + ".";
     LayerWeights L;
     L.attn_norm = vec(t, p + "attn_norm.weight", E);
-    L.wq = matrix(t, p + "attn_q.weight", E, QD);
-    L.wk = matrix(t, p + "attn_k.weight", E, KD);
-    L.wv = matrix(t, p + "attn_v.weight", E, KD);
+    if (find(t, p + "attn_qkv.weight") && !find(t, p + "attn_q.weight")) {
+      const Weight qkv = matrix(t, p + "attn_qkv.weight", E, QD + 2 * KD);
+      L.wq = row_slice(qkv, 0, QD);
+      L.wk = row_slice(qkv, QD, KD);
+      L.wv = row_slice(qkv, QD + KD, KD);
+    } else {
+      L.wq = matrix(t, p + "attn_q.weight", E, QD);
+      L.wk = matrix(t, p + "attn_k.weight", E, KD);
+      L.wv = matrix(t, p + "attn_v.weight", E, KD);
+    }
     L.wo = matrix(t, p + "attn_output.weight", QD, E);
     L.bq = vec(t, p + "attn_q.bias", QD, false);
     L.bk = vec(t, p + "attn_k.bias", KD, L.bq != nullptr);
     L.bv = vec(t, p + "attn_v.bias", KD, L.bq != nullptr);
     L.q_norm = vec(t, p + "attn_q_norm.weight", hd, false);
     L.k_norm = vec(t, p + "attn_k_norm.weight", hd, L.q_norm != nullptr);
+    L.attn_post_norm = vec(t, p + "post_attention_norm.weight", E, false);
     L.ffn_norm = vec(t, p + "ffn_norm.weight", E);
-    L.gate = matrix(t, p + "ffn_gate.weight", E, cfg.n_ff);
-    L.up = matrix(t, p + "ffn_up.weight", E, cfg.n_ff);
+    L.ffn_post_norm = vec(t, p + "post_ffw_norm.weight", E, false);
+    if (!find(t, p + "ffn_gate.weight")) {  // gate and up in one tensor, gate first (ggml_swiglu)
+      const Weight both = matrix(t, p + "ffn_up.weight", E, 2 * cfg.n_ff);
+      L.gate = row_slice(both, 0, cfg.n_ff);
+      L.up = row_slice(both, cfg.n_ff, cfg.n_ff);
+    } else {
+      L.gate = matrix(t, p + "ffn_gate.weight", E, cfg.n_ff);
+      L.up = matrix(t, p + "ffn_up.weight", E, cfg.n_ff);
+    }
     L.down = matrix(t, p + "ffn_down.weight", cfg.n_ff, E);
     w.layers.push_back(L);
   }
