@@ -47,6 +47,30 @@ def test_models_verify_reports_the_weight_id(tmp_path):
     assert "weight_id" in r.stdout
 
 
+def test_models_list_names_what_cannot_be_served_and_why(tmp_path):
+    import gguf
+    import numpy as np
+    from tiny_models import TinyConfig, make_weights, write_gguf
+
+    folder = tmp_path / "models"
+    folder.mkdir()
+    write_gguf(folder / "tiny.gguf", TinyConfig(), make_weights(TinyConfig()))
+    w = gguf.GGUFWriter(str(folder / "mamba.gguf"), "mamba")
+    w.add_tensor("token_embd.weight", np.zeros((8, 32), np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    (folder / "cut.gguf").write_bytes((folder / "tiny.gguf").read_bytes()[:5000])
+    r = ctx("models", "list", "--models-dir", str(folder), "--no-ollama", env={"CTX_HOME": str(tmp_path)})
+    assert r.returncode == 0, r.stderr
+    lines = {ln.split()[0]: ln for ln in r.stdout.splitlines()}
+    assert str(folder / "tiny.gguf") in lines["tiny"] and "cannot" not in lines["tiny"]
+    assert "cannot be served: architecture 'mamba' is not supported" in lines["mamba"]
+    assert "cannot be served:" in lines["cut"]
+    assert "smollm2" in lines and "packaged" in lines["smollm2"]
+
+
 @pytest.mark.parametrize("args", [["run", "-m", "/nonexistent/model.gguf", "hi"], ["tokenize", "-m", "no-such-model", "x"]])
 def test_errors_are_one_clear_line(args):
     r = ctx(*args)

@@ -6,20 +6,20 @@ import argparse
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     sub = p.add_subparsers(dest="action", metavar="ACTION")
-    sub.add_parser("list", help="known names and where they resolve")
+    ls = sub.add_parser("list", help="every model ctx serve would offer, and why any cannot be served")
+    ls.add_argument("--models-dir", metavar="DIR", default=None, help="also list every .gguf file under DIR")
+    ls.add_argument("--no-ollama", action="store_true", help="leave Ollama's model store out")
     v = sub.add_parser("verify", help="recompute weight ids and compare with the cache")
     v.add_argument("models", nargs="*", help="paths or names (default: the packaged model)")
 
 
 def main(args: argparse.Namespace) -> int:
-    from ..engine.registry import known_models, resolve_model
+    from ..engine.registry import resolve_model
     from ..engine.weights import verify_weight_id
     from ..errors import CtxError
 
     if args.action in (None, "list"):
-        for name, where in known_models().items():
-            print(f"{name:<16} {where}")
-        return 0
+        return _list(getattr(args, "models_dir", None), getattr(args, "no_ollama", False))
     status = 0
     for spec in args.models or [None]:
         path = resolve_model(spec)
@@ -35,3 +35,16 @@ def main(args: argparse.Namespace) -> int:
     if status:
         raise CtxError("a cached weight id did not match the file (the cache entry is now corrected)")
     return status
+
+
+def _list(models_dir: str | None, no_ollama: bool) -> int:
+    """One line a model: name, where it comes from, and its file or why it cannot be served."""
+    from ..engine.catalog import ModelCatalog
+    from ..engine.ollama_store import ollama_roots
+
+    roots = [] if no_ollama else [r for r in ollama_roots() if r.is_dir()]
+    catalog = ModelCatalog.build(models_dir=models_dir, ollama_roots=roots)
+    for e in catalog.entries():
+        where = str(e.path) if e.servable else f"cannot be served: {e.error}"
+        print(f"{e.name:<24} {e.source:<10} {where}")
+    return 0

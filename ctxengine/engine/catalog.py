@@ -163,6 +163,16 @@ def _mtime(path: Path | None) -> float:
 
 
 def _file_entry(path: Path, source: str, *, name: str | None = None) -> CatalogEntry:
+    """A GGUF file; one the engine cannot run is listed with the reason, not served."""
+    from ..errors import CtxError
+    from .gguf_file import open_gguf
+    from .model import unsupported_reason
+
     stem = path.name[:-5] if path.name.endswith(".gguf") else path.name
-    return CatalogEntry(name or stem, path, source, aliases=(path.name,) if name is None else (stem,),
-                        modified=_mtime(path))
+    try:
+        with open_gguf(path) as f:
+            error = unsupported_reason(f)
+    except CtxError as err:
+        error = str(err)
+    return CatalogEntry(name or stem, path if error is None else None, source,
+                        aliases=(path.name,) if name is None else (stem,), error=error, modified=_mtime(path))

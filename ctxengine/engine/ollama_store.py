@@ -244,14 +244,12 @@ def _read_layers(root: Path, layers: list, entry: CatalogEntry) -> Path:
 
 def _check_gguf(path: Path) -> None:
     """What LoadedModel would refuse, read from the header only (no weights loaded)."""
-    from .model import SUPPORTED_ARCHS, SUPPORTED_TYPES
+    from .model import unsupported_reason
 
     with open_gguf(path) as f:
-        if f.arch not in SUPPORTED_ARCHS:
-            raise _Refused(f"architecture '{f.arch}' is not supported (supported: {', '.join(SUPPORTED_ARCHS)})")
-        bad = f.unsupported_tensors(SUPPORTED_TYPES)
-        if bad:
-            raise _Refused(f"tensor type {', '.join(sorted({t.type_name for t in bad}))} is not supported yet")
+        why = unsupported_reason(f)
+    if why is not None:
+        raise _Refused(why)
 
 
 def _json(raw: bytes, what: str):
