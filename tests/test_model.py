@@ -1,4 +1,6 @@
-"""The decode core against llama.cpp's reference outputs, and its determinism.
+"""The decode core against llama.cpp's reference outputs, and its determinism,
+on both real models: SmolLM2 (llama, Q4_1) and Gemma 3 270M (gemma3 with
+sliding-window layers, Q4_K_M: Q5_0, Q8_0, Q4_K and Q6_K weights).
 
 Tolerances come from the issue: top-1 agreement >= 97% of teacher-forced
 positions, mean |delta log p(llama.cpp's top-1)| < 0.05, and greedy tokens that
@@ -9,14 +11,26 @@ import pytest
 
 import ctxengine as ce
 from ctxengine import _core
+from ctxengine.engine.gguf_file import open_gguf
+from ctxengine.engine.model import ModelConfig
 from ctxengine.errors import ContextError
 
 
+@pytest.fixture(scope="module", params=["smollm2", "gemma3"])
+def which(request) -> str:
+    return request.param
+
+
 @pytest.fixture(scope="module")
-def model(smollm2_path):
-    m = ce.load(smollm2_path, threads=2)
+def model(which, smollm2_path, gemma3_path):
+    m = ce.load(smollm2_path if which == "smollm2" else gemma3_path, threads=2)
     yield m
     m.close()
+
+
+@pytest.fixture(scope="module")
+def ref(which, smollm2_ref, gemma3_ref) -> dict:
+    return smollm2_ref if which == "smollm2" else gemma3_ref
 
 
 def log_softmax(logits: np.ndarray) -> np.ndarray:
@@ -33,10 +47,10 @@ def bits(a: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
 
 
-def test_teacher_forced_logprobs_match_llama_cpp(model, smollm2_ref):
+def test_teacher_forced_logprobs_match_llama_cpp(model, ref):
     agree = total = 0
     diffs = []
-    for case in smollm2_ref["teacher"]:
+    for case in ref["teacher"]:
         ids = case["ids"]
         assert model.tokenize(case["text"], add_bos=model.tokenizer.add_bos) == ids
         lp = log_softmax(all_logits(model, ids))
@@ -53,15 +67,15 @@ def test_teacher_forced_logprobs_match_llama_cpp(model, smollm2_ref):
     assert mad < 0.05, f"mean |d log p| {mad:.4f} >= 0.05 (max {max(diffs):.4f})"
 
 
-def test_greedy_matches_reference_or_parts_at_a_near_tie(model, smollm2_ref):
-    for case in smollm2_ref["greedy"]:
+def test_greedy_matches_reference_or_parts_at_a_near_tie(model, ref):
+    for case in ref["greedy"]:
         ctx = model.context(None)
         ctx.append(case["prompt_ids"])
         ours = [p.token_id for p in ctx.generate(8, temperature=0.0) if p.token_id is not None]
-        ref = case["ids"][:8]
-        for k, (a, b) in enumerate(zip(ours, ref)):
+        want = case["ids"][:8]
+        for k, (a, b) in enumerate(zip(ours, want)):
             if a != b:
-                lp = log_softmax(all_logits(model, case["prompt_ids"] + ref[:k])[-1])
+                lp = log_softmax(all_logits(model, case["prompt_ids"] + want[:k])[-1])
                 gap = abs(lp[a] - lp[b])
                 assert gap < 0.05, f"{case['prompt']!r}: step {k} ours {a} vs ref {b}, gap {gap:.4f}"
                 break
@@ -70,19 +84,19 @@ def test_greedy_matches_reference_or_parts_at_a_near_tie(model, smollm2_ref):
         ctx.delete()
 
 
-def test_logits_identical_across_thread_counts(smollm2_path, smollm2_ref):
-    ids = smollm2_ref["teacher"][0]["ids"][:40]
+def test_logits_identical_across_thread_counts(model, ref):
+    ids = ref["teacher"][0]["ids"][:40]
     outs = []
     for threads in (1, 2, 3):
-        m = ce.load(smollm2_path, threads=threads)
+        m = ce.load(model.path, threads=threads)
         outs.append(all_logits(m, ids))
         m.close()
     for o in outs[1:]:
         assert np.array_equal(bits(o), bits(outs[0]))
 
 
-def test_prefill_at_once_token_by_token_and_chunked_are_bit_identical(model, smollm2_ref):
-    ids = smollm2_ref["teacher"][1]["ids"][:45]
+def test_prefill_at_once_token_by_token_and_chunked_are_bit_identical(model, ref):
+    ids = ref["teacher"][1]["ids"][:45]
     eng = model.engine
     whole = eng.new_sequence()
     at_once = eng.forward(whole, ids, all_logits=True)
@@ -192,8 +206,16 @@ def test_rewind_then_continue_matches_straight_run(model):
     b.delete()
 
 
-def test_context_length_is_read_from_the_file(model):
-    assert model.config.n_ctx == 8192
+def test_context_length_is_read_from_the_file(model, which):
+    assert model.config.n_ctx == {"smollm2": 8192, "gemma3": 32768}[which]
+
+
+def test_gemma3_layers_and_window_come_from_the_file(gemma3_path):
+    with open_gguf(gemma3_path) as f:
+        cfg = ModelConfig.from_gguf(f)
+    assert (cfg.swa_window, cfg.rope_base, cfg.rope_base_swa) == (512, 1e6, 10000.0)
+    assert [i for i, local in enumerate(cfg.swa_layers) if not local] == [5, 11, 17]
+    assert cfg.embd_scale == pytest.approx(640 ** 0.5) and cfg.gelu_ffn
 
 
 def test_stop_strings_and_eog_end_generation(model):
