@@ -9,6 +9,7 @@ Two kinds of checks:
 """
 import numpy as np
 import pytest
+from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as G
 from gguf import quants
 from hypothesis import given, settings
@@ -20,7 +21,7 @@ from ctxengine import _core
 Q = _core.quant
 PATHS = ["scalar", "avx2", "avx512"]
 AVAILABLE = PATHS[: PATHS.index(_core.detect_isa()) + 1]
-QUANTIZED = [G.Q4_0, G.Q4_1, G.Q8_0]
+QUANTIZED = [G.Q4_0, G.Q4_1, G.Q5_0, G.Q5_1, G.Q8_0]  # blocks of 32, Q8A activations
 FLOATS = [G.F32, G.F16, G.BF16]
 ALL_TYPES = QUANTIZED + FLOATS
 
@@ -28,8 +29,11 @@ Q8A = np.dtype([("d", "<f4"), ("s", "<f4"), ("qs", "i1", 32)])
 BLOCK = {
     G.Q4_0: np.dtype([("d", "<f2"), ("qs", "u1", 16)]),
     G.Q4_1: np.dtype([("d", "<f2"), ("m", "<f2"), ("qs", "u1", 16)]),
+    G.Q5_0: np.dtype([("d", "<f2"), ("qh", "<u4"), ("qs", "u1", 16)]),
+    G.Q5_1: np.dtype([("d", "<f2"), ("m", "<f2"), ("qh", "<u4"), ("qs", "u1", 16)]),
     G.Q8_0: np.dtype([("d", "<f2"), ("qs", "i1", 32)]),
 }
+HAS_MIN = (G.Q4_1, G.Q5_1)
 
 
 @pytest.fixture(autouse=True)
@@ -75,7 +79,7 @@ def weights(t, n_out, n_in, rng, raw=False):
     if raw and t in QUANTIZED:
         blocks = np.frombuffer(rng.bytes(n_out * (n_in // 32) * BLOCK[t].itemsize), BLOCK[t]).copy()
         blocks["d"] = (rng.standard_normal(blocks.shape) * 0.02).astype(np.float16)
-        if t == G.Q4_1:
+        if t in HAS_MIN:
             blocks["m"] = (rng.standard_normal(blocks.shape) * 0.1).astype(np.float16)
         return blocks.view(np.uint8).reshape(n_out, -1)
     w = rng.standard_normal((n_out, n_in)).astype(np.float32)
@@ -99,13 +103,14 @@ def parse_blocks(t, w, n_in):
     """Float64 pieces of quantized weights: scale d and signed q (n_out, nb, 32), min m."""
     b = w.reshape(-1).view(BLOCK[t]).reshape(w.shape[0], n_in // 32)
     d = b["d"].astype(np.float64)
-    m = b["m"].astype(np.float64) if t == G.Q4_1 else np.zeros_like(d)
+    m = b["m"].astype(np.float64) if t in HAS_MIN else np.zeros_like(d)
     if t == G.Q8_0:
         q = b["qs"].astype(np.float64)
     else:
         q = np.concatenate([b["qs"] & 0xF, b["qs"] >> 4], axis=-1).astype(np.float64)
-        if t == G.Q4_0:
-            q -= 8
+        if t in (G.Q5_0, G.Q5_1):  # bit e of qh is bit 4 of element e
+            q += ((b["qh"][..., None] >> np.arange(32, dtype=np.uint32)) & 1) * 16.0
+        q -= {G.Q4_0: 8, G.Q5_0: 16}.get(t, 0)
     return d, q, m
 
 
@@ -121,7 +126,7 @@ def reference(t, w, n_in, x):
         xf = x.astype(np.float64)
         return xf @ wf.T, np.abs(xf) @ np.abs(wf).T
     # Integer types: dequantized W against dequantized Q8A activations, with
-    # Q4_1's min term through the block sums s that the kernel uses.
+    # Q4_1's / Q5_1's min term through the block sums s that the kernel uses.
     d, q, m = parse_blocks(t, w, n_in)
     xa = q8a_rows(x)
     xq = xa["d"].astype(np.float64)[..., None] * xa["qs"]
@@ -198,7 +203,7 @@ def canonical_matmul_q(t, w, n_in, x):
     for width in (4, 2, 1):
         acc = acc[..., :width] + acc[..., width:2 * width]
     dot = acc[..., 0]
-    if t == G.Q4_1:
+    if t in HAS_MIN:
         summ = np.zeros(dot.shape, np.float32)
         for b in range(nb):
             summ = fma_f32(np.broadcast_to(m.astype(np.float32)[:, b, None], summ.shape),
@@ -247,7 +252,7 @@ def test_matmul_extreme_integer_sums(t):
     n_in = 96
     blocks = np.zeros((4, n_in // 32), BLOCK[t])
     blocks["d"] = 1.0
-    blocks["qs"] = -128 if t == G.Q8_0 else 0  # Q4_*: nibble 0 (Q4_0: value -8)
+    blocks["qs"] = -128 if t == G.Q8_0 else 0  # Q4_*, Q5_*: value 0 (Q4_0: -8, Q5_0: -16)
     w = blocks.view(np.uint8).reshape(4, -1)
     x = np.stack([np.full(n_in, 1.0), np.full(n_in, -1.0), np.tile([1.0, -1.0], n_in // 2)]).astype(np.float32)
     results = on_each_path(lambda: matmul(t, w, n_in, x))
@@ -297,8 +302,10 @@ def test_matmul_batch_and_row_range_invariance(t, isa):
 def test_matmul_argument_checks():
     w = np.zeros((2, 20), np.uint8)
     x = np.zeros((1, 32), np.float32)
-    with pytest.raises(ValueError, match="unsupported"):
-        Q.matmul(12, w.reshape(-1), 32, 2, x)
+    with pytest.raises(ValueError, match="unsupported tensor type type 16"):
+        Q.matmul(16, w.reshape(-1), 32, 2, x)  # IQ2_XXS
+    with pytest.raises(ValueError, match="Q4_K rows need a multiple of 256"):
+        Q.matmul(int(G.Q4_K), w.reshape(-1), 32, 2, x)
     with pytest.raises(ValueError, match="bytes"):
         Q.matmul(int(G.Q4_1), w.reshape(-1)[:-1], 32, 2, x)
     with pytest.raises(ValueError, match="shape"):
@@ -311,10 +318,14 @@ def test_matmul_argument_checks():
 # Formats
 
 def test_type_table():
-    assert Q.supported_types() == [0, 1, 2, 3, 8, 30]
-    assert [Q.dtype_name(t) for t in Q.supported_types()] == ["F32", "F16", "Q4_0", "Q4_1", "Q8_0", "BF16"]
-    assert Q.dtype_name(12) == "type 12"
-    assert [Q.row_bytes(t, 64) for t in Q.supported_types()] == [256, 128, 36, 40, 68, 128]
+    assert Q.supported_types() == [0, 1, 2, 3, 6, 7, 8, 10, 11, 12, 13, 14, 15, 30]
+    assert [Q.dtype_name(t) for t in Q.supported_types()] == [
+        "F32", "F16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q8_K", "BF16"]
+    assert Q.dtype_name(16) == "type 16"
+    # bytes of 256 elements, as gguf's table has them
+    for t in Q.supported_types():
+        block, size = GGML_QUANT_SIZES[G(t)]
+        assert Q.row_bytes(t, 256) == 256 // block * size, G(t).name
 
 
 @pytest.mark.parametrize("t", ALL_TYPES, ids=lambda t: t.name)

@@ -29,7 +29,15 @@ bool dtype_supported(int ggml_type) {
     case DType::F16:
     case DType::Q4_0:
     case DType::Q4_1:
+    case DType::Q5_0:
+    case DType::Q5_1:
     case DType::Q8_0:
+    case DType::Q2_K:
+    case DType::Q3_K:
+    case DType::Q4_K:
+    case DType::Q5_K:
+    case DType::Q6_K:
+    case DType::Q8_K:
     case DType::BF16: return true;
   }
   return false;
@@ -41,7 +49,15 @@ const char* dtype_name(int ggml_type) {
     case DType::F16: return "F16";
     case DType::Q4_0: return "Q4_0";
     case DType::Q4_1: return "Q4_1";
+    case DType::Q5_0: return "Q5_0";
+    case DType::Q5_1: return "Q5_1";
     case DType::Q8_0: return "Q8_0";
+    case DType::Q2_K: return "Q2_K";
+    case DType::Q3_K: return "Q3_K";
+    case DType::Q4_K: return "Q4_K";
+    case DType::Q5_K: return "Q5_K";
+    case DType::Q6_K: return "Q6_K";
+    case DType::Q8_K: return "Q8_K";
     case DType::BF16: return "BF16";
   }
   // Unknown ids get a per-thread buffer: the pointer stays valid until this
@@ -51,36 +67,63 @@ const char* dtype_name(int ggml_type) {
   return unknown.c_str();
 }
 
-static std::invalid_argument unsupported(DType t) {
+std::invalid_argument qk::unsupported_type(DType t) {
   return std::invalid_argument(std::string("unsupported tensor type ") + dtype_name(static_cast<int>(t)));
 }
+static std::invalid_argument unsupported(DType t) { return qk::unsupported_type(t); }
 
-int dtype_block_elems(DType t) {
+ActFormat dtype_act_format(DType t) {
   switch (t) {
     case DType::F32:
     case DType::F16:
-    case DType::BF16: return 1;
+    case DType::BF16: return ActFormat::f32;
     case DType::Q4_0:
     case DType::Q4_1:
-    case DType::Q8_0: return QK;
+    case DType::Q5_0:
+    case DType::Q5_1:
+    case DType::Q8_0: return ActFormat::q8a;
+    case DType::Q2_K:
+    case DType::Q3_K:
+    case DType::Q4_K:
+    case DType::Q5_K:
+    case DType::Q6_K:
+    case DType::Q8_K: return ActFormat::q8k;
+  }
+  throw unsupported(t);
+}
+
+int dtype_block_elems(DType t) {
+  switch (dtype_act_format(t)) {
+    case ActFormat::f32: return 1;
+    case ActFormat::q8a: return QK;
+    case ActFormat::q8k: return QK_K;
   }
   throw unsupported(t);
 }
 
 size_t dtype_row_bytes(DType t, int64_t n) {
-  const auto blocks = static_cast<size_t>(n / QK);
+  const auto blocks = static_cast<size_t>(n / dtype_block_elems(t));
   switch (t) {
     case DType::F32: return 4 * static_cast<size_t>(n);
     case DType::F16:
     case DType::BF16: return 2 * static_cast<size_t>(n);
     case DType::Q4_0: return blocks * qk::kQ4_0Bytes;
     case DType::Q4_1: return blocks * qk::kQ4_1Bytes;
+    case DType::Q5_0: return blocks * sizeof(BlockQ5_0);
+    case DType::Q5_1: return blocks * sizeof(BlockQ5_1);
     case DType::Q8_0: return blocks * qk::kQ8_0Bytes;
+    case DType::Q2_K: return blocks * sizeof(BlockQ2_K);
+    case DType::Q3_K: return blocks * sizeof(BlockQ3_K);
+    case DType::Q4_K: return blocks * sizeof(BlockQ4_K);
+    case DType::Q5_K: return blocks * sizeof(BlockQ5_K);
+    case DType::Q6_K: return blocks * sizeof(BlockQ6_K);
+    case DType::Q8_K: return blocks * sizeof(BlockQ8K);
   }
   throw unsupported(t);
 }
 
-bool dtype_is_quantized(DType t) { return t == DType::Q4_0 || t == DType::Q4_1 || t == DType::Q8_0; }
+bool dtype_is_quantized(DType t) { return dtype_supported(static_cast<int>(t)) && dtype_act_format(t) == ActFormat::q8a; }
+bool dtype_is_kquant(DType t) { return dtype_supported(static_cast<int>(t)) && dtype_act_format(t) == ActFormat::q8k; }
 
 // ---------------------------------------------------------------------------
 // Half / bfloat16 conversions. NaNs follow what F16C does, so the scalar path
@@ -149,7 +192,7 @@ float bf16_to_f32(uint16_t h) { return bits_float(static_cast<uint32_t>(h) << 16
 // nearbyint (round half to even in the default rounding mode) for |v| <= 2^22
 // without a libm call: adding 1.5 * 2^23 leaves no fraction bits, so the add
 // itself rounds, and subtracting it back is exact.
-static int round_half_even(float v) {
+int qk::round_half_even(float v) {
   constexpr float kMagic = 12582912.0f;
   return static_cast<int>((v + kMagic) - kMagic);
 }
@@ -162,7 +205,7 @@ static float quantize_block_q8(const float* xb, int8_t* qs) {
   float amax = 0.0f;
   for (int j = 0; j < QK; ++j) amax = std::max(amax, std::fabs(xb[j]));
   const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
-  for (int j = 0; j < QK; ++j) qs[j] = static_cast<int8_t>(round_half_even(xb[j] * id));
+  for (int j = 0; j < QK; ++j) qs[j] = static_cast<int8_t>(qk::round_half_even(xb[j] * id));
   return amax / 127.0f;
 }
 
@@ -181,56 +224,6 @@ void quantize_row_kv8(const float* x, int8_t* qs, uint16_t* d, int n) {
 }
 
 // ---------------------------------------------------------------------------
-// Dequantization (embedding rows). Same float operations as gguf.quants.
-
-void dequantize_row(DType t, const void* src, float* dst, int n) {
-  switch (t) {
-    case DType::F32: std::memcpy(dst, src, sizeof(float) * static_cast<size_t>(n)); return;
-    case DType::F16: {
-      const auto* h = static_cast<const uint16_t*>(src);
-      for (int i = 0; i < n; ++i) dst[i] = f16_to_f32(h[i]);
-      return;
-    }
-    case DType::BF16: {
-      const auto* h = static_cast<const uint16_t*>(src);
-      for (int i = 0; i < n; ++i) dst[i] = bf16_to_f32(h[i]);
-      return;
-    }
-    case DType::Q4_0: {
-      const auto* blk = static_cast<const BlockQ4_0*>(src);
-      for (int b = 0; b < n / QK; ++b, dst += QK) {
-        const float d = f16_to_f32(blk[b].d);
-        for (int j = 0; j < 16; ++j) {
-          dst[j] = d * static_cast<float>((blk[b].qs[j] & 0xF) - 8);
-          dst[j + 16] = d * static_cast<float>((blk[b].qs[j] >> 4) - 8);
-        }
-      }
-      return;
-    }
-    case DType::Q4_1: {
-      const auto* blk = static_cast<const BlockQ4_1*>(src);
-      for (int b = 0; b < n / QK; ++b, dst += QK) {
-        const float d = f16_to_f32(blk[b].d), m = f16_to_f32(blk[b].m);
-        for (int j = 0; j < 16; ++j) {
-          dst[j] = d * static_cast<float>(blk[b].qs[j] & 0xF) + m;
-          dst[j + 16] = d * static_cast<float>(blk[b].qs[j] >> 4) + m;
-        }
-      }
-      return;
-    }
-    case DType::Q8_0: {
-      const auto* blk = static_cast<const BlockQ8_0*>(src);
-      for (int b = 0; b < n / QK; ++b, dst += QK) {
-        const float d = f16_to_f32(blk[b].d);
-        for (int j = 0; j < QK; ++j) dst[j] = d * static_cast<float>(blk[b].qs[j]);
-      }
-      return;
-    }
-  }
-  throw unsupported(t);
-}
-
-// ---------------------------------------------------------------------------
 // Scalar reference kernels.
 
 namespace {
@@ -243,6 +236,14 @@ struct Q4_0Traits {
 struct Q4_1Traits {
   using Block = BlockQ4_1;
   static int wq(const Block& b, int j) { return j < 16 ? b.qs[j] & 0xF : b.qs[j - 16] >> 4; }
+};
+struct Q5_0Traits {
+  using Block = BlockQ5_0;
+  static int wq(const Block& b, int j) { return qk::q5_value(b, j) - 16; }
+};
+struct Q5_1Traits {
+  using Block = BlockQ5_1;
+  static int wq(const Block& b, int j) { return qk::q5_value(b, j); }
 };
 struct Q8_0Traits {
   using Block = BlockQ8_0;
@@ -262,7 +263,7 @@ float dot_q_scalar(const typename T::Block* w, const BlockQ8A* x, int nb) {
     }
   }
   float dot = hsum8(acc);
-  if constexpr (std::is_same_v<T, Q4_1Traits>) {
+  if constexpr (std::is_same_v<T, Q4_1Traits> || std::is_same_v<T, Q5_1Traits>) {
     float summ = 0.0f;
     for (int b = 0; b < nb; ++b) summ = std::fma(f16_to_f32(w[b].m), x[b].s, summ);
     dot = dot + summ;
@@ -318,6 +319,8 @@ void matmul_q(DType t, const void* W, int n_in, int o0, int o1, const BlockQ8A* 
   switch (t) {
     case DType::Q4_0: return matmul_q_scalar<Q4_0Traits>(W, n_in, o0, o1, Xq, n_x, Y, y_stride);
     case DType::Q4_1: return matmul_q_scalar<Q4_1Traits>(W, n_in, o0, o1, Xq, n_x, Y, y_stride);
+    case DType::Q5_0: return matmul_q_scalar<Q5_0Traits>(W, n_in, o0, o1, Xq, n_x, Y, y_stride);
+    case DType::Q5_1: return matmul_q_scalar<Q5_1Traits>(W, n_in, o0, o1, Xq, n_x, Y, y_stride);
     default: return matmul_q_scalar<Q8_0Traits>(W, n_in, o0, o1, Xq, n_x, Y, y_stride);
   }
 }

@@ -9,8 +9,8 @@
 // The 4-sums come from vpmaddubsw (u8 x s8 -> pairs of products in int16)
 // then vpmaddwd with ones (adjacent int16 pairs -> int32). vpmaddubsw
 // saturates at +-32767, which these operands never reach:
-//   Q4_1: q in 0..15, |x| <= 127: 2 * 15 * 127 = 3810
-//   Q4_0, Q8_0 (sign trick: |w| as unsigned, x negated where w < 0, |w| <= 8 or 128):
+//   Q4_1, Q5_1: q in 0..31, |x| <= 127: 2 * 31 * 127 = 7874
+//   Q4_0, Q5_0, Q8_0 (sign trick: |w| as unsigned, x negated where w < 0, |w| <= 8, 16 or 128):
 //         2 * 128 * 127 = 32512 < 32767
 // so the int32 lanes are the exact canonical isum.
 //
@@ -50,17 +50,27 @@ uint16_t load_u16(const uint8_t* p) {
 // ---------------------------------------------------------------------------
 // Integer matmul
 
-constexpr size_t block_bytes(DType t) {
-  return t == DType::Q4_0 ? kQ4_0Bytes : t == DType::Q4_1 ? kQ4_1Bytes : kQ8_0Bytes;
+constexpr size_t block_bytes(DType t) { return block_bytes_q(t); }
+
+// The 32 bits at p as 32 bytes, 0xFF where the bit is set: byte k is bit k.
+__m256i bytes_from_bits(const uint8_t* p) {
+  uint32_t bits;
+  std::memcpy(&bits, p, sizeof(bits));
+  // Byte k takes source byte k / 8, then every bit but k % 8 is forced on.
+  const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(bits)),
+                                             _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202,
+                                                               0x0101010101010101, 0x0000000000000000));
+  const __m256i probe = _mm256_or_si256(spread, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe));
+  return _mm256_cmpeq_epi8(probe, _mm256_set1_epi64x(-1));
 }
 
 // One weight block, unpacked: `u` is what goes into vpmaddubsw's unsigned
-// operand (Q4_1: q; Q4_0 / Q8_0: |w|), `sign` the signed weights whose signs
-// are moved onto x (unused for Q4_1).
+// operand (Q4_1, Q5_1: q; Q4_0, Q5_0, Q8_0: |w|), `sign` the signed weights
+// whose signs are moved onto x (unused for Q4_1, Q5_1).
 struct WBlock {
   __m256i u, sign;
   __m256 d;
-  float m;  // Q4_1 only
+  float m;  // Q4_1, Q5_1 only
 };
 
 template <DType T>
@@ -71,14 +81,17 @@ WBlock load_block(const uint8_t* p) {
     w.sign = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 2));
     w.u = _mm256_abs_epi8(w.sign);
   } else {
-    const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + (T == DType::Q4_1 ? 4 : 2)));
+    constexpr bool q5 = T == DType::Q5_0 || T == DType::Q5_1;
+    constexpr size_t qs_offset = (has_min(T) ? 4 : 2) + (q5 ? 4 : 0);
+    const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + qs_offset));
     // Bytes 0-15: low nibbles (elements 0-15), bytes 16-31: high nibbles (elements 16-31).
-    const __m256i nib = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), _mm256_set1_epi8(0x0F));
-    if constexpr (T == DType::Q4_1) {
+    __m256i nib = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), _mm256_set1_epi8(0x0F));
+    if constexpr (q5) nib = _mm256_or_si256(nib, _mm256_and_si256(bytes_from_bits(p + qs_offset - 4), _mm256_set1_epi8(0x10)));
+    if constexpr (has_min(T)) {
       w.u = nib;
       w.m = _cvtsh_ss(load_u16(p + 2));
     } else {
-      w.sign = _mm256_sub_epi8(nib, _mm256_set1_epi8(8));
+      w.sign = _mm256_sub_epi8(nib, _mm256_set1_epi8(T == DType::Q4_0 ? 8 : 16));
       w.u = _mm256_abs_epi8(w.sign);
     }
   }
@@ -95,12 +108,12 @@ inline void block_step(const uint8_t* const* wrow, size_t offset, const BlockQ8A
     for (int j = 0; j < NX; ++j) {
       const BlockQ8A& x = xrow[j][b];
       const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.qs));
-      const __m256i pairs = T == DType::Q4_1 ? _mm256_maddubs_epi16(w.u, xq)
+      const __m256i pairs = has_min(T) ? _mm256_maddubs_epi16(w.u, xq)
                                              : _mm256_maddubs_epi16(w.u, _mm256_sign_epi8(xq, w.sign));
       const __m256 isum = _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, ones));
       const __m256 scale = _mm256_mul_ps(w.d, _mm256_set1_ps(x.d));
       acc[i][j] = _mm256_fmadd_ps(scale, isum, acc[i][j]);
-      if (T == DType::Q4_1) summ[i][j] = std::fma(w.m, x.s, summ[i][j]);
+      if (has_min(T)) summ[i][j] = std::fma(w.m, x.s, summ[i][j]);
     }
   }
 }
@@ -129,7 +142,7 @@ void tile_q(const uint8_t* w0, size_t row_bytes, int nb, const BlockQ8A* x0, flo
   for (int i = 0; i < NW; ++i)
     for (int j = 0; j < NX; ++j) {
       float dot = hsum8_ps(acc[i][j]);
-      if (T == DType::Q4_1) dot = dot + summ[i][j];
+      if (has_min(T)) dot = dot + summ[i][j];
       Y[j * y_stride + i] = dot;
     }
 }
@@ -248,6 +261,8 @@ void matmul_q_avx2(DType t, const void* W, int n_in, int o0, int o1, const Block
   switch (t) {
     case DType::Q4_0: return matmul_q_impl<DType::Q4_0>(W, n_in, o0, o1, Xq, n_x, Y, y_stride);
     case DType::Q4_1: return matmul_q_impl<DType::Q4_1>(W, n_in, o0, o1, Xq, n_x, Y, y_stride);
+    case DType::Q5_0: return matmul_q_impl<DType::Q5_0>(W, n_in, o0, o1, Xq, n_x, Y, y_stride);
+    case DType::Q5_1: return matmul_q_impl<DType::Q5_1>(W, n_in, o0, o1, Xq, n_x, Y, y_stride);
     default: return matmul_q_impl<DType::Q8_0>(W, n_in, o0, o1, Xq, n_x, Y, y_stride);
   }
 }

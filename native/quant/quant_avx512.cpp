@@ -14,7 +14,8 @@
 // a copy and thrown away.
 //
 // vpdpbusd multiplies UNSIGNED by signed bytes, so the signed weights are
-// biased to unsigned (Q4_0: q, whose value is q - 8; Q8_0: q + 128) and the
+// biased to unsigned (Q4_0: q, whose value is q - 8; Q5_0: q, value q - 16;
+// Q8_0: q + 128) and the
 // bias is taken back exactly in int32 by starting the accumulator at
 // -bias * sum(x) over the 4 bytes. The per-lane int32 is then the exact
 // canonical isum, whatever the trick.
@@ -77,10 +78,10 @@ struct SVec {
   __m512 s;
 };
 
-constexpr int weight_bias(DType t) { return t == DType::Q4_0 ? 8 : t == DType::Q8_0 ? 128 : 0; }
-constexpr size_t block_bytes(DType t) {
-  return t == DType::Q4_0 ? kQ4_0Bytes : t == DType::Q4_1 ? kQ4_1Bytes : kQ8_0Bytes;
+constexpr int weight_bias(DType t) {
+  return t == DType::Q4_0 ? 8 : t == DType::Q5_0 ? 16 : t == DType::Q8_0 ? 128 : 0;
 }
+constexpr size_t block_bytes(DType t) { return block_bytes_q(t); }
 
 constexpr int kPairs = kTile / 2;  // prefill: activation row pairs per group
 constexpr int kDecodeSlots = 4;    // decode: weight row pairs per tile (8 rows)
@@ -97,7 +98,7 @@ XPair make_pair(const BlockQ8A* lo, const BlockQ8A* hi) {
   const __m256i qlo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(lo->qs));
   const __m256i qhi = hi ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(hi->qs)) : _mm256_setzero_si256();
   p.q = _mm512_inserti64x4(_mm512_castsi256_si512(qlo), qhi, 1);
-  p.nbias = T == DType::Q4_1 ? _mm512_setzero_si512()
+  p.nbias = has_min(T) ? _mm512_setzero_si512()
                              : _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), bias, p.q));
   p.d = _mm512_insertf32x8(_mm512_set1_ps(lo->d), _mm256_set1_ps(hi ? hi->d : 0.0f), 1);
   return p;
@@ -110,16 +111,16 @@ template <DType T>
 void prep_x(const BlockQ8A* X, int nb, int rows, bool decode, XScratch& xs) {
   if (decode) {
     xs.pairs.resize(nb);
-    if (T == DType::Q4_1) xs.svecs.resize(nb);
+    if (has_min(T)) xs.svecs.resize(nb);
     for (int b = 0; b < nb; ++b) {
       xs.pairs[b] = make_pair<T>(X + b, X + b);
-      if (T == DType::Q4_1) xs.svecs[b].s = _mm512_set1_ps(X[b].s);
+      if (has_min(T)) xs.svecs[b].s = _mm512_set1_ps(X[b].s);
     }
     return;
   }
   const int ng = (rows + kTile - 1) / kTile;
   xs.pairs.resize(static_cast<size_t>(ng) * nb * kPairs);
-  if (T == DType::Q4_1) xs.svecs.resize(static_cast<size_t>(ng) * nb);
+  if (has_min(T)) xs.svecs.resize(static_cast<size_t>(ng) * nb);
   for (int g = 0; g < ng; ++g) {
     const int g_rows = std::min(kTile, rows - g * kTile);
     const BlockQ8A* xg = X + static_cast<size_t>(g) * kTile * nb;
@@ -134,7 +135,7 @@ void prep_x(const BlockQ8A* X, int nb, int rows, bool decode, XScratch& xs) {
         out[p] = make_pair<T>(xg + static_cast<size_t>(r) * nb + b,
                               r + 1 < g_rows ? xg + static_cast<size_t>(r + 1) * nb + b : nullptr);
       }
-      if (T == DType::Q4_1) {
+      if (has_min(T)) {
         alignas(64) float s[16] = {};
         for (int j = 0; j < g_rows; ++j)
           for (int i = 0; i < kTile; ++i) s[i * kTile + j] = xg[static_cast<size_t>(j) * nb + b].s;
@@ -146,7 +147,7 @@ void prep_x(const BlockQ8A* X, int nb, int rows, bool decode, XScratch& xs) {
 
 // The weight bytes of block b of rows pa (low half) and pb (high half) as 64
 // unsigned bytes in element order, and their header halves packed as
-// (d_a, m_a, d_b, m_b) (m = 0 for Q4_0 / Q8_0). kSame: pa == pb.
+// (d_a, m_a, d_b, m_b) (m = 0 for Q4_0 / Q5_0 / Q8_0). kSame: pa == pb.
 template <DType T, bool kSame>
 __m512i load_weights(const uint8_t* pa, const uint8_t* pb, uint64_t& header) {
   if constexpr (T == DType::Q8_0) {
@@ -161,16 +162,22 @@ __m512i load_weights(const uint8_t* pa, const uint8_t* pb, uint64_t& header) {
     // the block: the last row may end the buffer); the odd lanes then take
     // the high nibbles. (Masked loads would do too, but GCC treats them as
     // memory clobbers and then spills every accumulator each block.)
-    constexpr size_t qs_offset = T == DType::Q4_1 ? 4 : 2;
+    constexpr bool q5 = T == DType::Q5_0 || T == DType::Q5_1;
+    constexpr size_t qs_offset = (has_min(T) ? 4 : 2) + (q5 ? 4 : 0);
     const __m512i qa = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(pa + qs_offset)));
     const __m512i u =
         kSame ? qa : _mm512_mask_broadcast_i32x4(qa, 0xFF00, _mm_loadu_si128(reinterpret_cast<const __m128i*>(pb + qs_offset)));
-    if constexpr (T == DType::Q4_1)
+    if constexpr (has_min(T))
       header = load_u32(pa) | static_cast<uint64_t>(load_u32(pb)) << 32;
     else
       header = load_u16(pa) | static_cast<uint64_t>(load_u16(pb)) << 32;
     const __m512i shifted = _mm512_srlv_epi64(u, _mm512_setr_epi64(0, 0, 4, 4, 0, 0, 4, 4));
-    return _mm512_and_si512(shifted, _mm512_set1_epi8(0x0F));
+    const __m512i nib = _mm512_and_si512(shifted, _mm512_set1_epi8(0x0F));
+    if constexpr (!q5) return nib;
+    // Q5_*: byte k of the vector is element k of row a (k < 32) or k - 32 of
+    // row b, whose bit 4 is bit k of qh_a or k - 32 of qh_b.
+    const uint64_t high = load_u32(pa + qs_offset - 4) | static_cast<uint64_t>(load_u32(pb + qs_offset - 4)) << 32;
+    return _mm512_mask_add_epi8(nib, static_cast<__mmask64>(high), nib, _mm512_set1_epi8(16));
   }
 }
 
@@ -228,19 +235,19 @@ void tile_q(const uint8_t* w0, size_t row_bytes, int nw, int nx, int nb, const X
       const __m512 dw = _mm512_permutexvar_ps(
           _mm512_inserti64x4(_mm512_set1_epi32(4 * k), _mm256_set1_epi32(4 * k + 2), 1), H);
       for (int p = 0; p < NP; ++p) {
-        const __m512i start = T == DType::Q4_1 ? _mm512_setzero_si512() : x[p].nbias;
+        const __m512i start = has_min(T) ? _mm512_setzero_si512() : x[p].nbias;
         const __m512 isum = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(start, w[k], x[p].q));
         acc[k][p] = _mm512_fmadd_ps(_mm512_mul_ps(dw, x[p].d), isum, acc[k][p]);
       }
     }
-    if constexpr (T == DType::Q4_1) summ = _mm512_fmadd_ps(_mm512_permutexvar_ps(m_idx, H), sv[b].s, summ);
+    if constexpr (has_min(T)) summ = _mm512_fmadd_ps(_mm512_permutexvar_ps(m_idx, H), sv[b].s, summ);
   }
 
   alignas(64) float summ_lanes[16];
   _mm512_store_ps(summ_lanes, summ);
   auto put = [&](int o, int r, __m256 half, int lane) {
     float dot = hsum8_ps(half);
-    if (T == DType::Q4_1) dot = dot + summ_lanes[lane];
+    if (has_min(T)) dot = dot + summ_lanes[lane];
     Y[r * y_stride + o] = dot;
   };
   for (int k = 0; k < NK; ++k)
@@ -300,7 +307,7 @@ void matmul_q_impl(const void* W, int n_in, int o0, int o1, const BlockQ8A* Xq, 
   const auto* wbase = static_cast<const uint8_t*>(W);
   if (n_x == 1) {
     prep_x<T>(Xq, nb, 1, true, xs);
-    const SVec* sv = T == DType::Q4_1 ? xs.svecs.data() : nullptr;
+    const SVec* sv = has_min(T) ? xs.svecs.data() : nullptr;
     constexpr int step = 2 * kDecodeSlots;
     for (int o = o0; o < o1; o += step) {
       const int nw = std::min(step, o1 - o);
@@ -319,7 +326,7 @@ void matmul_q_impl(const void* W, int n_in, int o0, int o1, const BlockQ8A* Xq, 
       for (int g = 0; g * kTile < rows; ++g) {
         const int nx = std::min(kTile, rows - g * kTile);
         const XPair* xp = &xs.pairs[static_cast<size_t>(g) * nb * kPairs];
-        const SVec* sv = T == DType::Q4_1 ? &xs.svecs[static_cast<size_t>(g) * nb] : nullptr;
+        const SVec* sv = has_min(T) ? &xs.svecs[static_cast<size_t>(g) * nb] : nullptr;
         float* y = Y + (r0 + g * kTile) * y_stride;
         for (int o = ob; o < ob_end; o += kTile) {
           const int nw = std::min(kTile, ob_end - o);
@@ -424,6 +431,8 @@ void matmul_q_avx512(DType t, const void* W, int n_in, int o0, int o1, const Blo
   switch (t) {
     case DType::Q4_0: return matmul_q_impl<DType::Q4_0>(W, n_in, o0, o1, Xq, n_x, Y, y_stride);
     case DType::Q4_1: return matmul_q_impl<DType::Q4_1>(W, n_in, o0, o1, Xq, n_x, Y, y_stride);
+    case DType::Q5_0: return matmul_q_impl<DType::Q5_0>(W, n_in, o0, o1, Xq, n_x, Y, y_stride);
+    case DType::Q5_1: return matmul_q_impl<DType::Q5_1>(W, n_in, o0, o1, Xq, n_x, Y, y_stride);
     default: return matmul_q_impl<DType::Q8_0>(W, n_in, o0, o1, Xq, n_x, Y, y_stride);
   }
 }

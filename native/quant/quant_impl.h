@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <stdexcept>
 
 #include "quant/quant.h"
 
@@ -16,6 +17,62 @@ constexpr size_t kQ4_1Bytes = sizeof(BlockQ4_1);  // 20
 constexpr size_t kQ8_0Bytes = sizeof(BlockQ8_0);  // 34
 static_assert(kQ4_0Bytes == 18 && kQ4_1Bytes == 20 && kQ8_0Bytes == 34 && sizeof(BlockQ8A) == 40,
               "GGML block layouts must be packed");
+static_assert(sizeof(BlockQ5_0) == 22 && sizeof(BlockQ5_1) == 24 && sizeof(BlockQ2_K) == 84 &&
+                  sizeof(BlockQ3_K) == 110 && sizeof(BlockQ4_K) == 144 && sizeof(BlockQ5_K) == 176 &&
+                  sizeof(BlockQ6_K) == 210 && sizeof(BlockQ8K) == 292,
+              "GGML block layouts must be packed");
+
+// The blocks-of-32 integer types: bytes of one block, and whether the block
+// carries a min (whose term goes through the activation sums s).
+constexpr size_t block_bytes_q(DType t) {
+  return t == DType::Q4_0 ? kQ4_0Bytes
+         : t == DType::Q4_1 ? kQ4_1Bytes
+         : t == DType::Q5_0 ? sizeof(BlockQ5_0)
+         : t == DType::Q5_1 ? sizeof(BlockQ5_1)
+                            : kQ8_0Bytes;
+}
+constexpr bool has_min(DType t) { return t == DType::Q4_1 || t == DType::Q5_1; }
+
+// nearbyint (round half to even) for |v| <= 2^22, as ggml's nearest_int.
+int round_half_even(float v);
+std::invalid_argument unsupported_type(DType t);
+
+// The 8 scales and 8 mins of a Q4_K / Q5_K super-block (6 bits each), as
+// ggml's get_scale_min_k4: sc[j] and m[j] for sub-block j (32 elements).
+static inline void unpack_k4_scales(const uint8_t* q, uint8_t* sc, uint8_t* m) {
+  for (int j = 0; j < 4; ++j) {
+    sc[j] = q[j] & 63;
+    m[j] = q[j + 4] & 63;
+    sc[j + 4] = (q[j + 8] & 0xF) | ((q[j] >> 6) << 4);
+    m[j + 4] = (q[j + 8] >> 4) | ((q[j + 4] >> 6) << 4);
+  }
+}
+
+// The 16 scales of a Q3_K super-block (6 bits each, not yet offset by -32).
+static inline void unpack_q3k_scales(const uint8_t* q, uint8_t* sc) {
+  for (int j = 0; j < 16; ++j) {
+    const int low = j < 8 ? q[j] & 0xF : q[j - 8] >> 4;
+    const int high = (q[8 + j % 4] >> (2 * (j / 4))) & 3;
+    sc[j] = static_cast<uint8_t>(low | (high << 4));
+  }
+}
+
+// Q5_* element j (0..31): the Q4 nibble plus bit j of qh as bit 4.
+template <class B>
+static inline int q5_value(const B& b, int j) {
+  const uint32_t qh = static_cast<uint32_t>(b.qh[0]) | static_cast<uint32_t>(b.qh[1]) << 8 |
+                      static_cast<uint32_t>(b.qh[2]) << 16 | static_cast<uint32_t>(b.qh[3]) << 24;
+  return (j < 16 ? b.qs[j] & 0xF : b.qs[j - 16] >> 4) | static_cast<int>(((qh >> j) & 1) << 4);
+}
+
+// Integer weight value helpers shared by the scalar kernels and dequantization.
+int q6k_value(const BlockQ6_K& b, int e);      // element e (0..255): 0..63
+int q2_low_bits(const uint8_t* qs, int e);     // Q2_K / Q3_K element e's 2 low bits
+
+void matmul_k_avx2(DType t, const void* W, int n_in, int o0, int o1, const BlockQ8K* Xk, int n_x, float* Y,
+                   size_t y_stride);
+void matmul_k_avx512(DType t, const void* W, int n_in, int o0, int o1, const BlockQ8K* Xk, int n_x, float* Y,
+                     size_t y_stride);
 
 void matmul_q_avx2(DType t, const void* W, int n_in, int o0, int o1, const BlockQ8A* Xq, int n_x, float* Y,
                    size_t y_stride);

@@ -56,6 +56,11 @@ py::array_t<float> matmul(int ggml_type, const Array<uint8_t>& W, int n_in, int 
       std::vector<BlockQ8A> xq(static_cast<size_t>(n_x) * nb);
       for (int r = 0; r < n_x; ++r) quantize_row_q8a(x + static_cast<size_t>(r) * n_in, &xq[static_cast<size_t>(r) * nb], n_in);
       matmul_q(t, w, n_in, 0, n_out, xq.data(), n_x, y, static_cast<size_t>(n_out));
+    } else if (dtype_is_kquant(t)) {
+      const int nb = n_in / QK_K;
+      std::vector<BlockQ8K> xk(static_cast<size_t>(n_x) * nb);
+      for (int r = 0; r < n_x; ++r) quantize_row_q8k(x + static_cast<size_t>(r) * n_in, &xk[static_cast<size_t>(r) * nb], n_in);
+      matmul_k(t, w, n_in, 0, n_out, xk.data(), n_x, y, static_cast<size_t>(n_out));
     } else {
       matmul_f(t, w, n_in, 0, n_out, x, n_x, y, static_cast<size_t>(n_out));
     }
@@ -79,6 +84,13 @@ py::array_t<float> dequantize(int ggml_type, const Array<uint8_t>& data, int n) 
   py::array_t<float> out(n);
   dequantize_row(t, data.data(), out.mutable_data(), n);
   return out;
+}
+
+py::bytes quantize_q8k(const Array<float>& x) {
+  if (x.ndim() != 1 || x.shape(0) % QK_K != 0) throw py::value_error("x must be 1-D with a multiple of 256 elements");
+  std::vector<BlockQ8K> blocks(static_cast<size_t>(x.shape(0) / QK_K));
+  quantize_row_q8k(x.data(), blocks.data(), static_cast<int>(x.shape(0)));
+  return py::bytes(reinterpret_cast<const char*>(blocks.data()), blocks.size() * sizeof(BlockQ8K));
 }
 
 py::tuple quantize_kv8(const Array<float>& x) {
@@ -111,7 +123,9 @@ void register_quant(py::module_& m) {
     return dtype_row_bytes(d, n);
   }, py::arg("ggml_type"), py::arg("n"), "bytes of one row of n elements");
   m.def("matmul", &matmul, py::arg("ggml_type"), py::arg("W"), py::arg("n_in"), py::arg("n_out"), py::arg("X"),
-        "Y (n_x, n_out) = X . W^T; W: raw row-major weight bytes. Quantized types quantize X to Q8A first.");
+        "Y (n_x, n_out) = X . W^T; W: raw row-major weight bytes. Quantized types quantize X to Q8A "
+        "(blocks of 32) or Q8K (K-quants) first.");
+  m.def("quantize_q8k", &quantize_q8k, py::arg("x"), "one activation row -> raw BlockQ8K bytes (292 per 256 elements)");
   m.def("quantize_q8a", &quantize_q8a, py::arg("x"), "one activation row -> raw BlockQ8A bytes (40 per 32 elements)");
   m.def("quantize_kv8", &quantize_kv8, py::arg("x"),
         "one K or V row -> (int8 values, f16 scale bits per 32), as q8 KV pages store it");

@@ -1,0 +1,12 @@
+// AVX2 K-quant kernels: kquant_simd.h with vpmaddwd + vpaddd for the scales.
+#define KQ_VNNI 0
+#include "quant/kquant_simd.h"
+
+namespace ctx::qk {
+
+void matmul_k_avx2(DType t, const void* W, int n_in, int o0, int o1, const BlockQ8K* Xk, int n_x, float* Y,
+                   size_t y_stride) {
+  matmul_k_dispatch(t, W, n_in, o0, o1, Xk, n_x, Y, y_stride);
+}
+
+}  // namespace ctx::qk

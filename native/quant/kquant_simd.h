@@ -1,0 +1,260 @@
+// The K-quant matmul on 256-bit vectors, included by kquant_avx2.cpp
+// (KQ_VNNI 0) and kquant_avx512.cpp (KQ_VNNI 1: vpdpwssd folds the scale
+// multiply and the add, and 32 registers hold wider tiles). Everything is in
+// an anonymous namespace: each ISA's translation unit keeps its own copy (see
+// quant_impl.h on why inline functions must not be shared across ISA flags).
+//
+// Canonical lanes (quant.h): int32 lane l of a 32-byte chunk holds elements
+// 4l..4l+3 of it, and every chunk starts at a multiple of 32 elements, so
+// summing the chunks' lanes gives exactly isum[l]; integer sums are exact in
+// any order. vpmaddubsw (u8 x s8 -> saturating int16 pair sums) never
+// saturates here: unsigned weights are at most 63 (2 * 63 * 127 < 32767);
+// signed ones (Q3_K, Q8_K) go in as |q| with the sign moved onto y, |q| <= 128
+// and |y| <= 127 (quantize_row_q8k never makes -128): 2 * 128 * 127 = 32512.
+#pragma once
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "quant/quant_impl.h"
+
+#ifndef KQ_VNNI
+#error "define KQ_VNNI before including kquant_simd.h"
+#endif
+
+namespace ctx::qk {
+
+namespace {
+
+template <DType T>
+constexpr bool kSigned = T == DType::Q3_K || T == DType::Q8_K;
+
+// One weight super-block, unpacked for vpmaddubsw.
+struct SuperBlock {
+  __m256i q[8];    // chunk c: elements 32c..32c+31 (signed types: |q|)
+  __m256i sgn[8];  // signed types: q itself, whose signs go onto y
+  __m256i sc[8];   // int16 lane k of chunk c: the scale of elements 32c + 2k and 32c + 2k + 1
+  __m256i sc16;    // Q6_K: the 16 scales, Q2_K: the 16 mins (int16)
+  __m128i mins8;   // Q4_K, Q5_K: the 8 mins (int16)
+  float d, dmin;
+};
+
+inline __m256i scales_2x16(int lo, int hi) { return _mm256_setr_m128i(_mm_set1_epi16(static_cast<short>(lo)), _mm_set1_epi16(static_cast<short>(hi))); }
+inline __m256i load256(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
+inline __m256i bits_at(__m256i v, int shift, int mask) {
+  return _mm256_and_si256(_mm256_srli_epi16(v, shift), _mm256_set1_epi8(static_cast<char>(mask)));
+}
+inline float f16(uint16_t h) { return _cvtsh_ss(h); }
+
+template <DType T>
+void unpack_sb(const uint8_t* p, SuperBlock& s) {
+  if constexpr (T == DType::Q4_K || T == DType::Q5_K) {
+    using B = std::conditional_t<T == DType::Q4_K, BlockQ4_K, BlockQ5_K>;
+    const auto& b = *reinterpret_cast<const B*>(p);
+    uint8_t sc[8], m[8];
+    unpack_k4_scales(b.scales, sc, m);
+    for (int j = 0; j < 4; ++j) {
+      const __m256i bits = load256(b.qs + 32 * j);
+      s.q[2 * j] = bits_at(bits, 0, 0xF);
+      s.q[2 * j + 1] = bits_at(bits, 4, 0xF);
+    }
+    if constexpr (T == DType::Q5_K) {
+      const __m256i hb = load256(b.qh);
+      for (int c = 0; c < 8; ++c) s.q[c] = _mm256_or_si256(s.q[c], _mm256_slli_epi16(bits_at(hb, c, 1), 4));
+    }
+    for (int c = 0; c < 8; ++c) s.sc[c] = _mm256_set1_epi16(sc[c]);
+    s.mins8 = _mm_setr_epi16(m[0], m[1], m[2], m[3], m[4], m[5], m[6], m[7]);
+    s.d = f16(b.d);
+    s.dmin = f16(b.dmin);
+  } else if constexpr (T == DType::Q6_K) {
+    const auto& b = *reinterpret_cast<const BlockQ6_K*>(p);
+    for (int h = 0; h < 2; ++h) {
+      const __m256i a = load256(b.ql + 64 * h), c = load256(b.ql + 64 * h + 32), hb = load256(b.qh + 32 * h);
+      s.q[4 * h + 0] = _mm256_or_si256(bits_at(a, 0, 0xF), _mm256_slli_epi16(bits_at(hb, 0, 3), 4));
+      s.q[4 * h + 1] = _mm256_or_si256(bits_at(c, 0, 0xF), _mm256_slli_epi16(bits_at(hb, 2, 3), 4));
+      s.q[4 * h + 2] = _mm256_or_si256(bits_at(a, 4, 0xF), _mm256_slli_epi16(bits_at(hb, 4, 3), 4));
+      s.q[4 * h + 3] = _mm256_or_si256(bits_at(c, 4, 0xF), _mm256_slli_epi16(bits_at(hb, 6, 3), 4));
+    }
+    for (int c = 0; c < 8; ++c) s.sc[c] = scales_2x16(b.scales[2 * c], b.scales[2 * c + 1]);
+    s.sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b.scales)));
+    s.d = f16(b.d);
+    s.dmin = 0.0f;
+  } else if constexpr (T == DType::Q2_K || T == DType::Q3_K) {
+    using B = std::conditional_t<T == DType::Q2_K, BlockQ2_K, BlockQ3_K>;
+    const auto& b = *reinterpret_cast<const B*>(p);
+    for (int h = 0; h < 2; ++h) {
+      const __m256i bits = load256(b.qs + 32 * h);
+      for (int k = 0; k < 4; ++k) s.q[4 * h + k] = bits_at(bits, 2 * k, 3);
+    }
+    if constexpr (T == DType::Q2_K) {
+      for (int c = 0; c < 8; ++c) s.sc[c] = scales_2x16(b.scales[2 * c] & 0xF, b.scales[2 * c + 1] & 0xF);
+      s.sc16 = _mm256_cvtepu8_epi16(_mm_srli_epi16(_mm_and_si128(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b.scales)),
+                                                                  _mm_set1_epi8(static_cast<char>(0xF0))), 4));
+      s.d = f16(b.d);
+      s.dmin = f16(b.dmin);
+    } else {
+      // q = low + 4 * high - 4: -4 where the hmask bit is clear.
+      const __m256i hb = load256(b.hmask);
+      for (int c = 0; c < 8; ++c) {
+        const __m256i q = _mm256_sub_epi8(_mm256_or_si256(s.q[c], _mm256_slli_epi16(bits_at(hb, c, 1), 2)), _mm256_set1_epi8(4));
+        s.sgn[c] = q;
+        s.q[c] = _mm256_abs_epi8(q);
+      }
+      uint8_t sc[16];
+      unpack_q3k_scales(b.scales, sc);
+      for (int c = 0; c < 8; ++c) s.sc[c] = scales_2x16(sc[2 * c] - 32, sc[2 * c + 1] - 32);
+      s.d = f16(b.d);
+      s.dmin = 0.0f;
+    }
+  } else {  // Q8_K
+    const auto& b = *reinterpret_cast<const BlockQ8K*>(p);
+    for (int c = 0; c < 8; ++c) {
+      s.sgn[c] = load256(b.qs + 32 * c);
+      s.q[c] = _mm256_abs_epi8(s.sgn[c]);
+      s.sc[c] = _mm256_set1_epi16(1);
+    }
+    s.d = b.d;
+    s.dmin = 0.0f;
+  }
+}
+
+// sumi + (int32 pair sums of p * sc)
+inline __m256i madd_add(__m256i sumi, __m256i p, __m256i sc) {
+#if KQ_VNNI
+  return _mm256_dpwssd_epi32(sumi, p, sc);
+#else
+  return _mm256_add_epi32(sumi, _mm256_madd_epi16(p, sc));
+#endif
+}
+
+// One (weight row, activation row) pair's accumulators.
+struct PairAcc {
+  __m256 acc;
+  __m128 accm;  // Q4_K
+  float summ;   // Q5_K
+};
+
+inline int hsum_i32_4(__m128i a) {
+  const __m128i s = _mm_add_epi32(a, _mm_unpackhi_epi64(a, a));
+  return _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(2, 3, 0, 1))));
+}
+
+// One super-block of one pair, in the canonical order of quant.h.
+template <DType T>
+inline void pair_step(const SuperBlock& s, const BlockQ8K& y, PairAcc& a) {
+  __m256i sumi = _mm256_setzero_si256();
+  for (int c = 0; c < 8; ++c) {
+    const __m256i yq = load256(y.qs + 32 * c);
+    const __m256i p = kSigned<T> ? _mm256_maddubs_epi16(s.q[c], _mm256_sign_epi8(yq, s.sgn[c])) : _mm256_maddubs_epi16(s.q[c], yq);
+    sumi = madd_add(sumi, p, s.sc[c]);
+  }
+  const __m256i bsums = load256(y.bsums);
+  if constexpr (T == DType::Q6_K) sumi = _mm256_sub_epi32(sumi, _mm256_slli_epi32(_mm256_madd_epi16(bsums, s.sc16), 5));
+  const float d = y.d * s.d;
+  const float dmin = -(y.d * s.dmin);
+  if constexpr (T == DType::Q2_K)
+    a.acc = _mm256_fmadd_ps(_mm256_set1_ps(dmin), _mm256_cvtepi32_ps(_mm256_madd_epi16(s.sc16, bsums)), a.acc);
+  a.acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), a.acc);
+  if constexpr (T == DType::Q4_K || T == DType::Q5_K) {
+    const __m128i q8s = _mm_hadd_epi16(_mm256_castsi256_si128(bsums), _mm256_extracti128_si256(bsums, 1));
+    const __m128i mk = _mm_madd_epi16(s.mins8, q8s);
+    if constexpr (T == DType::Q4_K)
+      a.accm = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(mk), a.accm);
+    else
+      a.summ = std::fma(dmin, static_cast<float>(hsum_i32_4(mk)), a.summ);
+  }
+}
+
+// hsum8: lanes i + 4 (the high 128 bits), then i + 2 (movehl), then i + 1 (movehdup).
+inline float hsum8_ps(__m256 a) {
+  const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+  const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+  return _mm_cvtss_f32(_mm_add_ss(s2, _mm_movehdup_ps(s2)));
+}
+
+template <DType T>
+inline float pair_result(const PairAcc& a) {
+  float dot = hsum8_ps(a.acc);
+  if constexpr (T == DType::Q4_K) {
+    const __m128 s2 = _mm_add_ps(a.accm, _mm_movehl_ps(a.accm, a.accm));  // (m0 + m2, m1 + m3)
+    dot = dot + _mm_cvtss_f32(_mm_add_ss(s2, _mm_movehdup_ps(s2)));
+  }
+  if constexpr (T == DType::Q5_K) dot = dot + a.summ;
+  return dot;
+}
+
+constexpr int kMaxNX = KQ_VNNI ? 6 : 4;  // activation rows per tile
+
+// One weight row against NX activation rows (x0: NX rows of nb blocks). The
+// super-blocks come from `pre` (unpacked once for many tiles) or are
+// unpacked here when pre is null.
+template <DType T, int NX>
+void tile_k(const uint8_t* w, size_t bb, const SuperBlock* pre, int nb, const BlockQ8K* x0, float* Y, size_t y_stride,
+            size_t prefetch_ahead) {
+  PairAcc a[NX];
+  for (auto& p : a) p = PairAcc{_mm256_setzero_ps(), _mm_setzero_ps(), 0.0f};
+  SuperBlock local;
+  for (int i = 0; i < nb; ++i) {
+    const SuperBlock* s = pre ? pre + i : &local;
+    if (!pre) {
+      // Decode streams the weights from memory: ask for the rows ahead.
+      for (size_t off = 0; off < bb; off += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(w + i * bb + prefetch_ahead + off), _MM_HINT_T0);
+      unpack_sb<T>(w + i * bb, local);
+    }
+    for (int j = 0; j < NX; ++j) pair_step<T>(*s, x0[static_cast<size_t>(j) * nb + i], a[j]);
+  }
+  for (int j = 0; j < NX; ++j) Y[j * y_stride] = pair_result<T>(a[j]);
+}
+
+using TileKFn = void (*)(const uint8_t*, size_t, const SuperBlock*, int, const BlockQ8K*, float*, size_t, size_t);
+
+template <DType T, int... NX>
+constexpr TileKFn tile_for(int nx, std::integer_sequence<int, NX...>) {
+  TileKFn fns[] = {tile_k<T, NX + 1>...};
+  return fns[nx - 1];
+}
+
+template <DType T>
+void matmul_k_impl(const void* W, int n_in, int o0, int o1, const BlockQ8K* Xk, int n_x, float* Y, size_t y_stride) {
+  const int nb = n_in / QK_K;
+  const size_t bb = dtype_row_bytes(T, QK_K), row_bytes = nb * bb;
+  const auto* wbase = static_cast<const uint8_t*>(W);
+  constexpr auto seq = std::make_integer_sequence<int, kMaxNX>{};
+  if (n_x <= kMaxNX) {
+    // Few activation rows: unpack each super-block as it streams by.
+    const TileKFn fn = tile_for<T>(n_x, seq);
+    for (int o = o0; o < o1; ++o) fn(wbase + o * row_bytes, bb, nullptr, nb, Xk, Y + o, y_stride, 2 * row_bytes);
+    return;
+  }
+  // Many: unpack a weight row once, then meet every activation row with it.
+  thread_local std::vector<SuperBlock> pre;
+  pre.resize(nb);
+  for (int o = o0; o < o1; ++o) {
+    const uint8_t* w = wbase + o * row_bytes;
+    for (int i = 0; i < nb; ++i) unpack_sb<T>(w + i * bb, pre[i]);
+    for (int r = 0; r < n_x; r += kMaxNX) {
+      const int nx = std::min(kMaxNX, n_x - r);
+      tile_for<T>(nx, seq)(w, bb, pre.data(), nb, Xk + static_cast<size_t>(r) * nb, Y + r * y_stride + o, y_stride, 0);
+    }
+  }
+}
+
+void matmul_k_dispatch(DType t, const void* W, int n_in, int o0, int o1, const BlockQ8K* Xk, int n_x, float* Y,
+                       size_t y_stride) {
+  switch (t) {
+    case DType::Q2_K: return matmul_k_impl<DType::Q2_K>(W, n_in, o0, o1, Xk, n_x, Y, y_stride);
+    case DType::Q3_K: return matmul_k_impl<DType::Q3_K>(W, n_in, o0, o1, Xk, n_x, Y, y_stride);
+    case DType::Q4_K: return matmul_k_impl<DType::Q4_K>(W, n_in, o0, o1, Xk, n_x, Y, y_stride);
+    case DType::Q5_K: return matmul_k_impl<DType::Q5_K>(W, n_in, o0, o1, Xk, n_x, Y, y_stride);
+    case DType::Q6_K: return matmul_k_impl<DType::Q6_K>(W, n_in, o0, o1, Xk, n_x, Y, y_stride);
+    default: return matmul_k_impl<DType::Q8_K>(W, n_in, o0, o1, Xk, n_x, Y, y_stride);
+  }
+}
+
+}  // namespace
+
+}  // namespace ctx::qk
