@@ -14,7 +14,12 @@ CASES = [
     ("llama", "F32", 2e-3), ("llama", "F16", 2e-3), ("llama", "BF16", 2e-3),
     ("qwen2", "F32", 2e-3), ("qwen3", "F32", 2e-3),
     ("llama", "Q8_0", 0.05), ("llama", "Q4_0", 0.08), ("llama", "Q4_1", 0.08),
+    ("llama", "Q5_0", 0.08), ("llama", "Q5_1", 0.08),
 ]
+# K-quant rows are whole super-blocks of 256: a wider tiny model. Their
+# activations are quantized to 8 bits with one scale per 256 (Q8K).
+K_CASES = [("llama", t, 0.06) for t in ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q8_K", "mixed")]
+WIDE = dict(n_embd=256, n_head=4, n_head_kv=2, head_dim=64, n_ff=256)
 
 
 def check_against_numpy(tmp_path, cfg: TinyConfig, tol: float) -> None:
@@ -30,9 +35,11 @@ def check_against_numpy(tmp_path, cfg: TinyConfig, tol: float) -> None:
     m.close()
 
 
-@pytest.mark.parametrize("arch,wtype,tol", CASES)
+@pytest.mark.parametrize("arch,wtype,tol", CASES + K_CASES)
 def test_forward_matches_numpy_reference(tmp_path, arch, wtype, tol):
-    check_against_numpy(tmp_path, TinyConfig(arch=arch, wtype=wtype, tied=wtype != "Q4_0"), tol)
+    wide = WIDE if (arch, wtype, tol) in K_CASES else {}
+    cfg = TinyConfig(arch=arch, wtype=wtype, tied=wtype not in ("Q4_0", "mixed"), **wide)
+    check_against_numpy(tmp_path, cfg, tol)
 
 
 # Phi-3: llama with NeoX RoPE and fused attn_qkv / gate-and-up tensors.
@@ -44,6 +51,7 @@ EXTRA = [
     ("gemma3", dict(swa_window=5, n_layer=3), 3e-3),
     ("gemma3", dict(swa_window=0, n_layer=2), 3e-3),
     ("gemma3", dict(swa_window=5, n_layer=3, n_head_kv=1, wtype="Q8_0"), 0.05),
+    ("gemma3", dict(WIDE, swa_window=5, n_layer=3, n_head_kv=1, wtype="mixed"), 0.06),  # as the Q4_K_M file
     ("llama", dict(rope_freqs=True, tied=False), 2e-3),
     ("llama", dict(rope_linear=4.0), 2e-3),
     ("phi3", dict(tied=False), 2e-3),

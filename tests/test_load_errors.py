@@ -30,12 +30,12 @@ def test_longrope_is_refused_with_its_name(tmp_path):
 
 
 def test_unsupported_tensor_type_is_named(tmp_path):
-    # A llama model with one K-quant tensor (K-quants come in a later issue).
+    # A llama model with one IQ4_NL tensor (a type the kernels do not run).
     cfg = TinyConfig(n_embd=256, n_head=4, head_dim=64, n_ff=256)
     weights = make_weights(cfg)
-    path = tmp_path / "kquant.gguf"
-    write_gguf(path, cfg, weights, raw={"blk.0.ffn_up.weight": gguf.GGMLQuantizationType.Q4_K})
-    with pytest.raises(UnsupportedModelError, match="Q4_K"):
+    path = tmp_path / "iquant.gguf"
+    write_gguf(path, cfg, weights, raw={"blk.0.ffn_up.weight": gguf.GGMLQuantizationType.IQ4_NL})
+    with pytest.raises(UnsupportedModelError, match="tensor type IQ4_NL is not supported"):
         ce.load(path)
 
 

@@ -30,9 +30,9 @@ def _mamba(path: Path, rows: int = 8) -> Path:
     return path
 
 
-def _kquant(path: Path) -> Path:
+def _iquant(path: Path) -> Path:
     cfg = TinyConfig(n_embd=256, n_head=4, head_dim=64, n_ff=256)
-    write_gguf(path, cfg, make_weights(cfg), raw={"blk.0.ffn_up.weight": gguf.GGMLQuantizationType.Q4_K})
+    write_gguf(path, cfg, make_weights(cfg), raw={"blk.0.ffn_up.weight": gguf.GGMLQuantizationType.IQ4_NL})
     return path
 
 
@@ -46,7 +46,7 @@ def store(tmp_path_factory, smollm2_path):
     make_ollama_store(root, "someone/smol:q4", smollm2_path)
     make_ollama_store(root, "localhost:5000/team/smol:v1", smollm2_path)
     make_ollama_store(root, "mamba", _mamba(files / "mamba.gguf"))
-    make_ollama_store(root, "kquant", _kquant(files / "kquant.gguf"))
+    make_ollama_store(root, "iquant", _iquant(files / "iquant.gguf"))
     make_ollama_store(root, "safetensors", smollm2_path,
                       extra_layers=[("application/vnd.ollama.image.tensor", b"\0" * 64)])
     make_ollama_store(root, "adapter", smollm2_path, extra_layers=[("application/vnd.ollama.image.adapter", b"lora")])
@@ -121,7 +121,7 @@ def test_roots(tmp_path, monkeypatch, store):
 def test_every_manifest_is_listed(catalog):
     names = {e.name for e in catalog.entries()}
     assert names == {"smollm2:135m", "smollm2:latest", "someone/smol:q4", "localhost:5000/team/smol:v1",
-                     "mamba:latest", "kquant:latest", "safetensors:latest", "adapter:latest", "badparams:latest",
+                     "mamba:latest", "iquant:latest", "safetensors:latest", "adapter:latest", "badparams:latest",
                      "gone:latest", "garbage:latest", f"{DEFAULT_HOST}/library/-bad/latest"}
     assert all(e.source == "ollama" for e in catalog.entries())
 
@@ -160,7 +160,7 @@ def test_layers_are_read(catalog, store, smollm2_path):
 
 @pytest.mark.parametrize("name, reason", [
     ("mamba", "architecture 'mamba' is not supported"),
-    ("kquant", "tensor type Q4_K is not supported"),
+    ("iquant", "tensor type IQ4_NL is not supported"),
     ("safetensors", "safetensors"),
     ("adapter", "adapter"),
     ("badparams", "params layer is not valid JSON"),

@@ -8,6 +8,8 @@ from pathlib import Path
 import gguf
 import numpy as np
 
+import kquant_numpy
+
 
 @dataclass(frozen=True)
 class TinyConfig:
@@ -21,7 +23,7 @@ class TinyConfig:
     n_ctx: int = 256
     rope_base: float = 10000.0
     eps: float = 1e-5
-    wtype: str = "F32"          # F32, F16, BF16, Q8_0, Q4_0, Q4_1
+    wtype: str = "F32"          # F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, a K-quant, or "mixed"
     tied: bool = True
     swa_window: int = 0         # gemma3: sliding window of the local layers
     swa_pattern: int = 3        # gemma3: every swa_pattern-th layer is global
@@ -31,6 +33,21 @@ class TinyConfig:
 
     def is_swa(self, layer: int) -> bool:
         return self.arch == "gemma3" and self.swa_window > 0 and layer % self.swa_pattern < self.swa_pattern - 1
+
+
+K_QUANTS = ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q8_K")  # rows must be multiples of 256
+# "mixed": a type per tensor kind, as llama.cpp's Q4_K_M files mix them; fused
+# matmuls (q/k/v, gate/up) then need both activation formats at once.
+MIXED = {"attn_q": "Q4_K", "attn_k": "Q5_0", "attn_v": "Q8_0", "attn_output": "Q4_K", "ffn_gate": "Q5_1",
+         "ffn_up": "Q6_K", "ffn_down": "Q6_K", "token_embd": "Q6_K", "output": "Q8_0"}
+
+
+def tensor_type(cfg: TinyConfig, name: str) -> str:
+    """The weight type of a 2-D tensor in this config."""
+    if cfg.wtype != "mixed":
+        return cfg.wtype
+    kind = name.split(".")[-2]
+    return MIXED.get(kind, "Q8_0")
 
 
 def byte_vocab() -> list[str]:
@@ -141,17 +158,22 @@ def write_gguf(path: Path, cfg: TinyConfig, weights: dict[str, np.ndarray],
     w.add_eos_token_id(258)
     w.add_add_bos_token(False)
     stored = {}
-    qtype = gguf.GGMLQuantizationType[cfg.wtype]
     for name, arr in weights.items():
+        wtype = tensor_type(cfg, name) if arr.ndim == 2 else "F32"
+        qtype = gguf.GGMLQuantizationType[wtype]
         if raw and name in raw:
             block, size = gguf.GGML_QUANT_SIZES[raw[name]]
             data = np.zeros((arr.shape[0], arr.shape[1] // block * size), np.uint8)
             w.add_tensor(name, data, raw_shape=data.shape, raw_dtype=raw[name])
-        elif arr.ndim == 2 and cfg.wtype != "F32":
-            if cfg.wtype == "F16":
+        elif wtype != "F32":
+            if wtype == "F16":
                 data = arr.astype(np.float16)
                 w.add_tensor(name, data)
                 stored[name] = data.astype(np.float32)
+            elif wtype in K_QUANTS:
+                data = kquant_numpy.quantize(arr, qtype)
+                w.add_tensor(name, data, raw_shape=data.shape, raw_dtype=qtype)
+                stored[name] = kquant_numpy.dequantize(data, qtype, arr.shape[1])
             else:
                 data = gguf.quants.quantize(arr, qtype)
                 w.add_tensor(name, data, raw_shape=data.shape, raw_dtype=qtype)

@@ -24,7 +24,8 @@ from .weights import cached_weight_id
 
 # Architectures the llama-family forward pass covers (native/models/model.cpp).
 SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "gemma3", "phi3")
-# ggml type ids the kernels run: F32, F16, Q4_0, Q4_1, Q8_0, BF16.
+# ggml type ids the kernels run: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
+# Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K.
 SUPPORTED_TYPES = frozenset(_core.quant.supported_types())
 # Rotary pairs (i, i + d/2) rather than llama's interleaved (2i, 2i + 1).
 NEOX_ROPE_ARCHS = ("qwen2", "qwen3", "gemma3", "phi3")

@@ -85,6 +85,7 @@ void Model::ensure_scratch(int rows) {
   s_.x.assign(r * cfg_.n_embd, 0.0f);
   s_.xb.assign(r * cfg_.n_embd, 0.0f);
   s_.xq.assign(r * (round_up(max_in, QK) / QK), BlockQ8A{});
+  s_.xk.assign(r * (round_up(max_in, QK_K) / QK_K), BlockQ8K{});
   s_.q.assign(r * cfg_.q_dim(), 0.0f);
   s_.k.assign(r * cfg_.kv_dim(), 0.0f);
   s_.v.assign(r * cfg_.kv_dim(), 0.0f);
@@ -100,27 +101,33 @@ void Model::ensure_scratch(int rows) {
   scratch_rows_ = rows;
 }
 
-void Model::quantize_rows(const float* x, int n_rows, int n_in) {
-  const int nb = n_in / QK;
+void Model::quantize_rows(const float* x, int n_rows, int n_in, ActFormat format) {
   pool_.parallel_for(n_rows, 8, [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) quantize_row_q8a(x + r * n_in, s_.xq.data() + r * nb, n_in);
+    for (int64_t r = r0; r < r1; ++r) {
+      if (format == ActFormat::q8k)
+        quantize_row_q8k(x + r * n_in, s_.xk.data() + r * (n_in / QK_K), n_in);
+      else
+        quantize_row_q8a(x + r * n_in, s_.xq.data() + r * (n_in / QK), n_in);
+    }
   });
 }
 
 // y_j (n_rows, w_j.n_out) = x (n_rows, n_in) . W_j^T for every job j, split
 // across the output rows of all jobs together. Quantized weights share one
-// quantization of x.
+// quantization of x per activation format (Q8A, Q8K).
 void Model::matmul(std::initializer_list<MatmulJob> jobs, const float* x, int n_rows) {
   int n_in = -1;
-  bool any_quantized = false;
+  bool need_q8a = false, need_q8k = false;
   int64_t total = 0;
   for (const MatmulJob& j : jobs) {
     if (n_in >= 0 && j.w->n_in != n_in) throw std::logic_error("fused matmuls need the same input size");
     n_in = j.w->n_in;
-    any_quantized |= dtype_is_quantized(j.w->type);
+    need_q8a |= dtype_is_quantized(j.w->type);
+    need_q8k |= dtype_is_kquant(j.w->type);
     total += j.w->n_out;
   }
-  if (any_quantized) quantize_rows(x, n_rows, n_in);
+  if (need_q8a) quantize_rows(x, n_rows, n_in, ActFormat::q8a);
+  if (need_q8k) quantize_rows(x, n_rows, n_in, ActFormat::q8k);
   // Chunks of 16 output rows (the kernels' tile), about 8 chunks per thread
   // so a slow core does not hold the others up at the barrier.
   const int64_t grain = std::max<int64_t>(16, round_up(total / (pool_.size() * 8), 16));
@@ -132,6 +139,9 @@ void Model::matmul(std::initializer_list<MatmulJob> jobs, const float* x, int n_
       if (o0 < o1) {
         if (dtype_is_quantized(j.w->type))
           matmul_q(j.w->type, j.w->data, n_in, static_cast<int>(o0), static_cast<int>(o1), s_.xq.data(), n_rows,
+                   j.y, static_cast<size_t>(n_out));
+        else if (dtype_is_kquant(j.w->type))
+          matmul_k(j.w->type, j.w->data, n_in, static_cast<int>(o0), static_cast<int>(o1), s_.xk.data(), n_rows,
                    j.y, static_cast<size_t>(n_out));
         else
           matmul_f(j.w->type, j.w->data, n_in, static_cast<int>(o0), static_cast<int>(o1), x, n_rows, j.y,

@@ -90,7 +90,8 @@ struct BatchItem {
 struct RunState {
   std::vector<float> x;       // (rows, n_embd) residual stream
   std::vector<float> xb;      // (rows, n_embd) normed input of a sublayer
-  std::vector<BlockQ8A> xq;   // (rows, max_in / 32) quantized matmul input
+  std::vector<BlockQ8A> xq;   // (rows, max_in / 32) quantized matmul input (blocks of 32)
+  std::vector<BlockQ8K> xk;   // (rows, max_in / 256) quantized matmul input (K-quants)
   std::vector<float> q;       // (rows, q_dim)
   std::vector<float> k;       // (rows, kv_dim)
   std::vector<float> v;       // (rows, kv_dim)
@@ -146,7 +147,7 @@ class Model {
   // region: decode runs hundreds of them per token, and each region costs a
   // wake-up and a barrier.
   void matmul(std::initializer_list<MatmulJob> jobs, const float* x, int n_rows);
-  void quantize_rows(const float* x, int n_rows, int n_in);
+  void quantize_rows(const float* x, int n_rows, int n_in, ActFormat format);
   // Store row r of s_.k / s_.v (this layer's new K and V) in slot `slot` of a page.
   void write_kv(int layer, int r, uint8_t* page, int slot);
   void attention(int layer, const std::vector<Row>& rows, size_t r0,
