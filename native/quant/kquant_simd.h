@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "quant/quant_impl.h"
@@ -42,7 +43,13 @@ struct SuperBlock {
   float d, dmin;
 };
 
-inline __m256i scales_2x16(int lo, int hi) { return _mm256_setr_m128i(_mm_set1_epi16(static_cast<short>(lo)), _mm_set1_epi16(static_cast<short>(hi))); }
+// Chunk c's scale vector from the 16 scales as int16: scale 2c in the low
+// 8 lanes (elements 32c..32c+15), 2c + 1 in the high 8.
+inline __m256i scale_pair(__m256i sc16, int c) {
+  const __m256i pair = _mm256_permutevar8x32_epi32(sc16, _mm256_set1_epi32(c));  // (s[2c], s[2c+1]) in every dword
+  return _mm256_shuffle_epi8(pair, _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1,
+                                                    2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3));
+}
 inline __m256i load256(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
 inline __m256i bits_at(__m256i v, int shift, int mask) {
   return _mm256_and_si256(_mm256_srli_epi16(v, shift), _mm256_set1_epi8(static_cast<char>(mask)));
@@ -54,8 +61,15 @@ void unpack_sb(const uint8_t* p, SuperBlock& s) {
   if constexpr (T == DType::Q4_K || T == DType::Q5_K) {
     using B = std::conditional_t<T == DType::Q4_K, BlockQ4_K, BlockQ5_K>;
     const auto& b = *reinterpret_cast<const B*>(p);
-    uint8_t sc[8], m[8];
-    unpack_k4_scales(b.scales, sc, m);
+    // The 12 scale bytes as 8 scales then 8 mins, 6 bits each (unpack_k4_scales, on words).
+    uint32_t u[3];
+    std::memcpy(u, b.scales, sizeof(u));
+    const uint32_t low6 = 0x3f3f3f3f, low4 = 0x0f0f0f0f, low2 = 0x03030303;
+    const __m256i sm = _mm256_cvtepu8_epi16(_mm_setr_epi32(
+        static_cast<int>(u[0] & low6), static_cast<int>((u[2] & low4) | (((u[0] >> 6) & low2) << 4)),
+        static_cast<int>(u[1] & low6), static_cast<int>(((u[2] >> 4) & low4) | (((u[1] >> 6) & low2) << 4))));
+    const __m128i sc8 = _mm256_castsi256_si128(sm);
+    const __m256i sc2 = _mm256_setr_m128i(sc8, sc8);
     for (int j = 0; j < 4; ++j) {
       const __m256i bits = load256(b.qs + 32 * j);
       s.q[2 * j] = bits_at(bits, 0, 0xF);
@@ -65,8 +79,9 @@ void unpack_sb(const uint8_t* p, SuperBlock& s) {
       const __m256i hb = load256(b.qh);
       for (int c = 0; c < 8; ++c) s.q[c] = _mm256_or_si256(s.q[c], _mm256_slli_epi16(bits_at(hb, c, 1), 4));
     }
-    for (int c = 0; c < 8; ++c) s.sc[c] = _mm256_set1_epi16(sc[c]);
-    s.mins8 = _mm_setr_epi16(m[0], m[1], m[2], m[3], m[4], m[5], m[6], m[7]);
+    // Chunk c is sub-block c: int16 c in every lane.
+    for (int c = 0; c < 8; ++c) s.sc[c] = _mm256_shuffle_epi8(sc2, _mm256_set1_epi16(static_cast<short>((2 * c + 1) << 8 | 2 * c)));
+    s.mins8 = _mm256_extracti128_si256(sm, 1);
     s.d = f16(b.d);
     s.dmin = f16(b.dmin);
   } else if constexpr (T == DType::Q6_K) {
@@ -78,8 +93,8 @@ void unpack_sb(const uint8_t* p, SuperBlock& s) {
       s.q[4 * h + 2] = _mm256_or_si256(bits_at(a, 4, 0xF), _mm256_slli_epi16(bits_at(hb, 4, 3), 4));
       s.q[4 * h + 3] = _mm256_or_si256(bits_at(c, 4, 0xF), _mm256_slli_epi16(bits_at(hb, 6, 3), 4));
     }
-    for (int c = 0; c < 8; ++c) s.sc[c] = scales_2x16(b.scales[2 * c], b.scales[2 * c + 1]);
     s.sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b.scales)));
+    for (int c = 0; c < 8; ++c) s.sc[c] = scale_pair(s.sc16, c);
     s.d = f16(b.d);
     s.dmin = 0.0f;
   } else if constexpr (T == DType::Q2_K || T == DType::Q3_K) {
@@ -90,9 +105,10 @@ void unpack_sb(const uint8_t* p, SuperBlock& s) {
       for (int k = 0; k < 4; ++k) s.q[4 * h + k] = bits_at(bits, 2 * k, 3);
     }
     if constexpr (T == DType::Q2_K) {
-      for (int c = 0; c < 8; ++c) s.sc[c] = scales_2x16(b.scales[2 * c] & 0xF, b.scales[2 * c + 1] & 0xF);
-      s.sc16 = _mm256_cvtepu8_epi16(_mm_srli_epi16(_mm_and_si128(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b.scales)),
-                                                                  _mm_set1_epi8(static_cast<char>(0xF0))), 4));
+      const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b.scales));
+      const __m256i sc16 = _mm256_cvtepu8_epi16(_mm_and_si128(packed, _mm_set1_epi8(0x0F)));
+      for (int c = 0; c < 8; ++c) s.sc[c] = scale_pair(sc16, c);
+      s.sc16 = _mm256_cvtepu8_epi16(_mm_srli_epi16(_mm_and_si128(packed, _mm_set1_epi8(static_cast<char>(0xF0))), 4));
       s.d = f16(b.d);
       s.dmin = f16(b.dmin);
     } else {
@@ -103,9 +119,11 @@ void unpack_sb(const uint8_t* p, SuperBlock& s) {
         s.sgn[c] = q;
         s.q[c] = _mm256_abs_epi8(q);
       }
-      uint8_t sc[16];
+      alignas(16) uint8_t sc[16];
       unpack_q3k_scales(b.scales, sc);
-      for (int c = 0; c < 8; ++c) s.sc[c] = scales_2x16(sc[2 * c] - 32, sc[2 * c + 1] - 32);
+      const __m256i sc16 = _mm256_sub_epi16(_mm256_cvtepu8_epi16(_mm_load_si128(reinterpret_cast<const __m128i*>(sc))),
+                                            _mm256_set1_epi16(32));
+      for (int c = 0; c < 8; ++c) s.sc[c] = scale_pair(sc16, c);
       s.d = f16(b.d);
       s.dmin = 0.0f;
     }
@@ -142,15 +160,47 @@ inline int hsum_i32_4(__m128i a) {
   return _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(2, 3, 0, 1))));
 }
 
-// One super-block of one pair, in the canonical order of quant.h.
+// The exact int32 lanes isum (before corr) of one super-block of one pair,
+// 32 bytes at a time.
 template <DType T>
-inline void pair_step(const SuperBlock& s, const BlockQ8K& y, PairAcc& a) {
+inline __m256i pair_ints(const SuperBlock& s, const BlockQ8K& y) {
   __m256i sumi = _mm256_setzero_si256();
   for (int c = 0; c < 8; ++c) {
     const __m256i yq = load256(y.qs + 32 * c);
     const __m256i p = kSigned<T> ? _mm256_maddubs_epi16(s.q[c], _mm256_sign_epi8(yq, s.sgn[c])) : _mm256_maddubs_epi16(s.q[c], yq);
     sumi = madd_add(sumi, p, s.sc[c]);
   }
+  return sumi;
+}
+
+#if KQ_VNNI
+// The same lanes 64 bytes at a time, for a super-block unpacked in memory
+// (chunks 2k and 2k + 1 side by side): int32 lane l + 8 of a zmm belongs to
+// canonical lane l, folded exactly at the end.
+template <DType T>
+inline __m256i pair_ints_wide(const SuperBlock& s, const BlockQ8K& y) {
+  __m512i sumi = _mm512_setzero_si512();
+  for (int k = 0; k < 4; ++k) {
+    __m512i yq = _mm512_loadu_si512(y.qs + 64 * k);
+    if constexpr (kSigned<T>) {  // AVX-512 has no vpsignb: negate y where q < 0 (|q| is 0 where q is)
+      const __mmask64 neg = _mm512_movepi8_mask(_mm512_loadu_si512(&s.sgn[2 * k]));
+      yq = _mm512_mask_sub_epi8(yq, neg, _mm512_setzero_si512(), yq);
+    }
+    const __m512i p = _mm512_maddubs_epi16(_mm512_loadu_si512(&s.q[2 * k]), yq);
+    sumi = _mm512_dpwssd_epi32(sumi, p, _mm512_loadu_si512(&s.sc[2 * k]));
+  }
+  return _mm256_add_epi32(_mm512_castsi512_si256(sumi), _mm512_extracti64x4_epi64(sumi, 1));
+}
+#endif
+
+// One super-block of one pair, in the canonical order of quant.h.
+template <DType T, bool kWide>
+inline void pair_step(const SuperBlock& s, const BlockQ8K& y, PairAcc& a) {
+#if KQ_VNNI
+  __m256i sumi = kWide ? pair_ints_wide<T>(s, y) : pair_ints<T>(s, y);
+#else
+  __m256i sumi = pair_ints<T>(s, y);
+#endif
   const __m256i bsums = load256(y.bsums);
   if constexpr (T == DType::Q6_K) sumi = _mm256_sub_epi32(sumi, _mm256_slli_epi32(_mm256_madd_epi16(bsums, s.sc16), 5));
   const float d = y.d * s.d;
@@ -205,7 +255,11 @@ void tile_k(const uint8_t* w, size_t bb, const SuperBlock* pre, int nb, const Bl
         _mm_prefetch(reinterpret_cast<const char*>(w + i * bb + prefetch_ahead + off), _MM_HINT_T0);
       unpack_sb<T>(w + i * bb, local);
     }
-    for (int j = 0; j < NX; ++j) pair_step<T>(*s, x0[static_cast<size_t>(j) * nb + i], a[j]);
+    if (pre) {
+      for (int j = 0; j < NX; ++j) pair_step<T, true>(*s, x0[static_cast<size_t>(j) * nb + i], a[j]);
+    } else {
+      for (int j = 0; j < NX; ++j) pair_step<T, false>(*s, x0[static_cast<size_t>(j) * nb + i], a[j]);
+    }
   }
   for (int j = 0; j < NX; ++j) Y[j * y_stride] = pair_result<T>(a[j]);
 }
