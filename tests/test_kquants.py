@@ -132,9 +132,21 @@ def canonical_matmul_k(t, w, n_in, x):
     if t == G.Q6_K:
         isum -= 32 * (sc[:, None, :, 2 * L] * bs[None, :, :, 2 * L] + sc[:, None, :, 2 * L + 1] * bs[None, :, :, 2 * L + 1])
     acc = np.zeros((n_out, x.shape[0], 8), np.float32)
-    accm = np.zeros((n_out, x.shape[0], 4), np.float32)
     summ = np.zeros((n_out, x.shape[0]), np.float32)
     K = np.arange(4)
+    if t == G.Q4_K:  # llama.cpp's x86 (repacked) order: a float step per 64 values
+        pair = np.stack([prod[..., 64 * k:64 * k + 64].sum(-1) for k in range(4)], -1)  # (n_out, n_x, nb, 4)
+        acc1 = np.zeros((n_out, x.shape[0]), np.float32)
+        for i in range(nb):
+            dd = d[:, None, i] * ya["d"][None, :, i]
+            dm = dmin[:, None, i] * ya["d"][None, :, i]
+            b8 = bs[None, :, i]
+            mk = (m[:, None, i, 2 * K] * (b8[..., 4 * K] + b8[..., 4 * K + 1])
+                  + m[:, None, i, 2 * K + 1] * (b8[..., 4 * K + 2] + b8[..., 4 * K + 3]))
+            for k in range(4):
+                acc1 = fma_f32(dd, pair[:, :, i, k].astype(np.float32), acc1)
+                summ = fma_f32(dm, mk[..., k].astype(np.float32), summ)
+        return np.ascontiguousarray((acc1 - summ).T)
     for i in range(nb):
         dd = ya["d"][None, :, i] * d[:, None, i]  # float32 products
         dm = -(ya["d"][None, :, i] * dmin[:, None, i])
@@ -145,15 +157,11 @@ def canonical_matmul_k(t, w, n_in, x):
         acc = fma_f32(np.broadcast_to(dd[..., None], acc.shape), isum[:, :, i].astype(np.float32), acc)
         mk = (m[:, None, i, 2 * K] * (b8[..., 4 * K] + b8[..., 4 * K + 1])
               + m[:, None, i, 2 * K + 1] * (b8[..., 4 * K + 2] + b8[..., 4 * K + 3]))
-        if t == G.Q4_K:
-            accm = fma_f32(np.broadcast_to(dm[..., None], accm.shape), mk.astype(np.float32), accm)
         if t == G.Q5_K:
             summ = fma_f32(dm, mk.sum(-1).astype(np.float32), summ)
     for width in (4, 2, 1):
         acc = acc[..., :width] + acc[..., width:2 * width]
     dot = acc[..., 0]
-    if t == G.Q4_K:
-        dot = dot + ((accm[..., 0] + accm[..., 2]) + (accm[..., 1] + accm[..., 3]))
     if t == G.Q5_K:
         dot = dot + summ
     return np.ascontiguousarray(dot.T)

@@ -112,7 +112,7 @@ def test_q8_weighted_sum_paths_bit_identical(n, hd):
     assert_same_bits({path: res for path, (res, _) in got.items()})
     w = np.exp(scores.astype(np.float64) - scores.max())
     v = vq.astype(np.float64) * np.repeat(vs.astype(np.float64), 32, axis=1)
-    np.testing.assert_allclose(got["scalar"][0], out + (w / w.sum()) @ v, rtol=2e-3, atol=2e-3)
+    np.testing.assert_allclose(got["scalar"][0], (w / w.sum()) @ v, rtol=2e-3, atol=2e-3)  # out only gives the size
 
 
 @pytest.mark.parametrize("isa", AVAILABLE)

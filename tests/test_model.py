@@ -29,6 +29,14 @@ def model(which, smollm2_path, gemma3_path):
 
 
 @pytest.fixture(scope="module")
+def smol(smollm2_path):
+    """SmolLM2 alone, for tests of what its chat model says."""
+    m = ce.load(smollm2_path, threads=2)
+    yield m
+    m.close()
+
+
+@pytest.fixture(scope="module")
 def ref(which, smollm2_ref, gemma3_ref) -> dict:
     return smollm2_ref if which == "smollm2" else gemma3_ref
 
@@ -218,7 +226,8 @@ def test_gemma3_layers_and_window_come_from_the_file(gemma3_path):
     assert cfg.embd_scale == pytest.approx(640 ** 0.5) and cfg.gelu_ffn
 
 
-def test_stop_strings_and_eog_end_generation(model):
+def test_stop_strings_and_eog_end_generation(smol):
+    model = smol
     c = model.context(None)
     c.append(model.chat_prompt([{"role": "user", "content": "Count: 1, 2, 3, 4, 5, 6"}]), parse_special=True)
     text = "".join(p.text for p in c.generate(40, temperature=0.0, stop=[","]))
@@ -227,7 +236,8 @@ def test_stop_strings_and_eog_end_generation(model):
     c.delete()
 
 
-def test_chat_continuation_appends_what_the_whole_rendering_would_hold(model):
+def test_chat_continuation_appends_what_the_whole_rendering_would_hold(smol):
+    model = smol
     system = [{"role": "system", "content": "Be brief."}]
     turn = [{"role": "user", "content": "Hi"}]
     ctx = model.context("chat")

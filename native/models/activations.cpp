@@ -14,24 +14,29 @@ namespace ctx {
 
 using namespace act;
 
+// j * 2^n rounded once, for integral n (AVX-512's scalef): 2^n is built from
+// its exponent bits, in two steps where it is not a normal float.
+static float scale2(float j, int n) {
+  auto pow2 = [](int e) {
+    const int32_t bits = (e + 127) << 23;
+    float f;
+    std::memcpy(&f, &bits, sizeof(f));
+    return f;
+  };
+  if (n < -126) return (j * pow2(n + 126)) * pow2(-126);  // exact, then one rounding into the subnormals
+  if (n > 127) return (j * pow2(127)) * pow2(n - 127);     // overflows to inf, as scalef does
+  return j * pow2(n);
+}
+
 float exp_canonical(float x) {
-  const bool under = x < kMinX;
-  x = std::fmin(std::fmax(x, kMinX), kMaxX);
-  const float n = std::nearbyint(x * kLog2e);
-  float r = std::fma(n, -kLn2Hi, x);
-  r = std::fma(n, -kLn2Lo, r);
-  float p = kP0;
-  p = std::fma(p, r, kP1);
-  p = std::fma(p, r, kP2);
-  p = std::fma(p, r, kP3);
-  p = std::fma(p, r, kP4);
-  p = std::fma(p, r, kP5);
-  float y = std::fma(p, r * r, r) + 1.0f;
-  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &bits, sizeof(scale));
-  y = y * scale;
-  return under ? 0.0f : y;
+  const float z = std::fma(x, kLog2e, kShift);
+  const float n = z - kShift;
+  if (n != n) return n;  // NaN in, NaN out
+  if (std::fabs(n) > 192.0f) return n <= 0.0f ? 0.0f : INFINITY;
+  const float b = std::fma(-n, kLn2Lo, std::fma(-n, kLn2Hi, x));
+  const float u = b * b;
+  const float j = std::fma(std::fma(std::fma(kC5, b, kC4), u, std::fma(kC3, b, kC2)), u, std::fma(kC1, b, 1.0f));
+  return scale2(j, static_cast<int>(n));
 }
 
 static float hsum16(float* a) {
@@ -40,13 +45,14 @@ static float hsum16(float* a) {
   return a[0];
 }
 
-static float exp_shift_sum_scalar(float* x, int n, float shift) {
-  float acc[16] = {0};
-  for (int i = 0; i < n; ++i) {
-    x[i] = exp_canonical(x[i] - shift);
-    acc[i % 16] = acc[i % 16] + x[i];
+static double exp_shift_sum_scalar(float* x, int n, float shift) {
+  double sum = 0.0;
+  for (int c = 0; c < n; c += 16) {
+    float chunk[16] = {0};
+    for (int i = c; i < n && i < c + 16; ++i) chunk[i - c] = x[i] = exp_canonical(x[i] - shift);
+    sum += static_cast<double>(hsum16(chunk));
   }
-  return hsum16(acc);
+  return sum;
 }
 
 static void silu_mul_scalar(float* g, const float* u, int n) {
@@ -59,10 +65,13 @@ namespace {
 const std::vector<uint16_t>& gelu_table() {
   static const std::vector<uint16_t> table = [] {
     std::vector<uint16_t> t(1 << 16);
+    // ggml_gelu_f32 in float, with the one FMA its compiler makes of 1 + a x x,
+    // and the C library's tanhf (as llama.cpp's table uses it).
     for (uint32_t h = 0; h < t.size(); ++h) {
-      const double x = f16_to_f32(static_cast<uint16_t>(h));
-      const double y = 0.5 * x * (1.0 + std::tanh(0.79788456080286535588 * x * (1.0 + 0.044715 * x * x)));
-      t[h] = f32_to_f16(static_cast<float>(y));
+      const float x = f16_to_f32(static_cast<uint16_t>(h));
+      const float inner = std::fma(0.044715f * x, x, 1.0f);
+      const float y = (0.5f * x) * (1.0f + std::tanh((0.79788456080286535588f * x) * inner));
+      t[h] = f32_to_f16(y);
     }
     return t;
   }();
@@ -80,7 +89,7 @@ void gelu_mul(float* g, const float* u, int n) {
   }
 }
 
-float exp_shift_sum(float* x, int n, float shift) {
+double exp_shift_sum(float* x, int n, float shift) {
   switch (active_isa()) {
     case Isa::avx512: return exp_shift_sum_avx512(x, n, shift);
     case Isa::avx2: return exp_shift_sum_avx2(x, n, shift);

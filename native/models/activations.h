@@ -1,15 +1,16 @@
 // Elementwise math of the forward pass (softmax, SiLU) with one exp that every
 // SIMD path computes bit-identically: the same IEEE operations in the same
-// order (range reduction by fma, a fixed polynomial, scaling by 2^n built from
-// the exponent bits). libm's expf would differ between the scalar and vector
-// paths, and across libm versions.
+// order (ggml's exp, activations_impl.h: range reduction by fma, a fixed
+// polynomial, one scaling by 2^n). libm's expf would differ between the
+// scalar and vector paths, and across libm versions.
 #pragma once
 
 namespace ctx {
 
-// x[i] = exp(x[i] - shift); returns the sum of the results, accumulated in 16
-// lanes (lane i % 16, ascending i) and folded by hsum16 (see quant/quant.h).
-float exp_shift_sum(float* x, int n, float shift);
+// x[i] = exp(x[i] - shift); returns the sum of the results as llama.cpp's
+// softmax sums them: chunks of 16 from i = 0 (the last one zero-padded), each
+// folded by hsum16 (quant/quant.h) in float and added in double, in order.
+double exp_shift_sum(float* x, int n, float shift);
 
 // g[i] = silu(g[i]) * u[i] = g[i] / (1 + exp(-g[i])) * u[i]
 void silu_mul(float* g, const float* u, int n);
@@ -17,7 +18,9 @@ void silu_mul(float* g, const float* u, int n);
 // g[i] = gelu(g[i]) * u[i] with the tanh GELU looked up in a table of every
 // f16 input, as llama.cpp computes it (GGML_GELU_FP16): for -10 < x < 10,
 // gelu(x) = f32(table[f16(x)]), table[h] = f16(gelu(f32(h))) evaluated in
-// double; x <= -10 gives 0 and x >= 10 gives x. A table lookup is the same
+// float with the C library's tanhf, exactly as llama.cpp builds its table
+// (a C library whose tanhf rounds differently would change a few entries);
+// x <= -10 gives 0 and x >= 10 gives x. A table lookup is the same
 // on every SIMD path, so there is one implementation.
 void gelu_mul(float* g, const float* u, int n);
 

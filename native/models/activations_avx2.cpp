@@ -1,63 +1,62 @@
 #include <immintrin.h>
 
+#include <cmath>
+
 #include "models/activations_impl.h"
 
 namespace ctx::act {
 
 namespace {
 
-// 8 lanes of exp_canonical: the same operations, lane by lane.
+// 8 lanes of exp_canonical: the same operations, lane by lane; AVX2 has no
+// scalef, so j * 2^n is built as exp_canonical's scale2 builds it.
+inline __m256 pow2(__m256i e) { return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(e, _mm256_set1_epi32(127)), 23)); }
+
 inline __m256 exp8(__m256 x) {
-  const __m256 under = _mm256_cmp_ps(x, _mm256_set1_ps(kMinX), _CMP_LT_OQ);
-  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(kMinX)), _mm256_set1_ps(kMaxX));
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(kLog2e)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fmadd_ps(n, _mm256_set1_ps(-kLn2Hi), x);
-  r = _mm256_fmadd_ps(n, _mm256_set1_ps(-kLn2Lo), r);
-  __m256 p = _mm256_set1_ps(kP0);
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kP1));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kP2));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kP3));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kP4));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kP5));
-  __m256 y = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0f));
-  const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  y = _mm256_mul_ps(y, _mm256_castsi256_ps(bits));
-  return _mm256_andnot_ps(under, y);
+  const __m256 r = _mm256_set1_ps(kShift);
+  const __m256 z = _mm256_fmadd_ps(x, _mm256_set1_ps(kLog2e), r);
+  const __m256 n = _mm256_sub_ps(z, r);
+  const __m256 b = _mm256_fnmadd_ps(n, _mm256_set1_ps(kLn2Lo), _mm256_fnmadd_ps(n, _mm256_set1_ps(kLn2Hi), x));
+  const __m256 u = _mm256_mul_ps(b, b);
+  const __m256 j = _mm256_fmadd_ps(
+      _mm256_fmadd_ps(_mm256_fmadd_ps(_mm256_set1_ps(kC5), b, _mm256_set1_ps(kC4)), u,
+                      _mm256_fmadd_ps(_mm256_set1_ps(kC3), b, _mm256_set1_ps(kC2))),
+      u, _mm256_fmadd_ps(_mm256_set1_ps(kC1), b, _mm256_set1_ps(1.0f)));
+  // n clamped to [-192, 192] so the exponent arithmetic stays in range; lanes
+  // beyond are replaced below.
+  const __m256i ni = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(n, _mm256_set1_ps(-192)), _mm256_set1_ps(192)));
+  const __m256i lo = _mm256_set1_epi32(-126), hi = _mm256_set1_epi32(127);
+  const __m256 normal = _mm256_mul_ps(j, pow2(_mm256_min_epi32(_mm256_max_epi32(ni, lo), hi)));
+  const __m256 under = _mm256_mul_ps(_mm256_mul_ps(j, pow2(_mm256_add_epi32(_mm256_max_epi32(ni, _mm256_set1_epi32(-192)),
+                                                                           _mm256_set1_epi32(126)))),
+                                     pow2(lo));
+  const __m256 over = _mm256_mul_ps(_mm256_mul_ps(j, pow2(hi)), pow2(_mm256_sub_epi32(_mm256_min_epi32(ni, _mm256_set1_epi32(192)), hi)));
+  __m256 res = _mm256_blendv_ps(normal, under, _mm256_castsi256_ps(_mm256_cmpgt_epi32(lo, ni)));
+  res = _mm256_blendv_ps(res, over, _mm256_castsi256_ps(_mm256_cmpgt_epi32(ni, hi)));
+  const __m256 big = _mm256_cmp_ps(_mm256_andnot_ps(_mm256_set1_ps(-0.0f), n), _mm256_set1_ps(192), _CMP_GT_OQ);
+  const __m256 alt = _mm256_blendv_ps(_mm256_set1_ps(INFINITY), _mm256_setzero_ps(),
+                                      _mm256_cmp_ps(n, _mm256_setzero_ps(), _CMP_LE_OQ));
+  return _mm256_blendv_ps(res, alt, big);
 }
 
 }  // namespace
 
-float exp_shift_sum_avx2(float* x, int n, float shift) {
-  // Two registers are the 16 canonical lanes: lo = lanes 0-7, hi = 8-15.
-  const __m256 s = _mm256_set1_ps(shift);
-  __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();
-  int i = 0;
-  for (; i + 16 <= n; i += 16) {
-    const __m256 a = exp8(_mm256_sub_ps(_mm256_loadu_ps(x + i), s));
-    const __m256 b = exp8(_mm256_sub_ps(_mm256_loadu_ps(x + i + 8), s));
-    _mm256_storeu_ps(x + i, a);
-    _mm256_storeu_ps(x + i + 8, b);
-    lo = _mm256_add_ps(lo, a);
-    hi = _mm256_add_ps(hi, b);
+double exp_shift_sum_avx2(float* x, int n, float shift) {
+  // Two registers are one chunk of 16: lanes 0-7 and 8-15.
+  double sum = 0.0;
+  for (int i = 0; i < n; i += 16) {
+    const int m = n - i < 16 ? n - i : 16;
+    alignas(32) float c[16] = {0};
+    for (int k = 0; k < m; ++k) c[k] = x[i + k] - shift;
+    _mm256_store_ps(c, exp8(_mm256_load_ps(c)));
+    _mm256_store_ps(c + 8, exp8(_mm256_load_ps(c + 8)));
+    for (int k = 0; k < m; ++k) x[i + k] = c[k];
+    for (int k = m; k < 16; ++k) c[k] = 0.0f;  // lanes past n count as zero
+    for (int w = 8; w >= 1; w /= 2)
+      for (int k = 0; k < w; ++k) c[k] = c[k] + c[k + w];
+    sum += static_cast<double>(c[0]);
   }
-  alignas(32) float acc[16];
-  _mm256_store_ps(acc, lo);
-  _mm256_store_ps(acc + 8, hi);
-  alignas(32) float tail[16] = {0};
-  for (int j = 0; i + j < n; ++j) tail[j] = x[i + j] - shift;
-  if (i < n) {
-    const __m256 a = exp8(_mm256_load_ps(tail));
-    const __m256 b = exp8(_mm256_load_ps(tail + 8));
-    _mm256_store_ps(tail, a);
-    _mm256_store_ps(tail + 8, b);
-    for (int j = 0; i + j < n; ++j) {
-      x[i + j] = tail[j];
-      acc[j] = acc[j] + tail[j];
-    }
-  }
-  for (int w = 8; w >= 1; w /= 2)
-    for (int k = 0; k < w; ++k) acc[k] = acc[k] + acc[k + w];
-  return acc[0];
+  return sum;
 }
 
 void silu_mul_avx2(float* g, const float* u, int n) {

@@ -1,29 +1,30 @@
 #include <immintrin.h>
 
+#include <cmath>
+
 #include "models/activations_impl.h"
 
 namespace ctx::act {
 
 namespace {
 
-// 16 lanes of exp_canonical: the same operations, lane by lane.
+// 16 lanes of exp_canonical: the same operations, lane by lane (this is
+// ggml_v_expf's AVX-512 form, scalef included).
 inline __m512 exp16(__m512 x) {
-  const __mmask16 under = _mm512_cmp_ps_mask(x, _mm512_set1_ps(kMinX), _CMP_LT_OQ);
-  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(kMinX)), _mm512_set1_ps(kMaxX));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(kLog2e)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(-kLn2Hi), x);
-  r = _mm512_fmadd_ps(n, _mm512_set1_ps(-kLn2Lo), r);
-  __m512 p = _mm512_set1_ps(kP0);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kP1));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kP2));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kP3));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kP4));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kP5));
-  __m512 y = _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0f));
-  const __m512i bits = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
-  y = _mm512_mul_ps(y, _mm512_castsi512_ps(bits));
-  return _mm512_mask_blend_ps(under, y, _mm512_setzero_ps());
+  const __m512 r = _mm512_set1_ps(kShift);
+  const __m512 z = _mm512_fmadd_ps(x, _mm512_set1_ps(kLog2e), r);
+  const __m512 n = _mm512_sub_ps(z, r);
+  const __m512 b = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Lo), _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Hi), x));
+  const __mmask16 d = _mm512_cmp_ps_mask(_mm512_abs_ps(n), _mm512_set1_ps(192), _CMP_GT_OQ);
+  const __m512 u = _mm512_mul_ps(b, b);
+  const __m512 j = _mm512_fmadd_ps(
+      _mm512_fmadd_ps(_mm512_fmadd_ps(_mm512_set1_ps(kC5), b, _mm512_set1_ps(kC4)), u,
+                      _mm512_fmadd_ps(_mm512_set1_ps(kC3), b, _mm512_set1_ps(kC2))),
+      u, _mm512_fmadd_ps(_mm512_set1_ps(kC1), b, _mm512_set1_ps(1.0f)));
+  const __m512 res = _mm512_scalef_ps(j, n);
+  const __m512 alt = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(n, _mm512_setzero_ps(), _CMP_LE_OQ),
+                                          _mm512_set1_ps(INFINITY), _mm512_setzero_ps());
+  return _mm512_mask_blend_ps(d, res, alt);
 }
 
 float hsum16(__m512 v) {
@@ -36,22 +37,17 @@ float hsum16(__m512 v) {
 
 }  // namespace
 
-float exp_shift_sum_avx512(float* x, int n, float shift) {
+double exp_shift_sum_avx512(float* x, int n, float shift) {
   const __m512 s = _mm512_set1_ps(shift);
-  __m512 acc = _mm512_setzero_ps();
-  int i = 0;
-  for (; i + 16 <= n; i += 16) {
-    const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(x + i), s));
-    _mm512_storeu_ps(x + i, e);
-    acc = _mm512_add_ps(acc, e);
-  }
-  if (i < n) {
-    const __mmask16 m = static_cast<__mmask16>((1u << (n - i)) - 1);
-    const __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, x + i), s));
+  double sum = 0.0;
+  for (int i = 0; i < n; i += 16) {
+    const __mmask16 m = n - i >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (n - i)) - 1);
+    // Lanes past n are zero in the chunk's sum, as llama.cpp's masked padding is.
+    const __m512 e = _mm512_maskz_mov_ps(m, exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, x + i), s)));
     _mm512_mask_storeu_ps(x + i, m, e);
-    acc = _mm512_mask_add_ps(acc, m, acc, e);
+    sum += static_cast<double>(hsum16(e));
   }
-  return hsum16(acc);
+  return sum;
 }
 
 void silu_mul_avx512(float* g, const float* u, int n) {

@@ -1,20 +1,25 @@
-// Constants and per-ISA entry points of activations.cpp. The polynomial is
-// Cephes' expf on [-ln2/2, ln2/2].
+// Constants and per-ISA entry points of activations.cpp. The exp is ggml's
+// (ggml_v_expf, AVX-512 form, from ARM's optimized-routines): llama.cpp's
+// logits are the reference we are held to, and its softmax and SiLU round
+// through this exp, so computing the same operations reproduces its bits.
+//   z = fma(x, log2e, 0x1.8p23); n = z - 0x1.8p23           (n = round(x log2 e))
+//   b = fma(-n, ln2_lo, fma(-n, ln2_hi, x)); u = b * b
+//   j = fma(fma(fma(c5, b, c4), u, fma(c3, b, c2)), u, fma(c1, b, 1))
+//   exp(x) = j * 2^n, rounded once (AVX-512 scalef); |n| > 192 gives 0 (n <= 0) or inf
 #pragma once
 
 namespace ctx::act {
 
-constexpr float kLog2e = 1.44269504088896341f;
-constexpr float kLn2Hi = 0.693359375f;      // ln 2 split so n * hi is exact
-constexpr float kLn2Lo = -2.12194440e-4f;
-constexpr float kMaxX = 88.3762626647949f;  // exp overflows past this
-constexpr float kMinX = -87.3365447504f;    // results below are flushed to 0
-constexpr float kP0 = 1.9875691500e-4f, kP1 = 1.3981999507e-3f, kP2 = 8.3334519073e-3f, kP3 = 4.1665795894e-2f,
-                kP4 = 1.6666665459e-1f, kP5 = 5.0000001201e-1f;
+constexpr float kShift = 0x1.8p23f;
+constexpr float kLog2e = 0x1.715476p+0f;
+constexpr float kLn2Hi = 0x1.62e4p-1f;
+constexpr float kLn2Lo = 0x1.7f7d1cp-20f;
+constexpr float kC1 = 0x1.ffffecp-1f, kC2 = 0x1.fffdb6p-2f, kC3 = 0x1.555e66p-3f, kC4 = 0x1.573e2ep-5f,
+                kC5 = 0x1.0e4020p-7f;
 
-float exp_shift_sum_avx2(float* x, int n, float shift);
+double exp_shift_sum_avx2(float* x, int n, float shift);
 void silu_mul_avx2(float* g, const float* u, int n);
-float exp_shift_sum_avx512(float* x, int n, float shift);
+double exp_shift_sum_avx512(float* x, int n, float shift);
 void silu_mul_avx512(float* g, const float* u, int n);
 
 }  // namespace ctx::act

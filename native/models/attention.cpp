@@ -1,3 +1,7 @@
+// The scalar reference kernels (written as literally as the orders in
+// attention.h) and the run-time dispatch. The SIMD paths need pages of 16
+// keys and heads of a multiple of 16 values (every model we load); anything
+// else runs here, with the same results by definition.
 #include "models/attention.h"
 
 #include <cmath>
@@ -7,35 +11,82 @@
 
 namespace ctx {
 
-static void scores_scalar(const float* q, const uint16_t* kt, int hd, int stride, int n, float scale, float* scores) {
+namespace {
+
+float hsum16(float* a) {
+  for (int w = 8; w >= 1; w /= 2)
+    for (int i = 0; i < w; ++i) a[i] = a[i] + a[i + w];
+  return a[0];
+}
+
+void scores_scalar(const float* q, const uint16_t* kt, int hd, int stride, int n, float scale, float* scores) {
   for (int j = 0; j < n; ++j) {
-    float acc = 0.0f;
-    for (int d = 0; d < hd; ++d) acc = std::fma(q[d], f16_to_f32(kt[static_cast<size_t>(d) * stride + j]), acc);
-    scores[j] = acc * scale;
+    float acc[16] = {0};
+    for (int d = 0; d < hd; ++d)
+      acc[d % 16] = std::fma(q[d], f16_to_f32(kt[static_cast<size_t>(d) * stride + j]), acc[d % 16]);
+    scores[j] = hsum16(acc) * scale;
   }
 }
 
-void attn_scores_f16(const float* q, const uint16_t* kt, int hd, int stride, int n, float scale, float* scores) {
-  switch (active_isa()) {
-    case Isa::avx512: return attn::scores_avx512(q, kt, hd, stride, n, scale, scores);
-    case Isa::avx2: return attn::scores_avx2(q, kt, hd, stride, n, scale, scores);
-    default: return scores_scalar(q, kt, hd, stride, n, scale, scores);
-  }
-}
-
-static float max_scalar(const float* x, int n) {
+float max_scalar(const float* x, int n) {
   float m = -INFINITY;
   for (int i = 0; i < n; ++i) m = std::fmax(m, x[i]);
   return m;
 }
 
-static void scale_round_scalar(float* x, int n, float scale) {
+void scale_round_scalar(float* x, int n, float scale) {
   for (int i = 0; i < n; ++i) x[i] = f16_to_f32(f32_to_f16(x[i] * scale));
 }
 
-static void accumulate_scalar(const float* p, const uint16_t* v, int v_stride, int n, int hd, float* out) {
-  for (int j = 0; j < n; ++j)
-    for (int d = 0; d < hd; ++d) out[d] = std::fma(p[j], f16_to_f32(v[static_cast<size_t>(j) * v_stride + d]), out[d]);
+void accumulate_scalar(const float* p, const uint16_t* const* pages, int pt, int v_stride, int n, int hd,
+                       float* out) {
+  for (int d = 0; d < hd; ++d) {
+    float acc[16] = {0};
+    for (int k = 0; k < n; ++k) {
+      const uint16_t* row = pages[k / pt] + static_cast<size_t>(k % pt) * v_stride;
+      acc[k % 16] = std::fma(p[k], f16_to_f32(row[d]), acc[k % 16]);
+    }
+    out[d] = hsum16(acc);
+  }
+}
+
+void scores_q8_scalar(const float* q, const int8_t* kq, const uint16_t* ks, int hd, int stride, int n, float scale,
+                      float* scores) {
+  for (int j = 0; j < n; ++j) {
+    float acc[16] = {0};
+    for (int d = 0; d < hd; ++d) {
+      const float k = f16_to_f32(ks[static_cast<size_t>(d / 32) * stride + j]) *
+                      static_cast<float>(kq[static_cast<size_t>(d) * stride + j]);
+      acc[d % 16] = std::fma(q[d], k, acc[d % 16]);
+    }
+    scores[j] = hsum16(acc) * scale;
+  }
+}
+
+void accumulate_q8_scalar(const float* p, const int8_t* const* pages, const uint16_t* const* scales, int pt,
+                          int v_stride, int s_stride, int n, int hd, float* out) {
+  for (int d = 0; d < hd; ++d) {
+    float acc[16] = {0};
+    for (int k = 0; k < n; ++k) {
+      const int8_t* row = pages[k / pt] + static_cast<size_t>(k % pt) * v_stride;
+      const uint16_t* sc = scales[k / pt] + static_cast<size_t>(k % pt) * s_stride;
+      acc[k % 16] = std::fma(p[k] * f16_to_f32(sc[d / 32]), static_cast<float>(row[d]), acc[k % 16]);
+    }
+    out[d] = hsum16(acc);
+  }
+}
+
+bool simd_shape(int hd, int pt) { return hd % 16 == 0 && pt == 16; }
+
+}  // namespace
+
+void attn_scores_f16(const float* q, const uint16_t* kt, int hd, int stride, int n, float scale, float* scores) {
+  if (hd % 16 == 0) switch (active_isa()) {
+      case Isa::avx512: return attn::scores_avx512(q, kt, hd, stride, n, scale, scores);
+      case Isa::avx2: return attn::scores_avx2(q, kt, hd, stride, n, scale, scores);
+      default: break;
+    }
+  scores_scalar(q, kt, hd, stride, n, scale, scores);
 }
 
 float max_f32(const float* x, int n) {
@@ -54,54 +105,34 @@ void scale_round_f16(float* x, int n, float scale) {
   }
 }
 
-void attn_accumulate_f16(const float* p, const uint16_t* v, int v_stride, int n, int hd, float* out) {
-  switch (active_isa()) {
-    case Isa::avx512: return attn::accumulate_avx512(p, v, v_stride, n, hd, out);
-    case Isa::avx2: return attn::accumulate_avx2(p, v, v_stride, n, hd, out);
-    default: return accumulate_scalar(p, v, v_stride, n, hd, out);
-  }
-}
-
-// q8 K and V (int8 values, one f16 scale per 32): the orders of attention.h.
-
-static void scores_q8_scalar(const float* q, const int8_t* kq, const uint16_t* ks, int hd, int stride, int n,
-                             float scale, float* scores) {
-  for (int j = 0; j < n; ++j) {
-    float acc = 0.0f;
-    for (int d = 0; d < hd; ++d) {
-      const float k = f16_to_f32(ks[static_cast<size_t>(d / 32) * stride + j]) *
-                      static_cast<float>(kq[static_cast<size_t>(d) * stride + j]);
-      acc = std::fma(q[d], k, acc);
+void attn_accumulate_f16(const float* p, const uint16_t* const* pages, int pt, int v_stride, int n, int hd,
+                         float* out) {
+  if (simd_shape(hd, pt)) switch (active_isa()) {
+      case Isa::avx512: return attn::accumulate_avx512(p, pages, v_stride, n, hd, out);
+      case Isa::avx2: return attn::accumulate_avx2(p, pages, v_stride, n, hd, out);
+      default: break;
     }
-    scores[j] = acc * scale;
-  }
+  accumulate_scalar(p, pages, pt, v_stride, n, hd, out);
 }
 
 void attn_scores_q8(const float* q, const int8_t* kq, const uint16_t* ks, int hd, int stride, int n, float scale,
                     float* scores) {
-  switch (active_isa()) {
-    case Isa::avx512: return attn::scores_q8_avx512(q, kq, ks, hd, stride, n, scale, scores);
-    case Isa::avx2: return attn::scores_q8_avx2(q, kq, ks, hd, stride, n, scale, scores);
-    default: return scores_q8_scalar(q, kq, ks, hd, stride, n, scale, scores);
-  }
-}
-
-static void accumulate_q8_scalar(const float* p, const int8_t* vq, int v_stride, const uint16_t* vs, int s_stride,
-                                 int n, int hd, float* out) {
-  for (int j = 0; j < n; ++j)
-    for (int d = 0; d < hd; ++d) {
-      const float pd = p[j] * f16_to_f32(vs[static_cast<size_t>(j) * s_stride + d / 32]);
-      out[d] = std::fma(pd, static_cast<float>(vq[static_cast<size_t>(j) * v_stride + d]), out[d]);
+  if (hd % 16 == 0) switch (active_isa()) {
+      case Isa::avx512: return attn::scores_q8_avx512(q, kq, ks, hd, stride, n, scale, scores);
+      case Isa::avx2: return attn::scores_q8_avx2(q, kq, ks, hd, stride, n, scale, scores);
+      default: break;
     }
+  scores_q8_scalar(q, kq, ks, hd, stride, n, scale, scores);
 }
 
-void attn_accumulate_q8(const float* p, const int8_t* vq, int v_stride, const uint16_t* vs, int s_stride, int n,
-                        int hd, float* out) {
-  switch (active_isa()) {
-    case Isa::avx512: return attn::accumulate_q8_avx512(p, vq, v_stride, vs, s_stride, n, hd, out);
-    case Isa::avx2: return attn::accumulate_q8_avx2(p, vq, v_stride, vs, s_stride, n, hd, out);
-    default: return accumulate_q8_scalar(p, vq, v_stride, vs, s_stride, n, hd, out);
-  }
+void attn_accumulate_q8(const float* p, const int8_t* const* pages, const uint16_t* const* scales, int pt,
+                        int v_stride, int s_stride, int n, int hd, float* out) {
+  if (simd_shape(hd, pt)) switch (active_isa()) {
+      case Isa::avx512: return attn::accumulate_q8_avx512(p, pages, scales, v_stride, s_stride, n, hd, out);
+      case Isa::avx2: return attn::accumulate_q8_avx2(p, pages, scales, v_stride, s_stride, n, hd, out);
+      default: break;
+    }
+  accumulate_q8_scalar(p, pages, scales, pt, v_stride, s_stride, n, hd, out);
 }
 
 }  // namespace ctx

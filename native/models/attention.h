@@ -1,10 +1,18 @@
-// Attention scores over one page's dimension-major K block (kv/page_pool.h).
+// Attention over paged K and V (kv/page_pool.h), in llama.cpp's (non-flash)
+// reduction orders, so its logits, the reference we are held to, come out
+// bit for bit (tests/test_model.py compares). Every SIMD path follows them.
 //
-// Canonical order, the same on every SIMD path: for each key j,
-//   acc = 0; for d in 0..hd-1 (ascending): acc = fma(q[d], f16(kt[d * stride + j]), acc)
-//   scores[j] = acc * scale
-// Keys are independent lanes, so a vector op scores 16 (or 8) keys at once and
-// no horizontal sum is needed.
+// Scores of one page's dimension-major K block, for each key j:
+//   acc[r] = 0 (r < 16); for d ascending: acc[d % 16] = fma(q[d], f16(kt[d * stride + j]), acc[d % 16])
+//   scores[j] = hsum16(acc) * scale        (hsum16: quant/quant.h)
+// Keys are independent lanes, so a vector op scores 16 (or 8) keys at once,
+// with 16 registers of partial sums folded vertically.
+//
+// Weighted sum of V over keys k = 0..n-1, key k being row k % pt of page k / pt
+// (pages[i] points at the head's first value in page i; rows v_stride apart):
+//   acc[r] = 0 (r < 16); for k ascending: acc[k % 16] = fma(p[k], f16(v_k[d]), acc[k % 16])
+//   out[d] = hsum16(acc)                   (out is overwritten)
+// The keys' lanes start at k = 0, so callers start k at a multiple of 16.
 #pragma once
 
 #include <cstdint>
@@ -21,42 +29,41 @@ float max_f32(const float* x, int n);
 // them before they meet the f16 V.
 void scale_round_f16(float* x, int n, float scale);
 
-// out[d] = fma(p[j], f16(v[j * v_stride + d]), out[d]) for j = 0..n-1 ascending,
-// for every d < hd: the weighted sum of one page's V rows, kept in registers.
-void attn_accumulate_f16(const float* p, const uint16_t* v, int v_stride, int n, int hd, float* out);
+void attn_accumulate_f16(const float* p, const uint16_t* const* pages, int pt, int v_stride, int n, int hd,
+                         float* out);
 
 // q8 pages (kv/page_pool.h): int8 values with one f16 scale per 32 of them.
 // Each value is dequantized first, v = f16(scale) * (float)q (exact in f32:
 // 11 by 8 significant bits), then the f16 kernels' orders apply unchanged:
-//   scores:     acc = fma(q[d], f16(ks[(d / 32) * stride + j]) * (float)kq[d * stride + j], acc)
-//   accumulate: out[d] = fma(p[j] * f16(vs[j * s_stride + d / 32]), (float)vq[j * v_stride + d], out[d])
-// (the accumulate form folds the scale into p[j]; for the f16-valued weights
-// attention passes, p * scale is exact too, so this is p[j] times the
+//   scores:     acc[d % 16] = fma(q[d], f16(ks[(d / 32) * stride + j]) * (float)kq[d * stride + j], acc[d % 16])
+//   accumulate: acc[k % 16] = fma(p[k] * f16(vs_k[d / 32]), (float)vq_k[d], acc[k % 16])
+// (the accumulate form folds the scale into p[k]; for the f16-valued weights
+// attention passes, p * scale is exact too, so this is p[k] times the
 // dequantized value rounded once). hd must be a multiple of 32.
 // kq: hd rows of `stride` int8, ks: hd / 32 rows of `stride` f16 scales.
 void attn_scores_q8(const float* q, const int8_t* kq, const uint16_t* ks, int hd, int stride, int n, float scale,
                     float* scores);
-// vq: n rows of v_stride int8 (the head's hd values first); vs: n rows of s_stride f16 scales.
-void attn_accumulate_q8(const float* p, const int8_t* vq, int v_stride, const uint16_t* vs, int s_stride, int n,
-                        int hd, float* out);
+// pages[i]: the head's int8 values in page i (rows v_stride apart); scales[i]: its f16 scales (rows s_stride apart).
+void attn_accumulate_q8(const float* p, const int8_t* const* pages, const uint16_t* const* scales, int pt,
+                        int v_stride, int s_stride, int n, int hd, float* out);
 
 namespace attn {
 float max_avx512(const float* x, int n);
 void scale_round_avx512(float* x, int n, float scale);
-void accumulate_avx512(const float* p, const uint16_t* v, int v_stride, int n, int hd, float* out);
-float max_avx2(const float* x, int n);
-void scale_round_avx2(float* x, int n, float scale);
-void accumulate_avx2(const float* p, const uint16_t* v, int v_stride, int n, int hd, float* out);
-void scores_avx2(const float* q, const uint16_t* kt, int hd, int stride, int n, float scale, float* scores);
 void scores_avx512(const float* q, const uint16_t* kt, int hd, int stride, int n, float scale, float* scores);
-void scores_q8_avx2(const float* q, const int8_t* kq, const uint16_t* ks, int hd, int stride, int n, float scale,
-                    float* scores);
 void scores_q8_avx512(const float* q, const int8_t* kq, const uint16_t* ks, int hd, int stride, int n, float scale,
                       float* scores);
-void accumulate_q8_avx2(const float* p, const int8_t* vq, int v_stride, const uint16_t* vs, int s_stride, int n,
-                        int hd, float* out);
-void accumulate_q8_avx512(const float* p, const int8_t* vq, int v_stride, const uint16_t* vs, int s_stride, int n,
-                          int hd, float* out);
+void accumulate_avx512(const float* p, const uint16_t* const* pages, int v_stride, int n, int hd, float* out);
+void accumulate_q8_avx512(const float* p, const int8_t* const* pages, const uint16_t* const* scales, int v_stride,
+                          int s_stride, int n, int hd, float* out);
+float max_avx2(const float* x, int n);
+void scale_round_avx2(float* x, int n, float scale);
+void scores_avx2(const float* q, const uint16_t* kt, int hd, int stride, int n, float scale, float* scores);
+void scores_q8_avx2(const float* q, const int8_t* kq, const uint16_t* ks, int hd, int stride, int n, float scale,
+                    float* scores);
+void accumulate_avx2(const float* p, const uint16_t* const* pages, int v_stride, int n, int hd, float* out);
+void accumulate_q8_avx2(const float* p, const int8_t* const* pages, const uint16_t* const* scales, int v_stride,
+                        int s_stride, int n, int hd, float* out);
 }  // namespace attn
 
 }  // namespace ctx

@@ -7,25 +7,119 @@
 
 namespace ctx::attn {
 
+namespace {
+
+// AVX2 has 16 registers, too few for 16 partial sums plus operands, so the
+// 16 sums of attention.h are computed as two sets of 8 (0-7, then 8-15) and
+// folded: the first fold step (acc[i] + acc[i + 8]) joins the two sets.
+inline __m256 fold(__m256* lo, const __m256* hi) {
+#pragma GCC unroll 8
+  for (int i = 0; i < 8; ++i) lo[i] = _mm256_add_ps(lo[i], hi[i]);
+#pragma GCC unroll 3
+  for (int w = 4; w >= 1; w /= 2)
+#pragma GCC unroll 4
+    for (int i = 0; i < w; ++i) lo[i] = _mm256_add_ps(lo[i], lo[i + w]);
+  return lo[0];
+}
+
+inline __m256 load8_f16(const uint16_t* p, int lanes) {
+  if (lanes >= 8) return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  alignas(16) uint16_t tmp[8] = {0};
+  std::memcpy(tmp, p, sizeof(uint16_t) * lanes);
+  return _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(tmp)));
+}
+
+inline __m256 load8_i8(const int8_t* p, int lanes) {
+  int64_t raw = 0;
+  std::memcpy(&raw, p, lanes >= 8 ? 8 : lanes);
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_cvtsi64_si128(raw)));
+}
+
+void store8(float* dst, __m256 v, int lanes) {
+  alignas(32) float out[8];
+  _mm256_store_ps(out, v);
+  std::memcpy(dst, out, sizeof(float) * (lanes >= 8 ? 8 : lanes));
+}
+
+// Partial sums r0..r0+7 (d = r mod 16) of the scores of 8 keys.
+template <typename LoadK>
+void score_sums(const float* q, int hd, int r0, LoadK load_k, __m256* acc) {
+#pragma GCC unroll 8
+  for (int r = 0; r < 8; ++r) acc[r] = _mm256_setzero_ps();
+  for (int d0 = 0; d0 < hd; d0 += 16)
+#pragma GCC unroll 8
+    for (int r = 0; r < 8; ++r) acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(q[d0 + r0 + r]), load_k(d0 + r0 + r), acc[r]);
+}
+
+}  // namespace
+
 void scores_avx2(const float* q, const uint16_t* kt, int hd, int stride, int n, float scale, float* scores) {
   for (int j0 = 0; j0 < n; j0 += 8) {
-    const int lanes = n - j0 < 8 ? n - j0 : 8;
-    __m256 acc = _mm256_setzero_ps();
-    const uint16_t* k = kt + j0;
-    for (int d = 0; d < hd; ++d, k += stride) {
-      __m128i raw;
-      if (lanes == 8) {
-        raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(k));
-      } else {
-        alignas(16) uint16_t tmp[8] = {0};
-        std::memcpy(tmp, k, sizeof(uint16_t) * lanes);
-        raw = _mm_load_si128(reinterpret_cast<const __m128i*>(tmp));
-      }
-      acc = _mm256_fmadd_ps(_mm256_set1_ps(q[d]), _mm256_cvtph_ps(raw), acc);
-    }
-    alignas(32) float out[8];
-    _mm256_store_ps(out, _mm256_mul_ps(acc, _mm256_set1_ps(scale)));
-    std::memcpy(scores + j0, out, sizeof(float) * lanes);
+    const int lanes = n - j0;
+    auto load_k = [&](int d) { return load8_f16(kt + static_cast<size_t>(d) * stride + j0, lanes); };
+    __m256 lo[8], hi[8];
+    score_sums(q, hd, 0, load_k, lo);
+    score_sums(q, hd, 8, load_k, hi);
+    store8(scores + j0, _mm256_mul_ps(fold(lo, hi), _mm256_set1_ps(scale)), lanes);
+  }
+}
+
+void scores_q8_avx2(const float* q, const int8_t* kq, const uint16_t* ks, int hd, int stride, int n, float scale,
+                    float* scores) {
+  for (int j0 = 0; j0 < n; j0 += 8) {
+    const int lanes = n - j0;
+    auto load_k = [&](int d) {
+      const __m256 s = load8_f16(ks + static_cast<size_t>(d / 32) * stride + j0, lanes);
+      return _mm256_mul_ps(s, load8_i8(kq + static_cast<size_t>(d) * stride + j0, lanes));
+    };
+    __m256 lo[8], hi[8];
+    score_sums(q, hd, 0, load_k, lo);
+    score_sums(q, hd, 8, load_k, hi);
+    store8(scores + j0, _mm256_mul_ps(fold(lo, hi), _mm256_set1_ps(scale)), lanes);
+  }
+}
+
+namespace {
+
+// Partial sums over the keys in slots j0..j0+7 of every page, for 8 values.
+template <typename Term>
+void value_sums(int n, int j0, Term term, __m256* acc) {
+#pragma GCC unroll 8
+  for (int j = 0; j < 8; ++j) acc[j] = _mm256_setzero_ps();
+  for (int i = 0; i * 16 < n; ++i) {
+    const int nj = n - i * 16 - j0;
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; ++j)
+      if (j < nj) acc[j] = term(i, j0 + j, acc[j]);
+  }
+}
+
+}  // namespace
+
+void accumulate_avx2(const float* p, const uint16_t* const* pages, int v_stride, int n, int hd, float* out) {
+  for (int d0 = 0; d0 < hd; d0 += 8) {
+    auto term = [&](int i, int j, __m256 acc) {
+      const __m256 v = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(pages[i] + d0 + j * v_stride)));
+      return _mm256_fmadd_ps(_mm256_set1_ps(p[i * 16 + j]), v, acc);
+    };
+    __m256 lo[8], hi[8];
+    value_sums(n, 0, term, lo);
+    value_sums(n, 8, term, hi);
+    _mm256_storeu_ps(out + d0, fold(lo, hi));
+  }
+}
+
+void accumulate_q8_avx2(const float* p, const int8_t* const* pages, const uint16_t* const* scales, int v_stride,
+                        int s_stride, int n, int hd, float* out) {
+  for (int d0 = 0; d0 < hd; d0 += 8) {
+    auto term = [&](int i, int j, __m256 acc) {
+      const float pw = p[i * 16 + j] * _cvtsh_ss(scales[i][j * s_stride + d0 / 32]);
+      return _mm256_fmadd_ps(_mm256_set1_ps(pw), load8_i8(pages[i] + d0 + j * v_stride, 8), acc);
+    };
+    __m256 lo[8], hi[8];
+    value_sums(n, 0, term, lo);
+    value_sums(n, 8, term, hi);
+    _mm256_storeu_ps(out + d0, fold(lo, hi));
   }
 }
 
@@ -54,91 +148,6 @@ void scale_round_avx2(float* x, int n, float scale) {
     const __m128i h = _mm256_cvtps_ph(_mm256_mul_ps(_mm256_load_ps(tmp), s), _MM_FROUND_TO_NEAREST_INT);
     _mm256_store_ps(tmp, _mm256_cvtph_ps(h));
     std::memcpy(x + i, tmp, sizeof(float) * (n - i));
-  }
-}
-
-void accumulate_avx2(const float* p, const uint16_t* v, int v_stride, int n, int hd, float* out) {
-  int d = 0;
-  for (; d + 32 <= hd; d += 32) {
-    __m256 a0 = _mm256_loadu_ps(out + d), a1 = _mm256_loadu_ps(out + d + 8);
-    __m256 a2 = _mm256_loadu_ps(out + d + 16), a3 = _mm256_loadu_ps(out + d + 24);
-    const uint16_t* row = v + d;
-    for (int j = 0; j < n; ++j, row += v_stride) {
-      const __m256 pj = _mm256_set1_ps(p[j]);
-      a0 = _mm256_fmadd_ps(pj, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row))), a0);
-      a1 = _mm256_fmadd_ps(pj, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 8))), a1);
-      a2 = _mm256_fmadd_ps(pj, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 16))), a2);
-      a3 = _mm256_fmadd_ps(pj, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 24))), a3);
-    }
-    _mm256_storeu_ps(out + d, a0);
-    _mm256_storeu_ps(out + d + 8, a1);
-    _mm256_storeu_ps(out + d + 16, a2);
-    _mm256_storeu_ps(out + d + 24, a3);
-  }
-  for (; d < hd; ++d)  // head dims that are not a multiple of 32: same fma chain per element
-    for (int j = 0; j < n; ++j) {
-      alignas(16) uint16_t h[8] = {v[static_cast<size_t>(j) * v_stride + d]};
-      alignas(32) float f[8];
-      _mm256_store_ps(f, _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(h))));
-      out[d] = std::fma(p[j], f[0], out[d]);
-    }
-}
-
-// q8: 8 keys at a time; partial groups go through a zero-padded copy.
-static __m256 load8_i8_f32(const int8_t* p, int lanes) {
-  __m128i raw;
-  if (lanes == 8) {
-    raw = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
-  } else {
-    alignas(16) int8_t tmp[16] = {0};
-    std::memcpy(tmp, p, lanes);
-    raw = _mm_load_si128(reinterpret_cast<const __m128i*>(tmp));
-  }
-  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(raw));
-}
-
-static __m256 load8_f16_f32(const uint16_t* p, int lanes) {
-  if (lanes == 8) return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  alignas(16) uint16_t tmp[8] = {0};
-  std::memcpy(tmp, p, sizeof(uint16_t) * lanes);
-  return _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(tmp)));
-}
-
-void scores_q8_avx2(const float* q, const int8_t* kq, const uint16_t* ks, int hd, int stride, int n, float scale,
-                    float* scores) {
-  for (int j0 = 0; j0 < n; j0 += 8) {
-    const int lanes = n - j0 < 8 ? n - j0 : 8;
-    __m256 acc = _mm256_setzero_ps();
-    for (int b = 0; b < hd / 32; ++b) {
-      const __m256 s = load8_f16_f32(ks + static_cast<size_t>(b) * stride + j0, lanes);
-      const int8_t* k = kq + static_cast<size_t>(b) * 32 * stride + j0;
-      for (int d = b * 32; d < b * 32 + 32; ++d, k += stride)
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(q[d]), _mm256_mul_ps(s, load8_i8_f32(k, lanes)), acc);
-    }
-    alignas(32) float out[8];
-    _mm256_store_ps(out, _mm256_mul_ps(acc, _mm256_set1_ps(scale)));
-    std::memcpy(scores + j0, out, sizeof(float) * lanes);
-  }
-}
-
-void accumulate_q8_avx2(const float* p, const int8_t* vq, int v_stride, const uint16_t* vs, int s_stride, int n,
-                        int hd, float* out) {
-  for (int d = 0; d < hd; d += 32) {  // one scale block in four registers
-    __m256 a0 = _mm256_loadu_ps(out + d), a1 = _mm256_loadu_ps(out + d + 8);
-    __m256 a2 = _mm256_loadu_ps(out + d + 16), a3 = _mm256_loadu_ps(out + d + 24);
-    const int8_t* row = vq + d;
-    const uint16_t* sc = vs + d / 32;
-    for (int j = 0; j < n; ++j, row += v_stride, sc += s_stride) {
-      const __m256 pd = _mm256_set1_ps(p[j] * _cvtsh_ss(*sc));
-      a0 = _mm256_fmadd_ps(pd, load8_i8_f32(row, 8), a0);
-      a1 = _mm256_fmadd_ps(pd, load8_i8_f32(row + 8, 8), a1);
-      a2 = _mm256_fmadd_ps(pd, load8_i8_f32(row + 16, 8), a2);
-      a3 = _mm256_fmadd_ps(pd, load8_i8_f32(row + 24, 8), a3);
-    }
-    _mm256_storeu_ps(out + d, a0);
-    _mm256_storeu_ps(out + d + 8, a1);
-    _mm256_storeu_ps(out + d + 16, a2);
-    _mm256_storeu_ps(out + d + 24, a3);
   }
 }
 

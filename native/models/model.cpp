@@ -20,6 +20,7 @@
 #include <cstring>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 namespace ctx {
 
@@ -30,11 +31,13 @@ namespace {
 // that the scratch stays in L2.
 constexpr int kMaxRows = 64;
 
-// x / rms(x) * w, the sum of squares in double in index order.
+// x / rms(x) * w as llama.cpp computes it: float squares summed in double in
+// index order, the mean and the scale in float.
 void rmsnorm(const float* x, const float* w, float* out, int n, float eps) {
   double ss = 0.0;
-  for (int i = 0; i < n; ++i) ss += static_cast<double>(x[i]) * x[i];
-  const float scale = static_cast<float>(1.0 / std::sqrt(ss / n + eps));
+  for (int i = 0; i < n; ++i) ss += static_cast<double>(x[i] * x[i]);
+  const float mean = static_cast<float>(ss / n);
+  const float scale = 1.0f / std::sqrt(mean + eps);
   for (int i = 0; i < n; ++i) out[i] = x[i] * scale * w[i];
 }
 
@@ -156,7 +159,10 @@ void Model::attention(int layer, const std::vector<Row>& rows, size_t r0,
                       int n_rows, const std::vector<std::vector<uint8_t*>>& pages) {
   const int hd = cfg_.head_dim;
   const int group = cfg_.n_head / cfg_.n_head_kv;
-  const float scale = cfg_.attn_scale > 0.0f ? cfg_.attn_scale : 1.0f / std::sqrt(static_cast<float>(hd));
+  // gemma scales q before attention (attn_scale, before its f16 rounding, as
+  // llama.cpp's graph does); the llama family scales the scores.
+  const float q_scale = cfg_.attn_scale > 0.0f ? cfg_.attn_scale : 1.0f;
+  const float scale = cfg_.attn_scale > 0.0f ? 1.0f : 1.0f / std::sqrt(static_cast<float>(hd));
   const int64_t window = cfg_.is_swa(layer) ? cfg_.swa_window : 0;
   const PageLayout& lay = layout_;
   const size_t k_off = lay.k_offset(layer), ks_off = lay.k_scale_offset(layer);
@@ -171,6 +177,9 @@ void Model::attention(int layer, const std::vector<Row>& rows, size_t r0,
 
   pool_.parallel_for(static_cast<int64_t>(n_rows) * cfg_.n_head, 4, [&](int64_t t0, int64_t t1) {
     float* sc = s_.scores.data() + static_cast<size_t>(ThreadPool::thread_index()) * n_ctx;
+    // Per thread, the V blocks of the visible pages (grown once, reused).
+    thread_local std::vector<const uint16_t*> v16, v_scales;
+    thread_local std::vector<const int8_t*> v8;
     for (int64_t t = t0; t < t1; ++t) {
       const int r = static_cast<int>(t / cfg_.n_head);
       const int h = static_cast<int>(t % cfg_.n_head);
@@ -182,7 +191,7 @@ void Model::attention(int layer, const std::vector<Row>& rows, size_t r0,
       // the reference we are held to, and the rounding moves them measurably.
       float* q = sc + n_ctx - hd;  // the tail of this thread's score row holds q in f16 precision
       const float* q32 = s_.q.data() + static_cast<size_t>(r) * cfg_.q_dim() + h * hd;
-      for (int i = 0; i < hd; ++i) q[i] = f16_to_f32(f32_to_f16(q32[i]));
+      for (int i = 0; i < hd; ++i) q[i] = f16_to_f32(f32_to_f16(q32[i] * q_scale));
       // Keys [k0, pos] are visible: all of them, or the last `window` on a
       // sliding-window layer. Pages p0.. hold them; sc[j] scores key p0 * pt + j.
       const int64_t n_kv = row.pos + 1;
@@ -204,28 +213,33 @@ void Model::attention(int layer, const std::vector<Row>& rows, size_t r0,
           attn_scores_f16(q, kt, hd, pt, n, scale, out);
         }
       }
-      // Softmax over the visible keys; the masked head of the first page gets
-      // weight 0, so the page-wise weighted sum below adds nothing for it.
+      // Softmax over the visible keys, as llama.cpp computes it: the masked
+      // head of the first page is -inf (weight 0) so the sum's chunks of 16
+      // stay aligned with the pages; the sum is a double.
       const int skip = static_cast<int>(k0 - p0 * pt);
-      const int n_vis = static_cast<int>(n_kv - k0);
-      const float mx = max_f32(sc + skip, n_vis);
-      const float inv = 1.0f / exp_shift_sum(sc + skip, n_vis, mx);
-      scale_round_f16(sc + skip, n_vis, inv);
-      std::fill(sc, sc + skip, 0.0f);
+      const int n_span = static_cast<int>(n_kv - p0 * pt);
+      std::fill(sc, sc + skip, -INFINITY);
+      const float mx = max_f32(sc + skip, n_span - skip);
+      const double sum = exp_shift_sum(sc, n_span, mx);
+      scale_round_f16(sc, n_span, static_cast<float>(1.0 / sum));
+      const size_t n_vis_pages = static_cast<size_t>(n_pages - p0);
       float* out = s_.att.data() + static_cast<size_t>(r) * cfg_.q_dim() + h * hd;
-      std::fill(out, out + hd, 0.0f);
-      for (int64_t p = p0; p < n_pages; ++p) {
-        const int n = static_cast<int>(std::min<int64_t>(pt, n_kv - p * pt));
-        const float* w = sc + (p - p0) * pt;
-        const size_t adj = p < n_rel ? shift : 0;
-        if (lay.v_quantized()) {
-          const int8_t* vq = reinterpret_cast<const int8_t*>(pg[p] + (v_off - adj)) + static_cast<size_t>(kv_head) * hd;
-          const uint16_t* vs = reinterpret_cast<const uint16_t*>(pg[p] + (vs_off - adj)) + static_cast<size_t>(kv_head) * hb;
-          attn_accumulate_q8(w, vq, cfg_.kv_dim(), vs, lay.n_blocks(), n, hd, out);
-        } else {
-          const uint16_t* v = reinterpret_cast<const uint16_t*>(pg[p] + (v_off - adj)) + static_cast<size_t>(kv_head) * hd;
-          attn_accumulate_f16(w, v, cfg_.kv_dim(), n, hd, out);
+      if (lay.v_quantized()) {
+        v8.resize(n_vis_pages);
+        v_scales.resize(n_vis_pages);
+        for (int64_t p = p0; p < n_pages; ++p) {
+          const size_t adj = p < n_rel ? shift : 0;
+          v8[p - p0] = reinterpret_cast<const int8_t*>(pg[p] + (v_off - adj)) + static_cast<size_t>(kv_head) * hd;
+          v_scales[p - p0] = reinterpret_cast<const uint16_t*>(pg[p] + (vs_off - adj)) + static_cast<size_t>(kv_head) * hb;
         }
+        attn_accumulate_q8(sc, v8.data(), v_scales.data(), pt, cfg_.kv_dim(), lay.n_blocks(), n_span, hd, out);
+      } else {
+        v16.resize(n_vis_pages);
+        for (int64_t p = p0; p < n_pages; ++p) {
+          const size_t adj = p < n_rel ? shift : 0;
+          v16[p - p0] = reinterpret_cast<const uint16_t*>(pg[p] + (v_off - adj)) + static_cast<size_t>(kv_head) * hd;
+        }
+        attn_accumulate_f16(sc, v16.data(), pt, cfg_.kv_dim(), n_span, hd, out);
       }
     }
   });
@@ -299,8 +313,9 @@ void Model::rope(int layer, float* vec, int n_heads, int n) {
         const int b = cfg_.rope_neox ? i + half : 2 * i + 1;
         const float c = rc[2 * i], s = rc[2 * i + 1];
         const float x0 = v[a], x1 = v[b];
-        v[a] = x0 * c - x1 * s;
-        v[b] = x0 * s + x1 * c;
+        // The FMAs llama.cpp's compiler makes of x0 c - x1 s and x0 s + x1 c.
+        v[a] = std::fma(x0, c, -(x1 * s));
+        v[b] = std::fma(x0, s, x1 * c);
       }
     }
   }

@@ -160,7 +160,7 @@ void register_model(py::module_& m) {
       [](F32Array x, float shift) {
         py::array_t<float> y(x.size());
         std::copy(x.data(), x.data() + x.size(), y.mutable_data());
-        const float sum = exp_shift_sum(y.mutable_data(), static_cast<int>(y.size()), shift);
+        const double sum = exp_shift_sum(y.mutable_data(), static_cast<int>(y.size()), shift);
         return py::make_tuple(y, sum);
       },
       py::arg("x"), py::arg("shift"), "(exp(x - shift), sum) with the engine's canonical exp");
@@ -192,15 +192,15 @@ void register_model(py::module_& m) {
         // scores (n) -> max, exp, f16-rounded weights; v (n, hd) f16 rows; out (hd) accumulated in place
         if (v.ndim() != 2 || v.shape(0) != scores.size() || v.shape(1) != out.size())
           throw std::invalid_argument("v must be (len(scores), len(out))");
+        // (out is overwritten; it gives the head size)
         std::vector<float> p(scores.data(), scores.data() + scores.size());
-        const int n = static_cast<int>(p.size());
+        const int n = static_cast<int>(p.size()), hd = static_cast<int>(v.shape(1));
         const float mx = max_f32(p.data(), n);
-        const float inv = 1.0f / exp_shift_sum(p.data(), n, mx);
-        scale_round_f16(p.data(), n, inv);
+        scale_round_f16(p.data(), n, static_cast<float>(1.0 / exp_shift_sum(p.data(), n, mx)));
+        std::vector<const uint16_t*> pages;  // 16 rows a page, as attention reads them
+        for (int k = 0; k < n; k += 16) pages.push_back(v.data() + static_cast<size_t>(k) * hd);
         py::array_t<float> res(out.size());
-        std::copy(out.data(), out.data() + out.size(), res.mutable_data());
-        attn_accumulate_f16(p.data(), v.data(), static_cast<int>(v.shape(1)), n, static_cast<int>(v.shape(1)),
-                            res.mutable_data());
+        attn_accumulate_f16(p.data(), pages.data(), 16, hd, n, hd, res.mutable_data());
         return py::make_tuple(res, mx);
       },
       py::arg("scores"), py::arg("v"), py::arg("out"), "softmax weights of scores applied to V rows");
@@ -230,11 +230,16 @@ void register_model(py::module_& m) {
           throw std::invalid_argument("need len(out) % 32 == 0, vq (len(scores), len(out)), vs (len(scores), len(out) / 32)");
         std::vector<float> p(scores.data(), scores.data() + n);
         const float mx = max_f32(p.data(), static_cast<int>(n));
-        const float inv = 1.0f / exp_shift_sum(p.data(), static_cast<int>(n), mx);
-        scale_round_f16(p.data(), static_cast<int>(n), inv);
+        scale_round_f16(p.data(), static_cast<int>(n),
+                        static_cast<float>(1.0 / exp_shift_sum(p.data(), static_cast<int>(n), mx)));
+        std::vector<const int8_t*> pages;
+        std::vector<const uint16_t*> scales;
+        for (py::ssize_t k = 0; k < n; k += 16) {
+          pages.push_back(vq.data() + k * hd);
+          scales.push_back(vs.data() + k * (hd / 32));
+        }
         py::array_t<float> res(hd);
-        std::copy(out.data(), out.data() + hd, res.mutable_data());
-        attn_accumulate_q8(p.data(), vq.data(), static_cast<int>(hd), vs.data(), static_cast<int>(hd / 32),
+        attn_accumulate_q8(p.data(), pages.data(), scales.data(), 16, static_cast<int>(hd), static_cast<int>(hd / 32),
                            static_cast<int>(n), static_cast<int>(hd), res.mutable_data());
         return py::make_tuple(res, mx);
       },

@@ -122,7 +122,7 @@ void unpack(DType t, const uint8_t* p, KBlock& k) {
 
 float dot_k_scalar(DType t, const uint8_t* w, const BlockQ8K* x, int nb) {
   const size_t bb = dtype_row_bytes(t, QK_K);
-  float acc[8] = {}, accm[4] = {}, summ = 0.0f;
+  float acc[8] = {}, acc1 = 0.0f, summ = 0.0f;
   KBlock k;
   for (int i = 0; i < nb; ++i) {
     unpack(t, w + i * bb, k);
@@ -132,24 +132,31 @@ float dot_k_scalar(DType t, const uint8_t* w, const BlockQ8K* x, int nb) {
     for (int e = 0; e < QK_K; ++e) isum[(e % 32) / 4] += k.sc[e / 16] * k.q[e] * y.qs[e];
     if (t == DType::Q6_K)
       for (int l = 0; l < 8; ++l) isum[l] -= 32 * (k.sc[2 * l] * bs[2 * l] + k.sc[2 * l + 1] * bs[2 * l + 1]);
+    if (t == DType::Q4_K) {  // llama.cpp's x86 (repacked) order: a sum per 64 values
+      for (int j = 0; j < 4; ++j) {
+        int32_t pair = 0;
+        for (int e = 64 * j; e < 64 * j + 64; ++e) pair += k.sc[e / 16] * k.q[e] * y.qs[e];
+        const int32_t mk = k.m[2 * j] * (bs[4 * j] + bs[4 * j + 1]) + k.m[2 * j + 1] * (bs[4 * j + 2] + bs[4 * j + 3]);
+        acc1 = std::fma(static_cast<float>(pair), k.d * y.d, acc1);
+        summ = std::fma(static_cast<float>(mk), k.dmin * y.d, summ);
+      }
+      continue;
+    }
     const float d = y.d * k.d;
     const float dmin = -(y.d * k.dmin);
     if (t == DType::Q2_K)
       for (int l = 0; l < 8; ++l)
         acc[l] = std::fma(dmin, static_cast<float>(k.m[2 * l] * bs[2 * l] + k.m[2 * l + 1] * bs[2 * l + 1]), acc[l]);
     for (int l = 0; l < 8; ++l) acc[l] = std::fma(d, static_cast<float>(isum[l]), acc[l]);
-    if (t == DType::Q4_K || t == DType::Q5_K) {
+    if (t == DType::Q5_K) {
       int32_t mk[4];
       for (int j = 0; j < 4; ++j)
         mk[j] = k.m[2 * j] * (bs[4 * j] + bs[4 * j + 1]) + k.m[2 * j + 1] * (bs[4 * j + 2] + bs[4 * j + 3]);
-      if (t == DType::Q4_K)
-        for (int j = 0; j < 4; ++j) accm[j] = std::fma(dmin, static_cast<float>(mk[j]), accm[j]);
-      else
-        summ = std::fma(dmin, static_cast<float>(mk[0] + mk[1] + mk[2] + mk[3]), summ);
+      summ = std::fma(dmin, static_cast<float>(mk[0] + mk[1] + mk[2] + mk[3]), summ);
     }
   }
+  if (t == DType::Q4_K) return acc1 - summ;
   float dot = hsum8(acc);
-  if (t == DType::Q4_K) dot = dot + ((accm[0] + accm[2]) + (accm[1] + accm[3]));
   if (t == DType::Q5_K) dot = dot + summ;
   return dot;
 }

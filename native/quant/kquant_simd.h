@@ -151,8 +151,8 @@ inline __m256i madd_add(__m256i sumi, __m256i p, __m256i sc) {
 // One (weight row, activation row) pair's accumulators.
 struct PairAcc {
   __m256 acc;
-  __m128 accm;  // Q4_K
-  float summ;   // Q5_K
+  float acc1;   // Q4_K: the super-block sums
+  float summ;   // Q5_K; Q4_K: the mins
 };
 
 inline int hsum_i32_4(__m128i a) {
@@ -193,9 +193,28 @@ inline __m256i pair_ints_wide(const SuperBlock& s, const BlockQ8K& y) {
 }
 #endif
 
+// Q4_K in llama.cpp's x86 order (its weights are repacked there: ggml_gemm_q4_K_8x8_q8_K):
+// an exact sum per 64 values (two sub-blocks) and per pair of mins, each added in float.
+inline void pair_step_q4k(const SuperBlock& s, const BlockQ8K& y, PairAcc& a) {
+  const __m256i bsums = load256(y.bsums);
+  alignas(16) int32_t mk[4];
+  const __m128i q8s = _mm_hadd_epi16(_mm256_castsi256_si128(bsums), _mm256_extracti128_si256(bsums, 1));
+  _mm_store_si128(reinterpret_cast<__m128i*>(mk), _mm_madd_epi16(s.mins8, q8s));
+  const float d = s.d * y.d, dmin = s.dmin * y.d;
+  for (int k = 0; k < 4; ++k) {
+    __m256i pair = _mm256_setzero_si256();
+    for (int c = 2 * k; c < 2 * k + 2; ++c)
+      pair = madd_add(pair, _mm256_maddubs_epi16(s.q[c], load256(y.qs + 32 * c)), s.sc[c]);
+    const int isum = hsum_i32_4(_mm_add_epi32(_mm256_castsi256_si128(pair), _mm256_extracti128_si256(pair, 1)));
+    a.acc1 = std::fma(static_cast<float>(isum), d, a.acc1);
+    a.summ = std::fma(static_cast<float>(mk[k]), dmin, a.summ);
+  }
+}
+
 // One super-block of one pair, in the canonical order of quant.h.
 template <DType T, bool kWide>
 inline void pair_step(const SuperBlock& s, const BlockQ8K& y, PairAcc& a) {
+  if constexpr (T == DType::Q4_K) return pair_step_q4k(s, y, a);
 #if KQ_VNNI
   __m256i sumi = kWide ? pair_ints_wide<T>(s, y) : pair_ints<T>(s, y);
 #else
@@ -208,13 +227,9 @@ inline void pair_step(const SuperBlock& s, const BlockQ8K& y, PairAcc& a) {
   if constexpr (T == DType::Q2_K)
     a.acc = _mm256_fmadd_ps(_mm256_set1_ps(dmin), _mm256_cvtepi32_ps(_mm256_madd_epi16(s.sc16, bsums)), a.acc);
   a.acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), a.acc);
-  if constexpr (T == DType::Q4_K || T == DType::Q5_K) {
+  if constexpr (T == DType::Q5_K) {
     const __m128i q8s = _mm_hadd_epi16(_mm256_castsi256_si128(bsums), _mm256_extracti128_si256(bsums, 1));
-    const __m128i mk = _mm_madd_epi16(s.mins8, q8s);
-    if constexpr (T == DType::Q4_K)
-      a.accm = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(mk), a.accm);
-    else
-      a.summ = std::fma(dmin, static_cast<float>(hsum_i32_4(mk)), a.summ);
+    a.summ = std::fma(dmin, static_cast<float>(hsum_i32_4(_mm_madd_epi16(s.mins8, q8s))), a.summ);
   }
 }
 
@@ -227,11 +242,8 @@ inline float hsum8_ps(__m256 a) {
 
 template <DType T>
 inline float pair_result(const PairAcc& a) {
+  if constexpr (T == DType::Q4_K) return a.acc1 - a.summ;
   float dot = hsum8_ps(a.acc);
-  if constexpr (T == DType::Q4_K) {
-    const __m128 s2 = _mm_add_ps(a.accm, _mm_movehl_ps(a.accm, a.accm));  // (m0 + m2, m1 + m3)
-    dot = dot + _mm_cvtss_f32(_mm_add_ss(s2, _mm_movehdup_ps(s2)));
-  }
   if constexpr (T == DType::Q5_K) dot = dot + a.summ;
   return dot;
 }
@@ -245,7 +257,7 @@ template <DType T, int NX>
 void tile_k(const uint8_t* w, size_t bb, const SuperBlock* pre, int nb, const BlockQ8K* x0, float* Y, size_t y_stride,
             size_t prefetch_ahead) {
   PairAcc a[NX];
-  for (auto& p : a) p = PairAcc{_mm256_setzero_ps(), _mm_setzero_ps(), 0.0f};
+  for (auto& p : a) p = PairAcc{_mm256_setzero_ps(), 0.0f, 0.0f};
   SuperBlock local;
   for (int i = 0; i < nb; ++i) {
     const SuperBlock* s = pre ? pre + i : &local;

@@ -112,15 +112,21 @@ void dequantize_row(DType t, const void* src, float* dst, int n);
 // K-quants (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, and Q8_K weights) take Xk: n_x rows
 // of n_in / 256 BlockQ8K (y below). Canonical order (ggml's AVX2 vec_dot_*_q8_K),
 // nb = n_in / 256 super-blocks, 8 float lanes:
-//   acc[8] = 0 (Q4_K also accm[4] = 0, Q5_K summ = 0)
+//   acc[8] = 0 (Q5_K also summ = 0)
 //   for i in 0..nb-1 (ascending):
 //     isum[l] = sum over e in 0..255 with (e % 32) / 4 == l of sc(e) * q(e) * y.qs[e]  - corr[l]  (exact int32)
 //     d = y.d * f16(w.d) (Q8_K: y.d * w.d);  dmin = -(y.d * f16(w.dmin))
 //     Q2_K: acc[l] = fma(dmin, (float)(m[2l] * y.bsums[2l] + m[2l+1] * y.bsums[2l+1]), acc[l])
 //     acc[l] = fma(d, (float)isum[l], acc[l])
-//     Q4_K: accm[k] = fma(dmin, (float)mk[k], accm[k]) for k < 4, Q5_K: summ = fma(dmin, (float)(mk[0]+..+mk[3]), summ)
+//     Q5_K: summ = fma(dmin, (float)(mk[0]+..+mk[3]), summ)
 //       where mk[k] = m[2k] * (y.bsums[4k] + y.bsums[4k+1]) + m[2k+1] * (y.bsums[4k+2] + y.bsums[4k+3])
-//   dot = hsum8(acc);  Q4_K: dot = dot + ((accm[0] + accm[2]) + (accm[1] + accm[3]));  Q5_K: dot = dot + summ
+//   dot = hsum8(acc);  Q5_K: dot = dot + summ
+// except Q4_K, which follows llama.cpp's x86 order (its weights are repacked
+// there; ggml_gemm_q4_K_8x8_q8_K, the prefill path): for k in 0..3 per super-block,
+//   acc = fma((float)(sum over e in [64k, 64k + 64) of sc(e) q(e) y.qs[e]), f16(w.d) * y.d, acc)
+//   accm = fma((float)mk[k], f16(w.dmin) * y.d, accm);   dot = acc - accm
+// (its one-row gemv sums whole super-blocks instead; llama.cpp's results
+// depend on the batch there, ours cannot, so we follow the batched path)
 // with q(e) the integer weight, sc(e) its sub-block scale, m[s] the sub-block min,
 // corr = 0 except Q6_K:
 //   Q2_K: q 0..3,   sc = scales[e/16] & 15, m[s] = scales[s] >> 4 (s < 16)

@@ -1,0 +1,59 @@
+"""Gemma 3 270M (Q4_K_M, sliding-window attention) served from an Ollama-layout
+store, by name, to the real `ollama` and `openai` clients: the reply equals the
+engine's own greedy reply, and a second turn reuses the first one's KV."""
+import pytest
+
+import ctxengine as ce
+from api_server import greedy_reply, running
+from ollama_layout import make_ollama_store
+
+QUESTION = [{"role": "user", "content": "Name one colour of the rainbow."}]
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory, gemma3_path):
+    root = tmp_path_factory.mktemp("ollama-gemma")
+    make_ollama_store(root, "gemma3:270m", gemma3_path)
+    return root
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, store):
+    with running(tmp_path_factory.mktemp("gemma-home"), "--ollama-models", str(store), "--threads", "2") as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def gemma(gemma3_path):
+    m = ce.load(gemma3_path, threads=2)
+    yield m
+    m.close()
+
+
+def test_listed_with_its_family_and_quantization(server):
+    import ollama
+
+    models = {m.model: m for m in ollama.Client(host=server.url).list().models}
+    d = models["gemma3:270m"].details
+    assert (d.family, d.quantization_level) == ("gemma3", "Q4_K_M")
+
+
+def test_ollama_chat_equals_the_engines_greedy_reply(server, gemma):
+    import ollama
+
+    want = greedy_reply(gemma, messages=QUESTION, max_tokens=12)
+    r = ollama.Client(host=server.url).chat(model="gemma3:270m", messages=QUESTION,
+                                            options={"temperature": 0, "num_predict": 12})
+    assert want.strip() and r.message.content == want
+
+
+def test_openai_second_turn_reuses_the_first(server, gemma):
+    import openai
+
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused")
+    first = client.chat.completions.create(model="gemma3:270m", messages=QUESTION, max_tokens=8, temperature=0)
+    turn2 = QUESTION + [{"role": "assistant", "content": first.choices[0].message.content},
+                        {"role": "user", "content": "And another?"}]
+    second = client.chat.completions.create(model="gemma3:270m", messages=turn2, max_tokens=8, temperature=0)
+    assert second.usage.prompt_tokens_details.cached_tokens > first.usage.prompt_tokens // 2
+    assert second.choices[0].message.content == greedy_reply(gemma, messages=turn2, max_tokens=8)
