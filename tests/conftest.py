@@ -84,19 +84,12 @@ def gemma3_ref() -> dict:
     return load_reference("gemma3-270m-q4_k_m.json")
 
 
-def cpuinfo_flags() -> set[str]:
-    """The CPU feature flags Linux reports (/proc/cpuinfo's first flags line)."""
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("flags"):
-            return set(line.split(":", 1)[1].split())
-    pytest.fail("/proc/cpuinfo has no flags line")
-
-
 def pytest_terminal_summary(terminalreporter):
     """Say which SIMD paths' kernels this run tested: a path the CPU lacks is
     not run at all (Debian ships no Intel SDE to emulate AVX-512), and that
     must be visible, not a silent gap."""
     from ctxengine import _core
+    from ctxengine.engine.cpu import cpu_flags
 
     paths = ["scalar", "avx2", "avx512"]
     best = _core.detect_isa()
@@ -104,7 +97,7 @@ def pytest_terminal_summary(terminalreporter):
     line = f"SIMD kernels tested natively on this CPU: {', '.join(tested)}"
     untested = paths[len(tested):]
     if untested:
-        flags = cpuinfo_flags()
+        flags = cpu_flags()
         lacks = {p: [cpu for _, cpu in _core.isa_features(p) if cpu not in flags] for p in untested}
         line += "; NOT tested: " + "; ".join(f"{p} (CPU lacks {', '.join(m)})" for p, m in lacks.items())
         line += " -- no Intel SDE in Debian to emulate them"

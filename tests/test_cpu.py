@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import cpuinfo_flags
 from ctxengine import _core
+from ctxengine.engine.cpu import cpu_flags
 
 REPO = Path(__file__).resolve().parents[1]
 PATHS = ["scalar", "avx2", "avx512"]
@@ -25,7 +25,8 @@ def test_each_path_checks_every_feature_its_files_are_compiled_with(path):
 
 
 def test_the_chosen_path_has_all_its_flags_in_proc_cpuinfo():
-    flags = cpuinfo_flags()
+    flags = cpu_flags()
+    assert "fpu" in flags, "no flags read from /proc/cpuinfo"
     chosen = _core.detect_isa()
     missing = [cpu for _, cpu in _core.isa_features(chosen) if cpu not in flags]
     assert not missing, f"{chosen} chosen but /proc/cpuinfo lacks {missing}"
@@ -33,7 +34,7 @@ def test_the_chosen_path_has_all_its_flags_in_proc_cpuinfo():
 
 
 def test_the_best_path_this_cpu_has_is_chosen():
-    flags = cpuinfo_flags()
+    flags = cpu_flags()
     has = [p for p in PATHS if all(cpu in flags for _, cpu in _core.isa_features(p))]
     assert _core.detect_isa() == has[-1]
 
