@@ -32,6 +32,7 @@ def main() -> int:
     args = ap.parse_args()
 
     import ctxengine as ce
+    from ctxengine.cli.bench_facts import describe_machine, machine_facts
 
     model = ce.load(args.model, threads=args.threads)
     prompts = [f"Story number {i}: once upon a time, in a land of {w}," for i, w in
@@ -74,6 +75,7 @@ def main() -> int:
     assert par_out == seq_out, "concurrent generation must give the same tokens"
     assert par_steps[1:3] == seq_steps[1:3], "both ways must run the same rows"
     print(f"{args.clients} clients x {args.gen} tokens, {args.threads} threads")
+    print(describe_machine(machine_facts(args.threads)))
     print(f"  one after another: {n / t_seq:7.1f} tok/s  ({seq_steps[0]} steps)")
     print(f"  all at once:       {n / t_par:7.1f} tok/s  ({t_seq / t_par:.2f}x; {par_steps[0]} shared steps; tokens identical)")
     print(f"  either way the steps ran {par_steps[1]} decode rows and {par_steps[2]} prompt tokens "
