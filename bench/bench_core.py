@@ -97,6 +97,9 @@ def summarize(runs: dict, threads: list[int]) -> dict:
         summary[engine] = {t: {k: spread([r[k] for r in rs]) for k in KEYS} | {"isa": rs[0]["isa"]}
                            for t, rs in by_t.items()}
     summary["bandwidth"] = {t: spread(v) for t, v in runs["bandwidth"].items()}
+    if "llama.cpp" in runs:  # each round's ours / llama.cpp: neighbours in time share the machine's load
+        summary["ratio"] = {t: {k: spread([a[k] / b[k] for a, b in zip(runs["ours"][t], runs["llama.cpp"][t])])
+                                for k in KEYS} for t in threads}
     return summary
 
 
@@ -109,16 +112,19 @@ def print_report(args, s: dict, threads: list[int], weight_bytes: int, facts: di
 
     print(f"model {os.path.basename(args.model)} ({weight_bytes / 1e6:.1f} MB of weights read per decode token); "
           f"prompt {args.prompt}, gen {args.gen}; medians of {args.rounds} alternated rounds (min-max)")
-    print(describe_machine(facts))
+    print(describe_machine(facts) + f" at the start, {facts['load_average_after'][0]:.1f} at the end")
     if "llama.cpp" in s:
         print(f"llama.cpp system info: {s['llama.cpp'][threads[0]]['isa']}")
     cell = lambda m: f"{m['median']:.1f} ({m['min']:.0f}-{m['max']:.0f})"  # noqa: E731
-    print(f"{'threads':>7} {'metric':>12} {'ours':>20} {'llama.cpp':>20} {'ratio':>6}")
+    print(f"{'threads':>7} {'metric':>12} {'ours':>20} {'llama.cpp':>20} {'ratio of medians':>16} "
+          f"{'rounds ratios':>20}")
     for t in threads:
         for key in KEYS:
             a, b = s["ours"][t][key], s.get("llama.cpp", {}).get(t, {}).get(key)
-            ratio = f"{a['median'] / b['median']:5.2f}x" if b else "   n/a"
-            print(f"{t:>7} {key:>12} {cell(a):>20} {cell(b) if b else 'n/a':>20} {ratio}")
+            ratio = f"{a['median'] / b['median']:15.2f}x" if b else f"{'n/a':>16}"
+            r = s.get("ratio", {}).get(t, {}).get(key)
+            paired = f"{r['median']:.2f}x ({r['min']:.2f}-{r['max']:.2f})" if r else "n/a"
+            print(f"{t:>7} {key:>12} {cell(a):>20} {cell(b) if b else 'n/a':>20} {ratio} {paired:>20}")
     for t in threads:
         bw = s["bandwidth"][t]
         print(f"memory read probe, {t} threads: {bw['median'] / 1e9:.1f} GB/s "
@@ -151,10 +157,11 @@ def main() -> int:
 
     args.model = str(resolve_model(args.model))
     weight_bytes = weight_bytes_per_token(args.model)
-    s = summarize(run_rounds(args, threads, llama_python(args)), threads)
-    facts = machine_facts(threads[-1])
-    facts["isa"] = s["ours"][threads[0]]["isa"]  # the path the measuring processes ran
+    facts = machine_facts(threads[-1])  # the date and load average the run starts at
     facts.pop("threads")  # each figure says its own
+    s = summarize(run_rounds(args, threads, llama_python(args)), threads)
+    facts["isa"] = s["ours"][threads[0]]["isa"]  # the path the measuring processes ran
+    facts["load_average_after"] = [round(x, 2) for x in os.getloadavg()]
     if args.json:
         print(json.dumps({"model": os.path.basename(args.model), "weight_bytes_per_token": weight_bytes,
                           "machine": facts, **s}, indent=1))

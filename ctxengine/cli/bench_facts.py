@@ -8,6 +8,7 @@ to the memory ceiling an engine runs (or that the weights partly sat in cache).
 """
 from __future__ import annotations
 
+import os
 import statistics
 import threading
 import time
@@ -36,7 +37,8 @@ def machine_facts(threads: int) -> dict:
     return {"cpu": cpu_model(), "simd_flags": [f for f in simd_flags() if f in flags],
             "missing_simd_flags": [f for f in simd_flags() if f not in flags],
             "l3_bytes": last_level_cache_bytes(), "isa": _core.active_isa(), "threads": threads,
-            "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
+            "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            "load_average": [round(x, 2) for x in os.getloadavg()]}  # others' work on a shared machine
 
 
 def read_bandwidth(threads: int, reps: int = 5) -> float:
@@ -90,7 +92,7 @@ def describe_machine(facts: dict) -> str:
     lacks = f" (lacks {' '.join(facts['missing_simd_flags'])})" if facts["missing_simd_flags"] else ""
     l3 = f", L3 {facts['l3_bytes'] >> 20} MiB" if facts.get("l3_bytes") else ""
     return (f"{facts['date']}; {facts['cpu']}{l3}; SIMD flags {' '.join(facts['simd_flags'])}{lacks}; "
-            f"our SIMD path: {facts['isa']}")
+            f"our SIMD path: {facts['isa']}; load average {facts['load_average'][0]:.1f}")
 
 
 def describe_decode(engine: str, decode_tps: float, weight_bytes: int, bandwidth: float) -> str:
