@@ -134,13 +134,15 @@ def branch_figures(model, trunk, ids, store) -> dict:
 
 def run(args) -> dict:
     import ctxengine as ce
+    from ctxengine.cli.bench_facts import machine_facts
 
     model = ce.load(args.model, threads=args.threads)
     long_ctx, prefill_s = long_context(model)
     ids = prompt_ids(model.tokenize, LONG)
     mid = prefix_of(long_ctx, MID, "mid")
     trunk = prefix_of(long_ctx, TRUNK, "trunk")
-    out = {"model": model.name, "threads": model.engine.threads, "kv_dtype": model.engine.kv_dtype,
+    out = {"machine": machine_facts(model.engine.threads),
+           "model": model.name, "threads": model.engine.threads, "kv_dtype": model.engine.kv_dtype,
            "kv_bytes_per_token": model.engine.pool.page_bytes // model.engine.pool.page_tokens,
            "fork_2000_ms": ms(fork_times(trunk)), "fork_8000_ms": ms(fork_times(long_ctx))}
     with tempfile.TemporaryDirectory() as tmp:
@@ -172,7 +174,10 @@ def print_table(r: dict) -> None:
         ("10 branches x 100 on a 2,000 trunk", f"{r['branches_over_trunk']:.3f}x trunk",
          f"goal < 1.3x; slot files ~{r['slot_files_over_trunk']:.1f}x"),
     ]
+    from ctxengine.cli.bench_facts import describe_machine
+
     print(f"{r['model']}, {r['threads']} threads, {r['kv_dtype']} KV ({r['kv_bytes_per_token'] / 1e3:.1f} KB/token)")
+    print(describe_machine(r["machine"]))
     w = max(len(a) for a, _, _ in rows)
     for a, b, c in rows:
         print(f"{a:<{w}}  {b:>14}  {c}")
