@@ -1,25 +1,21 @@
 """Fork, snapshot and restore figures on SmolLM2 with an f16 KV (issue 3).
 
-    python bench/bench_contexts.py [-m MODEL] [--threads N] [--cache DIR] [--fresh] [--json]
+    python bench/bench_contexts.py [-m MODEL] [--threads N] [--json]
 
-For comparison (same machine, llama.cpp's slot save/restore of a 2,818-token
-context): 65 MB written in 55 ms, restored in 12 ms, with no integrity or
-model check, no dedup and no compression; re-prefilling it took 15.6 s.
-
-Measured here:
+Everything is measured in this run, after a warm-up prefill (so the first
+touch of the weights' pages is not counted):
+* the prefill of a 2,818-token context, then its extension to 8,000 tokens;
 * fork of a 2,000- and an 8,000-token context (goal < 1 ms, flat in length);
-* full snapshot of a 2,818-token context (empty page-key cache, empty store),
+* full snapshot of the 2,818-token context (empty page-key cache, empty store),
   then an incremental one after 100 more tokens: time and bytes written;
 * restore of the 2,818-token snapshot (every page read and verified; goal
   < 100 ms), the one-token re-forward that recomputes its logits on first
-  use, and the ratio of restore to re-prefilling those tokens;
+  use, and the ratio of that prefill to the restore;
 * 10 branches of 100 tokens from a 2,000-token trunk, all snapshotted: store
-  size relative to the trunk's alone (goal < 1.3x; slot files would be ~10x).
+  size relative to the trunk's alone (goal < 1.3x; one file per branch
+  holding its whole KV, as slot files do, would be ~10x).
 
-The 8,000-token context takes minutes to prefill on a small machine, so it is
-computed once and kept in a snapshot store under --cache (keyed by the
-weights); later runs restore it. The 2,818-token prefill time measured then
-is kept with it (a label) and reported again; --fresh recomputes both.
+The 8,000-token prefill takes a minute or more on a small machine.
 """
 from __future__ import annotations
 
@@ -55,25 +51,17 @@ def timed(fn):
     return time.perf_counter() - t0, out
 
 
-def long_context(model, cache_dir: Path, fresh: bool):
-    """The 8,000-token context (restored from the cache when possible) and the 2,818-token prefill time."""
-    import ctxengine as ce
-
+def long_context(model):
+    """The 8,000-token context, and the seconds its first 2,818 tokens took to prefill."""
     ids = prompt_ids(model.tokenize, LONG)
-    ref = f"bench/long-{LONG}-{model.weight_id[:16]}"
-    with ce.Store(cache_dir) as cache:
-        if not fresh and ref in cache.refs():
-            c = model.restore(cache, ref, name="long")
-            if c.tokens == ids and "prefill_2818_s" in c.labels:
-                return c, float(c.labels["prefill_2818_s"]), True
-            c.delete()
-        c = model.context("long")
-        print(f"prefilling {LONG} tokens once (kept in {cache_dir}) ...", file=sys.stderr)
-        t_mid, _ = timed(lambda: c.append(ids[:MID]))
-        c.append(ids[MID:])
-        c.labels["prefill_2818_s"] = repr(t_mid)
-        c.snapshot(cache, ref=ref)
-        return c, t_mid, False
+    warm = model.context("warm-up")
+    warm.append(ids[:64])  # maps the weights and fills the caches before anything is timed
+    warm.delete()
+    c = model.context("long")
+    print(f"prefilling {LONG} tokens ...", file=sys.stderr)
+    t_mid, _ = timed(lambda: c.append(ids[:MID]))
+    c.append(ids[MID:])
+    return c, t_mid
 
 
 def prefix_of(long_ctx, n: int, name: str):
@@ -146,15 +134,16 @@ def branch_figures(model, trunk, ids, store) -> dict:
 
 def run(args) -> dict:
     import ctxengine as ce
+    from ctxengine.cli.bench_facts import machine_facts
 
     model = ce.load(args.model, threads=args.threads)
-    long_ctx, prefill_s, cached = long_context(model, Path(args.cache).expanduser(), args.fresh)
+    long_ctx, prefill_s = long_context(model)
     ids = prompt_ids(model.tokenize, LONG)
     mid = prefix_of(long_ctx, MID, "mid")
     trunk = prefix_of(long_ctx, TRUNK, "trunk")
-    out = {"model": model.name, "threads": model.engine.threads, "kv_dtype": model.engine.kv_dtype,
+    out = {"machine": machine_facts(model.engine.threads),
+           "model": model.name, "threads": model.engine.threads, "kv_dtype": model.engine.kv_dtype,
            "kv_bytes_per_token": model.engine.pool.page_bytes // model.engine.pool.page_tokens,
-           "long_context_from_cache": cached,
            "fork_2000_ms": ms(fork_times(trunk)), "fork_8000_ms": ms(fork_times(long_ctx))}
     with tempfile.TemporaryDirectory() as tmp:
         with ce.Store(Path(tmp) / "snap") as store:
@@ -180,12 +169,15 @@ def print_table(r: dict) -> None:
          f"{mb(r['incremental_snapshot_stored_bytes'])} stored"),
         ("restore, 2,818 tokens", f"{r['restore_ms']:.1f} ms", "every page verified; goal < 100 ms"),
         ("  + first logits (1-token re-forward)", f"{r['restore_first_logits_ms']:.1f} ms", ""),
-        ("re-prefill, 2,818 tokens", f"{r['prefill_2818_s']:.2f} s",
+        ("prefill, 2,818 tokens (this run)", f"{r['prefill_2818_s']:.2f} s",
          f"{r['prefill_over_restore']:.0f}x the restore"),
         ("10 branches x 100 on a 2,000 trunk", f"{r['branches_over_trunk']:.3f}x trunk",
          f"goal < 1.3x; slot files ~{r['slot_files_over_trunk']:.1f}x"),
     ]
+    from ctxengine.cli.bench_facts import describe_machine
+
     print(f"{r['model']}, {r['threads']} threads, {r['kv_dtype']} KV ({r['kv_bytes_per_token'] / 1e3:.1f} KB/token)")
+    print(describe_machine(r["machine"]))
     w = max(len(a) for a, _, _ in rows)
     for a, b, c in rows:
         print(f"{a:<{w}}  {b:>14}  {c}")
@@ -195,9 +187,6 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("-m", "--model", default=None, help="model (default: packaged SmolLM2-135M-Instruct)")
     p.add_argument("--threads", type=int, default=None)
-    p.add_argument("--cache", default=str(Path.home() / ".cache" / "ctxengine-bench"),
-                   help="store that keeps the long context between runs")
-    p.add_argument("--fresh", action="store_true", help="prefill the long context again")
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
     args = p.parse_args()
     r = run(args)

@@ -1,33 +1,47 @@
-"""Prefill and decode speed, ours and llama.cpp's, side by side in one run.
+"""Prefill and decode speed, ours and llama.cpp's, alternated in one run.
 
-    python bench/bench_core.py [-m MODEL] [--threads 1,2] [--reps 5]
-        [--llama-python /path/to/venv/bin/python]
+    python bench/bench_core.py [-m MODEL] [--threads 1,2] [--rounds 5] [--prompt 512] [--gen 128]
+        [--llama-python /path/to/venv/bin/python] [--json]
 
 Prefill: a 512-token prompt into an empty context (like llama-bench pp512).
 Decode: 128 single-token steps after a short prompt (like tg128).
-Reports medians over --reps runs and the ratio ours / llama.cpp. llama.cpp is
-measured when `llama_cpp` is importable here, or under --llama-python (a
-separate venv with `pip install llama-cpp-python`), in the same run.
+
+Each round measures, for every thread count, ours, then llama.cpp, then this
+machine's memory read bandwidth (bench_facts.read_bandwidth), each engine in a
+fresh process that warms up before it measures; the rounds alternate
+(ours, llama.cpp, ours, ...) so a load that comes and goes on a shared machine
+falls on both. Medians over the rounds are reported, with their spread, and
+ratios only between figures of this run. llama.cpp is measured when
+`llama_cpp` is importable here, or under --llama-python / $CTX_LLAMA_PYTHON
+(a venv with `pip install llama-cpp-python`; it needs no ctxengine).
+
+Printed with the figures: the date, CPU model and SIMD flags, the SIMD path
+each engine ran (ours: ctxengine._core.active_isa(); llama.cpp: its system
+info), the thread count, and the read rate decode reached (bytes of weights
+per token x tokens/s) as a fraction of the bandwidth probe.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+KEYS = ("prefill_tps", "decode_tps")
 
 
-def ours(path: str, threads: int, n_prompt: int, n_gen: int, reps: int) -> dict:
+def ours(path: str, threads: int, n_prompt: int, n_gen: int) -> dict:
+    from ctxengine import _core
     from ctxengine.cli.bench import measure_ours
 
-    r = measure_ours(path, threads, n_prompt, n_gen, reps, batches=())
-    return {k: r[k] for k in ("prefill_tps", "decode_tps")}
+    r = measure_ours(path, threads, n_prompt, n_gen, reps=1, batches=())  # warms up before measuring
+    return {**{k: r[k] for k in KEYS}, "isa": _core.active_isa()}
 
 
-def llama(path: str, threads: int, n_prompt: int, n_gen: int, reps: int) -> dict:
+def llama(path: str, threads: int, n_prompt: int, n_gen: int) -> dict:
     # llama.cpp's venv need not have ctxengine installed: its measuring module
     # is self-contained, so load it by path.
     import importlib.util
@@ -36,8 +50,8 @@ def llama(path: str, threads: int, n_prompt: int, n_gen: int, reps: int) -> dict
         "bench_llama", os.path.join(REPO, "ctxengine", "cli", "bench_llama.py"))
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    r = mod.measure_llama(path, threads, n_prompt, n_gen, reps, batches=())
-    return {k: r[k] for k in ("prefill_tps", "decode_tps")}
+    r = mod.measure_llama(path, threads, n_prompt, n_gen, reps=1, batches=())
+    return {**{k: r[k] for k in KEYS}, "isa": r["system_info"]}
 
 
 def llama_python(args) -> str | None:
@@ -50,50 +64,109 @@ def llama_python(args) -> str | None:
         return os.environ.get("CTX_LLAMA_PYTHON")
 
 
+def run_rounds(args, threads: list[int], lp: str | None) -> dict:
+    """{engine: {threads: [per-round result]}} and {"bandwidth": {threads: [bytes/s]}}."""
+    from ctxengine.cli.bench_facts import read_bandwidth
+
+    def child(python: str, engine: str, t: int) -> dict:
+        cmd = [python, os.path.abspath(__file__), "--engine", engine, "-m", args.model, "--threads", str(t),
+               "--prompt", str(args.prompt), "--gen", str(args.gen)]
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        if done.returncode != 0:
+            sys.exit(f"bench_core: {engine} failed: {(done.stderr.strip().splitlines() or ['?'])[-1]}")
+        return json.loads(done.stdout.strip().splitlines()[-1])
+
+    engines = [("ours", sys.executable)] + ([("llama.cpp", lp)] if lp else [])
+    out: dict = {name: {t: [] for t in threads} for name, _ in engines}
+    out["bandwidth"] = {t: [] for t in threads}
+    for r in range(args.rounds):
+        for t in threads:
+            for name, python in engines:
+                out[name][t].append(child(python, "ours" if name == "ours" else "llama", t))
+            out["bandwidth"][t].append(read_bandwidth(t, reps=3))
+        print(f"round {r + 1}/{args.rounds} done", file=sys.stderr)
+    return out
+
+
+def summarize(runs: dict, threads: list[int]) -> dict:
+    """Medians (and min, max) per engine, thread count and metric."""
+    summary: dict = {}
+    for engine, by_t in runs.items():
+        if engine == "bandwidth":
+            continue
+        summary[engine] = {t: {k: spread([r[k] for r in rs]) for k in KEYS} | {"isa": rs[0]["isa"]}
+                           for t, rs in by_t.items()}
+    summary["bandwidth"] = {t: spread(v) for t, v in runs["bandwidth"].items()}
+    if "llama.cpp" in runs:  # each round's ours / llama.cpp: neighbours in time share the machine's load
+        summary["ratio"] = {t: {k: spread([a[k] / b[k] for a, b in zip(runs["ours"][t], runs["llama.cpp"][t])])
+                                for k in KEYS} for t in threads}
+    return summary
+
+
+def spread(values: list[float]) -> dict:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
+
+
+def print_report(args, s: dict, threads: list[int], weight_bytes: int, facts: dict) -> None:
+    from ctxengine.cli.bench_facts import describe_decode, describe_machine
+
+    print(f"model {os.path.basename(args.model)} ({weight_bytes / 1e6:.1f} MB of weights read per decode token); "
+          f"prompt {args.prompt}, gen {args.gen}; medians of {args.rounds} alternated rounds (min-max)")
+    print(describe_machine(facts) + f" at the start, {facts['load_average_after'][0]:.1f} at the end")
+    if "llama.cpp" in s:
+        print(f"llama.cpp system info: {s['llama.cpp'][threads[0]]['isa']}")
+    cell = lambda m: f"{m['median']:.1f} ({m['min']:.0f}-{m['max']:.0f})"  # noqa: E731
+    print(f"{'threads':>7} {'metric':>12} {'ours':>20} {'llama.cpp':>20} {'ratio of medians':>16} "
+          f"{'rounds ratios':>20}")
+    for t in threads:
+        for key in KEYS:
+            a, b = s["ours"][t][key], s.get("llama.cpp", {}).get(t, {}).get(key)
+            ratio = f"{a['median'] / b['median']:15.2f}x" if b else f"{'n/a':>16}"
+            r = s.get("ratio", {}).get(t, {}).get(key)
+            paired = f"{r['median']:.2f}x ({r['min']:.2f}-{r['max']:.2f})" if r else "n/a"
+            print(f"{t:>7} {key:>12} {cell(a):>20} {cell(b) if b else 'n/a':>20} {ratio} {paired:>20}")
+    for t in threads:
+        bw = s["bandwidth"][t]
+        print(f"memory read probe, {t} threads: {bw['median'] / 1e9:.1f} GB/s "
+              f"({bw['min'] / 1e9:.1f}-{bw['max'] / 1e9:.1f}); decode read rate against it:")
+        for engine in ("ours", "llama.cpp"):
+            if engine in s:
+                print("  " + describe_decode(engine, s[engine][t]["decode_tps"]["median"], weight_bytes, bw["median"]))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("-m", "--model", default=None)
+    ap.add_argument("-m", "--model", default=None, help="a .gguf path or a known name (default: packaged SmolLM2)")
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--prompt", type=int, default=512)
     ap.add_argument("--gen", type=int, default=128)
-    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--llama-python", default=None)
     ap.add_argument("--engine", choices=["ours", "llama"], default=None, help=argparse.SUPPRESS)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
-    if args.model is None:
-        from ctxengine.engine.registry import resolve_model
-        args.model = str(resolve_model(None))
     threads = [int(t) for t in args.threads.split(",")]
 
-    if args.engine:  # one measurement, as a child process
+    if args.engine:  # one measurement, in a child process (llama.cpp's may lack ctxengine)
         fn = ours if args.engine == "ours" else llama
-        print(json.dumps({t: fn(args.model, t, args.prompt, args.gen, args.reps) for t in threads}))
+        print(json.dumps(fn(args.model, threads[0], args.prompt, args.gen)))
         return 0
 
-    def child(python: str, engine: str) -> dict:
-        cmd = [python, os.path.abspath(__file__), "--engine", engine, "-m", args.model, "--threads", args.threads,
-               "--prompt", str(args.prompt), "--gen", str(args.gen), "--reps", str(args.reps)]
-        out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
-        return {int(k): v for k, v in json.loads(out.strip().splitlines()[-1]).items()}
+    from ctxengine.cli.bench_facts import machine_facts, weight_bytes_per_token
+    from ctxengine.engine.registry import resolve_model
 
-    # Alternate the engines in separate processes so neither warms the other's caches.
-    results = {"ours": child(sys.executable, "ours")}
-    lp = llama_python(args)
-    if lp:
-        results["llama.cpp"] = child(lp, "llama")
+    args.model = str(resolve_model(args.model))
+    weight_bytes = weight_bytes_per_token(args.model)
+    facts = machine_facts(threads[-1])  # the date and load average the run starts at
+    facts.pop("threads")  # each figure says its own
+    s = summarize(run_rounds(args, threads, llama_python(args)), threads)
+    facts["isa"] = s["ours"][threads[0]]["isa"]  # the path the measuring processes ran
+    facts["load_average_after"] = [round(x, 2) for x in os.getloadavg()]
     if args.json:
-        print(json.dumps(results, indent=1))
+        print(json.dumps({"model": os.path.basename(args.model), "weight_bytes_per_token": weight_bytes,
+                          "machine": facts, **s}, indent=1))
         return 0
-    print(f"model {os.path.basename(args.model)}; prompt {args.prompt}, gen {args.gen}, median of {args.reps}")
-    print(f"{'threads':>7} {'metric':>12} {'ours':>10} {'llama.cpp':>10} {'ratio':>7}")
-    for t in threads:
-        for key in ("prefill_tps", "decode_tps"):
-            a = results["ours"][t][key]
-            b = results.get("llama.cpp", {}).get(t, {}).get(key)
-            ratio = f"{a / b:6.2f}x" if b else "   n/a"
-            bs = f"{b:10.1f}" if b else "       n/a"
-            print(f"{t:>7} {key:>12} {a:10.1f} {bs} {ratio}")
+    print_report(args, s, threads, weight_bytes, facts)
     return 0
 
 

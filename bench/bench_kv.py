@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import time
 
@@ -76,17 +77,20 @@ def main() -> int:
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
 
+    from ctxengine.cli.bench_facts import describe_machine, machine_facts
     from ctxengine.engine.registry import resolve_model
 
     path = resolve_model(args.model)
+    machine = machine_facts(args.threads)
     rows = measure(path, args.threads, args.context, args.gen, args.reps)
     if args.json:
-        print(json.dumps({"model": path.name, "threads": args.threads, "context": args.context, "rows": rows},
-                         indent=1))
+        print(json.dumps({"model": path.name, "threads": args.threads, "context": args.context, "rows": rows,
+                          "machine": machine}, indent=1))
         return 0
     base = rows[0]
     print(f"{path.name}: {args.threads} threads; decode of {args.gen} tokens after a {args.context}-token "
           f"prompt, median of {args.reps}")
+    print(describe_machine(machine) + f" at the start, {os.getloadavg()[0]:.1f} at the end")
     print(f"{'KV':<5} {'bytes/token':>11} {'tokens/B':>9} {'context in 1 GiB':>17} {'prefill tok/s':>14} "
           f"{'decode tok/s':>13}")
     for r in rows:

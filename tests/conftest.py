@@ -82,3 +82,23 @@ def smollm2_ref() -> dict:
 @pytest.fixture(scope="session")
 def gemma3_ref() -> dict:
     return load_reference("gemma3-270m-q4_k_m.json")
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Say which SIMD paths' kernels this run tested: a path the CPU lacks is
+    not run at all (Debian ships no Intel SDE to emulate AVX-512), and that
+    must be visible, not a silent gap."""
+    from ctxengine import _core
+    from ctxengine.engine.cpu import cpu_flags
+
+    paths = ["scalar", "avx2", "avx512"]
+    best = _core.detect_isa()
+    tested = paths[: paths.index(best) + 1]
+    line = f"SIMD kernels tested natively on this CPU: {', '.join(tested)}"
+    untested = paths[len(tested):]
+    if untested:
+        flags = cpu_flags()
+        lacks = {p: [cpu for _, cpu in _core.isa_features(p) if cpu not in flags] for p in untested}
+        line += "; NOT tested: " + "; ".join(f"{p} (CPU lacks {', '.join(m)})" for p, m in lacks.items())
+        line += " -- no Intel SDE in Debian to emulate them"
+    terminalreporter.write_line(line)

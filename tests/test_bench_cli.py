@@ -13,3 +13,15 @@ def test_ctx_bench_json_has_the_figures():
     assert set(out["batched_decode_tps"]) == {"1", "4", "8"}
     assert all(v > 0 for v in out["batched_decode_tps"].values())
     assert out["kv_dtype"] == "f16" and out["kv_bytes_per_token"] == 23040
+    # The facts a figure needs beside it (issue 13): machine, SIMD path, bandwidth, bytes per token.
+    from ctxengine import _core
+    from ctxengine.engine.cpu import cpu_flags
+    from ctxengine.engine.registry import resolve_model
+
+    machine = out["machine"]
+    assert machine["isa"] == _core.active_isa() and machine["threads"] == out["threads"]
+    assert set(machine["simd_flags"]) <= cpu_flags() and not set(machine["missing_simd_flags"]) & cpu_flags()
+    assert machine["cpu"] and machine["date"].endswith("UTC")
+    assert out["read_bandwidth"] > 1e8  # bytes/s: any machine that runs the suite reads faster than 100 MB/s
+    # SmolLM2 ties its embeddings: every tensor is read per token, so nearly the whole file.
+    assert 0.9 * resolve_model(None).stat().st_size < out["weight_bytes_per_token"] < resolve_model(None).stat().st_size

@@ -5,8 +5,10 @@ sequences. When `llama_cpp` is importable (here, or in the Python given by
 ``--llama-python`` / ``$CTX_LLAMA_PYTHON``), llama.cpp is measured on the same
 file and threads in the same run and the ratios are printed. ``--json``
 prints one object: prefill_tps, decode_tps, batched_decode_tps (keyed by
-concurrency), ttft_ms, kv_dtype, kv_bytes_per_token, and the same timings
-under "llama.cpp" when measured (always with its default f16 KV).
+concurrency), ttft_ms, kv_dtype, kv_bytes_per_token, machine (date, CPU model,
+SIMD flags, our SIMD path), read_bandwidth (bytes/s, bench_facts' probe),
+weight_bytes_per_token, and the same timings under "llama.cpp" when measured
+(always with its default f16 KV, plus its system_info).
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ import sys
 import time
 from pathlib import Path
 
+from .bench_facts import describe_decode, describe_machine, machine_facts, read_bandwidth, weight_bytes_per_token
 from .bench_llama import measure_llama, prompt_ids
 from .common import add_model_arguments
 
@@ -118,6 +121,9 @@ def main(args: argparse.Namespace) -> int:
     llama = llama_cpp_results(path, threads, args.reps, args.llama_python)
     if llama is not None:
         results["llama.cpp"] = llama
+    results["machine"] = machine_facts(threads)
+    results["read_bandwidth"] = read_bandwidth(threads)  # bytes/s
+    results["weight_bytes_per_token"] = weight_bytes_per_token(path)
     if args.json:
         print(json.dumps(results, indent=1))
         return 0
@@ -125,6 +131,9 @@ def main(args: argparse.Namespace) -> int:
     print(f"{path.name}, {threads} threads, {args.kv} KV ({results['kv_bytes_per_token'] / 1e3:.1f} KB/token), "
           f"medians of {args.reps}"
           + ("" if ref else "   (llama.cpp not importable: pip install llama-cpp-python to compare)"))
+    print(describe_machine(results["machine"]))
+    if ref:
+        print(f"llama.cpp system info: {ref['system_info']}")
     rows = [("prefill 512 (tok/s)", "prefill_tps"), ("decode 128 (tok/s)", "decode_tps"),
             ("time to first token, 128-token prompt (ms)", "ttft_ms")]
     for label, key in rows:
@@ -135,4 +144,9 @@ def main(args: argparse.Namespace) -> int:
         theirs = ref.get("batched_decode_tps", {}).get(b)
         ratio = "" if theirs is None else f"  llama.cpp {theirs:8.1f}  ratio {tps / theirs:5.2f}x"
         print(f"{'aggregate decode, ' + b + ' sequences (tok/s)':<44} {tps:8.1f}{ratio}")
+    bw = results["read_bandwidth"]
+    print(f"memory read probe, {threads} threads: {bw / 1e9:.1f} GB/s; decode read rate against it:")
+    for engine, r in (("ours", results), ("llama.cpp", ref)):
+        if r:
+            print("  " + describe_decode(engine, r["decode_tps"], results["weight_bytes_per_token"], bw))
     return 0

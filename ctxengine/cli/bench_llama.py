@@ -59,7 +59,14 @@ def measure_llama(path, threads: int, n_prompt: int = 512, n_gen: int = 128, rep
         ttft.append((time.perf_counter() - t0) * 1e3)
     batched = {str(b): measure_llama_batched(m, threads, b, batch_prompt) for b in batches}
     return {"prefill_tps": statistics.median(pp), "decode_tps": statistics.median(tg),
-            "batched_decode_tps": batched, "ttft_ms": statistics.median(ttft)}
+            "batched_decode_tps": batched, "ttft_ms": statistics.median(ttft), "system_info": system_info()}
+
+
+def system_info() -> str:
+    """llama.cpp's own account of the SIMD features it was built with and runs ('AVX2 = 1 | ...')."""
+    import llama_cpp
+
+    return llama_cpp.llama_print_system_info().decode(errors="replace").strip()
 
 
 def measure_llama_batched(m, threads: int, n_seq: int, n_prompt: int = 128, n_gen: int = 64) -> float:

@@ -5,7 +5,9 @@ computed the plain way (one thread, the whole prompt at once) and then every
 other way the engine may compute them: with N threads, token by token, in
 uneven chunks, in one batch with 7 other sequences, after a fork, after a
 snapshot and restore, and on every SIMD path this CPU has. Each must match
-bit for bit. Exit status 1 on any mismatch.
+bit for bit, on every position: the fork and restore checks compute the rows
+before the fork or snapshot point too, on the context that is then forked or
+snapshotted. Exit status 1 on any mismatch.
 """
 from __future__ import annotations
 
@@ -60,7 +62,7 @@ def main(args: argparse.Namespace) -> int:
     def all_logits(m, ids):
         return m.engine.forward(m.engine.new_sequence(), ids, all_logits=True)
 
-    refs = [all_logits(base, ids) for ids in prompts]
+    refs = {tuple(ids): all_logits(base, ids) for ids in prompts}  # by prompt: two may have one length
     ref_tokens = [greedy(base, ids, N_GEN) for ids in prompts]
 
     def token_by_token(ids):
@@ -87,27 +89,34 @@ def main(args: argparse.Namespace) -> int:
         eng._core.forward(items)
         return out
 
+    def prefilled(ids):
+        """A context holding ids whose every row of logits was kept: (context, rows)."""
+        seq = eng.new_sequence()
+        rows = eng.forward(seq, ids, all_logits=True)
+        return base.contexts.adopt(None, seq, ids), rows
+
     def forked(ids):
+        # Every row is computed here: the trunk's from its own prefill, the rest on
+        # the branch after the trunk wrote other tokens into their shared last page.
         half = len(ids) // 2
-        trunk = base.context(None)
-        trunk.append(ids[:half])
+        trunk, before = prefilled(ids[:half])
         branch = trunk.fork()
-        seq = branch._seq
-        rows = eng.forward(seq, ids[half:], all_logits=True)
+        trunk.append(ids[half:][::-1])
+        after = eng.forward(branch._seq, ids[half:], all_logits=True)
         trunk.delete()
         branch.delete()
-        return np.concatenate([refs_by_len[len(ids)][:half], rows])
+        return np.concatenate([before, after])
 
     def restored(ids):
+        half = len(ids) // 2
         with tempfile.TemporaryDirectory() as d, Store(d) as store:
-            ctx = base.context(None)
-            ctx.append(ids[:-1])
+            ctx, before = prefilled(ids[:half])
             ctx.snapshot(store, ref="verify")
             ctx.delete()
             back = base.restore(store, "verify")
-            rows = eng.forward(back._seq, ids[-1:], all_logits=True)
+            after = eng.forward(back._seq, ids[half:], all_logits=True)
             back.delete()
-        return np.concatenate([refs_by_len[len(ids)][:-1], rows])
+        return np.concatenate([before, after])
 
     def restored_greedy(ids):
         with tempfile.TemporaryDirectory() as d, Store(d) as store:
@@ -120,7 +129,6 @@ def main(args: argparse.Namespace) -> int:
             back.delete()
         return out
 
-    refs_by_len = {len(ids): r for ids, r in zip(prompts, refs)}
     checks: list[tuple[str, Callable]] = [
         (f"{n_threads} threads vs 1", lambda ids: all_logits(wide, ids)),
         ("token by token vs at once", token_by_token),
@@ -146,8 +154,8 @@ def main(args: argparse.Namespace) -> int:
     failed = 0
     for label, fn in checks:
         worst, same_logits = 0.0, True
-        for ids, ref in zip(prompts, refs):
-            got = fn(ids)
+        for ids in prompts:
+            ref, got = refs[tuple(ids)], fn(ids)
             if got.shape != ref.shape or not np.array_equal(bits(got), bits(ref)):
                 same_logits = False
                 worst = max(worst, float(np.max(np.abs(got - ref))) if got.shape == ref.shape else float("inf"))

@@ -9,7 +9,6 @@ pages is a ContextError.
 from __future__ import annotations
 
 import itertools
-import os
 import threading
 from typing import TYPE_CHECKING, Sequence
 
@@ -17,6 +16,7 @@ from ..errors import ContextError, StoreError
 from ..store import page_key
 from ..store.names import MAX_NAME_LEN, validate_name
 from .context import Context
+from .evicted import EVICTED_REF_PREFIX, owner_tag
 from .snapshots import PageKeyCache, load_sequence, take_snapshot
 
 if TYPE_CHECKING:
@@ -24,8 +24,8 @@ if TYPE_CHECKING:
     from ..store import Store
 
 # Refs that keep evicted contexts' snapshots from gc: one namespace per table
-# (process id + table number), so processes sharing a store never collide.
-EVICTED_REF_PREFIX = "_evicted"
+# (owning process + table number), so processes sharing a store never collide
+# and gc can tell a dead process's refs (state/evicted.py).
 _table_ids = itertools.count(1)
 
 
@@ -35,7 +35,7 @@ class ContextTable:
         self.store = store  # where idle contexts go when the page pool is full
         self.page_keys = PageKeyCache(model)
         self.n_evictions = 0
-        self._evict_ns = f"{EVICTED_REF_PREFIX}/{os.getpid()}-{next(_table_ids)}"
+        self._evict_ns = f"{EVICTED_REF_PREFIX}/{owner_tag()}-{next(_table_ids)}"
         self._contexts: dict[str, Context] = {}
         self._lock = threading.Lock()
         self._counter = itertools.count(1)

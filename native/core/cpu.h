@@ -3,13 +3,26 @@
 // changes speed; tests force each path in turn and compare against scalar.
 #pragma once
 
+#include <vector>
+
 namespace ctx {
 
 enum class Isa : int { scalar = 0, avx2 = 1, avx512 = 2 };
+
+// One CPU feature a path's translation units are compiled for: the name GCC
+// uses (-m<compiler>, __builtin_cpu_supports) and the flag Linux prints in
+// /proc/cpuinfo (they differ for some, e.g. avx512vnni / avx512_vnni).
+struct IsaFeature {
+  const char* compiler;
+  const char* cpuinfo;
+};
 
 Isa detect_isa();          // best path this CPU supports (CPUID, once)
 Isa active_isa();          // path in use now (defaults to detect_isa())
 void set_isa(Isa isa);     // force a path; throws if the CPU lacks it
 const char* isa_name(Isa isa);
+// Every feature the *_<isa>.cpp files are compiled with (CMakeLists.txt);
+// the path is chosen only if the CPU has all of them.
+const std::vector<IsaFeature>& isa_features(Isa isa);
 
 }  // namespace ctx

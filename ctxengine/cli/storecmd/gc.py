@@ -1,7 +1,12 @@
-"""``ctx gc``: remove snapshots no ref reaches and pages no kept snapshot names."""
+"""``ctx gc``: remove snapshots no ref reaches and pages no kept snapshot names.
+
+First it drops the refs a process that died kept for its evicted contexts
+(state/evicted.py): nothing can read those back, and they would pin their pages.
+"""
 from __future__ import annotations
 
 import argparse
+import sys
 
 from ..contexts import add_common_arguments, open_store, progress_bar
 from .stats import human_bytes
@@ -14,9 +19,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    with open_store(args) as store, progress_bar("gc", unit="item") as progress:
-        extra = {} if args.grace is None else {"grace": args.grace}
-        r = store.gc(progress, **extra)
+    from ...state.evicted import drop_orphaned_refs
+
+    with open_store(args) as store:
+        # Refs a dead process kept for the contexts it had evicted: nothing will ever read them back.
+        orphans = drop_orphaned_refs(store)
+        if orphans:
+            print(f"dropped {len(orphans)} refs of evicted contexts whose process is gone", file=sys.stderr)
+        with progress_bar("gc", unit="item") as progress:
+            extra = {} if args.grace is None else {"grace": args.grace}
+            r = store.gc(progress, **extra)
     print(f"removed {r.manifests_removed} snapshots and {r.pages_removed} pages "
           f"({human_bytes(r.bytes_freed)}); kept {r.manifests_kept} snapshots and {r.pages_kept} pages")
     return 0

@@ -1,0 +1,136 @@
+"""ctx-engine native decode core (native/, bound in native/*/register_*.cpp).
+
+Kept in step with the module by tests/test_core_stub.py: every name here
+exists in the built module and every public name there is declared here.
+"""
+from typing import Optional
+
+import numpy as np
+import numpy.typing as npt
+
+_F32 = npt.ArrayLike  # converted to C-contiguous float32 (a copy when needed)
+_U16 = npt.ArrayLike  # converted to C-contiguous uint16 (f16 bit patterns)
+_I8 = npt.ArrayLike   # converted to C-contiguous int8
+
+# -- SIMD path (native/core/register_cpu.cpp) ---------------------------------
+
+def detect_isa() -> str:
+    """Best SIMD path this CPU supports: 'scalar', 'avx2' or 'avx512'."""
+def active_isa() -> str:
+    """SIMD path in use."""
+def set_isa(name: str) -> None:
+    """Force a path (all paths give bit-identical results); ValueError if the CPU lacks it."""
+def isa_features(name: str) -> list[tuple[str, str]]:
+    """[(compiler name, /proc/cpuinfo flag)] of every feature the path is compiled with."""
+
+# -- elementwise and attention kernels, for tests (native/models/register_model.cpp) --
+
+def exp_shift_sum(x: _F32, shift: float) -> tuple[npt.NDArray[np.float32], float]:
+    """(exp(x - shift), its sum) with the engine's canonical exp."""
+def silu_mul(g: _F32, u: _F32) -> npt.NDArray[np.float32]:
+    """silu(g) * u."""
+def attn_scores(q: _F32, kt: _U16, n: int, scale: float) -> npt.NDArray[np.float32]:
+    """Scores of n keys of a page's f16 K block kt (head_dim, stride)."""
+def attn_softmax_v(scores: _F32, v: _U16, out: _F32) -> tuple[npt.NDArray[np.float32], float]:
+    """(out + softmax(scores) . v, max score); v: (n, head_dim) f16 rows."""
+def attn_scores_q8(q: _F32, kq: _I8, ks: _U16, n: int, scale: float) -> npt.NDArray[np.float32]:
+    """Scores of n keys of a q8 page's K block: kq (head_dim, stride), ks (head_dim / 32, stride)."""
+def attn_softmax_v_q8(scores: _F32, vq: _I8, vs: _U16, out: _F32) -> tuple[npt.NDArray[np.float32], float]:
+    """Like attn_softmax_v with V as int8 rows vq (n, head_dim) and f16 scales vs (n, head_dim / 32)."""
+
+# -- KV pages (native/kv/register_kv.cpp) ---------------------------------------
+
+class PagePool:
+    """Fixed-size KV pages with reference counts."""
+    def __init__(self, n_layer: int, page_tokens: int, kv_dim: int, kv_dtype: str, max_pages: int) -> None:
+        """kv_dtype: 'f16', 'q8' (K and V int8 with f16 scales per 32) or 'vq8' (K f16, V int8)."""
+    @property
+    def page_bytes(self) -> int: ...
+    @property
+    def kv_dtype(self) -> str: ...
+    @property
+    def page_tokens(self) -> int: ...
+    @property
+    def max_pages(self) -> int: ...
+    @property
+    def n_used(self) -> int: ...
+    @property
+    def n_allocated(self) -> int: ...
+    def refcount(self, page: int) -> int: ...
+    def export_page(self, page: int) -> bytes:
+        """Raw bytes of a page (what the store hashes and keeps)."""
+    def import_page(self, raw: bytes) -> int:
+        """A new page (refcount 1) holding these bytes; release it when attached."""
+    def release(self, page: int) -> None:
+        """Drop one reference."""
+
+class KVSeq:
+    """A sequence's page table: ordered page ids and a token count."""
+    def __init__(self, pool: PagePool) -> None: ...
+    @property
+    def n_tokens(self) -> int: ...
+    @property
+    def pages(self) -> list[int]: ...
+    @property
+    def pool(self) -> PagePool: ...
+    def fork(self) -> "KVSeq":
+        """Share every page copy-on-write: O(pages), no KV bytes copied."""
+    def truncate(self, n_tokens: int) -> None:
+        """Keep the first n tokens."""
+    def append_page(self, page: int, n_valid: int) -> None:
+        """Attach a page (takes its own reference)."""
+    def export_page(self, index: int) -> bytes: ...
+
+# -- the model (native/models/register_model.cpp) ---------------------------------
+
+# (seq, tokens int32[n], logits float32[rows, n_vocab] | None, all_logits, hidden float32[n, n_embd] | None)
+_BatchItem = tuple[KVSeq, npt.ArrayLike, Optional[npt.NDArray[np.float32]], bool, Optional[npt.NDArray[np.float32]]]
+
+class Model:
+    """A decoder-only transformer over mapped GGUF weights."""
+    def __init__(self, config: dict, tensors: dict[str, tuple[int, int, int, int]], n_threads: int) -> None:
+        """tensors: name -> (ggml type, address, ne0, ne1) into a memory map the caller keeps alive."""
+    @property
+    def n_threads(self) -> int: ...
+    @property
+    def n_vocab(self) -> int: ...
+    @property
+    def n_embd(self) -> int: ...
+    @property
+    def n_layer(self) -> int: ...
+    @property
+    def kv_dim(self) -> int: ...
+    def forward(self, batch: list[_BatchItem]) -> None:
+        """Run one step for every item (GIL released); appends KV to each seq, fills the buffers."""
+    def page_bytes(self, page_tokens: int, kv_dtype: str = "f16") -> int:
+        """Bytes of one page; ValueError for a KV dtype this model's shape cannot take."""
+
+# -- ctxengine._core.quant (native/quant/register_quant.cpp) ------------------------
+
+class _Quant:
+    """The submodule ``quant``: weight formats and dot-product kernels (for tests and tools)."""
+    @staticmethod
+    def supported_types() -> list[int]:
+        """GGML type ids the kernels handle."""
+    @staticmethod
+    def dtype_name(ggml_type: int) -> str: ...
+    @staticmethod
+    def row_bytes(ggml_type: int, n: int) -> int:
+        """Bytes of one row of n elements."""
+    @staticmethod
+    def matmul(ggml_type: int, W: npt.ArrayLike, n_in: int, n_out: int, X: _F32) -> npt.NDArray[np.float32]:
+        """Y (n_x, n_out) = X . W^T; W: raw row-major weight bytes; quantized types quantize X to Q8A first."""
+    @staticmethod
+    def quantize_q8a(x: _F32) -> bytes:
+        """One activation row -> raw BlockQ8A bytes (40 per 32 elements)."""
+    @staticmethod
+    def quantize_kv8(x: _F32) -> tuple[npt.NDArray[np.int8], npt.NDArray[np.uint16]]:
+        """One K or V row -> (int8 values, f16 scale bits per 32), as q8 KV pages store it."""
+    @staticmethod
+    def dequantize(ggml_type: int, data: npt.ArrayLike, n: int) -> npt.NDArray[np.float32]:
+        """One row -> float32."""
+    @staticmethod
+    def f32_to_f16(x: _F32) -> npt.NDArray[np.uint16]:
+        """Round to f16 bits (round to nearest even), same shape."""
+
+quant: _Quant

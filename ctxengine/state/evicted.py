@@ -1,0 +1,67 @@
+"""Refs that keep evicted contexts' snapshots from gc, and who owns them.
+
+A context table that evicts a context to its store points a ref
+``_evicted/<pid>-<start>-<table>/<context>`` at the snapshot, and drops it when
+the context comes back or is deleted. A process that dies (kill -9, a crash,
+a power cut) cannot drop its refs, and they would pin their pages forever;
+``ctx gc`` therefore first drops every such ref whose owner no longer runs.
+The owner is its process id *and* that process's start time, so a new
+process that happens to get the same id is not mistaken for the dead one.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from ..errors import StoreError
+
+EVICTED_REF_PREFIX = "_evicted"
+
+
+def _start_time(pid: int) -> int | None:
+    """The process's start time (clock ticks after boot, /proc/PID/stat field 22); None if it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    return int(stat[stat.rindex(")") + 2:].split()[19])  # the name (field 2) may hold spaces and ')'
+
+
+def owner_tag() -> str:
+    """This process as a ref component: ``<pid>-<start time>``."""
+    pid = os.getpid()
+    return f"{pid}-{_start_time(pid) or 0}"
+
+
+def owner_alive(component: str) -> bool:
+    """Whether the process named by an owner component (``<pid>-<start>-<table>``) still runs.
+
+    Refs written before start times were recorded (``<pid>-<table>``) count as
+    alive while any process has that id: wrongly dropping a live one's refs
+    would lose its evicted contexts, keeping a dead one's only costs space.
+    """
+    parts = component.split("-")
+    if not all(p.isdigit() for p in parts) or len(parts) not in (2, 3) or not Path("/proc/self/stat").exists():
+        return True  # not ours to judge, or no /proc to judge by
+    try:
+        start = _start_time(int(parts[0]))
+    except OSError:
+        return True  # /proc hides other users' processes (hidepid): it may well run
+    if start is None:
+        return False
+    return len(parts) == 2 or start == int(parts[1])
+
+
+def drop_orphaned_refs(store) -> list[str]:
+    """Delete the eviction refs of processes that no longer run; the names dropped."""
+    dropped = []
+    for name in store.refs():
+        parts = name.split("/")
+        if len(parts) < 3 or parts[0] != EVICTED_REF_PREFIX or owner_alive(parts[1]):
+            continue
+        try:
+            store.delete_ref(name)
+        except StoreError:
+            continue  # gone meanwhile
+        dropped.append(name)
+    return dropped

@@ -1,0 +1,49 @@
+"""The SIMD path chosen at run time: only one whose every compiled-in feature the CPU has."""
+import re
+from pathlib import Path
+
+import pytest
+
+from ctxengine import _core
+from ctxengine.engine.cpu import cpu_flags
+
+REPO = Path(__file__).resolve().parents[1]
+PATHS = ["scalar", "avx2", "avx512"]
+
+
+def cmake_flags(path: str) -> set[str]:
+    """The -m flags CMakeLists.txt compiles the *_<path>.cpp files with."""
+    text = (REPO / "CMakeLists.txt").read_text()
+    m = re.search(r'_%s\\\\\.cpp\$"\)\s*set_source_files_properties\([^)]*COMPILE_OPTIONS\s*"([^"]*)"' % path, text)
+    assert m, f"no COMPILE_OPTIONS for *_{path}.cpp in CMakeLists.txt"
+    return {opt[2:] for opt in m.group(1).split(";") if opt.startswith("-m")}
+
+
+@pytest.mark.parametrize("path", ["avx2", "avx512"])
+def test_each_path_checks_every_feature_its_files_are_compiled_with(path):
+    assert {compiler for compiler, _ in _core.isa_features(path)} == cmake_flags(path)
+
+
+def test_the_chosen_path_has_all_its_flags_in_proc_cpuinfo():
+    flags = cpu_flags()
+    assert "fpu" in flags, "no flags read from /proc/cpuinfo"
+    chosen = _core.detect_isa()
+    missing = [cpu for _, cpu in _core.isa_features(chosen) if cpu not in flags]
+    assert not missing, f"{chosen} chosen but /proc/cpuinfo lacks {missing}"
+    assert _core.active_isa() == chosen  # nothing forced a path at import
+
+
+def test_the_best_path_this_cpu_has_is_chosen():
+    flags = cpu_flags()
+    has = [p for p in PATHS if all(cpu in flags for _, cpu in _core.isa_features(p))]
+    assert _core.detect_isa() == has[-1]
+
+
+def test_a_path_beyond_the_cpu_is_refused_and_names_are_checked():
+    with pytest.raises(ValueError, match="unknown ISA"):
+        _core.isa_features("neon")
+    above = PATHS[PATHS.index(_core.detect_isa()) + 1:]
+    for path in above:
+        with pytest.raises(ValueError, match="does not support"):
+            _core.set_isa(path)
+    assert _core.isa_features("scalar") == []
