@@ -252,6 +252,8 @@ class Generation:
         pieces = ctx.generate(max_tokens, stop=s.stop, **s.params)
         try:
             for piece in pieces:
+                if piece.token_id is not None and self.metrics is not None:
+                    self.metrics.sampled_tokens.labels(self.entry.name).inc()
                 if piece.text:
                     parts.append(piece.text)
                     self._emit(piece.text)
