@@ -18,14 +18,26 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.support.ui import WebDriverWait
 
-from api_server import greedy_reply, module_server
+from api_server import greedy_reply, running
 from api_server import model  # noqa: F401 (fixture)
+from ollama_layout import make_ollama_store
 
 KEY = "studio-test-key"
 WAIT_S = 60  # generous: two CPU cores are shared; a reply of a few tokens takes well under a second alone
 AUTH = {"Authorization": f"Bearer {KEY}"}
 
-server = module_server("studio", "--api-key", KEY)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, smollm2_path):
+    """With a key, and an Ollama store holding a model that cannot be served."""
+    store = tmp_path_factory.mktemp("studio-ollama")
+    make_ollama_store(store, "broken:1b", smollm2_path,
+                      extra_layers=[("application/vnd.ollama.image.tensor", b"not a tensor")])
+    with running(tmp_path_factory.mktemp("studio"), "--api-key", KEY, "--ollama-models", str(store)) as s:
+        yield s
+
+
 opened: dict[str, str] = {}  # what one test made that the next goes on with
 
 
@@ -165,8 +177,8 @@ def test_branch_from_the_second_message_makes_two_branches(server, browser):
     shared = next(i for i, (x, y) in enumerate(zip(a, b)) if x != y)
     second_end = server.get(f"/v1/studio/contexts/{chat}/messages", headers=AUTH).json()["messages"][1]["end"]
     assert shared >= second_end and b[:second_end] == a[:second_end]
-    assert f"{shared} tokens shared" in branch.text
-    keys = [r.get_attribute("data-key") for r in css(d, "#tree .row.item")]
+    assert branch.text.startswith(f"2 branches · {shared} tok")
+    keys = [r.get_attribute("data-key") for r in css(d, "#tree [data-key]")]
     assert f"context:{chat}" in keys and "context:other" in keys
 
 
@@ -198,6 +210,8 @@ def test_models_store_live_figures_and_a_screenshot(server, browser):
     d = logged_in(browser, server)
     model_card = wait(d, lambda: next(iter(css(d, '#models [data-model="smollm2"]')), None), "the model list")
     wait(d, lambda: "loaded" in model_card.text and "KV f16" in model_card.text, "smollm2 loaded")
+    broken = d.find_element(By.CSS_SELECTOR, '#models [data-model="broken:1b"]').text
+    assert "cannot serve" in broken and "safetensors" in broken
     wait(d, lambda: css(d, '#store [data-stat="refs"]'), "store stats")
     d.find_element(By.ID, "gc").click()
     wait(d, lambda: "Collected" in d.find_element(By.ID, "toast").text, "the gc result")

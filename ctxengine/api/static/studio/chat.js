@@ -64,6 +64,8 @@ export class Chat {
     const last = this.messages.at(-1);
     document.getElementById("generate").hidden = !(c?.kind === "context" && last && last.role === "user");
     this.prompt.disabled = c?.kind === "snapshot";
+    this.prompt.placeholder = c?.kind === "snapshot" ? "A snapshot is read-only: restore it to go on from here."
+      : "Message…  (Enter sends, Shift+Enter for a new line)";
     this.sendButton.disabled = c?.kind === "snapshot" && !this.abort;
     this.list.scrollTop = this.list.scrollHeight;
   }

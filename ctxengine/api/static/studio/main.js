@@ -90,9 +90,13 @@ class Studio {
     $("settings-line").title = "what the next message is sent with";
   }
 
+  // Names of the live contexts (a new context, fork or restore must not take one).
   names() {
     const out = new Set();
-    const walk = (n) => { for (const i of n.items) out.add(i.name ?? i.ref); n.children.forEach(walk); };
+    const walk = (n) => {
+      for (const i of n.items) if (i.kind === "context") out.add(i.name);
+      n.children.forEach(walk);
+    };
     for (const g of this.forest) walk(g.root);
     return out;
   }

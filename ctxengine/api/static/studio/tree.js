@@ -14,15 +14,14 @@ function el(name, attrs = {}, text) {
   return e;
 }
 
-// Rows in drawing order: {type: "branch"|"item", depth, node, item, parent}
+// Rows in drawing order: {type: "branch"|"item", depth, node, parent}. The items of a
+// node (a context and the snapshots taken of it as it is now) share one row, as
+// the refs of one commit do in git.
 function layout(node, depth, parentRow, rows) {
   let head = parentRow;
   if (node.items.length) {
-    node.items.forEach((item, i) => {
-      const row = { type: "item", depth, node, item, parent: i === 0 ? parentRow : head };
-      rows.push(row);
-      if (i === 0) head = row;
-    });
+    head = { type: "item", depth, node, parent: parentRow };
+    rows.push(head);
   } else if (node.children.length > 1 || depth === 0) {
     head = { type: "branch", depth, node, parent: parentRow };
     rows.push(head);
@@ -74,52 +73,79 @@ export function renderTree(container, forest, { selected, onOpen }) {
         : `M${p.x},${p.y} L${p.x},${row.y - 8} Q${p.x},${row.y} ${p.x + 8},${row.y} L${row.x},${row.y}`;
       edges.append(el("path", { d, class: "edge" }));
     }
-    for (const row of rows) svg.append(drawRow(row, width, selected, onOpen));
-    container.append(svg);
+    container.append(svg);  // in the document first: labels are measured to place the next one
+    for (const row of rows) drawRow(svg, row, width, selected, onOpen);
   }
 }
 
-function drawRow(row, width, selected, onOpen) {
+function drawRow(svg, row, width, selected, onOpen) {
   const g = el("g", { class: `row ${row.type}`, transform: `translate(0,${row.y})` });
+  svg.append(g);
   const { node } = row;
   if (row.type === "branch") {
     g.setAttribute("data-children", node.children.length);
     g.append(el("circle", { cx: row.x, cy: 0, r: 4, class: "dot branch-dot" }));
     const n = node.shared_pages;
-    const pages = n ? ` · ${n} KV page${n === 1 ? "" : "s"} shared` : "";
+    const pages = n ? ` · ${n} KV page${n === 1 ? "" : "s"}` : "";
     g.append(el("text", { x: row.x + 12, y: 4, class: "meta" },
-      `${node.children.length} branches · ${node.n_tokens} tokens shared${pages}`));
-    return g;
+      `${node.children.length} branches · ${node.n_tokens} tok${pages} shared`));
+    g.append(el("title", {}, `${node.children.length} branches share their first ${node.n_tokens} tokens` +
+      (n ? ` and ${n} KV pages in memory (copy-on-write)` : "")));
+    return;
   }
-  const item = row.item;
-  const key = itemKey(item);
-  g.setAttribute("data-kind", item.kind);
-  g.setAttribute("data-key", key);
-  g.setAttribute("tabindex", "0");
-  g.setAttribute("role", "treeitem");
-  if (key === selected) g.classList.add("selected");
-  g.append(el("rect", { x: row.x - 8, y: -12, width: width - row.x + 2, height: 24, rx: 6, class: "hit" }));
-  if (item.kind === "context") {
-    g.append(el("circle", { cx: row.x, cy: 0, r: 5, class: `dot ctx-dot${item.busy ? " busy" : ""}` }));
+  // Contexts first: the row's dot and main label are the first item's.
+  const items = [...node.items].sort((a, b) => (a.kind === "context" ? 0 : 1) - (b.kind === "context" ? 0 : 1));
+  const first = items[0];
+  const hit = el("rect", { x: row.x - 10, y: -12, width: width - row.x + 4, height: 24, rx: 6, class: "hit" });
+  hit.addEventListener("click", () => onOpen(first));
+  g.append(hit);
+  if (items.some((i) => itemKey(i) === selected)) g.classList.add("selected");
+  if (first.kind === "context") {
+    g.append(el("circle", { cx: row.x, cy: 0, r: 5, class: `dot ctx-dot${first.busy ? " busy" : ""}` }));
   } else {
     g.append(el("rect", { x: row.x - 4.5, y: -4.5, width: 9, height: 9, rx: 2, class: "dot snap-dot" }));
   }
-  const label = item.kind === "context" ? item.name : item.ref;
-  g.append(el("text", { x: row.x + 12, y: 4, class: "label" }, label));
-  let meta = `${item.n_tokens} tok`;
-  if (node.children.length && item === node.items[0]) {
-    meta += node.shared_pages ? ` · ${node.shared_pages} pg shared` : " · shared";
+  const meta = items.some((i) => i.error) ? "unreadable" : `${first.n_tokens} tok`;
+  const metaText = el("text", { x: width - 8, y: 4, class: "meta", "text-anchor": "end" }, meta);
+  g.append(metaText);
+  const right = width - 14 - metaText.getComputedTextLength();
+  let x = row.x + 12;
+  for (const item of items) {
+    const entry = entryOf(item, x, item === first, selected, onOpen);
+    g.append(entry);
+    fit(entry, item === first);
+    x += entry.getBBox().width + 6;
   }
-  if (item.error) meta = "unreadable";
-  g.append(el("text", { x: width - 8, y: 4, class: "meta", "text-anchor": "end" }, meta));
+  if (x - 6 > right) metaText.remove();  // long names win over the token count (it is in the tooltip)
+}
+
+// One clickable entry of a row: the main label, or a chip for a snapshot ref beside it.
+function entryOf(item, x, main, selected, onOpen) {
+  const key = itemKey(item);
+  const e = el("g", { class: `entry ${main ? "main" : "chip"}`, "data-key": key, "data-kind": item.kind,
+    tabindex: "0", role: "treeitem" });
+  if (key === selected) e.classList.add("selected");
+  const label = item.kind === "context" ? item.name : item.ref;
+  if (main) {
+    e.append(el("text", { x, y: 4, class: "label" }, label));
+  } else {
+    e.append(el("rect", { x, y: -9, width: 10, height: 18, rx: 4, class: "chip-box" }));
+    e.append(el("rect", { x: x + 5, y: -3, width: 6, height: 6, rx: 1, class: "chip-icon" }));
+    e.append(el("text", { x: x + 15, y: 4, class: "chip-label" }, label));
+  }
   const title = item.kind === "context"
-    ? `context ${item.name}: ${item.n_tokens} tokens, ${item.n_pages} KV pages` +
-      (node.shared_pages ? `, ${node.shared_pages} pages shared with its branches` : "")
-    : `snapshot ${item.ref} (${item.snapshot_id?.slice(0, 12)}): ${item.n_tokens} tokens, ${item.n_pages} pages` +
-      (item.error ? `: ${item.error}` : "");
-  g.append(el("title", {}, title));
-  const open = () => onOpen(item);
-  g.addEventListener("click", open);
-  g.addEventListener("keydown", (e) => { if (e.key === "Enter" || e.key === " ") { e.preventDefault(); open(); } });
-  return g;
+    ? `context ${item.name}: ${item.n_tokens} tokens, ${item.n_pages} KV pages`
+    : `snapshot ref ${item.ref} (${item.snapshot_id?.slice(0, 12)}): ${item.n_tokens} tokens, ` +
+      `${item.n_pages ?? 0} pages` + (item.error ? `: ${item.error}` : "");
+  e.append(el("title", {}, title));
+  const open = (ev) => { ev.stopPropagation(); onOpen(item); };
+  e.addEventListener("click", open);
+  e.addEventListener("keydown", (ev) => { if (ev.key === "Enter" || ev.key === " ") { ev.preventDefault(); open(ev); } });
+  return e;
+}
+
+// A chip's box sized to its text (which can be measured once it is in the document).
+function fit(e, main) {
+  if (main) return;
+  e.querySelector(".chip-box").setAttribute("width", e.querySelector("text").getComputedTextLength() + 21);
 }
