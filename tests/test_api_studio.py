@@ -122,7 +122,9 @@ def test_models_store_gc_and_export(server, tmp_path):
     assert got["snapshot_id"] == sid and got["model"] == "smollm2" and got["messages"][0]["text"].startswith("Something")
 
     assert httpx.delete(f"{server.url}/v1/studio/refs/keep").json()["deleted"] is True
-    gc = server.post("/v1/studio/store/gc").json()
+    assert httpx.post(f"{server.url}/v1/studio/store/gc", content=b"{}",
+                      headers={"Content-Type": "text/plain"}).status_code == 400  # what another site could send
+    gc = server.post("/v1/studio/store/gc", {}).json()
     assert gc["manifests_removed"] >= 1
     after = server.get("/v1/studio/store").json()
     assert after["n_manifests"] == before["n_manifests"] - gc["manifests_removed"]

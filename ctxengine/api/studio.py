@@ -23,7 +23,7 @@ import io
 from importlib import resources
 
 import anyio.to_thread
-from fastapi import APIRouter, FastAPI
+from fastapi import APIRouter, FastAPI, Request
 from starlette.responses import FileResponse, Response
 from starlette.staticfiles import StaticFiles
 
@@ -102,7 +102,11 @@ def routes(runtime: Runtime) -> APIRouter:
         return {"object": "store.stats", "path": str(_store(runtime).path), **vars(s)}
 
     @router.post("/store/gc")
-    async def gc():
+    async def gc(request: Request):
+        # A body-less POST is a "simple" request any web page may send to localhost; asking
+        # for JSON makes a browser ask first (CORS preflight), which other sites fail.
+        if request.headers.get("content-type", "").split(";")[0].strip() != "application/json":
+            raise ApiError(400, "send gc with 'Content-Type: application/json' (and a body of {})")
         return {"object": "store.gc", **vars(await run(_store(runtime).gc))}
 
     @router.delete("/refs/{ref:path}")

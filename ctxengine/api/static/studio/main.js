@@ -51,6 +51,7 @@ class Studio {
     for (const t of this.timers) clearInterval(t);
     this.timers = [];
     this.info = null;
+    this.drawn = null;
     for (const id of ["tree", "messages", "models", "store"]) $(id).replaceChildren();
     $("app").hidden = true;
     $("login").hidden = false;
@@ -111,14 +112,35 @@ class Studio {
   async refresh() {
     if (!this.info) return;
     try {
-      this.forest = (await api.get("/v1/studio/tree")).models;
-      renderTree($("tree"), this.forest, { selected: this.selectedKey(), onOpen: (item) => this.open(item) });
+      const tree = await api.get("/v1/studio/tree");
+      const drawn = JSON.stringify([tree.models, this.selectedKey()]);
+      this.forest = tree.models;
+      if (drawn !== this.drawn) {  // redraw only on change: keeps hover and keyboard focus
+        this.drawn = drawn;
+        renderTree($("tree"), this.forest, { selected: this.selectedKey(), onOpen: (item) => this.open(item) });
+      }
+      await this.follow();
       $("conn").textContent = "connected";
       $("conn").className = "chip ok";
     } catch (e) {
       $("conn").textContent = "disconnected";
       $("conn").className = "chip bad";
       this.failed(e);
+    }
+  }
+
+  // The open context changed elsewhere (another client, the API): show it as it is now.
+  async follow() {
+    const c = this.chat.current;
+    if (c?.kind !== "context" || this.chat.abort) return;
+    let found = null;
+    const walk = (n) => { found ??= n.items.find((i) => i.kind === "context" && i.name === c.name); n.children.forEach(walk); };
+    for (const g of this.forest) walk(g.root);
+    if (!found) {
+      toast(`'${c.name}' is gone (deleted elsewhere)`);
+      this.chat.clear();
+    } else if (found.n_tokens !== c.n_tokens) {
+      await this.chat.openContext(c.name);
     }
   }
 
