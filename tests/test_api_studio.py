@@ -148,3 +148,10 @@ def test_info(server, model):
     info = server.get("/v1/studio/info").json()
     assert info["kv"] == "f16" and info["default_model"] == "smollm2" and info["store"] is True
     assert "smollm2" in info["models"]
+
+
+def test_binding_beyond_loopback_without_a_key_is_warned_of():
+    from ctxengine.cli.serve import is_loopback
+
+    assert all(is_loopback(h) for h in ("127.0.0.1", "127.0.0.2", "::1", "localhost"))
+    assert not any(is_loopback(h) for h in ("0.0.0.0", "::", "192.168.1.20", "myhost.example"))

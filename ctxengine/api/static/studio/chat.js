@@ -17,7 +17,8 @@ export class Chat {
     this.abort = null;
     document.getElementById("composer").addEventListener("submit", (e) => { e.preventDefault(); this.submit(); });
     this.prompt.addEventListener("keydown", (e) => {
-      if (e.key === "Enter" && !e.shiftKey && !e.isComposing) { e.preventDefault(); this.submit(); }
+      // Enter sends; while a reply streams it waits (only the Stop button stops a reply)
+      if (e.key === "Enter" && !e.shiftKey && !e.isComposing) { e.preventDefault(); if (!this.abort) this.submit(); }
     });
   }
 
@@ -82,7 +83,7 @@ export class Chat {
     const stat = live ? this.stats.get(`${c.name}:${m.end}`) : null;
     return h("article", { class: `msg role-${m.role}`, "data-index": i, "data-role": m.role },
       h("header", {}, h("span", { class: "role", text: m.role }),
-        h("span", { class: "tokens", text: `${m.end - m.start} tok` }), actions),
+        h("span", { class: "tokens", text: m.end > m.start ? `${m.end - m.start} tok` : "" }), actions),
       h("div", { class: "body", text: m.text || "…" }),
       stat ? h("footer", { class: "stat", text: stat }) : null);
   }
