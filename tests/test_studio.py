@@ -43,16 +43,19 @@ opened: dict[str, str] = {}  # what one test made that the next goes on with
 
 @pytest.fixture(scope="module")
 def browser(tmp_path_factory):
+    chromium, driver = shutil.which("chromium"), shutil.which("chromedriver")
+    if chromium is None or driver is None:
+        pytest.fail("the studio tests need Debian's chromium and chromium-driver "
+                    "(apt-get install chromium chromium-driver; .ci/run does)")
     downloads = tmp_path_factory.mktemp("downloads")
     opts = webdriver.ChromeOptions()
     for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
                 "--window-size=1280,800"):
         opts.add_argument(arg)
-    opts.binary_location = shutil.which("chromium") or "/usr/bin/chromium"
+    opts.binary_location = chromium
     opts.add_experimental_option("prefs", {"download.default_directory": str(downloads),
                                            "download.prompt_for_download": False})
-    service = webdriver.ChromeService(executable_path=shutil.which("chromedriver") or "/usr/bin/chromedriver")
-    d = webdriver.Chrome(options=opts, service=service)
+    d = webdriver.Chrome(options=opts, service=webdriver.ChromeService(executable_path=driver))
     d.execute_cdp_cmd("Emulation.setDeviceMetricsOverride",
                       {"width": 1280, "height": 800, "deviceScaleFactor": 1, "mobile": False})
     d.downloads = downloads

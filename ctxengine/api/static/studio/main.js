@@ -5,7 +5,7 @@ import { Chat } from "./chat.js";
 import { Plots } from "./plots.js";
 import { Sampling, renderModels, renderStore } from "./panels.js";
 import { renderTree } from "./tree.js";
-import { ask, freeName, toast } from "./ui.js";
+import { ask, bytes, freeName, toast } from "./ui.js";
 
 const $ = (id) => document.getElementById(id);
 
@@ -222,8 +222,8 @@ class Studio {
   async gc() {
     try {
       const r = await api.post("/v1/studio/store/gc");
-      toast(`Collected ${r.manifests_removed} snapshots and ${r.pages_removed} pages ` +
-        `(${(r.bytes_freed / 1024).toFixed(0)} KB); kept ${r.manifests_kept} and ${r.pages_kept}`);
+      toast(`Collected ${r.manifests_removed} snapshots and ${r.pages_removed} pages (${bytes(r.bytes_freed)}); ` +
+        `kept ${r.manifests_kept} snapshots, ${r.pages_kept} pages`);
       this.panels();
     } catch (e) { this.failed(e); }
   }
