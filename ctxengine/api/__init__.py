@@ -6,6 +6,7 @@ on one port (docs/http-api.md).
     generation.py  the one generation path they share (prompt -> prefix reuse -> pieces -> usage)
     prompts.py  options.py  fields.py  embeddings.py  streaming.py   what that path is made of
     ops.py  metrics.py  errors.py    health, metrics, API key, size limits, CORS, error shapes
+    studio.py  studio_tree.py  static/studio/   the studio page at /studio and its JSON routes
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ DEFAULT_SHUTDOWN_TIMEOUT = 10.0    # seconds streams may go on after SIGTERM
 
 def add_http_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--api-key", default=None, help="require this key on every HTTP route but /health "
-                   "(Authorization: Bearer KEY, or x-api-key: KEY)")
+                   "and the studio's page files (Authorization: Bearer KEY, or x-api-key: KEY)")
     p.add_argument("--ollama-models", action="append", default=[], metavar="DIR",
                    help="an Ollama model store to serve from, read-only (repeatable; default: $OLLAMA_MODELS, "
                         "~/.ollama/models and /usr/share/ollama/.ollama/models, those that exist)")

@@ -250,8 +250,11 @@ class Generation:
         t = time.perf_counter_ns()
         parts: list[str] = []
         pieces = ctx.generate(max_tokens, stop=s.stop, **s.params)
+        sampled = self.metrics.sampled_tokens.labels(self.entry.name) if self.metrics is not None else None
         try:
             for piece in pieces:
+                if piece.token_id is not None and sampled is not None:
+                    sampled.inc()
                 if piece.text:
                     parts.append(piece.text)
                     self._emit(piece.text)

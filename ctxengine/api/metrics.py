@@ -26,6 +26,10 @@ class Metrics:
         self.cached_tokens = Counter("ctx_cached_prompt_tokens",
                                      "Prompt tokens whose KV was reused, not prefilled", ["model"], registry=r)
         self.generated_tokens = Counter("ctx_generated_tokens", "Tokens generated", ["model"], registry=r)
+        # Counted as each token is sampled (ctx_generated_tokens at each generation's end): its rate
+        # is the tokens/s of the generations running now.
+        self.sampled_tokens = Counter("ctx_sampled_tokens", "Tokens sampled so far, as they stream",
+                                      ["model"], registry=r)
         self.embedded_tokens = Counter("ctx_embedding_tokens", "Tokens run for embeddings", ["model"], registry=r)
         self.prefill_seconds = Counter("ctx_prefill_seconds", "Time spent prefilling prompts", ["model"], registry=r)
         self.decode_seconds = Counter("ctx_decode_seconds", "Time spent generating", ["model"], registry=r)
@@ -64,6 +68,8 @@ class _RuntimeCollector:
         contexts = GaugeMetricFamily("ctx_contexts", "Named contexts (the prefix cache's not counted)",
                                      labels=["model"])
         prefixes = GaugeMetricFamily("ctx_prefix_cache_entries", "Cached request contexts", labels=["model"])
+        queued = GaugeMetricFamily("ctx_forward_queue", "Forward requests waiting for a batched step",
+                                   labels=["model"])
         loaded = self.runtime.loaded()
         for e in loaded:
             pool = e.model.engine.pool
@@ -71,5 +77,6 @@ class _RuntimeCollector:
             capacity.add_metric([e.entry.name], pool.max_pages)
             contexts.add_metric([e.entry.name], sum(not n.startswith("_") for n in e.model.contexts.names()))
             prefixes.add_metric([e.entry.name], len(e.prefix_cache) if e.prefix_cache is not None else 0)
+            queued.add_metric([e.entry.name], e.model.engine.scheduler.n_queued)
         models = GaugeMetricFamily("ctx_models_loaded", "Models loaded", value=len(loaded))
-        return [pages, capacity, contexts, prefixes, models]
+        return [pages, capacity, contexts, prefixes, queued, models]

@@ -2,9 +2,9 @@
 
 :class:`Guard` is plain ASGI middleware (it must not buffer streamed
 responses): it refuses a missing or wrong API key on every route but
-``/health`` (``Authorization: Bearer KEY`` or ``x-api-key: KEY``), refuses a
-body over the size limit (413, by Content-Length up front, or while a
-chunked body is read), and counts requests by route and status.
+``/health`` and the studio's static files (``Authorization: Bearer KEY`` or
+``x-api-key: KEY``), refuses a body over the size limit (413, by Content-Length up front, or while
+a chunked body is read), and counts requests by route and status.
 """
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from starlette.responses import JSONResponse, Response
 from .errors import ApiError, dialect_of, error_response
 
 OPEN_PATHS = frozenset({"/health"})
+STUDIO_PAGE = "/studio"  # the studio's static files hold no data; the page asks for the key itself
 
 
 class Guard:
@@ -50,7 +51,7 @@ class Guard:
 
     def _refusal(self, scope) -> ApiError | None:
         headers = {k.decode("latin-1").lower(): v for k, v in scope["headers"]}
-        if self.api_key is not None and scope["path"] not in OPEN_PATHS:
+        if self.api_key is not None and not _open(scope["path"]):
             given = headers.get("x-api-key")
             auth = headers.get("authorization", b"")
             if given is None and auth[:7].lower() == b"bearer ":
@@ -75,6 +76,10 @@ class Guard:
             return message
 
         return limited
+
+
+def _open(path: str) -> bool:
+    return path in OPEN_PATHS or path == STUDIO_PAGE or path.startswith(STUDIO_PAGE + "/")
 
 
 def _too_large(limit: int) -> ApiError:

@@ -63,6 +63,9 @@ def main(args: argparse.Namespace) -> int:
             grpc_server = start_grpc(runtime, args)
             print(f"ctx serve: gRPC on {args.host}:{grpc_server.port}", file=sys.stderr, flush=True)
         if args.port:
+            if args.api_key is None and not is_loopback(args.host):
+                print(f"ctx serve: warning: no --api-key, and {args.host} is not loopback: anyone who can reach "
+                      "it can use the API and the studio", file=sys.stderr, flush=True)
             # Blocks until SIGINT/SIGTERM; streams in flight are finished or cancelled.
             serve_http(runtime, args, on_ready=lambda url: print(f"ctx serve: HTTP on {url}", file=sys.stderr,
                                                                  flush=True))
@@ -76,6 +79,18 @@ def main(args: argparse.Namespace) -> int:
             grpc_server.stop(grace=5.0)
         runtime.close()
     return 0
+
+
+def is_loopback(host: str) -> bool:
+    """Whether binding ``host`` keeps a face on this machine only."""
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name: it may resolve anywhere
+        return False
 
 
 def _wait_for_signal() -> None:

@@ -79,6 +79,12 @@ class Scheduler:
         self.steps = 0                            # native steps run
         self.history: deque = deque(maxlen=4096)  # (decode rows, prefill rows) of recent steps
 
+    @property
+    def n_queued(self) -> int:
+        """Forward requests waiting for a step (a lone stream runs inline and never waits)."""
+        with self._cv:
+            return len(self._queue)
+
     # -- callers --------------------------------------------------------------
     def submit(self, seq, tokens: np.ndarray, logits, all_logits: bool, hidden) -> None:
         """Run tokens on seq in some coming step(s), filling logits / hidden; blocks until done."""

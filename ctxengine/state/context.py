@@ -75,6 +75,17 @@ class Context:
             self._check_live()
             return self._seq.n_tokens
 
+    def page_ids(self) -> list[int] | None:
+        """Ids of the KV pages this context holds in its model's pool (forks share
+        them until one writes; empty while evicted), or None while another thread
+        uses it: its page table may be growing then, so it is not read."""
+        if not self._lock.acquire(blocking=False):
+            return None
+        try:
+            return list(self._seq.pages) if self._seq is not None else []
+        finally:
+            self._lock.release()
+
     @property
     def text(self) -> str:
         return self.model.detokenize(self._tokens)

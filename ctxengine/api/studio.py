@@ -1,0 +1,198 @@
+"""The studio (docs/studio.md): a web page at ``/studio`` where a person sees and
+steers contexts, and the few JSON routes it needs that no other route gives.
+
+    GET    /studio, /studio/*                 the page: static files from ./static/studio, no data
+    GET    /v1/studio/info                    version, KV dtype, the default model, whether a store is set
+    GET    /v1/studio/tree                    every context and snapshot ref, per model, as a prefix tree
+    GET    /v1/studio/contexts/{name}/messages  a context's turns with their token ranges
+    GET    /v1/studio/models                  every model: served, loaded, memory, or why it cannot be served
+    GET    /v1/studio/store                   store stats (pages, bytes, dedup ratio)
+    POST   /v1/studio/store/gc                collect what no ref reaches
+    DELETE /v1/studio/refs/{ref}              drop a ref (its snapshots go at the next gc)
+    GET    /v1/studio/refs/{ref}/messages     a snapshot's turns (read with the model whose weights made it)
+    GET    /v1/studio/refs/{ref}/export       the snapshot as a portable file (``ctx import`` reads it)
+
+The page itself is open (ops.Guard lets ``/studio`` through): it holds no
+data, and asks for the API key before it calls anything else. Everything
+it shows comes from the routes above and the public API (contexts, chat
+completions, /metrics), each of which wants the key when one is set.
+"""
+from __future__ import annotations
+
+import io
+from importlib import resources
+
+import anyio.to_thread
+from fastapi import APIRouter, FastAPI, Request
+from starlette.responses import FileResponse, Response
+from starlette.staticfiles import StaticFiles
+
+from .. import __version__
+from ..errors import CtxError
+from ..state.runtime import Runtime
+from .contexts import _client_name, _store  # the same rules as the contexts routes
+from .errors import ApiError
+from .studio_tree import Item, build_tree, messages
+
+STATIC = resources.files("ctxengine.api") / "static" / "studio"
+# The page runs only its own files: no inline script, nothing from elsewhere, not framed.
+_PAGE_HEADERS = {"Content-Security-Policy": "default-src 'self'; img-src 'self' data: blob:; "
+                                            "frame-ancestors 'none'; base-uri 'none'; form-action 'none'",
+                 "X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer",
+                 "Cache-Control": "no-cache"}
+MAX_TREE_SNAPSHOTS = 500  # refs drawn in the tree (their manifests are read at every request)
+
+
+def mount(app: FastAPI, runtime: Runtime) -> None:
+    """The page's files and its JSON routes."""
+    static = StaticFiles(directory=str(STATIC))
+
+    @app.get("/studio", include_in_schema=False)
+    async def page():
+        return FileResponse(str(STATIC / "index.html"), headers=_PAGE_HEADERS)
+
+    app.mount("/studio", static, name="studio")
+    app.include_router(routes(runtime))
+
+
+def routes(runtime: Runtime) -> APIRouter:
+    router = APIRouter(prefix="/v1/studio")
+
+    async def run(fn):
+        return await anyio.to_thread.run_sync(fn)
+
+    @router.get("/info")
+    async def info():
+        default = runtime.catalog.default
+        return {"version": __version__, "kv": runtime.kv, "default_model": default.name if default else None,
+                "models": [e.name for e in runtime.catalog.entries() if e.servable],
+                "store": runtime.store is not None}
+
+    @router.get("/tree")
+    async def tree():
+        return await run(lambda: {"object": "tree", "models": _forest(runtime)})
+
+    @router.get("/contexts/{name:path}/messages")
+    async def context_messages(name: str):
+        ctx = runtime.find_context(_client_name(name))
+        model = _model_of(runtime, ctx)
+        tokens = ctx.tokens
+        return {"object": "context.messages", "name": ctx.name, "model": model[0], "n_tokens": len(tokens),
+                "messages": await run(lambda: messages(model[1], tokens))}
+
+    @router.get("/models")
+    async def models():
+        loaded = {e.entry.name: e for e in runtime.loaded()}
+        data = []
+        for entry in runtime.catalog.entries():
+            card = {"name": entry.name, "source": entry.source, "servable": entry.servable, "error": entry.error,
+                    "file_bytes": entry.size, "loaded": entry.name in loaded}
+            e = loaded.get(entry.name)
+            if e is not None:
+                pool = e.model.engine.pool
+                card.update(memory_bytes=e.memory_bytes, kv=e.model.engine.kv_dtype, kv_pages_in_use=pool.n_used,
+                            kv_pages_max=pool.max_pages, page_bytes=pool.page_bytes,
+                            n_contexts=sum(not n.startswith("_") for n in e.model.contexts.names()))
+            data.append(card)
+        return {"object": "list", "memory_budget": runtime.memory_budget, "data": data}
+
+    @router.get("/store")
+    async def store_stats():
+        s = await run(_store(runtime).stats)
+        return {"object": "store.stats", "path": str(_store(runtime).path), **vars(s)}
+
+    @router.post("/store/gc")
+    async def gc(request: Request):
+        # A body-less POST is a "simple" request any web page may send to localhost; asking
+        # for JSON makes a browser ask first (CORS preflight), which other sites fail.
+        if request.headers.get("content-type", "").split(";")[0].strip() != "application/json":
+            raise ApiError(400, "send gc with 'Content-Type: application/json' (and a body of {})")
+        return {"object": "store.gc", **vars(await run(_store(runtime).gc))}
+
+    @router.delete("/refs/{ref:path}")
+    async def delete_ref(ref: str):
+        _client_ref(ref)
+        await run(lambda: _store(runtime).delete_ref(ref))
+        return {"object": "ref.deleted", "ref": ref, "deleted": True}
+
+    @router.get("/refs/{ref:path}/messages")
+    async def ref_messages(ref: str):
+        _client_ref(ref)
+        store = _store(runtime)
+
+        def go():
+            sid = store.resolve(ref)
+            m = store.get_manifest(sid)
+            name = runtime.weight_ids().get(m.weight_id)
+            model = runtime.model_for_weight_id(m.weight_id)  # its tokenizer reads the tokens
+            return {"object": "snapshot.messages", "ref": ref, "snapshot_id": sid, "model": name,
+                    "n_tokens": len(m.token_ids), "created": m.created, "messages": messages(model, m.token_ids)}
+
+        return await run(go)
+
+    @router.get("/refs/{ref:path}/export")
+    async def export(ref: str):
+        _client_ref(ref)
+        buf = io.BytesIO()
+        await run(lambda: _store(runtime).export(ref, buf))
+        filename = ref.replace("/", "_") + ".ctxsnap"
+        return Response(buf.getvalue(), media_type="application/octet-stream",
+                        headers={"Content-Disposition": f'attachment; filename="{filename}"'})
+
+    return router
+
+
+def _forest(runtime: Runtime) -> list[dict]:
+    """One prefix tree per weight_id: its live contexts and its snapshot refs."""
+    groups: dict[str, dict] = {}
+
+    def group(weight_id: str, model: str, served: bool) -> dict:
+        return groups.setdefault(weight_id, {"weight_id": weight_id, "model": model, "served": served, "items": []})
+
+    for e in runtime.loaded():
+        g = group(e.model.weight_id, e.entry.name, True)
+        for name in e.model.contexts.names():
+            if name.startswith("_"):
+                continue  # the server's own (prefix cache)
+            try:
+                ctx = e.model.contexts.get(name)
+            except Exception:  # deleted since names() was read
+                continue
+            pages = ctx.page_ids()
+            g["items"].append(Item(ctx.tokens, {"kind": "context", "name": ctx.name, "n_tokens": ctx.n_tokens,
+                                                "snapshot_id": ctx.snapshot_id, "labels": ctx.labels,
+                                                "busy": pages is None, "n_pages": len(pages or ())},
+                                   pages=None if pages is None else frozenset(pages)))
+    if runtime.store is not None:
+        served = runtime.weight_ids()
+        refs = sorted((n, sid) for n, sid in runtime.store.refs().items() if not n.startswith("_"))
+        for ref, sid in refs[:MAX_TREE_SNAPSHOTS]:
+            try:
+                m = runtime.store.get_manifest(sid)
+            except CtxError as err:  # a corrupt snapshot is shown with its error, not hidden
+                group("?", "unreadable snapshots", False)["items"].append(
+                    Item((), {"kind": "snapshot", "ref": ref, "snapshot_id": sid, "n_tokens": 0, "error": str(err)}))
+                continue
+            g = group(m.weight_id, served.get(m.weight_id, m.model_name), m.weight_id in served)
+            g["items"].append(Item(m.token_ids, {"kind": "snapshot", "ref": ref, "snapshot_id": sid,
+                                                 "n_tokens": len(m.token_ids), "n_pages": len(m.page_keys),
+                                                 "created": m.created, "parent": m.parent, "kv": m.kv_dtype,
+                                                 "labels": m.labels},
+                                   page_keys=frozenset(m.page_keys)))
+    out = []
+    for g in groups.values():
+        items = g.pop("items")
+        out.append({**g, "n_items": len(items), "root": build_tree(items).as_json()})
+    return sorted(out, key=lambda g: (not g["served"], g["model"]))
+
+
+def _model_of(runtime: Runtime, ctx) -> tuple[str, object]:
+    for e in runtime.loaded():
+        if e.model.engine is ctx.model:
+            return e.entry.name, e.model
+    raise ApiError(404, f"context '{ctx.name}' belongs to a model that is no longer loaded")
+
+
+def _client_ref(ref: str) -> None:
+    if ref.startswith("_"):
+        raise ApiError(400, f"refs starting with '_' are the server's own: '{ref}'")
