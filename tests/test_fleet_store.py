@@ -13,7 +13,7 @@ import ctxengine as ce
 from ctxengine.errors import RefConflictError, StoreError
 from ctxengine.store.fleet_cluster import FleetError
 from redis_cluster import RedisCluster, fleet, redis_cluster  # noqa: F401 (fixtures)
-from servers import free_port
+from servers import ctx, free_port
 
 TEXT = "Tide pools hold anemones, crabs and small fish between the rocks. "
 
@@ -127,6 +127,10 @@ def test_fleet_gc_keeps_what_refs_reach_and_publishes_in_grace(model, fleet, tmp
         r = a.fleet.gc(grace=0)
         assert r.manifests_removed == 0  # the old snapshot is the new one's parent: a root's history
         assert a.fleet.get_manifest(parent_id) is not None
+        a.delete_ref("kept")
+    out = ctx("gc", "--fleet", fleet.url, "--grace", "0", "--store", tmp_path / "cli", home=tmp_path / "home")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("removed 2 snapshots and 5 pages") and not fleet.keys("ctx:*")
 
 
 def test_a_cluster_that_may_evict_is_refused(tmp_path):

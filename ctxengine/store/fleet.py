@@ -123,27 +123,28 @@ class Fleet:
         self.cluster.grouped(list(records), lambda p, k: p.set(k, records[k], nx=True), wait=True)
         return sum(map(len, records.values()))
 
-    @_or_local(0)
-    def fetch_pages(self, keys: list[str]) -> int:
-        """Copy pages the local store lacks from the fleet into it, each verified
-        against its key first; how many were copied. StoreError names a page
-        neither holds."""
+    @_or_local(dict)
+    def fetch_pages(self, keys: list[str]) -> dict[str, bytes]:
+        """Copy the pages the local store lacks from the fleet into it, each verified
+        against its key first; {key: raw bytes} of those copied. StoreError names a
+        page neither holds."""
         want = self.store.missing_pages(keys)
         if not want:
-            return 0
+            return {}
         replies = self.cluster.grouped([PAGE + k for k in want], lambda p, k: p.get(k))
-        records = {}
+        records, raws = {}, {}
         for key in want:
             record = replies[PAGE + key]
             if record is None:
                 raise StoreError(f"page {key} is in neither the local store nor the fleet")
+            try:
+                raws[key] = codec.decode(key, record)
+            except CorruptDataError as e:
+                raise CorruptDataError(f"fleet {self.url}: {e}") from None
             records[key] = bytes(record)
-        try:
-            self.store.put_page_records(records)  # verifies every record against its key
-        except CorruptDataError as e:
-            raise CorruptDataError(f"fleet {self.url}: {e}") from None
+        self.store.put_verified_records(records)
         self._count(pages_fetched=len(records), page_bytes_fetched=sum(map(len, records.values())))
-        return len(records)
+        return raws
 
     # -- manifests ----------------------------------------------------------------------
     @_or_local(None)

@@ -141,10 +141,10 @@ class Store:
     def get_pages(self, keys: Iterable[str]) -> list[bytes]:
         """Several pages from one consistent read (restore reads a whole page table)."""
         keys = [k.lower() for k in keys]
-        if self.fleet is not None:
-            self.fleet.fetch_pages(keys)  # pages only the fleet holds are copied here first
+        # Pages only the fleet holds are copied here first (and verified once, there).
+        fetched = self.fleet.fetch_pages(keys) if self.fleet is not None else {}
         with self.env.read(buffers=True) as txn:
-            return [self._decode_stored(txn, k) for k in keys]
+            return [fetched[k] if k in fetched else self._decode_stored(txn, k) for k in keys]
 
     def get_page_record(self, key: str) -> bytes:
         """The stored (encoded) form of a page, for transfer; the receiver verifies it."""
@@ -174,6 +174,11 @@ class Store:
             return 0
         return self.env.write(lambda txn: self._put_records(txn, checked, pending=list(checked)),
                               size_hint=sum(map(len, checked.values())))
+
+    def put_verified_records(self, records: Mapping[str, bytes]) -> int:
+        """put_page_records for records the caller has just decoded against their keys."""
+        return self.env.write(lambda txn: self._put_records(txn, dict(records), pending=list(records)),
+                              size_hint=sum(map(len, records.values()))) if records else 0
 
     def page_keys(self) -> list[str]:
         with self.env.read() as txn:
