@@ -4,6 +4,9 @@ on one host; only the pages a host lacks cross; /v1/fleet and X-Ctx-Host say
 who is who."""
 from __future__ import annotations
 
+import signal
+import threading
+
 import httpx
 import pytest
 
@@ -44,7 +47,7 @@ def hosts(fleet, tmp_path):
         yield started
     finally:
         for h in started:
-            h.stop()
+            h.stop(check=h.proc.poll() is None)  # one a test killed has nothing to report
 
 
 def fleet_stats(host: CtxServer) -> dict:
@@ -117,3 +120,31 @@ def test_a_host_moving_a_ref_it_did_not_follow_gets_a_conflict(hosts):
     assert "by host a" in r.json()["error"]["message"]
     assert get(b, "/v1/fleet").json()["stats"]["conflicts"] == 1
     assert get(c, "/v1/contexts/race").json()["snapshot_id"] == winner  # the ref still names A's turn
+
+
+def test_a_host_killed_mid_generation_leaves_its_last_turn_to_the_others(hosts):
+    a, b, _ = hosts
+    post(a, "/v1/contexts", {"name": "survivor", "system": SYSTEM})
+    turn(a, "survivor", TURNS[0])
+    last = get(a, "/v1/contexts/survivor").json()
+    first_piece = threading.Event()
+
+    def long_turn():
+        body = {"model": "smollm2", "max_tokens": 2000, "temperature": 0, "stream": True, "context": "survivor",
+                "messages": [{"role": "user", "content": "Tell me a very long story."}]}
+        try:
+            with httpx.stream("POST", a.url + "/v1/chat/completions", json=body, timeout=120) as r:
+                for _ in r.iter_lines():
+                    first_piece.set()
+        except httpx.HTTPError:
+            pass  # the host died under it, as intended
+
+    streaming = threading.Thread(target=long_turn)
+    streaming.start()
+    assert first_piece.wait(60)
+    a.proc.send_signal(signal.SIGKILL)
+    a.proc.wait()
+    streaming.join(60)
+    got = get(b, "/v1/contexts/survivor").json()   # B restores the last published turn
+    assert (got["snapshot_id"], got["n_tokens"], got["host"]) == (last["snapshot_id"], last["n_tokens"], "b")
+    assert turn(b, "survivor", TURNS[1]).headers["x-ctx-host"] == "b"

@@ -62,10 +62,10 @@ def main(args: argparse.Namespace) -> int:
     grpc_server = None
 
     def ready(url: str | None) -> None:
+        if runtime.fleet is not None:
+            runtime.fleet.start(url)  # the first heartbeat (naming the HTTP face) before we say we are up
         if url is not None:
             print(f"ctx serve: HTTP on {url}", file=sys.stderr, flush=True)
-        if runtime.fleet is not None:
-            runtime.fleet.start(url)  # heartbeats name the HTTP face other hosts may send clients to
 
     try:
         if args.grpc_port:
