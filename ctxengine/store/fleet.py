@@ -188,7 +188,7 @@ class Fleet:
                 pass  # it expires after the grace period anyway
         return len(missing)
 
-    def publish_ancestry(self, sid: str) -> list[str]:
+    def ancestry(self, sid: str) -> list[str]:
         """Snapshot ids the fleet may find a ref at, for a move to ``sid``: its parent,
         the parent's parent, ... as far as the local store (or the fleet) has them."""
         chain, cur = [], sid
@@ -215,7 +215,7 @@ class Fleet:
         """Compare-and-set: move ``name`` to ``sid`` if it is absent, already there, or at
         one of ``sid``'s ancestors (a fast-forward); else RefConflictError."""
         try:
-            fleet_refs.move_ref(self.cluster, name, sid, self.publish_ancestry(sid), self.host_id)
+            fleet_refs.move_ref(self.cluster, name, sid, self.ancestry(sid), self.host_id)
         except fleet_refs.RefConflictError:
             self._count(conflicts=1)
             raise

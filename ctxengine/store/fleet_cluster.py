@@ -179,10 +179,6 @@ class Cluster:
         """One key's command (through ``queue(pipe, key)``) on its master; its reply."""
         return self.grouped([key], queue, wait=wait)[key]
 
-    def primaries(self) -> list:
-        """Every master now (for scans)."""
-        return list(self._attempt(lambda rc: rc.get_primaries()))
-
     def scan(self, pattern: str) -> list[str]:
         """Every key matching ``pattern`` on every master (keys as str)."""
         def go(rc):
