@@ -148,3 +148,22 @@ def test_a_host_killed_mid_generation_leaves_its_last_turn_to_the_others(hosts):
     got = get(b, "/v1/contexts/survivor").json()   # B restores the last published turn
     assert (got["snapshot_id"], got["n_tokens"], got["host"]) == (last["snapshot_id"], last["n_tokens"], "b")
     assert turn(b, "survivor", TURNS[1]).headers["x-ctx-host"] == "b"
+
+
+def test_the_grpc_face_follows_the_fleet_too(fleet, tmp_path):
+    from ctxengine.rpc import Remote
+
+    a = CtxServer(tmp_path / "ga", "--fleet", fleet.url, "-t", "1", env={"CTX_HOST_ID": "ga"})
+    b = CtxServer(tmp_path / "gb", "--fleet", fleet.url, "-t", "1", env={"CTX_HOST_ID": "gb"})
+    try:
+        with Remote(a.target) as ra, Remote(b.target) as rb:
+            g = ra.create("g")
+            g.append("The capital of France is")
+            list(g.generate(6, temperature=0.0))       # published after the generation
+            on_b = rb.context("g")                      # B restores it from the fleet
+            assert on_b.tokens == g.refresh().tokens
+            list(on_b.generate(6, temperature=0.0))
+            assert ra.context("g").tokens == on_b.refresh().tokens  # A follows B's turn
+    finally:
+        a.stop()
+        b.stop()
