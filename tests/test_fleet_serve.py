@@ -15,7 +15,7 @@ from conftest import smollm2_file
 from ctxengine.engine.weights import cached_weight_id
 from ctxengine.store import Manifest, page_key
 from redis_cluster import fleet, redis_cluster  # noqa: F401 (fixtures)
-from servers import CtxServer
+from servers import CtxServer, free_port
 
 TURNS = ["Name a colour.", "Another one.", "And a third?"]
 SYSTEM = "You are brief."
@@ -167,3 +167,18 @@ def test_the_grpc_face_follows_the_fleet_too(fleet, tmp_path):
     finally:
         a.stop()
         b.stop()
+
+
+def test_a_host_whose_fleet_is_unreachable_serves_from_its_own_store(tmp_path):
+    url = f"redis://127.0.0.1:{free_port()}"
+    host = CtxServer(tmp_path / "alone", "--fleet", url, "-t", "1", http=True, env={"CTX_HOST_ID": "alone"})
+    try:
+        post(host, "/v1/contexts", {"name": "solo", "system": SYSTEM})
+        r = turn(host, "solo", TURNS[0])
+        assert r.headers["x-ctx-host"] == "alone"
+        assert post(host, "/v1/contexts/solo/snapshot", {"ref": "solo"}).status_code == 200
+        fleet_info = get(host, "/v1/fleet").json()
+        assert fleet_info["online"] is False and fleet_info["hosts"] == []
+    finally:
+        host.stop()
+    assert host.log().count("warning: fleet") == 1
