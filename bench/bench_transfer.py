@@ -135,6 +135,11 @@ def print_table(r: dict) -> None:
          f"{r['branch_socket_over_own']:.3f}x", f"{mb(r['branch_socket_bytes'])} on the socket for "
          f"{r['branch_own_pages']} own pages ({mb(r['branch_own_bytes'])}); goal < 1.2x"),
     ]
+    print_rows(rows)
+
+
+def print_rows(rows: list[tuple[str, str, str]]) -> None:
+    """(what, figure, detail) rows, aligned."""
     w = max(len(a) for a, _, _ in rows)
     for a, b, c in rows:
         print(f"{a:<{w}}  {b:>10}  {c}")

@@ -47,3 +47,7 @@ class WeightMismatchError(StoreError):
 
 class UnsupportedTemplateError(CtxError):
     """A model's Go (Ollama) template uses what we do not render; fall back to the GGUF's template."""
+
+
+class RefConflictError(StoreError):
+    """Another host moved a fleet ref first; this move would have overwritten it."""

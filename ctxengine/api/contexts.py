@@ -38,7 +38,7 @@ def routes(runtime) -> APIRouter:
     def card(ctx, *, text: bool = False, tokens: bool = False) -> dict:
         out = {"object": "context", "name": ctx.name, "model": entry_of(ctx).name, "weight_id": ctx.weight_id,
                "n_tokens": ctx.n_tokens, "n_cached": ctx.n_cached, "labels": ctx.labels,
-               "snapshot_id": ctx.snapshot_id}
+               "snapshot_id": ctx.snapshot_id, "host": runtime.host_id}
         if text:
             out["text"] = ctx.text
         if tokens:

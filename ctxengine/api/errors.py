@@ -15,7 +15,8 @@ import json
 import logging
 
 from ..errors import (ContextError, CorruptDataError, CtxError, InvalidNameError, ModelFileError,
-                      ModelNotFoundError, StoreError, UnsupportedModelError, WeightMismatchError)
+                      ModelNotFoundError, RefConflictError, StoreError, UnsupportedModelError,
+                      WeightMismatchError)
 
 log = logging.getLogger("ctxengine.api")
 
@@ -48,7 +49,7 @@ def status_of(err: CtxError) -> int:
     """The HTTP status of an error the engine, state or store raised on purpose."""
     if isinstance(err, ModelNotFoundError):
         return 404
-    if isinstance(err, WeightMismatchError):
+    if isinstance(err, (WeightMismatchError, RefConflictError)):
         return 409
     if isinstance(err, CorruptDataError):
         return 500

@@ -225,6 +225,7 @@ class Generation:
                             ctx.append(closing, parse_special=True)
                     except CtxError:
                         pass  # the context is full: the turn stays open, nothing is lost
+            self._runtime.turn_done(ctx)  # in a fleet: published, so any host continues it
             finished.tokens = ctx.tokens
             self._finish(finished)
 

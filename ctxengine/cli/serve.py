@@ -38,6 +38,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv", choices=KV_DTYPES, default="f16", help="KV cache dtype of loaded models")
     p.add_argument("--memory-budget", type=float, default=None, metavar="GIB",
                    help="unload least recently used models past this many GiB (default: half the RAM)")
+    p.add_argument("--fleet", metavar="redis://HOST:PORT[,...]", default=None,
+                   help="share contexts with other hosts through this Redis Cluster (docs/fleet.md)")
     add_http_arguments(p)
     add_grpc_arguments(p)
 
@@ -48,7 +50,7 @@ def build_runtime(args: argparse.Namespace):
     from ..store import Store
 
     budget = None if args.memory_budget is None else int(args.memory_budget * (1 << 30))
-    return Runtime(build_catalog(args), store=Store(args.store), threads=args.threads, kv=args.kv,
+    return Runtime(build_catalog(args), store=Store(args.store, fleet=args.fleet), threads=args.threads, kv=args.kv,
                    memory_budget=budget, prefix_cache_entries=args.prefix_cache)
 
 
@@ -58,6 +60,13 @@ def main(args: argparse.Namespace) -> int:
 
     runtime = build_runtime(args)
     grpc_server = None
+
+    def ready(url: str | None) -> None:
+        if runtime.fleet is not None:
+            runtime.fleet.start(url)  # the first heartbeat (naming the HTTP face) before we say we are up
+        if url is not None:
+            print(f"ctx serve: HTTP on {url}", file=sys.stderr, flush=True)
+
     try:
         if args.grpc_port:
             grpc_server = start_grpc(runtime, args)
@@ -67,9 +76,9 @@ def main(args: argparse.Namespace) -> int:
                 print(f"ctx serve: warning: no --api-key, and {args.host} is not loopback: anyone who can reach "
                       "it can use the API and the studio", file=sys.stderr, flush=True)
             # Blocks until SIGINT/SIGTERM; streams in flight are finished or cancelled.
-            serve_http(runtime, args, on_ready=lambda url: print(f"ctx serve: HTTP on {url}", file=sys.stderr,
-                                                                 flush=True))
+            serve_http(runtime, args, on_ready=ready)
         elif grpc_server is not None:
+            ready(None)
             _wait_for_signal()
         else:
             print("ctx serve: error: both --port and --grpc-port are 0; nothing to serve", file=sys.stderr)

@@ -69,6 +69,7 @@ class ContextServicer(context_pb2_grpc.ContextServiceServicer):
                 yield pb.GenerateEvent(piece=pb.Piece(text=piece.text, token_id=piece.token_id))
         finally:
             stream.close()  # here, in this thread: it releases the context's lock
+        self.runtime.turn_done(ctx)  # in a fleet: published, so any host continues it
         after = ctx.n_tokens
         yield pb.GenerateEvent(done=pb.Done(finish_reason=ctx.finish_reason or "length", prompt_tokens=before,
                                             completion_tokens=after - before, n_tokens=after))
@@ -125,7 +126,7 @@ class ContextServicer(context_pb2_grpc.ContextServiceServicer):
             return None
         check_client_name(name, "context")
         try:
-            self.runtime.find_context(name)
+            self.runtime.find_local_context(name)  # (in a fleet, find_context would restore it)
         except ContextError:
             return name
         raise ContextError(f"a context named '{name}' already exists")

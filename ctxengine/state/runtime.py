@@ -22,6 +22,8 @@ from typing import TYPE_CHECKING, Iterator
 from ..engine.catalog import CatalogEntry, ModelCatalog
 from ..engine.weights import cached_weight_id
 from ..errors import ContextError, ModelFileError, ModelNotFoundError, UnsupportedModelError
+from ..store.names import default_host_id
+from .fleet_host import FleetHost
 from .prefix_cache import DEFAULT_MAX_ENTRIES, PrefixCache
 
 if TYPE_CHECKING:
@@ -69,6 +71,9 @@ class Runtime:
         self._loaded: dict[str, LoadedEntry] = {}  # by catalog entry name
         self._lock = threading.RLock()
         self._loading: dict[str, threading.Lock] = {}
+        # A member of a fleet when the store has one (state/fleet_host.py); else None.
+        self.fleet = FleetHost(self, store) if store is not None and store.fleet is not None else None
+        self.host_id = self.fleet.host_id if self.fleet is not None else default_host_id()
 
     # -- models -------------------------------------------------------------------------
     def resolve(self, name: str | None) -> CatalogEntry:
@@ -183,6 +188,18 @@ class Runtime:
         return [m.contexts.get(n) for m in models for n in m.contexts.names() if not _internal(n)]
 
     def find_context(self, name: str) -> "Context":
+        """A named context held here; in a fleet, also one restored from the fleet's ref
+        of that name, and never one older than that ref (state/fleet_host.py)."""
+        try:
+            ctx = self.find_local_context(name)
+        except ContextError:
+            found = self.fleet.restore(name) if self.fleet is not None else None
+            if found is None:
+                raise
+            return found
+        return self.fleet.fresh(ctx) if self.fleet is not None else ctx
+
+    def find_local_context(self, name: str) -> "Context":
         with self._lock:
             models = [e.model for e in self._loaded.values()]
         for m in models:
@@ -199,11 +216,16 @@ class Runtime:
             ctx._check_live()  # deleted meanwhile: a clear error; evicted: read back
             yield ctx
 
+    def turn_done(self, ctx: "Context") -> None:
+        """After a generation on a named context (caller holds it): in a fleet, publish it."""
+        if self.fleet is not None:
+            self.fleet.publish_turn(ctx)
+
     def create_context(self, name: str | None, model: str | None = None) -> "Context":
         """A new, empty named context (names are unique across models)."""
         if name is not None:
             try:
-                self.find_context(name)
+                self.find_local_context(name)
             except ContextError:
                 pass
             else:
@@ -212,6 +234,8 @@ class Runtime:
         return m.contexts.adopt(name, m.engine.new_sequence(), ())
 
     def close(self) -> None:
+        if self.fleet is not None:
+            self.fleet.stop()
         with self._lock:
             for loaded in list(self._loaded.values()):
                 loaded.model.close()

@@ -10,7 +10,9 @@ separator between non-empty components; no component is ``.`` or ``..``.
 """
 from __future__ import annotations
 
+import os
 import re
+import socket
 
 from ..errors import InvalidNameError
 
@@ -55,3 +57,8 @@ def validate_name(name: object, what: str = "ref") -> str:
                 "allowed: letters, digits, '.', '_', '-' and '/' between components"
             )
     return name
+
+
+def default_host_id() -> str:
+    """This process's name among a fleet's hosts: $CTX_HOST_ID, else hostname:pid."""
+    return os.environ.get("CTX_HOST_ID") or f"{socket.gethostname()}:{os.getpid()}"

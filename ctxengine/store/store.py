@@ -44,8 +44,12 @@ def default_store_path() -> Path:
 
 
 class Store:
-    def __init__(self, path: str | os.PathLike | None = None, *, map_size: int = 1 << 30):
+    def __init__(self, path: str | os.PathLike | None = None, *, map_size: int = 1 << 30,
+                 fleet: str | None = None, host_id: str | None = None):
+        """``fleet``: redis://host:port[,...] of a Redis Cluster shared with other hosts,
+        this store being its local cache (store/fleet.py, docs/fleet.md)."""
         self.path = Path(path).expanduser() if path is not None else default_store_path()
+        self.fleet = None
         try:
             self.path.mkdir(parents=True, exist_ok=True)
         except OSError as e:
@@ -53,6 +57,10 @@ class Store:
         self._env: Env | None = Env.acquire(str(self.path), map_size)
         try:
             self._check_format()
+            if fleet is not None:
+                from .fleet import Fleet  # imports redis only for a store that uses a fleet
+
+                self.fleet = Fleet(fleet, self, host_id=host_id)
         except BaseException:
             self.close()
             raise
@@ -79,6 +87,9 @@ class Store:
         return self.env.dbs
 
     def close(self) -> None:
+        if self.fleet is not None:
+            fleet, self.fleet = self.fleet, None
+            fleet.close()
         if self._env is not None:
             env, self._env = self._env, None
             env.release()
@@ -130,8 +141,10 @@ class Store:
     def get_pages(self, keys: Iterable[str]) -> list[bytes]:
         """Several pages from one consistent read (restore reads a whole page table)."""
         keys = [k.lower() for k in keys]
+        # Pages only the fleet holds are copied here first (and verified once, there).
+        fetched = self.fleet.fetch_pages(keys) if self.fleet is not None else {}
         with self.env.read(buffers=True) as txn:
-            return [self._decode_stored(txn, k) for k in keys]
+            return [fetched[k] if k in fetched else self._decode_stored(txn, k) for k in keys]
 
     def get_page_record(self, key: str) -> bytes:
         """The stored (encoded) form of a page, for transfer; the receiver verifies it."""
@@ -162,6 +175,11 @@ class Store:
         return self.env.write(lambda txn: self._put_records(txn, checked, pending=list(checked)),
                               size_hint=sum(map(len, checked.values())))
 
+    def put_verified_records(self, records: Mapping[str, bytes]) -> int:
+        """put_page_records for records the caller has just decoded against their keys."""
+        return self.env.write(lambda txn: self._put_records(txn, dict(records), pending=list(records)),
+                              size_hint=sum(map(len, records.values()))) if records else 0
+
     def page_keys(self) -> list[str]:
         with self.env.read() as txn:
             cur = txn.cursor(db=self.dbs["pages"])
@@ -179,7 +197,19 @@ class Store:
         return sid
 
     def get_manifest(self, snapshot_id: str) -> Manifest:
-        """The manifest stored under a full snapshot id (use resolve() for refs/prefixes)."""
+        """The manifest stored under a full snapshot id (use resolve() for refs/prefixes),
+        here or, failing that, on the fleet."""
+        try:
+            return self.get_local_manifest(snapshot_id)
+        except CorruptDataError:
+            raise
+        except StoreError:
+            found = self.fleet.get_manifest(snapshot_id.lower()) if self.fleet is not None else None
+            if found is None:
+                raise
+            return found
+
+    def get_local_manifest(self, snapshot_id: str) -> Manifest:
         kb = codec.key_bytes(snapshot_id, "snapshot id")
         with self.env.read(buffers=True) as txn:
             record = txn.get(kb, db=self.dbs["manifests"])
@@ -224,6 +254,8 @@ class Store:
                 refs_.set_ref(txn, self.dbs, ref, bytes.fromhex(sid), now)
 
         self.env.write(write, size_hint=sum(map(len, records.values())) + len(record))
+        if self.fleet is not None and not (ref or "").startswith("_"):  # "_" refs are this host's own
+            self.fleet.publish(sid, m, ref)
         return sid
 
     def snapshots(self) -> list[str]:
@@ -242,10 +274,15 @@ class Store:
 
         def write(txn):
             if txn.get(sid, db=self.dbs["manifests"]) is None:
-                raise StoreError(f"cannot point ref {name!r} at {snapshot_id}: no such snapshot")
+                return False
             refs_.set_ref(txn, self.dbs, name, sid, now)
+            return True
 
-        self.env.write(write)
+        here = self.env.write(write)
+        if self.fleet is not None and not name.startswith("_") and self.fleet.set_ref(name, sid.hex(), here):
+            return
+        if not here:
+            raise StoreError(f"cannot point ref {name!r} at {snapshot_id}: no such snapshot")
 
     def resolve(self, ref_or_id: str) -> str:
         """A ref name, a full snapshot id, or a unique prefix (>= 8 hex digits) → snapshot id.
@@ -259,6 +296,9 @@ class Store:
             validate_name(text)
         except InvalidNameError:
             raise StoreError(f"no ref or snapshot named {text!r}") from None
+        found = self.fleet.get_ref(text) if self.fleet is not None else None
+        if found is not None:  # the fleet's refs are the truth while it is reachable
+            return found
         with self.env.read() as txn:
             sid = refs_.get_ref(txn, self.dbs, text)
             if sid is not None:
@@ -271,11 +311,15 @@ class Store:
                 if len(found) > 1:
                     shown = ", ".join(f[:16] for f in found[:4])
                     raise StoreError(f"snapshot id prefix {text!r} is ambiguous ({shown}, ...)")
+        if self.fleet is not None and self.fleet.has_manifest(text.lower()):
+            return text.lower()  # the full id of a snapshot only the fleet holds
         raise StoreError(f"no ref or snapshot named {text!r}")
 
     def refs(self) -> dict[str, str]:
+        """Every ref: this store's, and the fleet's (which win) while it is reachable."""
         with self.env.read() as txn:
-            return {n: sid.hex() for n, sid in refs_.all_refs(txn, self.dbs).items()}
+            here = {n: sid.hex() for n, sid in refs_.all_refs(txn, self.dbs).items()}
+        return {**here, **(self.fleet.refs() if self.fleet is not None else {})}
 
     def ref_log(self, name: str) -> list[RefLogEntry]:
         """Every move of ref ``name``, oldest first."""
@@ -289,11 +333,10 @@ class Store:
         """Remove a ref and its log; its snapshots stay until gc() finds them unreachable."""
         validate_name(name, "ref")
 
-        def write(txn):
-            if not refs_.delete_ref(txn, self.dbs, name):
-                raise StoreError(f"no ref named {name!r}")
-
-        self.env.write(write)
+        here = self.env.write(lambda txn: refs_.delete_ref(txn, self.dbs, name))
+        there = self.fleet is not None and not name.startswith("_") and self.fleet.delete_ref(name)
+        if not (here or there):
+            raise StoreError(f"no ref named {name!r}")
 
     # -- maintenance and files --------------------------------------------------
 
