@@ -66,9 +66,18 @@ class PagePool:
 
 class KVSeq:
     """A sequence's page table: ordered page ids and a token count."""
-    def __init__(self, pool: PagePool) -> None: ...
+    def __init__(self, pool: PagePool, trim_pool: Optional[PagePool] = None, window: int = 0,
+                 keep_layers: list[int] = ...) -> None:
+        """With trim_pool, pages wholly outside a `window`-token sliding window keep only keep_layers."""
     @property
     def n_tokens(self) -> int: ...
+    @property
+    def n_released(self) -> int:
+        """Leading pages held released (in the trim pool)."""
+    def release_target(self, n_tokens: int) -> int:
+        """How many leading pages a sequence of n tokens keeps released."""
+    def can_truncate(self, n_tokens: int) -> bool:
+        """Whether truncate(n) keeps every page the sliding window at n needs."""
     @property
     def pages(self) -> list[int]: ...
     @property
@@ -77,8 +86,8 @@ class KVSeq:
         """Share every page copy-on-write: O(pages), no KV bytes copied."""
     def truncate(self, n_tokens: int) -> None:
         """Keep the first n tokens."""
-    def append_page(self, page: int, n_valid: int) -> None:
-        """Attach a page (takes its own reference)."""
+    def append_page(self, page: int, n_valid: int, released: bool = False) -> None:
+        """Attach a page (takes its own reference); released: a trim-pool page, before every full one."""
     def export_page(self, index: int) -> bytes: ...
 
 # -- the model (native/models/register_model.cpp) ---------------------------------
@@ -123,6 +132,9 @@ class _Quant:
     @staticmethod
     def quantize_q8a(x: _F32) -> bytes:
         """One activation row -> raw BlockQ8A bytes (40 per 32 elements)."""
+    @staticmethod
+    def quantize_q8k(x: _F32) -> bytes:
+        """One activation row -> raw BlockQ8K bytes (292 per 256 elements)."""
     @staticmethod
     def quantize_kv8(x: _F32) -> tuple[npt.NDArray[np.int8], npt.NDArray[np.uint16]]:
         """One K or V row -> (int8 values, f16 scale bits per 32), as q8 KV pages store it."""

@@ -25,11 +25,11 @@ def test_message_equals_the_engine_greedy(anthropic_client, model):
 
 def test_system_and_content_blocks(anthropic_client, model):
     system = "You answer in French."
-    r = anthropic_client.messages.create(model="smollm2", max_tokens=60, **GREEDY,
+    r = anthropic_client.messages.create(model="smollm2", max_tokens=100, **GREEDY,
                                system=[{"type": "text", "text": system}],
                                messages=[{"role": "user", "content": [{"type": "text", "text": "Say hello."}]}])
     want = greedy_reply(model, messages=[{"role": "system", "content": system},
-                                         {"role": "user", "content": "Say hello."}], max_tokens=60)
+                                         {"role": "user", "content": "Say hello."}], max_tokens=100)
     assert r.content[0].text == want
     assert r.stop_reason == "end_turn" and r.stop_sequence is None
 

@@ -30,27 +30,34 @@ def gemma(gemma3_path):
     m.close()
 
 
-def test_listed_with_its_family_and_quantization(server):
+@pytest.fixture(scope="module")
+def ollama_client(server):
     import ollama
 
-    models = {m.model: m for m in ollama.Client(host=server.url).list().models}
+    with ollama.Client(host=server.url) as c:
+        yield c
+
+
+def test_listed_with_its_family_and_quantization(ollama_client):
+    models = {m.model: m for m in ollama_client.list().models}
     d = models["gemma3:270m"].details
     assert (d.family, d.quantization_level) == ("gemma3", "Q4_K_M")
 
 
-def test_ollama_chat_equals_the_engines_greedy_reply(server, gemma):
-    import ollama
-
+def test_ollama_chat_equals_the_engines_greedy_reply(ollama_client, gemma):
     want = greedy_reply(gemma, messages=QUESTION, max_tokens=12)
-    r = ollama.Client(host=server.url).chat(model="gemma3:270m", messages=QUESTION,
-                                            options={"temperature": 0, "num_predict": 12})
+    r = ollama_client.chat(model="gemma3:270m", messages=QUESTION, options={"temperature": 0, "num_predict": 12})
     assert want.strip() and r.message.content == want
 
 
 def test_openai_second_turn_reuses_the_first(server, gemma):
     import openai
 
-    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused")
+    with openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0) as client:
+        _second_turn(client, gemma)
+
+
+def _second_turn(client, gemma):
     first = client.chat.completions.create(model="gemma3:270m", messages=QUESTION, max_tokens=8, temperature=0)
     turn2 = QUESTION + [{"role": "assistant", "content": first.choices[0].message.content},
                         {"role": "user", "content": "And another?"}]

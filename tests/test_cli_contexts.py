@@ -35,7 +35,7 @@ def refs(store) -> dict:
 
 def test_context_flow_offline(tmp_path):
     s = tmp_path / "store"
-    ok("new", "chat", "--system", "You are terse.", store=s)
+    ok("new", "chat", "--system", "You are a helpful assistant.", store=s)
     one_line_error(ctx("new", "chat", store=s), "already exists")
     ok("append", "chat", "--role", "user", "What is the capital of France?", store=s)
     r = ok("gen", "chat", "-n", "8", store=s)
