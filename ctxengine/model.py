@@ -74,11 +74,22 @@ class Model:
 
         return restore(self, store, ref, name=name)
 
-    def chat_prompt(self, messages: list[dict], *, add_generation_prompt: bool = True) -> str:
-        """Render messages with the model's chat template (parse the result with parse_special=True)."""
+    def chat_prompt(self, messages: list[dict], *, add_generation_prompt: bool = True, tools=None) -> str:
+        """Render messages with the model's chat template (parse the result with parse_special=True).
+
+        ``tools`` (engine.tools.Tool, or OpenAI-shaped dicts): rendered by the template
+        when it knows tools, else described in the system message (engine/tools.py);
+        messages may then hold role "tool" and assistant ``tool_calls`` (ToolCall lists)."""
         if self.chat_template is None:
             raise CtxError(f"{self.name} has no chat template")
-        return self.chat_template.render(messages, add_generation_prompt=add_generation_prompt)
+        if tools is None and not any(m.get("tool_calls") or m.get("role") == "tool" for m in messages
+                                     if isinstance(m, dict)):
+            return self.chat_template.render(messages, add_generation_prompt=add_generation_prompt)
+        from .engine.tools import as_tools, template_messages, tool_format
+
+        fmt = tool_format(self.chat_template)
+        rendered, variables = template_messages(messages, as_tools(tools or []), fmt)
+        return self.chat_template.render(rendered, add_generation_prompt=add_generation_prompt, **variables)
 
     def chat_continuation(self, messages: list[dict], after: Sequence[int] = (), *,
                           add_generation_prompt: bool = True) -> str:
