@@ -92,7 +92,7 @@ class Model:
         return self.chat_template.render(rendered, add_generation_prompt=add_generation_prompt, **variables)
 
     def chat_continuation(self, messages: list[dict], after: Sequence[int] = (), *,
-                          add_generation_prompt: bool = True) -> str:
+                          add_generation_prompt: bool = True, tools=None) -> str:
         """The text that continues a conversation already held as the tokens
         ``after`` with more ``messages``.
 
@@ -100,10 +100,10 @@ class Model:
         turn to a lone user turn), so this is the rendering of [anchor] +
         messages minus that of [anchor], the anchor being a system turn; a
         context ending on an end-of-turn token first gets what the template
-        writes after it (see chat_turn_closing)."""
+        writes after it (see chat_turn_closing). ``tools`` as chat_prompt takes them."""
         anchor = [{"role": "system", "content": _ANCHOR}]
-        before = self.chat_prompt(anchor, add_generation_prompt=False)
-        full = self.chat_prompt(anchor + messages, add_generation_prompt=add_generation_prompt)
+        before = self.chat_prompt(anchor, add_generation_prompt=False, tools=tools)
+        full = self.chat_prompt(anchor + messages, add_generation_prompt=add_generation_prompt, tools=tools)
         if not full.startswith(before):
             raise CtxError(f"{self.name}'s chat template cannot render turns on their own; "
                            "append the turns as text instead")
