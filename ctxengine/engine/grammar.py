@@ -205,11 +205,10 @@ class Constraint:
         """A copy of the logits with every token the grammar forbids at -inf."""
         m = self._matcher
         m.unsafe_compute_mask_ptr(self._words.ctypes.data, self._words.nbytes)  # releases the GIL
-        if m.is_error():
-            raise GrammarError(f"the grammar failed: {_one_line(m.get_error())}")
         allowed = np.unpackbits(self._words.view(np.uint8), bitorder="little")[: len(logits)].view(bool)
-        if not allowed.any():
-            raise GrammarError("the grammar allows no token here")
+        if m.is_error() or not allowed.any():
+            why = _one_line(m.get_error()) if m.is_error() else "empty mask"
+            raise GrammarError(f"the grammar allows no token here (it cannot be completed; {why})")
         return np.where(allowed, logits, np.float32(-np.inf)).astype(np.float32, copy=False)
 
     def advance(self, token: int) -> None:
