@@ -193,3 +193,16 @@ def test_the_mask_forbids_what_the_grammar_forbids(model):
     assert all(b"ab".startswith(model.tokenizer.token_bytes(int(i))) for i in allowed)
     with pytest.raises(GrammarError, match="does not match the grammar"):
         c.advance(model.tokenize("zz")[0])
+
+
+def test_cli_json_schema_file(tmp_path):
+    from servers import ctx
+
+    (tmp_path / "s.json").write_text(json.dumps(SCHEMA))
+    (tmp_path / "bad.json").write_text('{"type": "objekt"}')
+    env = {"CTX_STORE": str(tmp_path / "store")}
+    out = ctx("run", "--json-schema", tmp_path / "s.json", "-n", "160", ASK, home=tmp_path, env=env)
+    assert out.returncode == 0, out.stderr
+    jsonschema.validate(json.loads(out.stdout), SCHEMA)
+    out = ctx("run", "--json-schema", tmp_path / "bad.json", "x", home=tmp_path, env=env)
+    assert out.returncode == 1 and out.stderr == "ctx run: error: invalid JSON schema: Invalid type: objekt\n"
