@@ -18,7 +18,7 @@ import anyio.to_thread
 from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse
 
-from ..engine.tools import ToolStream, parse_tool_calls
+from ..engine.tools import parse_tool_calls
 from .errors import ANTHROPIC, ApiError, error_body
 from .fields import Fields, json_body, text_content
 from .generation import Finished, Generation, GenerationRequest, Generations, Started
@@ -26,7 +26,7 @@ from .options import Sampling
 from .prompts import Prompt, prompt_ids
 from .streaming import GenerationStream, sse
 from .structured import checked
-from .tools import ToolUse, anthropic_blocks, anthropic_messages, anthropic_tool_use
+from .tools import ToolUse, anthropic_blocks, anthropic_messages, anthropic_tool_use, reply_events
 
 
 def messages_prompt(f: Fields, tools: ToolUse | None = None) -> Prompt:
@@ -114,7 +114,6 @@ async def _events(gen: Generation, head: dict, tools: ToolUse | None = None):
     def event(kind: str, **data) -> bytes:
         return sse({"type": kind, **data}, event=kind)
 
-    split = ToolStream(forced=tools.choice.forced) if tools is not None else None
     blocks = 0  # content blocks opened; the text block (index 0) opens with the first text
 
     def text_delta(text: str):
@@ -126,18 +125,17 @@ async def _events(gen: Generation, head: dict, tools: ToolUse | None = None):
 
     yield event("message_start", message={**head, "content": [], "stop_reason": None, "stop_sequence": None,
                                           "usage": usage(gen.started, None)})
-    if split is None:  # plain text: the text block opens at once, as before tools existed
+    if tools is None:  # plain text: the text block opens at once, as before tools existed
         blocks = 1
         yield event("content_block_start", index=0, content_block={"type": "text", "text": ""})
     try:
-        async for ev in gen.events():
-            if not isinstance(ev, Finished):
-                text = split.push(ev) if split is not None else ev
-                for e in text_delta(text) if text else ():
+        async for kind, *data in reply_events(gen, tools):
+            if kind == "text":
+                for e in text_delta(data[0]):
                     yield e
                 continue
-            rest, calls = split.finish() if split is not None else ("", [])
-            for e in text_delta(rest) if rest or (blocks == 0 and not calls) else ():
+            ev, calls = data
+            for e in text_delta("") if blocks == 0 and not calls else ():
                 yield e
             if blocks:
                 yield event("content_block_stop", index=0)

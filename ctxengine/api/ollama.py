@@ -26,11 +26,11 @@ from .errors import OLLAMA, ApiError, error_body
 from .fields import Fields, json_body
 from .generation import Finished, Generation, GenerationRequest, Generations
 from .options import ollama_sampling
-from ..engine.tools import ToolStream, parse_tool_calls
+from ..engine.tools import parse_tool_calls
 from .prompts import Prompt
 from .streaming import GenerationStream, ndjson
 from .structured import ollama_grammar
-from .tools import ToolUse, ollama_calls, ollama_tool_use, openai_message
+from .tools import ToolUse, ollama_calls, ollama_tool_use, openai_message, reply_events
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h)")
 _UNIT_S = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
@@ -264,22 +264,17 @@ def _final(gen: Generation, model: str, fin: Finished, chat: bool, text: str = "
 
 
 async def _lines(gen: Generation, model: str, chat: bool, tools: ToolUse | None = None):
-    split = ToolStream(forced=tools.choice.forced) if tools is not None else None
     try:
-        async for ev in gen.events():
-            if not isinstance(ev, Finished):
-                text = split.push(ev) if split is not None else ev
-                if text or split is None:
-                    yield ndjson(_piece(model, text, chat))
+        async for kind, *data in reply_events(gen, tools):
+            if kind == "text":
+                yield ndjson(_piece(model, data[0], chat))
                 continue
-            if split is not None:
-                rest, calls = split.finish()
-                if rest or calls:
-                    piece = _piece(model, rest, chat)
-                    if calls:
-                        piece["message"]["tool_calls"] = ollama_calls(calls)
-                    yield ndjson(piece)
-            yield ndjson(_final(gen, model, ev, chat))
+            fin, calls = data
+            if calls:
+                piece = _piece(model, "", chat)
+                piece["message"]["tool_calls"] = ollama_calls(calls)
+                yield ndjson(piece)
+            yield ndjson(_final(gen, model, fin, chat))
     except ApiError as err:
         yield ndjson(error_body(OLLAMA, err))
 

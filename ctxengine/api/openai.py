@@ -19,7 +19,7 @@ import time
 from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse
 
-from ..engine.tools import ToolStream, parse_tool_calls
+from ..engine.tools import parse_tool_calls
 from .embeddings import embed
 from .errors import OPENAI, ApiError, error_body
 from .fields import Fields, json_body
@@ -28,7 +28,7 @@ from .options import Sampling
 from .prompts import Prompt
 from .streaming import GenerationStream, sse
 from .structured import openai_grammar
-from .tools import ToolUse, openai_calls, openai_message, openai_tool_use
+from .tools import ToolUse, openai_calls, openai_message, openai_tool_use, reply_events
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
 
@@ -192,25 +192,17 @@ async def _chunks(gen: Generation, rid: str, created: int, model: str, chat: boo
 
     if chat:
         yield sse(chunk("", role=True))
-    split = ToolStream(forced=tools.choice.forced) if tools is not None else None
     try:
-        async for event in gen.events():
-            if isinstance(event, Finished):
-                finish = event.finish_reason
-                if split is not None:
-                    rest, calls = split.finish()
-                    if rest:
-                        yield sse(chunk(rest))
-                    for d in _call_deltas(calls):
-                        yield sse(chunk(None, delta={"tool_calls": [d]}))
-                    finish = "tool_calls" if calls else finish
-                yield sse(chunk(None, finish))
-                if include_usage:
-                    yield sse({**head, "choices": [], "usage": usage(gen.started, event)})
-            else:
-                text = split.push(event) if split is not None else event
-                if text:
-                    yield sse(chunk(text))
+        async for kind, *data in reply_events(gen, tools):
+            if kind == "text":
+                yield sse(chunk(data[0]))
+                continue
+            fin, calls = data
+            for d in _call_deltas(calls):
+                yield sse(chunk(None, delta={"tool_calls": [d]}))
+            yield sse(chunk(None, "tool_calls" if calls else fin.finish_reason))
+            if include_usage:
+                yield sse({**head, "choices": [], "usage": usage(gen.started, fin)})
     except ApiError as err:
         yield sse(error_body(OPENAI, err))
     yield sse("[DONE]")

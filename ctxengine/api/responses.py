@@ -27,7 +27,7 @@ import anyio.to_thread
 from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse
 
-from ..engine.tools import ToolCall, ToolStream, parse_tool_calls
+from ..engine.tools import ToolCall, parse_tool_calls
 from .errors import ApiError
 from .fields import Fields, json_body, text_content
 from .generation import Finished, Generation, GenerationRequest, Generations
@@ -37,7 +37,7 @@ from .prompts import Prompt
 from .response_store import ResponseStore, context_name, new_id
 from .streaming import GenerationStream, sse
 from .structured import responses_grammar
-from .tools import ToolUse, responses_tool_use
+from .tools import ToolUse, reply_events, responses_tool_use
 
 
 def input_messages(f: Fields, known_calls: frozenset = frozenset()) -> list[dict]:
@@ -218,7 +218,6 @@ async def _events(gen: Generation, turn: _Turn, model: str, ctx, responses: Resp
         seq += 1
         return sse({"type": kind, "sequence_number": seq - 1, **data}, event=kind)
 
-    split = ToolStream(forced=turn.parses.choice.forced) if turn.parses is not None else None
     msg_id, parts, output = "msg_" + secrets.token_hex(12), [], []
 
     def open_message():
@@ -239,14 +238,13 @@ async def _events(gen: Generation, turn: _Turn, model: str, ctx, responses: Resp
     yield event("response.created", response=start)
     yield event("response.in_progress", response=start)
     try:
-        async for ev in gen.events():
-            if not isinstance(ev, Finished):
-                text = split.push(ev) if split is not None else ev
-                for e in text_delta(text) if text else ():
+        async for kind, *data in reply_events(gen, turn.parses):
+            if kind == "text":
+                for e in text_delta(data[0]):
                     yield e
                 continue
-            rest, calls = split.finish() if split is not None else ("", [])
-            for e in text_delta(rest) if rest else open_message() if not calls else ():
+            ev, calls = data
+            for e in open_message() if not calls else ():
                 yield e
             if parts:
                 text = "".join(parts)

@@ -22,9 +22,10 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from ..engine.tools import Tool, ToolCall, ToolChoice
+from ..engine.tools import Tool, ToolCall, ToolChoice, ToolStream
 from .errors import ApiError
 from .fields import Fields, text_content
+from .generation import Finished
 
 
 @dataclass
@@ -184,6 +185,22 @@ def anthropic_messages(mf: Fields, role: str) -> list[dict]:
 
 
 # -- calls out --------------------------------------------------------------------
+async def reply_events(gen, tools: "ToolUse | None"):
+    """A generation's events for a stream, calls split out when tools are offered:
+    ``("text", str)`` pieces, then ``("end", Finished, calls)``."""
+    split = ToolStream(forced=tools.choice.forced) if tools is not None and tools.parses else None
+    async for ev in gen.events():
+        if isinstance(ev, Finished):
+            rest, calls = split.finish() if split is not None else ("", [])
+            if rest:
+                yield "text", rest
+            yield "end", ev, calls
+            return
+        text = split.push(ev) if split is not None else ev
+        if text:
+            yield "text", text
+
+
 def openai_calls(calls: list[ToolCall]) -> list[dict]:
     return [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments_json}}
             for c in calls]

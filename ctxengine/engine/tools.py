@@ -26,7 +26,7 @@ import json
 import re
 import secrets
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Sequence
 
 from ..errors import CtxError
 from .grammar import JSON_WHITESPACE, Grammar
