@@ -35,30 +35,22 @@ class Timed:
     """Wraps Constraint.mask and Constraint.advance to add up the time spent in them."""
 
     def __init__(self):
-        from ctxengine.engine import grammar
+        from ctxengine.engine.grammar import Constraint
 
-        self.mask_s = self.advance_s = 0.0
-        self.calls = 0
-        self._cls = grammar.Constraint
-        self._mask, self._advance = self._cls.mask, self._cls.advance
-        timer = self
+        self.reset()
+        Constraint.mask = self._wrap(Constraint.mask, "mask_s")
+        Constraint.advance = self._wrap(Constraint.advance, "advance_s")
 
-        def mask(c, logits):
+    def _wrap(self, fn, slot: str):
+        def timed(c, arg):
             t = time.perf_counter()
             try:
-                return timer._mask(c, logits)
+                return fn(c, arg)
             finally:
-                timer.mask_s += time.perf_counter() - t
-                timer.calls += 1
+                setattr(self, slot, getattr(self, slot) + time.perf_counter() - t)
+                self.calls += slot == "mask_s"
 
-        def advance(c, token):
-            t = time.perf_counter()
-            try:
-                return timer._advance(c, token)
-            finally:
-                timer.advance_s += time.perf_counter() - t
-
-        self._cls.mask, self._cls.advance = mask, advance
+        return timed
 
     def reset(self):
         self.mask_s = self.advance_s = 0.0
