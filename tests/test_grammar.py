@@ -69,6 +69,17 @@ def one_go(model) -> str:
     return text
 
 
+def test_a_sentencepiece_vocabulary_too(gemma3_meta):
+    from ctxengine.engine.tokenizer import Tokenizer
+
+    tok = Tokenizer.from_metadata(gemma3_meta)  # Gemma 3: 262k SentencePiece tokens, byte fallback
+    vocab = grammar_vocab(tok)
+    ids = tok.encode("Grüße, {\"a\": [1, 2.5e3]} ✓ 日本\n\n  x")
+    assert vocab.vocab_size == tok.n_vocab and vocab.decode_bytes(ids) == tok.decode(ids).encode()
+    allowed = Constraint(Grammar.json_object(), tok, 0).mask(np.zeros(tok.n_vocab, np.float32)) > -np.inf
+    assert all(tok.token_bytes(int(i)).lstrip().startswith(b"{") for i in np.flatnonzero(allowed))
+
+
 def test_json_schema_output_is_valid_and_ends_itself(one_go):
     jsonschema.validate(json.loads(one_go), SCHEMA)
 
