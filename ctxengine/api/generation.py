@@ -32,8 +32,8 @@ from .prompts import Prompt, continuation_text, prompt_ids
 if TYPE_CHECKING:
     from ..engine.catalog import CatalogEntry
     from ..engine.grammar import Grammar
-    from .tools import ToolUse
     from ..state.runtime import Runtime
+    from .tools import ToolUse
 
 _UNSET = object()
 _request_names = itertools.count(1)
@@ -269,7 +269,6 @@ class Generation:
         if ctx.finish_reason == "stop" and new and new[-1] not in model.tokenizer.eog_ids:
             stop = _which_stop(model.detokenize(new), "".join(parts), s.stop)
         return Finished(ctx.finish_reason or "length", stop, len(new), now - t, now - t0, ctx.tokens)
-
 
     def _grammar(self, model):
         """The request's grammar; for a forced tool call, one that makes the call parse."""

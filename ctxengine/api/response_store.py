@@ -94,8 +94,12 @@ class ResponseStore:
             self.discard(ctx)
             return
         rid = response["id"]
-        take_snapshot(ctx, self.runtime.store, ref=REF_PREFIX + rid,
-                      labels={LABEL: json.dumps(response, ensure_ascii=False)})
+        try:
+            take_snapshot(ctx, self.runtime.store, ref=REF_PREFIX + rid,
+                          labels={LABEL: json.dumps(response, ensure_ascii=False)})
+        except BaseException:
+            self.discard(ctx)  # no response refers to it
+            raise
         with self._lock:
             self._live[rid] = response
             old = list(self._live)[: max(0, len(self._live) - LIVE)]
