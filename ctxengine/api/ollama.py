@@ -208,7 +208,7 @@ def routes(runtime, generations: Generations, metrics) -> APIRouter:
         if stream:
             return GenerationStream(_lines(gen, req.model, chat, tools), gen, "application/x-ndjson")
         text, fin = await gen.collect()
-        if tools is None:
+        if tools is None or not tools.parses:
             return JSONResponse(_final(gen, req.model, fin, chat, text))
         text, calls = parse_tool_calls(text)
         return JSONResponse(_final(gen, req.model, fin, chat, text, calls))
