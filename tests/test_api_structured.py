@@ -214,3 +214,26 @@ def test_ollama_tool_calls_parse_every_time(ollama_client):
     follow = user(ASKS[-1]) + [{"role": "assistant", "content": "", "tool_calls": calls},
                                {"role": "tool", "content": "20 degrees"}]
     assert ollama_client.chat("smollm2", follow, tools=[WEATHER], options={"temperature": 0, "num_predict": 4}).done
+
+
+def test_the_clients_parse_helpers_work(openai_client):
+    from typing import Literal
+
+    from pydantic import BaseModel, Field
+
+    class Place(BaseModel):
+        city: str = Field(max_length=12)
+        country: str = Field(max_length=12)
+        size: Literal["small", "big"]
+
+    ask = user("Paris as JSON with its country.")
+    r = openai_client.chat.completions.parse(model="smollm2", messages=ask, response_format=Place, max_tokens=60,
+                                             temperature=0)
+    assert isinstance(r.choices[0].message.parsed, Place)
+    r = openai_client.chat.completions.parse(model="smollm2", messages=ask, max_tokens=60, temperature=0,
+                                             tools=[openai.pydantic_function_tool(Place, name="save_place")],
+                                             tool_choice="required")
+    assert isinstance(r.choices[0].message.tool_calls[0].function.parsed_arguments, Place)
+    r = openai_client.responses.parse(model="smollm2", input=ask[0]["content"], text_format=Place,
+                                      max_output_tokens=60, temperature=0)
+    assert isinstance(r.output_parsed, Place)
