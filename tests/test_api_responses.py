@@ -150,3 +150,9 @@ def test_a_stored_response_outlives_the_server(tmp_path):
             again = c.responses.create(model="smollm2", input=TURNS[1], previous_response_id=r.id, **GREEDY)
     assert again.output_text == expected.output_text
     assert again.usage.input_tokens_details.cached_tokens == expected.usage.input_tokens_details.cached_tokens
+    # ctx ls shows the client's contexts; the stored responses only with --all.
+    from servers import ctx
+
+    env = {"CTX_STORE": str(tmp_path / "store")}
+    assert f"responses/{r.id}" not in ctx("ls", home=tmp_path, env=env).stdout
+    assert f"responses/{r.id}" in ctx("ls", "--all", home=tmp_path, env=env).stdout
