@@ -74,14 +74,25 @@ class Model:
 
         return restore(self, store, ref, name=name)
 
-    def chat_prompt(self, messages: list[dict], *, add_generation_prompt: bool = True) -> str:
-        """Render messages with the model's chat template (parse the result with parse_special=True)."""
+    def chat_prompt(self, messages: list[dict], *, add_generation_prompt: bool = True, tools=None) -> str:
+        """Render messages with the model's chat template (parse the result with parse_special=True).
+
+        ``tools`` (engine.tools.Tool, or OpenAI-shaped dicts): rendered by the template
+        when it knows tools, else described in the system message (engine/tools.py);
+        messages may then hold role "tool" and assistant ``tool_calls`` (ToolCall lists)."""
         if self.chat_template is None:
             raise CtxError(f"{self.name} has no chat template")
-        return self.chat_template.render(messages, add_generation_prompt=add_generation_prompt)
+        if tools is None and not any(m.get("tool_calls") or m.get("role") == "tool" for m in messages
+                                     if isinstance(m, dict)):
+            return self.chat_template.render(messages, add_generation_prompt=add_generation_prompt)
+        from .engine.tools import as_tools, template_messages, tool_format
+
+        fmt = tool_format(self.chat_template)
+        rendered, variables = template_messages(messages, as_tools(tools or []), fmt)
+        return self.chat_template.render(rendered, add_generation_prompt=add_generation_prompt, **variables)
 
     def chat_continuation(self, messages: list[dict], after: Sequence[int] = (), *,
-                          add_generation_prompt: bool = True) -> str:
+                          add_generation_prompt: bool = True, tools=None) -> str:
         """The text that continues a conversation already held as the tokens
         ``after`` with more ``messages``.
 
@@ -89,10 +100,10 @@ class Model:
         turn to a lone user turn), so this is the rendering of [anchor] +
         messages minus that of [anchor], the anchor being a system turn; a
         context ending on an end-of-turn token first gets what the template
-        writes after it (see chat_turn_closing)."""
+        writes after it (see chat_turn_closing). ``tools`` as chat_prompt takes them."""
         anchor = [{"role": "system", "content": _ANCHOR}]
-        before = self.chat_prompt(anchor, add_generation_prompt=False)
-        full = self.chat_prompt(anchor + messages, add_generation_prompt=add_generation_prompt)
+        before = self.chat_prompt(anchor, add_generation_prompt=False, tools=tools)
+        full = self.chat_prompt(anchor + messages, add_generation_prompt=add_generation_prompt, tools=tools)
         if not full.startswith(before):
             raise CtxError(f"{self.name}'s chat template cannot render turns on their own; "
                            "append the turns as text instead")

@@ -117,11 +117,12 @@ def test_refused_requests_are_openai_errors(openai_client):
     assert "no-such-model" in str(e.value)
     with pytest.raises(openai.BadRequestError, match="'n' must be 1"):
         openai_client.chat.completions.create(model="smollm2", messages=QUESTION, max_tokens=2, n=2)
-    with pytest.raises(openai.BadRequestError, match="tool"):
+    with pytest.raises(openai.BadRequestError, match="tool_choice names 'g', which is not in 'tools'"):
         openai_client.chat.completions.create(model="smollm2", messages=QUESTION, max_tokens=2,
-                                       tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}])
+                                              tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}],
+                                              tool_choice={"type": "function", "function": {"name": "g"}})
     with pytest.raises(openai.BadRequestError, match="temperature"):
         openai_client.chat.completions.create(model="smollm2", messages=QUESTION, max_tokens=2, temperature=-1)
     with pytest.raises(openai.BadRequestError, match="role"):
-        openai_client.chat.completions.create(model="smollm2", messages=[{"role": "tool", "content": "x",
-                                                                   "tool_call_id": "1"}], max_tokens=2)
+        openai_client.chat.completions.create(model="smollm2", messages=[{"role": "critic", "content": "x"}],
+                                              max_tokens=2)

@@ -5,25 +5,31 @@
 ``top_p``, ``top_k``, ``stop_sequences``; ``stream`` sends Anthropic's event
 sequence. Usage follows Anthropic's accounting: ``input_tokens`` are the
 prompt tokens that were prefilled, ``cache_read_input_tokens`` those whose
-KV was reused. Tools, images and extended thinking are refused.
+KV was reused. ``tools`` and ``tool_choice`` with ``tool_use`` /
+``tool_result`` blocks (api/tools.py); ``grammar`` (our extension) constrains
+the reply. Images and extended thinking are refused.
 """
 from __future__ import annotations
 
+import json
 import secrets
 
 import anyio.to_thread
 from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse
 
+from ..engine.tools import parse_tool_calls
 from .errors import ANTHROPIC, ApiError, error_body
 from .fields import Fields, json_body, text_content
 from .generation import Finished, Generation, GenerationRequest, Generations, Started
 from .options import Sampling
 from .prompts import Prompt, prompt_ids
 from .streaming import GenerationStream, sse
+from .structured import checked
+from .tools import ToolUse, anthropic_blocks, anthropic_messages, anthropic_tool_use, reply_events
 
 
-def messages_prompt(f: Fields) -> Prompt:
+def messages_prompt(f: Fields, tools: ToolUse | None = None) -> Prompt:
     messages = []
     if "system" in f:
         messages.append({"role": "system", "content": text_content(f.data["system"], "system", "content blocks")})
@@ -32,9 +38,8 @@ def messages_prompt(f: Fields) -> Prompt:
         role = mf.str("role")
         if role not in ("user", "assistant"):
             raise ApiError(400, f"messages[{i}] has role '{role}'; expected 'user' or 'assistant'")
-        content = text_content(mf.data.get("content"), f"messages[{i}].content", "content blocks")
-        messages.append({"role": role, "content": content})
-    return Prompt(messages=messages)
+        messages.extend(anthropic_messages(mf, role))
+    return Prompt(messages=messages, tools=tools and tools.prompt_tools)
 
 
 def sampling(f: Fields) -> Sampling:
@@ -51,7 +56,9 @@ def usage(started: Started, finished: Finished | None) -> dict:
             "cache_creation_input_tokens": 0, "cache_read_input_tokens": started.cached_tokens}
 
 
-def stop_reason(fin: Finished) -> str:
+def stop_reason(fin: Finished, calls=()) -> str:
+    if calls:
+        return "tool_use"
     if fin.finish_reason == "length":
         return "max_tokens"
     return "stop_sequence" if fin.stop_sequence is not None else "end_turn"
@@ -63,17 +70,23 @@ def routes(runtime, generations: Generations) -> APIRouter:
     @router.post("/v1/messages")
     async def messages(request: Request):
         f = Fields(await json_body(request))
-        f.refuse("tools", "tool use is not supported")
         f.refuse("thinking", "extended thinking is not supported")
         model = f.str("model")
-        req = GenerationRequest(model, messages_prompt(f), sampling(f), context=f.str("context", None))
+        tools = anthropic_tool_use(f)
+        grammar = checked(lambda: _gbnf(f.str("grammar")), "grammar") if "grammar" in f else None
+        req = GenerationRequest(model, messages_prompt(f, tools), sampling(f), context=f.str("context", None),
+                                grammar=grammar, tools=tools)
         stream = f.bool("stream", False)
         gen = await generations.start(req)
         head = {"id": "msg_" + secrets.token_hex(12), "type": "message", "role": "assistant", "model": model}
+        tools = tools if tools is not None and tools.parses else None
         if stream:
-            return GenerationStream(_events(gen, head), gen, "text/event-stream")
+            return GenerationStream(_events(gen, head, tools), gen, "text/event-stream")
         text, fin = await gen.collect()
-        return JSONResponse({**head, "content": [{"type": "text", "text": text}], "stop_reason": stop_reason(fin),
+        calls = []
+        if tools is not None:
+            text, calls = parse_tool_calls(text)
+        return JSONResponse({**head, "content": anthropic_blocks(text, calls), "stop_reason": stop_reason(fin, calls),
                              "stop_sequence": fin.stop_sequence, "usage": usage(gen.started, fin)})
 
     @router.post("/v1/messages/count_tokens")
@@ -91,21 +104,49 @@ def routes(runtime, generations: Generations) -> APIRouter:
     return router
 
 
-async def _events(gen: Generation, head: dict):
+def _gbnf(text: str):
+    from ..engine.grammar import Grammar
+
+    return Grammar.gbnf(text)
+
+
+async def _events(gen: Generation, head: dict, tools: ToolUse | None = None):
     def event(kind: str, **data) -> bytes:
         return sse({"type": kind, **data}, event=kind)
 
+    blocks = 0  # content blocks opened; the text block (index 0) opens with the first text
+
+    def text_delta(text: str):
+        nonlocal blocks
+        if blocks == 0:
+            blocks = 1
+            yield event("content_block_start", index=0, content_block={"type": "text", "text": ""})
+        yield event("content_block_delta", index=0, delta={"type": "text_delta", "text": text})
+
     yield event("message_start", message={**head, "content": [], "stop_reason": None, "stop_sequence": None,
                                           "usage": usage(gen.started, None)})
-    yield event("content_block_start", index=0, content_block={"type": "text", "text": ""})
+    if tools is None:  # plain text: the text block opens at once, as before tools existed
+        blocks = 1
+        yield event("content_block_start", index=0, content_block={"type": "text", "text": ""})
     try:
-        async for ev in gen.events():
-            if isinstance(ev, Finished):
+        async for kind, *data in reply_events(gen, tools):
+            if kind == "text":
+                for e in text_delta(data[0]):
+                    yield e
+                continue
+            ev, calls = data
+            for e in text_delta("") if blocks == 0 and not calls else ():
+                yield e
+            if blocks:
                 yield event("content_block_stop", index=0)
-                yield event("message_delta", delta={"stop_reason": stop_reason(ev), "stop_sequence": ev.stop_sequence},
-                            usage=usage(gen.started, ev))
-                yield event("message_stop")
-            else:
-                yield event("content_block_delta", index=0, delta={"type": "text_delta", "text": ev})
+            for block in anthropic_blocks("", calls) if calls else ():
+                yield event("content_block_start", index=blocks, content_block={**block, "input": {}})
+                yield event("content_block_delta", index=blocks,
+                            delta={"type": "input_json_delta", "partial_json": json.dumps(block["input"])})
+                yield event("content_block_stop", index=blocks)
+                blocks += 1
+            yield event("message_delta", delta={"stop_reason": stop_reason(ev, calls), "stop_sequence": ev.stop_sequence},
+                        usage=usage(gen.started, ev))
+            yield event("message_stop")
     except ApiError as err:
         yield sse(error_body(ANTHROPIC, err), event="error")

@@ -31,7 +31,9 @@ from .prompts import Prompt, continuation_text, prompt_ids
 
 if TYPE_CHECKING:
     from ..engine.catalog import CatalogEntry
+    from ..engine.grammar import Grammar
     from ..state.runtime import Runtime
+    from .tools import ToolUse
 
 _UNSET = object()
 _request_names = itertools.count(1)
@@ -44,6 +46,8 @@ class GenerationRequest:
     sampling: Sampling = field(default_factory=Sampling)
     context: str | None = None        # a named context to continue (our extension)
     keep_alive: object = _UNSET       # Ollama: seconds to stay loaded afterwards (None: forever)
+    grammar: "Grammar | None" = None  # constrains the reply (api/structured.py)
+    tools: "ToolUse | None" = None    # tools offered; a forced choice is grammar-constrained (api/tools.py)
 
 
 @dataclass
@@ -250,7 +254,7 @@ class Generation:
         max_tokens = room if s.max_tokens is None else min(s.max_tokens, room)
         t = time.perf_counter_ns()
         parts: list[str] = []
-        pieces = ctx.generate(max_tokens, stop=s.stop, **s.params)
+        pieces = ctx.generate(max_tokens, stop=s.stop, grammar=self._grammar(model), **s.params)
         sampled = self.metrics.sampled_tokens.labels(self.entry.name) if self.metrics is not None else None
         try:
             for piece in pieces:
@@ -269,6 +273,15 @@ class Generation:
         if ctx.finish_reason == "stop" and new and new[-1] not in model.tokenizer.eog_ids:
             stop = _which_stop(model.detokenize(new), "".join(parts), s.stop)
         return Finished(ctx.finish_reason or "length", stop, len(new), now - t, now - t0, ctx.tokens)
+
+    def _grammar(self, model):
+        """The request's grammar; for a forced tool call, one that makes the call parse."""
+        use = self.request.tools
+        if use is not None and use.choice.forced:
+            from ..engine.tools import forced_call_grammar, tool_format
+
+            return forced_call_grammar(use.tools, use.choice, tool_format(model.chat_template))
+        return self.request.grammar
 
 
 def _which_stop(decoded: str, emitted: str, stops: list[str]) -> str | None:

@@ -7,7 +7,10 @@ through ``options.ollama_sampling`` (an entry's params layer gives the
 defaults). ``context`` is Ollama's token array on ``/api/generate``; a string
 there or on ``/api/chat`` names one of our contexts instead. Besides
 Ollama's fields, the last line carries ``prompt_cached_count``: how many of
-the ``prompt_eval_count`` tokens had their KV reused.
+the ``prompt_eval_count`` tokens had their KV reused. ``format`` ("json" or a
+JSON Schema) and ``grammar`` (our extension: GBNF) constrain the reply
+(api/structured.py); ``/api/chat`` takes ``tools`` and answers
+``message.tool_calls`` (api/tools.py).
 """
 from __future__ import annotations
 
@@ -23,8 +26,11 @@ from .errors import OLLAMA, ApiError, error_body
 from .fields import Fields, json_body
 from .generation import Finished, Generation, GenerationRequest, Generations
 from .options import ollama_sampling
+from ..engine.tools import parse_tool_calls
 from .prompts import Prompt
 from .streaming import GenerationStream, ndjson
+from .structured import ollama_grammar
+from .tools import ToolUse, ollama_calls, ollama_tool_use, openai_message, reply_events
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h)")
 _UNIT_S = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
@@ -139,12 +145,13 @@ def routes(runtime, generations: Generations, metrics) -> APIRouter:
     @router.post("/api/chat")
     async def chat(request: Request):
         f, name = await generation_body(request)
-        f.refuse("tools", "tool calls are not supported")
+        tools = ollama_tool_use(f)
         messages = [_message(m, i) for i, m in enumerate(f.list("messages", []))]
         named = f.str("context", None)
         if not messages:
             return await _load_or_unload(f, name, {"message": {"role": "assistant", "content": ""}})
-        return await _run(f, name, Prompt(messages=messages), named, chat=True)
+        return await _run(f, name, Prompt(messages=messages, tools=tools and tools.prompt_tools), named, chat=True,
+                          tools=tools)
 
     @router.post("/api/embed")
     async def embed_route(request: Request):
@@ -192,14 +199,19 @@ def routes(runtime, generations: Generations, metrics) -> APIRouter:
     def _is_loaded(name: str) -> bool:
         return any(e.entry.name == name for e in runtime.loaded())
 
-    async def _run(f: Fields, name: str, prompt: Prompt, context: str | None, *, chat: bool):
-        req = GenerationRequest(name, prompt, _sampling(f), context=context, keep_alive=_keep_alive(f))
+    async def _run(f: Fields, name: str, prompt: Prompt, context: str | None, *, chat: bool,
+                   tools: ToolUse | None = None):
+        req = GenerationRequest(name, prompt, _sampling(f), context=context, keep_alive=_keep_alive(f),
+                                grammar=ollama_grammar(f), tools=tools)
         stream = f.bool("stream", True)
         gen = await generations.start(req)
         if stream:
-            return GenerationStream(_lines(gen, req.model, chat), gen, "application/x-ndjson")
+            return GenerationStream(_lines(gen, req.model, chat, tools), gen, "application/x-ndjson")
         text, fin = await gen.collect()
-        return JSONResponse(_final(gen, req.model, fin, chat, text))
+        if tools is None or not tools.parses:
+            return JSONResponse(_final(gen, req.model, fin, chat, text))
+        text, calls = parse_tool_calls(text)
+        return JSONResponse(_final(gen, req.model, fin, chat, text, calls))
 
     return router
 
@@ -218,7 +230,6 @@ def _sampling(f: Fields):
 
 def _refuse_unsupported(f: Fields) -> None:
     f.refuse("images", "images are not supported")
-    f.refuse("format", "structured output (format) is not supported")
     if f.data.get("think") not in (None, False):
         raise ApiError(400, "'think' is not supported: the models served here do not think aloud", param="think")
 
@@ -226,11 +237,12 @@ def _refuse_unsupported(f: Fields) -> None:
 def _message(m, i: int) -> dict:
     f = Fields(m, f"messages[{i}].")
     role = f.str("role")
-    if role not in ("system", "user", "assistant"):
-        raise ApiError(400, f"messages[{i}] has role '{role}'; supported: system, user, assistant")
+    if role not in ("system", "user", "assistant", "tool"):
+        raise ApiError(400, f"messages[{i}] has role '{role}'; supported: system, user, assistant, tool")
     f.refuse("images", "images are not supported")
-    f.refuse("tool_calls", "tool calls are not supported")
-    return {"role": role, "content": f.str("content", "")}
+    if f.data.get("content") is None:
+        f = Fields({**f.data, "content": f.str("content", "")}, f.where)
+    return openai_message(f, role)
 
 
 def _piece(model: str, text: str, chat: bool) -> dict:
@@ -238,9 +250,11 @@ def _piece(model: str, text: str, chat: bool) -> dict:
     return {"model": model, "created_at": iso(), **body, "done": False}
 
 
-def _final(gen: Generation, model: str, fin: Finished, chat: bool, text: str = "") -> dict:
+def _final(gen: Generation, model: str, fin: Finished, chat: bool, text: str = "", calls=()) -> dict:
     s = gen.started
     out = _piece(model, text, chat)
+    if calls:
+        out["message"]["tool_calls"] = ollama_calls(calls)
     out.update(done=True, done_reason=fin.finish_reason, total_duration=fin.total_ns, load_duration=s.load_ns,
                prompt_eval_count=s.prompt_tokens, prompt_eval_duration=s.prefill_ns,
                eval_count=fin.completion_tokens, eval_duration=fin.decode_ns, prompt_cached_count=s.cached_tokens)
@@ -249,10 +263,18 @@ def _final(gen: Generation, model: str, fin: Finished, chat: bool, text: str = "
     return out
 
 
-async def _lines(gen: Generation, model: str, chat: bool):
+async def _lines(gen: Generation, model: str, chat: bool, tools: ToolUse | None = None):
     try:
-        async for ev in gen.events():
-            yield ndjson(_final(gen, model, ev, chat) if isinstance(ev, Finished) else _piece(model, ev, chat))
+        async for kind, *data in reply_events(gen, tools):
+            if kind == "text":
+                yield ndjson(_piece(model, data[0], chat))
+                continue
+            fin, calls = data
+            if calls:
+                piece = _piece(model, "", chat)
+                piece["message"]["tool_calls"] = ollama_calls(calls)
+                yield ndjson(piece)
+            yield ndjson(_final(gen, model, fin, chat))
     except ApiError as err:
         yield ndjson(error_body(OLLAMA, err))
 

@@ -4,7 +4,9 @@
 Sampling fields: ``max_tokens`` / ``max_completion_tokens``, ``temperature``,
 ``top_p``, ``seed``, ``stop``, ``presence_penalty``, ``frequency_penalty``,
 and llama.cpp's ``top_k``, ``min_p``, ``repeat_penalty``. ``n`` must be 1;
-tools and logprobs are refused rather than ignored. ``context`` (our
+logprobs are refused rather than ignored. ``response_format`` and
+``grammar`` constrain the reply (api/structured.py); ``tools`` and
+``tool_choice`` offer tools (api/tools.py). ``context`` (our
 extension) continues a named context. ``usage.prompt_tokens_details.cached_tokens``
 says how many prompt tokens were reused rather than prefilled.
 """
@@ -17,15 +19,18 @@ import time
 from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse
 
+from ..engine.tools import parse_tool_calls
 from .embeddings import embed
 from .errors import OPENAI, ApiError, error_body
-from .fields import Fields, json_body, text_content
+from .fields import Fields, json_body
 from .generation import Finished, Generation, GenerationRequest, Generations, Started
 from .options import Sampling
 from .prompts import Prompt
 from .streaming import GenerationStream, sse
+from .structured import openai_grammar
+from .tools import ToolUse, openai_calls, openai_message, openai_tool_use, reply_events
 
-ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
 
 
 def sampling(f: Fields) -> Sampling:
@@ -46,12 +51,8 @@ def sampling(f: Fields) -> Sampling:
 def _refuse_unsupported(f: Fields) -> None:
     if f.int("n", 1) != 1:
         raise ApiError(400, "'n' must be 1: one choice per request", param="n")
-    f.refuse("tools", "tool calls are not supported")
-    f.refuse("functions", "function calls are not supported")
+    f.refuse("functions", "use 'tools' (the deprecated 'functions' is not supported)")
     f.refuse("logprobs", "log-probabilities are not returned")
-    fmt = f.obj("response_format").str("type", "text")
-    if fmt != "text":
-        raise ApiError(400, f"response_format '{fmt}' is not supported (only 'text')", param="response_format")
 
 
 def chat_messages(raw: list) -> list[dict]:
@@ -61,7 +62,7 @@ def chat_messages(raw: list) -> list[dict]:
         role = f.str("role")
         if role not in ROLES:
             raise ApiError(400, f"messages[{i}] has role '{role}'; supported: {', '.join(ROLES)}")
-        out.append({"role": ROLES[role], "content": text_content(f.data.get("content"), f"{f.where}content")})
+        out.append(openai_message(f, ROLES[role]))
     return out
 
 
@@ -103,8 +104,10 @@ def routes(runtime, generations: Generations, metrics) -> APIRouter:
     async def chat_completions(request: Request):
         f = Fields(await json_body(request))
         _refuse_unsupported(f)
-        req = GenerationRequest(f.str("model", None), Prompt(messages=chat_messages(f.list("messages"))),
-                                sampling(f), context=f.str("context", None))
+        tools = openai_tool_use(f)
+        prompt = Prompt(messages=chat_messages(f.list("messages")), tools=tools and tools.prompt_tools)
+        req = GenerationRequest(f.str("model", None), prompt, sampling(f), context=f.str("context", None),
+                                grammar=openai_grammar(f), tools=tools)
         return await _respond(generations, f, req, chat=True)
 
     @router.post("/v1/completions")
@@ -115,8 +118,9 @@ def routes(runtime, generations: Generations, metrics) -> APIRouter:
         f.refuse("suffix", "fill-in-the-middle is not supported")
         if f.int("best_of", 1) != 1:
             raise ApiError(400, "'best_of' must be 1", param="best_of")
+        f.refuse("tools", "tools need /v1/chat/completions")
         req = GenerationRequest(f.str("model", None), _completion_prompt(f), sampling(f),
-                                context=f.str("context", None))
+                                context=f.str("context", None), grammar=openai_grammar(f))
         return await _respond(generations, f, req, chat=False)
 
     @router.post("/v1/embeddings")
@@ -151,27 +155,36 @@ async def _respond(generations: Generations, f: Fields, req: GenerationRequest, 
     model = req.model or gen.entry.name
     rid = ("chatcmpl-" if chat else "cmpl-") + secrets.token_hex(12)
     created = int(time.time())
+    tools = req.tools if req.tools is not None and req.tools.parses else None
     if not stream:
         text, fin = await gen.collect()
         choice = {"index": 0, "logprobs": None, "finish_reason": fin.finish_reason}
         if chat:
-            choice["message"] = {"role": "assistant", "content": text}
+            calls = []
+            if tools is not None:
+                text, calls = parse_tool_calls(text)
+            choice["message"] = {"role": "assistant", "content": text if text or not calls else None}
+            if calls:
+                choice["message"]["tool_calls"] = openai_calls(calls)
+                choice["finish_reason"] = "tool_calls"
         else:
             choice["text"] = text
         return JSONResponse({"id": rid, "object": "chat.completion" if chat else "text_completion",
                              "created": created, "model": model, "choices": [choice],
                              "usage": usage(gen.started, fin)})
-    return GenerationStream(_chunks(gen, rid, created, model, chat, include_usage), gen, "text/event-stream")
+    return GenerationStream(_chunks(gen, rid, created, model, chat, include_usage, tools), gen, "text/event-stream")
 
 
-async def _chunks(gen: Generation, rid: str, created: int, model: str, chat: bool, include_usage: bool):
+async def _chunks(gen: Generation, rid: str, created: int, model: str, chat: bool, include_usage: bool,
+                  tools: ToolUse | None = None):
     head = {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion", "created": created,
             "model": model}
     extra = {"usage": None} if include_usage else {}
 
-    def chunk(text: str | None, finish: str | None = None, role: bool = False) -> dict:
+    def chunk(text: str | None, finish: str | None = None, role: bool = False, delta: dict | None = None) -> dict:
         if chat:
-            delta = {"role": "assistant", "content": text or ""} if role else ({"content": text} if text else {})
+            if delta is None:
+                delta = {"role": "assistant", "content": text or ""} if role else ({"content": text} if text else {})
             choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
         else:
             choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
@@ -180,13 +193,26 @@ async def _chunks(gen: Generation, rid: str, created: int, model: str, chat: boo
     if chat:
         yield sse(chunk("", role=True))
     try:
-        async for event in gen.events():
-            if isinstance(event, Finished):
-                yield sse(chunk(None, event.finish_reason))
-                if include_usage:
-                    yield sse({**head, "choices": [], "usage": usage(gen.started, event)})
-            else:
-                yield sse(chunk(event))
+        async for kind, *data in reply_events(gen, tools):
+            if kind == "text":
+                yield sse(chunk(data[0]))
+                continue
+            fin, calls = data
+            for d in _call_deltas(calls):
+                yield sse(chunk(None, delta={"tool_calls": [d]}))
+            yield sse(chunk(None, "tool_calls" if calls else fin.finish_reason))
+            if include_usage:
+                yield sse({**head, "choices": [], "usage": usage(gen.started, fin)})
     except ApiError as err:
         yield sse(error_body(OPENAI, err))
     yield sse("[DONE]")
+
+
+def _call_deltas(calls) -> list[dict]:
+    """Each call as OpenAI streams it: its id and name first, then its arguments."""
+    out = []
+    for i, c in enumerate(openai_calls(calls)):
+        out.append({"index": i, "id": c["id"], "type": "function",
+                    "function": {"name": c["function"]["name"], "arguments": ""}})
+        out.append({"index": i, "function": {"arguments": c["function"]["arguments"]}})
+    return out

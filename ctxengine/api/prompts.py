@@ -33,6 +33,7 @@ class Prompt:
     text: str | None = None                       # raw text, used as is (special tokens parsed)
     prefix_ids: list[int] = field(default_factory=list)  # token ids before the rest (Ollama context)
     template: str | None = None                   # a Go template for this request (Ollama's `template`)
+    tools: list | None = None                     # engine.tools.Tool definitions to render (engine/tools.py)
 
     @property
     def is_chat(self) -> bool:
@@ -41,7 +42,7 @@ class Prompt:
 
 def chat_text(model: "Model", entry: "CatalogEntry", messages: list[dict], *,
               add_generation_prompt: bool = True, layer_template: bool = True,
-              template: str | None = None) -> str:
+              template: str | None = None, tools: list | None = None) -> str:
     """The messages rendered as the model expects them (see the module doc).
 
     ``layer_template=False`` uses the GGUF's template even when the entry has
@@ -51,19 +52,22 @@ def chat_text(model: "Model", entry: "CatalogEntry", messages: list[dict], *,
     if entry.system and not any(m["role"] == "system" for m in messages):
         messages = [{"role": "system", "content": entry.system}, *messages]
     template = template or entry.template
-    if template and layer_template and add_generation_prompt:
+    # Tool definitions and calls go through the GGUF's own template (engine/tools.py).
+    uses_tools = tools is not None or any(m.get("tool_calls") or m["role"] == "tool" for m in messages)
+    if template and layer_template and add_generation_prompt and not uses_tools:
         from ..engine.ollama_template import render_go_template
 
         try:
             return render_go_template(template, messages=messages)
         except UnsupportedTemplateError:
             pass  # fall back to the GGUF's own template
-    return model.chat_prompt(messages, add_generation_prompt=add_generation_prompt)
+    return model.chat_prompt(messages, add_generation_prompt=add_generation_prompt, tools=tools)
 
 
 def prompt_ids(model: "Model", entry: "CatalogEntry", prompt: Prompt) -> list[int]:
     """Every token of a fresh request's prompt, BOS included where the model wants one."""
-    text = chat_text(model, entry, prompt.messages, template=prompt.template) if prompt.is_chat else prompt.text or ""
+    text = (chat_text(model, entry, prompt.messages, template=prompt.template, tools=prompt.tools)
+            if prompt.is_chat else prompt.text or "")
     ids = model.tokenize(text, parse_special=True)
     ids = list(prompt.prefix_ids) + ids if prompt.prefix_ids else model.tokenizer.with_bos(ids)
     if not ids:
@@ -76,5 +80,5 @@ def continuation_text(model: "Model", entry: "CatalogEntry", prompt: Prompt, con
     if not prompt.is_chat:
         return prompt.text or ""
     if not context_tokens:
-        return chat_text(model, entry, prompt.messages, layer_template=False)
-    return model.chat_continuation(prompt.messages, context_tokens)
+        return chat_text(model, entry, prompt.messages, layer_template=False, tools=prompt.tools)
+    return model.chat_continuation(prompt.messages, context_tokens, tools=prompt.tools)

@@ -22,7 +22,7 @@ from starlette.exceptions import HTTPException
 from .. import __version__
 from ..errors import CtxError
 from . import DEFAULT_MAX_BODY, anthropic, contexts, fleet, ollama, openai, ops
-from . import studio
+from . import responses, studio
 from .errors import ApiError, as_api_error, dialect_of, error_response
 from .generation import Generations
 from .metrics import Metrics
@@ -41,6 +41,7 @@ def build_app(runtime, *, api_key: str | None = None, max_body: int = DEFAULT_MA
     app.include_router(anthropic.routes(runtime, generations))
     app.include_router(ollama.routes(runtime, generations, metrics))
     app.include_router(contexts.routes(runtime))
+    app.include_router(responses.routes(runtime, generations))
     app.include_router(fleet.routes(runtime))
     studio.mount(app, runtime)  # the page at /studio and its /v1/studio routes
 

@@ -35,6 +35,32 @@ def add_sampling_arguments(p: argparse.ArgumentParser, *, max_tokens: int, seed_
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
 
 
+def add_grammar_arguments(p: argparse.ArgumentParser) -> None:
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--grammar-file", metavar="F.gbnf", default=None,
+                   help="constrain the output to a GBNF grammar (as llama.cpp's grammars/ write it)")
+    g.add_argument("--json-schema", metavar="F.json", default=None,
+                   help="constrain the output to JSON valid against this JSON Schema")
+
+
+def grammar_options(args: argparse.Namespace) -> dict:
+    """``grammar=`` for Context.generate from --grammar-file / --json-schema (empty: neither)."""
+    path = args.grammar_file or args.json_schema
+    if path is None:
+        return {}
+    from ..engine.grammar import Grammar
+    from ..errors import CtxError
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except (OSError, UnicodeDecodeError) as err:
+        raise CtxError(f"cannot read {path}: {err}") from None
+    grammar = Grammar.gbnf(text) if args.grammar_file else Grammar.json_schema(text)
+    grammar.compiled()  # a bad file is refused before the model loads
+    return {"grammar": grammar}
+
+
 def sampling_options(args: argparse.Namespace) -> dict:
     """The SamplerParams fields the sampling arguments set."""
     return dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,

@@ -9,7 +9,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .common import add_model_arguments, add_sampling_arguments, load_model, sampling_options
+from .common import (add_grammar_arguments, add_model_arguments, add_sampling_arguments, grammar_options, load_model,
+                     sampling_options)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -18,9 +19,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--raw", action="store_true", help="do not apply the chat template")
     p.add_argument("--system", default=None, help="system message (chat template only)")
     add_sampling_arguments(p, max_tokens=256, seed_help="RNG seed (default: random)")
+    add_grammar_arguments(p)
 
 
 def main(args: argparse.Namespace) -> int:
+    constraint = grammar_options(args)
     model = load_model(args)
     use_template = not args.raw and model.chat_template is not None
     ctx = model.context("run")
@@ -41,7 +44,7 @@ def main(args: argparse.Namespace) -> int:
         else:
             ctx.append(user_text)
         reply = []
-        for piece in ctx.generate(args.max_tokens, stop=args.stop, **sampling):
+        for piece in ctx.generate(args.max_tokens, stop=args.stop, **constraint, **sampling):
             reply.append(piece.text)
             sys.stdout.write(piece.text)
             sys.stdout.flush()

@@ -96,22 +96,29 @@ def _environment() -> jinja2.Environment:
     return env
 
 
-def check_messages(messages: Any) -> list[dict]:
-    """Copies of the messages after checking each is {"role": known, "content": str}."""
+# What a conversation with tool calls adds (rendered by templates that know tools; see engine/tools.py).
+TOOL_KEYS = frozenset({"tool_calls", "tool_call_id", "name"})
+
+
+def check_messages(messages: Any, *, tools: bool = False) -> list[dict]:
+    """Copies of the messages after checking each is {"role": known, "content": str}
+    (``tools``: also role "tool" and the TOOL_KEYS)."""
     if not isinstance(messages, (list, tuple)):
         raise CtxError(f"messages must be a list of dicts, got {type(messages).__name__}")
     out = []
     for i, m in enumerate(messages):
         if not isinstance(m, Mapping):
             raise CtxError(f"message {i} must be a dict with 'role' and 'content', got {type(m).__name__}")
-        extra = set(m) - {"role", "content"}
+        extra = set(m) - {"role", "content"} - (TOOL_KEYS if tools else set())
         if extra:
             raise CtxError(f"message {i} has unsupported key(s): {', '.join(sorted(map(str, extra)))}")
-        if m.get("role") not in ROLES:
-            raise CtxError(f"message {i} has role {m.get('role')!r}; expected one of {', '.join(ROLES)}")
+        roles = (*ROLES, "tool") if tools else ROLES
+        if m.get("role") not in roles:
+            raise CtxError(f"message {i} has role {m.get('role')!r}; expected one of {', '.join(roles)}")
         if not isinstance(m.get("content"), str):
             raise CtxError(f"message {i} content must be a string, got {type(m.get('content')).__name__}")
-        out.append({"role": m["role"], "content": m["content"]})
+        out.append({**{k: m[k] for k in TOOL_KEYS & set(m)}, "role": m["role"], "content": m["content"]}
+                   if tools else {"role": m["role"], "content": m["content"]})
     return out
 
 
@@ -127,9 +134,14 @@ class ChatTemplate:
         except jinja2.TemplateSyntaxError as e:
             raise CtxError(f"chat template syntax error at line {e.lineno}: {e.message}") from None
 
-    def render(self, messages: list[dict], *, add_generation_prompt: bool = True, **extra) -> str:
+    def render(self, messages: list[dict], *, add_generation_prompt: bool = True, tools: list | None = None,
+               **extra) -> str:
+        """``tools``: definitions in the OpenAI shape, for templates that render them (engine/tools.py)."""
         variables = {"bos_token": self.bos_token, "eos_token": self.eos_token, **extra,
-                     "messages": check_messages(messages), "add_generation_prompt": add_generation_prompt}
+                     "messages": check_messages(messages, tools=tools is not None),
+                     "add_generation_prompt": add_generation_prompt}
+        if tools is not None:
+            variables["tools"] = tools
         try:
             return self._template.render(**variables)
         except _Raised as e:

@@ -3,6 +3,13 @@
 A context's KV may lag its tokens: tokens sampled by ``generate`` are kept and
 prefilled on the next step that needs them (``_sync``), so a stream never
 pays a forward pass for a token nobody reads the logits of.
+
+A generation under a grammar (``generate(grammar=...)`` or ``json_schema=``)
+leaves its constraint in the context while the output is unfinished (cut by
+max_tokens): the next ``generate()`` without a grammar continues it, a fork
+forks it, a snapshot stores it and a restore replays it (see
+engine/grammar.py). Appending ends it: appended text is the caller's, not the
+grammar's.
 """
 from __future__ import annotations
 
@@ -13,6 +20,7 @@ from typing import TYPE_CHECKING, Iterator, Sequence
 import numpy as np
 
 from ..errors import ContextError
+from ..engine.grammar import Constraint, Grammar, as_grammar
 from ..engine.sampler import Sampler, SamplerParams, StopMatcher
 from ..engine.tokenizer import StreamDecoder
 
@@ -34,7 +42,8 @@ class Piece:
 class Context:
     def __init__(self, table: "ContextTable", name: str, seq, tokens: Sequence[int] = (), *,
                  labels: dict[str, str] | None = None, sampler_state: dict | None = None,
-                 last_logits: np.ndarray | None = None, snapshot_id: str | None = None):
+                 last_logits: np.ndarray | None = None, snapshot_id: str | None = None,
+                 constraint: "Constraint | dict | None" = None):
         self._table = table
         self.name = name
         self._seq = seq
@@ -49,6 +58,9 @@ class Context:
         # Set while the table has written this context to its store to free
         # pages (see ContextTable.reserve_pages); it comes back on next use.
         self._evicted: str | None = None
+        # The unfinished grammar of the last generation: live, or as a stored
+        # state (a restore) that is replayed when a generation first needs it.
+        self._constraint = constraint
         self._lock = threading.RLock()
 
     # -- what it is -----------------------------------------------------------
@@ -113,6 +125,7 @@ class Context:
                 if bad:
                     raise ContextError(f"token id {bad[0]} is outside the vocabulary (0..{self.model.config.n_vocab - 1})")
             self._check_room(len(ids))
+            self._constraint = None
             self._tokens.extend(ids)
             self._sync()
             self._table.touch(self)
@@ -127,19 +140,26 @@ class Context:
         return self.append(template.render([{"role": "system", "content": text}], add_generation_prompt=False),
                            parse_special=True)
 
-    def generate(self, max_tokens: int = 256, *, stop: Sequence[str] = (), **sampling) -> Iterator[Piece]:
+    def generate(self, max_tokens: int = 256, *, stop: Sequence[str] = (), grammar: "Grammar | str | None" = None,
+                 json_schema=None, **sampling) -> Iterator[Piece]:
         """Stream up to max_tokens sampled tokens as pieces of text.
 
         Sampling options are SamplerParams fields (temperature, top_k, top_p,
         min_p, repeat_penalty, presence_penalty, frequency_penalty, seed). With
         no seed, the RNG continues from this context's last generation, so a
         restored context goes on exactly as the original would.
+
+        ``grammar`` (GBNF text or a Grammar) or ``json_schema`` (a dict or its
+        JSON text) constrain the output; it ends ("stop") when the grammar is
+        complete, or ("length") unfinished, and then a later generate()
+        without a grammar continues it.
         """
         with self._lock:
             self._check_live()
             if max_tokens < 0:
                 raise ContextError("max_tokens must be >= 0")
             sampler = self._make_sampler(sampling)
+            constraint = self._start_constraint(as_grammar(grammar, json_schema))
             tok = self.model.tokenizer
             decoder = StreamDecoder(tok)
             matcher = StopMatcher(list(stop))
@@ -149,7 +169,11 @@ class Context:
                     if len(self._tokens) >= self.model.config.n_ctx:
                         break
                     logits = self._sync()
+                    if constraint is not None:
+                        logits = constraint.mask(logits)
                     token = sampler.sample(logits, self._tokens)
+                    if constraint is not None:
+                        constraint.advance(token)
                     self._tokens.append(token)
                     if token in tok.eog_ids:
                         self.finish_reason = "stop"
@@ -159,11 +183,18 @@ class Context:
                     if hit:
                         self.finish_reason = "stop"
                         return
+                    if constraint is not None and constraint.done:
+                        self.finish_reason = "stop"  # complete: only an end of turn could follow
+                        break
                 rest = matcher.push(decoder.flush())[0] + matcher.flush()
                 if rest:
                     yield Piece(rest, None)
             finally:
                 self.sampler_state = sampler.state()
+                # A finished grammar is over; an unfinished one waits for the next generate().
+                if constraint is not None and self.finish_reason == "stop":
+                    constraint = None
+                self._constraint = constraint
                 self._table.touch(self)
 
     # -- branching --------------------------------------------------------------
@@ -185,7 +216,7 @@ class Context:
                                      sampler_state=self.sampler_state,
                                      last_logits=self._last_logits.copy() if same_kv and self._last_logits is not None
                                      else None,
-                                     snapshot_id=self.snapshot_id)
+                                     snapshot_id=self.snapshot_id, constraint=self._forked_constraint(keep))
 
     def rewind(self, n: int) -> None:
         """Drop the last n tokens (their pages are released or copied on write)."""
@@ -194,6 +225,7 @@ class Context:
             if not 0 <= n <= len(self._tokens):
                 raise ContextError(f"cannot rewind {n} tokens of a {len(self._tokens)}-token context")
             keep = len(self._tokens) - n
+            self._constraint = self._forked_constraint(keep, share=True)
             del self._tokens[keep:]
             if self._seq.n_tokens > keep:
                 self._seq = self._truncated(self._seq, keep)
@@ -219,7 +251,35 @@ class Context:
 
         return snapshot(self, store, ref=ref, labels=labels)
 
+    def constraint_state(self) -> dict | None:
+        """The unfinished grammar, as a snapshot stores it (None: there is none)."""
+        c = self._constraint
+        return c.state() if isinstance(c, Constraint) else c
+
     # -- internals --------------------------------------------------------------
+    def _start_constraint(self, grammar: Grammar | None) -> Constraint | None:
+        """A new grammar starts at the current end; without one, an unfinished one goes on."""
+        if grammar is not None:
+            return Constraint(grammar, self.model.tokenizer, len(self._tokens))
+        c = self._constraint
+        if isinstance(c, dict):  # restored: replay the tokens consumed under it
+            c = self._constraint = Constraint.from_state(c, self.model.tokenizer, self._tokens)
+        return c
+
+    def _forked_constraint(self, keep: int, share: bool = False) -> "Constraint | dict | None":
+        """The constraint of the first ``keep`` tokens (``share``: this one, rolled back)."""
+        c = self._constraint
+        if c is None:
+            return None
+        start = c.start if isinstance(c, Constraint) else c["start"]
+        if keep < start:
+            return None
+        if isinstance(c, dict):
+            return dict(c)  # replayed over the (shorter) tokens when next used
+        if keep == len(self._tokens):
+            return c if share else c.fork()
+        return c.state()  # replayed over the first keep tokens when next used
+
     def _sync(self) -> np.ndarray | None:
         """Prefill the tokens whose KV is not computed yet; logits of the last token."""
         if self._seq is None:

@@ -27,6 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Mapping
 
+from ..engine.grammar import check_state as check_grammar_state
 from ..engine.sampler import Sampler
 from ..errors import ContextError, CorruptDataError, CtxError, StoreError, WeightMismatchError
 from ..store import Manifest, Store, page_key, validate_name
@@ -202,9 +203,18 @@ def _manifest(ctx: "Context", keys: list[str], n_tokens: int, labels: dict[str, 
         weight_id=model.weight_id, model_name=model.name, arch=arch_summary(model),
         kv_dtype=model.kv_dtype, page_tokens=model.pool.page_tokens,
         token_ids=list(ctx._tokens), page_keys=keys, page_size=model.pool.page_bytes,
-        n_tokens=n_tokens, sampler_state=ctx.sampler_state or {},
+        n_tokens=n_tokens, sampler_state=_sampler_state(ctx),
         parent=ctx.snapshot_id, labels=labels, released_pages=ctx._seq.n_released,
     )
+
+
+def _sampler_state(ctx: "Context") -> dict:
+    """The sampler's state, with an unfinished grammar under "grammar" (docs/store-format.md)."""
+    state = dict(ctx.sampler_state or {})
+    grammar = ctx.constraint_state()
+    if grammar is not None:
+        state["grammar"] = grammar
+    return state
 
 
 def _write(store: Store, m: Manifest, seq, keys: list[str], exported: dict[str, bytes],
@@ -251,8 +261,10 @@ def restore(model: "Model", store: Store, ref_or_id: str, name: str | None = Non
     m = store.get_manifest(sid)
     check_compatible(m, sid, model.engine)
     seq = load_sequence(table, store, m, sid)
+    sampler_state = dict(m.sampler_state)
+    grammar = sampler_state.pop("grammar", None)
     return table.adopt(name, seq, m.token_ids, labels=m.labels,
-                       sampler_state=m.sampler_state or None, snapshot_id=sid)
+                       sampler_state=sampler_state or None, snapshot_id=sid, constraint=grammar)
 
 
 def check_compatible(m: Manifest, sid: str, engine: "LoadedModel") -> None:
@@ -290,6 +302,9 @@ def check_compatible(m: Manifest, sid: str, engine: "LoadedModel") -> None:
     if m.sampler_state:
         try:
             Sampler.from_state(m.sampler_state)
+            if "grammar" in m.sampler_state:
+                if check_grammar_state(m.sampler_state["grammar"]) > len(m.token_ids):
+                    raise CtxError("its grammar starts past its last token")
         except CtxError as err:
             raise CorruptDataError(f"{what}: {err}") from None
 

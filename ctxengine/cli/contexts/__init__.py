@@ -18,6 +18,7 @@ from ...errors import CtxError, StoreError
 from ..common import add_model_arguments, load_model  # noqa: F401  (the verbs import load_model from here)
 
 EVICTED_PREFIX = "_evicted/"  # refs the context table keeps for evicted contexts
+RESPONSES_PREFIX = "responses/"  # refs of the Responses API's stored responses (api/response_store.py)
 
 
 def add_common_arguments(p: argparse.ArgumentParser) -> None:

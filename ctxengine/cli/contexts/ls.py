@@ -3,19 +3,20 @@ from __future__ import annotations
 
 import argparse
 
-from . import EVICTED_PREFIX, add_common_arguments, describe, open_store, print_json, when
+from . import EVICTED_PREFIX, RESPONSES_PREFIX, add_common_arguments, describe, open_store, print_json, when
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_common_arguments(p)
-    p.add_argument("--all", action="store_true", help="also show refs kept for evicted live contexts")
+    p.add_argument("--all", action="store_true",
+                   help="also show refs kept for evicted live contexts and stored Responses API responses")
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
 
 def main(args: argparse.Namespace) -> int:
     with open_store(args) as store:
         rows = [dict(name=name, **describe(store, sid)) for name, sid in sorted(store.refs().items())
-                if args.all or not name.startswith(EVICTED_PREFIX)]
+                if args.all or not name.startswith((EVICTED_PREFIX, RESPONSES_PREFIX))]
     if args.json:
         print_json(rows)
         return 0

@@ -1,0 +1,277 @@
+"""OpenAI's Responses API over our contexts and snapshots.
+
+    POST   /v1/responses          a new response (``stream``: Responses events)
+    GET    /v1/responses/{id}     a stored response
+    DELETE /v1/responses/{id}
+
+Fields: ``model``, ``input`` (a string, or items: messages with text parts,
+``function_call`` and ``function_call_output``), ``instructions``,
+``previous_response_id``, ``store`` (default true), ``max_output_tokens``,
+``temperature``, ``top_p`` (and our ``top_k``, ``min_p``, ``seed``), ``tools``
+and ``tool_choice`` (api/tools.py), ``text.format`` and ``grammar``
+(api/structured.py).
+
+A response continues the context of its previous one, so only the new input
+is prefilled: ``usage.input_tokens_details.cached_tokens`` counts the tokens
+reused (api/response_store.py). ``instructions`` are a system message: on a
+continuation they are added only when they differ from the previous
+response's (as a system turn at that point: the earlier turns' KV is kept).
+"""
+from __future__ import annotations
+
+import json
+import secrets
+import time
+
+import anyio.to_thread
+from fastapi import APIRouter, Request
+from starlette.responses import JSONResponse
+
+from ..engine.tools import ToolCall, parse_tool_calls
+from .errors import ApiError
+from .fields import Fields, json_body, text_content
+from .generation import Finished, Generation, GenerationRequest, Generations
+from .openai import ROLES
+from .options import Sampling
+from .prompts import Prompt
+from .response_store import ResponseStore, context_name, new_id
+from .streaming import GenerationStream, sse
+from .structured import responses_grammar
+from .tools import ToolUse, reply_events, responses_tool_use
+
+
+def input_messages(f: Fields, known_calls: frozenset = frozenset()) -> list[dict]:
+    """``input`` as engine messages (assistant tool calls as ToolCall lists).
+
+    ``function_call`` items whose call_id is in ``known_calls`` (the previous
+    response's own calls, which its context already holds) are skipped."""
+    value = f.data.get("input")
+    if isinstance(value, str):
+        return [{"role": "user", "content": value}]
+    if not isinstance(value, list) or not value:
+        raise ApiError(400, "'input' must be a string or a non-empty list of items", param="input")
+    out: list[dict] = []
+    for i, item in enumerate(value):
+        it = Fields(item, f"input[{i}].")
+        kind = it.str("type", "message")
+        if kind == "message":
+            role = it.str("role")
+            if role not in ROLES or role == "tool":
+                raise ApiError(400, f"'input[{i}].role' is '{role}'; expected system, developer, user or assistant")
+            out.append({"role": ROLES[role], "content": _text(it)})
+        elif kind == "function_call":
+            if it.str("call_id") in known_calls:
+                continue
+            try:
+                args = json.loads(it.str("arguments") or "{}")
+            except ValueError:
+                raise ApiError(400, f"'input[{i}].arguments' is not valid JSON", param="input") from None
+            call = ToolCall(it.str("name"), args if isinstance(args, dict) else {}, id=it.str("call_id"))
+            if out and out[-1]["role"] == "assistant" and "tool_calls" in out[-1]:
+                out[-1]["tool_calls"].append(call)
+            else:
+                out.append({"role": "assistant", "content": "", "tool_calls": [call]})
+        elif kind == "function_call_output":
+            output = it.data.get("output")
+            text = output if isinstance(output, str) else json.dumps(output)
+            out.append({"role": "tool", "content": text, "tool_call_id": it.str("call_id")})
+        else:
+            raise ApiError(400, f"'input[{i}].type' is '{kind}'; supported: message, function_call, "
+                                "function_call_output", param="input")
+    return out
+
+
+def _text(it: Fields) -> str:
+    content = it.data.get("content")
+    if isinstance(content, list):  # input_text / output_text parts are text parts
+        content = [{**p, "type": "text"} if isinstance(p, dict) and p.get("type") in ("input_text", "output_text")
+                   else p for p in content]
+    return text_content(content, f"{it.where}content")
+
+
+def _sampling(f: Fields) -> Sampling:
+    params = {n: f.float(n) for n in ("temperature", "top_p", "min_p") if n in f}
+    if "top_k" in f:
+        params["top_k"] = f.int("top_k", min=0)
+    if "seed" in f:
+        params["seed"] = f.int("seed", min=0)
+    return Sampling(max_tokens=f.int("max_output_tokens", None, min=1), params=params)
+
+
+class _Turn:
+    """One request: its settings, and the response object it becomes."""
+
+    def __init__(self, f: Fields, rid: str, previous: dict | None):
+        self.id = rid
+        self.f = f
+        self.created = int(time.time())
+        self.tools = responses_tool_use(f)
+        self.instructions = f.str("instructions", None)
+        known = frozenset(o.get("call_id") for o in (previous or {}).get("output", [])
+                          if o.get("type") == "function_call")
+        messages = input_messages(f, known)
+        carried = previous.get("instructions") if previous else None
+        if self.instructions and self.instructions != carried:
+            messages.insert(0, {"role": "system", "content": self.instructions})
+        if previous is not None and not self.instructions:
+            self.instructions = carried  # the context still holds them
+        self.messages = messages
+        self.store = f.bool("store", True)
+        self.previous_id = previous["id"] if previous else None
+
+    def request(self, model: str | None) -> GenerationRequest:
+        prompt = Prompt(messages=self.messages, tools=self.tools and self.tools.prompt_tools)
+        return GenerationRequest(model, prompt, _sampling(self.f), context=context_name(self.id),
+                                 grammar=responses_grammar(self.f), tools=self.tools)
+
+    @property
+    def parses(self) -> ToolUse | None:
+        return self.tools if self.tools is not None and self.tools.parses else None
+
+    def body(self, model: str, status: str, output: list, usage: dict | None, fin: Finished | None = None) -> dict:
+        f = self.f
+        incomplete = {"reason": "max_output_tokens"} if fin is not None and fin.finish_reason == "length" else None
+        fmt = f.obj("text").data.get("format") or {"type": "text"}
+        return {"id": self.id, "object": "response", "created_at": self.created,
+                "status": "incomplete" if incomplete else status, "error": None, "incomplete_details": incomplete,
+                "instructions": self.instructions, "max_output_tokens": f.int("max_output_tokens", None),
+                "model": model, "output": output, "parallel_tool_calls": f.bool("parallel_tool_calls", True),
+                "previous_response_id": self.previous_id, "store": self.store,
+                "temperature": f.float("temperature", 1.0), "top_p": f.float("top_p", 1.0),
+                "tool_choice": f.data.get("tool_choice") or "auto", "tools": f.list("tools", []),
+                "text": {"format": fmt}, "truncation": "disabled", "usage": usage,
+                "metadata": f.data.get("metadata") or {}}
+
+
+def usage(gen: Generation, fin: Finished) -> dict:
+    s = gen.started
+    return {"input_tokens": s.prompt_tokens, "input_tokens_details": {"cached_tokens": s.cached_tokens},
+            "output_tokens": fin.completion_tokens, "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": s.prompt_tokens + fin.completion_tokens}
+
+
+def message_item(text: str, status: str = "completed", item_id: str | None = None) -> dict:
+    content = [] if status == "in_progress" else [_text_part(text)]
+    return {"type": "message", "id": item_id or "msg_" + secrets.token_hex(12), "status": status,
+            "role": "assistant", "content": content}
+
+
+def _text_part(text: str) -> dict:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+
+
+def call_item(c: ToolCall, status: str = "completed") -> dict:
+    return {"type": "function_call", "id": "fc_" + secrets.token_hex(12), "call_id": c.id, "name": c.name,
+            "arguments": c.arguments_json if status == "completed" else "", "status": status}
+
+
+def routes(runtime, generations: Generations) -> APIRouter:
+    router = APIRouter()
+    responses = ResponseStore(runtime)
+
+    @router.post("/v1/responses")
+    async def create(request: Request):
+        f = Fields(await json_body(request))
+        previous_id = f.str("previous_response_id", None)
+        previous = await anyio.to_thread.run_sync(responses.get, previous_id) if previous_id else None
+        turn = _Turn(f, new_id(), previous)
+        model = f.str("model", None)
+        ctx = await anyio.to_thread.run_sync(responses.open, turn.id, model, previous_id)
+        try:
+            gen = await generations.start(turn.request(model or (previous and previous["model"])))
+        except BaseException:
+            responses.discard_later(ctx)
+            raise
+        name = model or gen.entry.name
+        if f.bool("stream", False):
+            return GenerationStream(_events(gen, turn, name, ctx, responses), gen, "text/event-stream")
+        try:
+            text, fin = await gen.collect()
+        except BaseException:
+            responses.discard_later(ctx)
+            raise
+        calls = []
+        if turn.parses is not None:
+            text, calls = parse_tool_calls(text)
+        output = ([message_item(text)] if text or not calls else []) + [call_item(c) for c in calls]
+        body = turn.body(name, "completed", output, usage(gen, fin), fin)
+        await anyio.to_thread.run_sync(lambda: responses.save(ctx, body, store=turn.store))
+        return JSONResponse(body)
+
+    @router.get("/v1/responses/{rid}")
+    async def get(rid: str):
+        return await anyio.to_thread.run_sync(responses.get, rid)
+
+    @router.delete("/v1/responses/{rid}")
+    async def delete(rid: str):
+        await anyio.to_thread.run_sync(responses.delete, rid)
+        return {"id": rid, "object": "response", "deleted": True}
+
+    return router
+
+
+async def _events(gen: Generation, turn: _Turn, model: str, ctx, responses: ResponseStore):
+    seq = 0
+
+    def event(kind: str, **data) -> bytes:
+        nonlocal seq
+        seq += 1
+        return sse({"type": kind, "sequence_number": seq - 1, **data}, event=kind)
+
+    msg_id, parts, output = "msg_" + secrets.token_hex(12), [], []
+
+    def open_message():
+        if not parts:
+            parts.append("")
+            yield event("response.output_item.added", output_index=0, item=message_item("", "in_progress", msg_id))
+            yield event("response.content_part.added", item_id=msg_id, output_index=0, content_index=0,
+                        part=_text_part(""))
+
+    def text_delta(text: str):
+        yield from open_message()
+        parts.append(text)
+        yield event("response.output_text.delta", item_id=msg_id, output_index=0, content_index=0, delta=text,
+                    logprobs=[])
+
+    saved = False
+    start = turn.body(model, "in_progress", [], None)
+    yield event("response.created", response=start)
+    yield event("response.in_progress", response=start)
+    try:
+        async for kind, *data in reply_events(gen, turn.parses):
+            if kind == "text":
+                for e in text_delta(data[0]):
+                    yield e
+                continue
+            ev, calls = data
+            for e in open_message() if not calls else ():
+                yield e
+            if parts:
+                text = "".join(parts)
+                yield event("response.output_text.done", item_id=msg_id, output_index=0, content_index=0,
+                            text=text, logprobs=[])
+                yield event("response.content_part.done", item_id=msg_id, output_index=0, content_index=0,
+                            part=_text_part(text))
+                output.append(message_item(text, item_id=msg_id))
+                yield event("response.output_item.done", output_index=0, item=output[-1])
+            for c in calls:
+                item, index = call_item(c), len(output)
+                yield event("response.output_item.added", output_index=index, item={**call_item(c, "in_progress"),
+                                                                                    "id": item["id"]})
+                yield event("response.function_call_arguments.delta", item_id=item["id"], output_index=index,
+                            delta=item["arguments"])
+                yield event("response.function_call_arguments.done", item_id=item["id"], output_index=index,
+                            name=c.name, arguments=item["arguments"])
+                output.append(item)
+                yield event("response.output_item.done", output_index=index, item=item)
+            body = turn.body(model, "completed", output, usage(gen, ev), ev)
+            await anyio.to_thread.run_sync(lambda: responses.save(ctx, body, store=turn.store))
+            saved = True
+            yield event("response.completed" if body["status"] == "completed" else "response.incomplete",
+                        response=body)
+            return
+    except ApiError as err:
+        yield event("error", code=str(err.status), message=err.message, param=err.param)
+    finally:
+        if not saved:  # failed, or the client went away: nothing keeps the context
+            responses.discard_later(ctx)

@@ -1,0 +1,131 @@
+"""Tool formats: which one a chat template speaks, rendering tools and calls into
+prompts, parsing calls out of replies (whole and streamed), forced-call grammars."""
+import json
+
+import numpy as np
+import pytest
+
+import ctxengine as ce
+from ctxengine.engine.chat import ChatTemplate
+from ctxengine.engine.grammar import Constraint, GrammarError
+from ctxengine.engine.tools import (Tool, ToolCall, ToolChoice, ToolStream, as_tools, forced_call_grammar,
+                                    parse_tool_calls, tool_format)
+
+WEATHER = Tool("get_weather", "Weather in a city",
+               {"type": "object", "properties": {"city": {"type": "string"}, "unit": {"enum": ["C", "F"]}},
+                "required": ["city"]})
+TIME = Tool("get_time", "Time in a zone", {"type": "object", "properties": {"zone": {"type": "string"}}})
+
+# The shape of Qwen 2.5's template (tools in the system turn, <tool_call> replies, tool turns).
+HERMES_TEMPLATE = (
+    "{%- if tools %}<|im_start|>system\n# Tools\n<tools>{% for t in tools %}\n{{ t | tojson }}{% endfor %}\n</tools>"
+    "\nReply with <tool_call></tool_call><|im_end|>\n{% endif %}"
+    "{%- for m in messages %}"
+    "{%- if m.role == 'tool' %}<|im_start|>user\n<tool_response>\n{{ m.content }}\n</tool_response><|im_end|>\n"
+    "{%- elif m.tool_calls %}<|im_start|>assistant\n{% for c in m.tool_calls %}<tool_call>\n"
+    "{{ {'name': c.function.name, 'arguments': c.function.arguments} | tojson }}\n</tool_call>{% endfor %}<|im_end|>\n"
+    "{%- else %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endif %}{% endfor %}"
+    "{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+LLAMA3_TEMPLATE = (
+    "{% for m in messages %}<|start_header_id|>{{ 'ipython' if m.role == 'tool' else m.role }}<|end_header_id|>\n"
+    "{% if tools and loop.last %}Call a function with {\"name\": ..., \"parameters\": ...}: "
+    "{% for t in tools %}{{ t | tojson }}{% endfor %}\n{% endif %}{{ m.content }}<|eot_id|>{% endfor %}"
+    "<|python_tag|>")
+
+
+@pytest.fixture(scope="module")
+def model(smollm2_path):
+    m = ce.load(smollm2_path, threads=2)
+    yield m
+    m.close()
+
+
+def test_formats_follow_the_template(model):
+    assert tool_format(model.chat_template) == "fallback"  # SmolLM2's template knows no tools
+    assert tool_format(ChatTemplate(HERMES_TEMPLATE)) == "hermes"
+    assert tool_format(ChatTemplate(LLAMA3_TEMPLATE)) == "llama3"
+    assert tool_format(None) == "fallback"
+
+
+def test_fallback_renders_tools_calls_and_results_into_the_prompt(model):
+    call = ToolCall("get_weather", {"city": "Paris"})
+    messages = [{"role": "system", "content": "Be terse."}, {"role": "user", "content": "Weather in Paris?"},
+                {"role": "assistant", "content": "", "tool_calls": [call]},
+                {"role": "tool", "content": "sunny", "tool_call_id": call.id}]
+    text = model.chat_prompt(messages, tools=[WEATHER])
+    system = text[: text.index("<|im_end|>")]
+    assert system.startswith("<|im_start|>system\nBe terse.\n\n") and '"name": "get_weather"' in system
+    assert '<|im_start|>assistant\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>' in text
+    assert "<|im_start|>user\n<tool_response>\nsunny\n</tool_response><|im_end|>" in text
+    assert text.endswith("<|im_start|>assistant\n")
+
+
+def test_a_template_that_knows_tools_renders_them_itself():
+    t = ChatTemplate(HERMES_TEMPLATE)
+    from ctxengine.engine.tools import template_messages
+
+    call = ToolCall("get_weather", {"city": "Oslo"})
+    msgs, variables = template_messages([{"role": "user", "content": "Oslo?"},
+                                         {"role": "assistant", "content": "", "tool_calls": [call]},
+                                         {"role": "tool", "content": "rain"}], [WEATHER], "hermes")
+    text = t.render(msgs, **variables)
+    assert text.startswith("<|im_start|>system\n# Tools\n<tools>{\"type\": \"function\"")
+    assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>' in text
+    assert "<tool_response>\nrain\n</tool_response>" in text
+
+
+@pytest.mark.parametrize("text, content, calls", [
+    ('I will check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+     '<tool_call>{"name": "get_time", "arguments": "{\\"zone\\": \\"CET\\"}"}</tool_call>',
+     "I will check.", [("get_weather", {"city": "Paris"}), ("get_time", {"zone": "CET"})]),
+    ('<tool_call>{"name": "get_time", "arguments": {}}', "", [("get_time", {})]),  # cut before the close
+    ('<|python_tag|>{"name": "get_weather", "parameters": {"city": "Rome"}}', "", [("get_weather", {"city": "Rome"})]),
+    (' {"name": "get_weather", "arguments": {"city": "Nice"}}', "", [("get_weather", {"city": "Nice"})]),
+    ('[{"name": "get_time", "parameters": {"zone": "UTC"}}]', "", [("get_time", {"zone": "UTC"})]),
+    ('{"city": "Paris"}', '{"city": "Paris"}', []),                        # JSON, but not a call
+    ("<tool_call>not json</tool_call> hello", "<tool_call>not json</tool_call> hello", []),
+    ("Just text.", "Just text.", []),
+])
+def test_parsing_every_format(text, content, calls):
+    got_content, got = parse_tool_calls(text)
+    assert got_content == content
+    assert [(c.name, c.arguments) for c in got] == calls
+    assert all(c.id.startswith("call_") for c in got)
+
+
+def stream(pieces, forced=False):
+    s = ToolStream(forced=forced)
+    shown = "".join(s.push(p) for p in pieces)
+    rest, calls = s.finish()
+    return shown, rest, [(c.name, c.arguments) for c in calls]
+
+
+def test_streaming_shows_text_and_holds_calls():
+    call = '{"name": "get_time", "arguments": {"zone": "UTC"}}'
+    pieces = ["Let me", " look. <to", "ol_c", "all>\n", call[:10], call[10:], "\n</tool_call>"]
+    assert stream(pieces) == ("Let me look. ", "", [("get_time", {"zone": "UTC"})])
+    assert stream(["a <t", "able>"]) == ("a <table>", "", [])     # a tag prefix that was not one
+    assert stream([" ", call]) == ("", "", [("get_time", {"zone": "UTC"})])  # a bare JSON call
+    assert stream(["{not", " a call}"]) == ("", "{not a call}", [])  # held, then given back as text
+    assert stream(["<|python", "_tag|>", call]) == ("", "", [("get_time", {"zone": "UTC"})])
+    assert stream(["<b>bold</b>"]) == ("<b>bold</b>", "", [])
+    assert stream(["<tool_call>\n", call, "\n</tool_call>"], forced=True) == ("", "", [("get_time", {"zone": "UTC"})])
+
+
+def test_forced_call_grammars_accept_calls_and_only_calls(model):
+    tok = model.tokenizer
+    tools = as_tools([WEATHER.openai(), {"name": "get_time", "parameters": TIME.parameters}])
+    good = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "C"}}\n</tool_call>'
+    c = Constraint(forced_call_grammar(tools, ToolChoice("required"), "fallback"), tok, 0)
+    c.feed(model.tokenize(good))
+    assert c.done
+    named = Constraint(forced_call_grammar(tools, ToolChoice("named", "get_time"), "fallback"), tok, 0)
+    assert named.mask(np.zeros(tok.n_vocab, np.float32)).max() == 0  # something is allowed
+    with pytest.raises(GrammarError, match="do not match"):
+        named.feed(model.tokenize(good))  # a call of the wrong tool
+    llama = Constraint(forced_call_grammar(tools, ToolChoice("required"), "llama3"), tok, 0)
+    llama.feed(model.tokenize(json.dumps({"name": "get_time", "parameters": {"zone": "UTC"}})))
+    assert llama.done
+    with pytest.raises(GrammarError, match="do not match"):  # a required argument missing
+        Constraint(forced_call_grammar(tools, ToolChoice("required"), "fallback"), tok, 0).feed(
+            model.tokenize('<tool_call>\n{"name": "get_weather", "arguments": {"unit": "K"}}'))
