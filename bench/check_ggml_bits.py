@@ -9,7 +9,8 @@ bits with ctxengine._core.quant.matmul (which quantizes the same activations
 itself, Q8A / Q8K). Prints, per type, how many of the dot products differ.
 This is ggml's vec_dot path; llama.cpp itself repacks some types on x86
 (Q4_0, Q4_K, IQ4_NL into interleaved layouts) and runs their matmuls with
-other kernels, whose rounding differs.
+other kernels, whose rounding differs. Our Q4_K follows that repacked gemm
+(quant.h), so it is expected to differ from vec_dot and does not fail the run.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ import numpy as np
 
 from ctxengine import _core
 
+FOLLOWS_REPACK = {"Q4_K"}  # quant.h: llama.cpp's x86 repacked order, not vec_dot's
 TYPES = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8, "Q2_K": 10, "Q3_K": 11, "Q4_K": 12, "Q5_K": 13,
          "Q6_K": 14}
 
@@ -74,8 +76,10 @@ def main() -> int:
                 wr = np.ascontiguousarray(w[o])
                 vec_dot(n_in, ctypes.addressof(out), 0, wr.ctypes.data, 0, ctypes.addressof(xq), 0, 1)
                 differ += np.float32(out.value).view(np.uint32) != ours[r, o].view(np.uint32)
-        worst = max(worst, differ)
-        print(f"  {name}: {differ} of {n_x * n_out}")
+        note = " (follows llama.cpp's repacked gemm instead, by design)" if name in FOLLOWS_REPACK else ""
+        if not note:
+            worst = max(worst, differ)
+        print(f"  {name}: {differ} of {n_x * n_out}{note}")
     return 1 if worst else 0
 
 
