@@ -29,6 +29,7 @@ SHAPES = [
     ("ffn_up  Q5_0", 6, 640, 2048),
     ("attn_v  Q8_0", 8, 640, 256),
     ("attn_o  Q4_K", 12, 1024, 640),
+    ("ffn_dn  Q4_K", 12, 2048, 640),
     ("ffn_dn  Q6_K", 14, 2048, 640),
     ("output  Q8_0", 8, 640, 262144),
 ]
@@ -43,13 +44,15 @@ def random_weights(t: int, n_in: int, n_out: int, rng) -> np.ndarray:
     return w
 
 
+POOL = ThreadPoolExecutor(2)
+
+
 def run(t, w, n_in, n_out, x, threads):
     if threads == 1:
         return Q.matmul(t, w, n_in, n_out, x)
     half = n_out // 2 * Q.row_bytes(t, n_in)
     parts = [(w[:half], n_out // 2), (w[half:], n_out - n_out // 2)]
-    with ThreadPoolExecutor(threads) as ex:
-        return list(ex.map(lambda p: Q.matmul(t, p[0], n_in, p[1], x), parts))
+    return list(POOL.map(lambda p: Q.matmul(t, p[0], n_in, p[1], x), parts))
 
 
 def gops(t, n_in, n_out, rows, threads, seconds, rng, clock="cpu") -> float:
@@ -69,7 +72,7 @@ def gops(t, n_in, n_out, rows, threads, seconds, rng, clock="cpu") -> float:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", default="1,2,4,8,16,32,64")
-    ap.add_argument("--threads", default="1,2")
+    ap.add_argument("--threads", default="1,2", help="1 and/or 2")
     ap.add_argument("--isa", default=_core.detect_isa(), choices=["scalar", "avx2", "avx512"])
     ap.add_argument("--seconds", type=float, default=0.3)
     ap.add_argument("--clock", default="cpu", choices=["cpu", "wall"])

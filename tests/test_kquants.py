@@ -264,12 +264,16 @@ def test_dequantize_q8k():
     np.testing.assert_array_equal(got, (blocks["d"][:, None] * blocks["qs"].astype(np.float32)).reshape(-1))
 
 
-def test_quantize_q8k_matches_ggml_definition():
+@pytest.mark.parametrize("path", AVAILABLE)
+def test_quantize_q8k_matches_ggml_definition(path):
+    _core.set_isa(path)
     rng = np.random.default_rng(9)
     x = (rng.standard_normal(QK_K * 24) * np.repeat(10.0 ** rng.uniform(-20, 4, 24), QK_K)).astype(np.float32)
     x[:QK_K] = 0  # all zero: d = 0, bsums = 0
     x[QK_K:2 * QK_K] = rng.choice([-3.0, 3.0, 1.5, -1.5], QK_K)  # ties for the first largest |x|
     x[2 * QK_K + 7] = -50.0  # the largest |x| always quantizes to -127 (here with d > 0)
+    x[3 * QK_K + 40] = 60.0
+    x[3 * QK_K + 200] = -60.0  # two largest |x| of both signs: the first one sets the sign
     got = np.frombuffer(Q.quantize_q8k(x), Q8K)
     assert got.tobytes() == q8k_numpy(x).tobytes()
     assert got[0]["d"] == 0 and not got[0]["qs"].any() and not got[0]["bsums"].any()

@@ -60,8 +60,15 @@ Isa detect_isa() {
 }
 
 Isa active_isa() {
+  // Hot (scalar f16 conversions ask per value): after the first call this is
+  // one relaxed load, without detect_isa's guarded static.
   int v = g_active.load(std::memory_order_relaxed);
-  return v < 0 ? detect_isa() : static_cast<Isa>(v);
+  if (v < 0) {
+    int unset = -1;
+    v = static_cast<int>(detect_isa());
+    if (!g_active.compare_exchange_strong(unset, v, std::memory_order_relaxed)) v = unset;  // set_isa won
+  }
+  return static_cast<Isa>(v);
 }
 
 void set_isa(Isa isa) {

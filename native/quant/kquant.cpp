@@ -19,6 +19,7 @@ namespace ctx {
 using qk::hsum8;
 
 void quantize_row_q8k(const float* x, BlockQ8K* y, int n) {
+  if (active_isa() == Isa::avx512) return qk::quantize_row_q8k_avx512(x, y, n);
   for (int b = 0; b < n / QK_K; ++b, x += QK_K) {
     BlockQ8K& out = y[b];
     float amax = 0.0f, max = 0.0f;

@@ -249,6 +249,10 @@ inline float pair_result(const PairAcc& a) {
 }
 
 constexpr int kMaxNX = KQ_VNNI ? 6 : 4;  // activation rows per tile
+#ifndef KQ_WIDE_LOCAL
+#define KQ_WIDE_LOCAL 1
+#endif
+constexpr bool kWideLocal = KQ_VNNI && KQ_WIDE_LOCAL;
 
 // One weight row against NX activation rows (x0: NX rows of nb blocks). The
 // super-blocks come from `pre` (unpacked once for many tiles) or are
@@ -267,7 +271,7 @@ void tile_k(const uint8_t* w, size_t bb, const SuperBlock* pre, int nb, const Bl
         _mm_prefetch(reinterpret_cast<const char*>(w + i * bb + prefetch_ahead + off), _MM_HINT_T0);
       unpack_sb<T>(w + i * bb, local);
     }
-    if (pre) {
+    if ((kWideLocal && NX >= 3) || pre) {
       for (int j = 0; j < NX; ++j) pair_step<T, true>(*s, x0[static_cast<size_t>(j) * nb + i], a[j]);
     } else {
       for (int j = 0; j < NX; ++j) pair_step<T, false>(*s, x0[static_cast<size_t>(j) * nb + i], a[j]);

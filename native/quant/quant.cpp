@@ -5,6 +5,8 @@
 // against, bit for bit, so clarity beats speed here.
 #include "quant/quant.h"
 
+#include <immintrin.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -142,7 +144,7 @@ static float bits_float(uint32_t u) {
   return f;
 }
 
-float f16_to_f32(uint16_t h) {
+static float f16_to_f32_soft(uint16_t h) {
   const uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16;
   const uint32_t exp = (h >> 10) & 0x1F;
   const uint32_t man = h & 0x3FF;
@@ -163,7 +165,7 @@ static uint32_t shift_round_even(uint32_t value, int shift) {
   return kept + ((rest > half || (rest == half && (kept & 1))) ? 1 : 0);
 }
 
-uint16_t f32_to_f16(float f) {
+static uint16_t f32_to_f16_soft(float f) {
   const uint32_t u = float_bits(f);
   const auto sign = static_cast<uint16_t>((u >> 16) & 0x8000);
   const uint32_t a = u & 0x7FFFFFFF;
@@ -181,6 +183,17 @@ uint16_t f32_to_f16(float f) {
   const uint32_t m = (a & 0x7FFFFF) | 0x800000;
   return static_cast<uint16_t>(sign | shift_round_even(m, 126 - e));
 }
+
+// One F16C instruction each: what the hot scalar callers (the GELU table
+// lookups, KV writes) want. Bit-identical to the software versions above, which
+// the scalar path keeps using so the tests still check them against numpy.
+__attribute__((target("f16c"))) static float f16_to_f32_hw(uint16_t h) { return _cvtsh_ss(h); }
+__attribute__((target("f16c"))) static uint16_t f32_to_f16_hw(float f) {
+  return static_cast<uint16_t>(_cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT));
+}
+
+float f16_to_f32(uint16_t h) { return active_isa() == Isa::scalar ? f16_to_f32_soft(h) : f16_to_f32_hw(h); }
+uint16_t f32_to_f16(float f) { return active_isa() == Isa::scalar ? f32_to_f16_soft(f) : f32_to_f16_hw(f); }
 
 float bf16_to_f32(uint16_t h) { return bits_float(static_cast<uint32_t>(h) << 16); }
 

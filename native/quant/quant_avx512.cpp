@@ -83,7 +83,13 @@ constexpr int weight_bias(DType t) {
 }
 constexpr size_t block_bytes(DType t) { return block_bytes_q(t); }
 
-constexpr int kPairs = kTile / 2;  // prefill: activation row pairs per group
+// Prefill: activation rows per group and pairs of them. Without a min term
+// a group is 8 rows, so each unpacked weight block meets 4 pairs; Q4_1 and
+// Q5_1 keep 4 (their summ vector holds 4 weight rows x 4 activation rows).
+template <DType T>
+constexpr int kXTile = has_min(T) ? 4 : 8;
+template <DType T>
+constexpr int kPairs = kXTile<T> / 2;
 constexpr int kDecodeSlots = 4;    // decode: weight row pairs per tile (8 rows)
 
 struct XScratch {
@@ -118,15 +124,16 @@ void prep_x(const BlockQ8A* X, int nb, int rows, bool decode, XScratch& xs) {
     }
     return;
   }
-  const int ng = (rows + kTile - 1) / kTile;
-  xs.pairs.resize(static_cast<size_t>(ng) * nb * kPairs);
+  constexpr int xt = kXTile<T>, np = kPairs<T>;
+  const int ng = (rows + xt - 1) / xt;
+  xs.pairs.resize(static_cast<size_t>(ng) * nb * np);
   if (has_min(T)) xs.svecs.resize(static_cast<size_t>(ng) * nb);
   for (int g = 0; g < ng; ++g) {
-    const int g_rows = std::min(kTile, rows - g * kTile);
-    const BlockQ8A* xg = X + static_cast<size_t>(g) * kTile * nb;
+    const int g_rows = std::min(xt, rows - g * xt);
+    const BlockQ8A* xg = X + static_cast<size_t>(g) * xt * nb;
     for (int b = 0; b < nb; ++b) {
-      XPair* out = &xs.pairs[(static_cast<size_t>(g) * nb + b) * kPairs];
-      for (int p = 0; p < kPairs; ++p) {
+      XPair* out = &xs.pairs[(static_cast<size_t>(g) * nb + b) * np];
+      for (int p = 0; p < np; ++p) {
         const int r = 2 * p;
         if (r >= g_rows) {
           out[p] = XPair{_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_ps()};
@@ -190,7 +197,7 @@ template <DType T, bool kDecode, int NK, int NP>
 void tile_q(const uint8_t* w0, size_t row_bytes, int nw, int nx, int nb, const XPair* xp, const SVec* sv,
             float* Y, size_t y_stride) {
   constexpr size_t bb = block_bytes(T);
-  constexpr int xstride = kDecode ? 1 : kPairs;  // XPairs per block
+  constexpr int xstride = kDecode ? 1 : kPairs<T>;  // XPairs per block
   const uint8_t* pa[NK];
   const uint8_t* pb[NK];
   for (int k = 0; k < NK; ++k) {
@@ -267,7 +274,12 @@ using TileQFn = void (*)(const uint8_t*, size_t, int, int, int, const XPair*, co
 
 template <DType T, int NK>
 TileQFn pick_np(int np) {
-  return np == 1 ? tile_q<T, false, NK, 1> : tile_q<T, false, NK, 2>;
+  switch (np) {
+    case 1: return tile_q<T, false, NK, 1>;
+    case 2: return tile_q<T, false, NK, 2>;
+    case 3: return tile_q<T, false, NK, has_min(T) ? 2 : 3>;  // (never asked for with a min)
+    default: return tile_q<T, false, NK, has_min(T) ? 2 : 4>;
+  }
 }
 
 template <DType T>
@@ -293,7 +305,7 @@ TileQFn pick_decode(int nw) {
 
 // Cache blocking. Activation rows are prepared in batches small enough to
 // stay in L2; weight rows are swept in blocks that also fit in L2, and each
-// group of 4 activation rows (a few KB, in L1) meets the whole weight block
+// group of 8 (or 4) activation rows (a few KB, in L1) meets the whole weight block
 // before the next group. So weights come from memory once per batch and
 // from L2 after that, and the prepared activations are read from L1.
 constexpr size_t kPrepBudget = 256 * 1024;
@@ -315,19 +327,20 @@ void matmul_q_impl(const void* W, int n_in, int o0, int o1, const BlockQ8A* Xq, 
     }
     return;
   }
+  constexpr int xt = kXTile<T>;
   const size_t prep_row_bytes = nb * (sizeof(XPair) / 2 + sizeof(SVec) / kTile);
-  const int batch = std::max<int>(kTile, static_cast<int>(kPrepBudget / prep_row_bytes) / kTile * kTile);
+  const int batch = std::max<int>(xt, static_cast<int>(kPrepBudget / prep_row_bytes) / xt * xt);
   const int w_block = std::max<int>(kTile, static_cast<int>(kWeightBlockBudget / row_bytes) / kTile * kTile);
   for (int r0 = 0; r0 < n_x; r0 += batch) {
     const int rows = std::min(batch, n_x - r0);
     prep_x<T>(Xq + static_cast<size_t>(r0) * nb, nb, rows, false, xs);
     for (int ob = o0; ob < o1; ob += w_block) {
       const int ob_end = std::min(o1, ob + w_block);
-      for (int g = 0; g * kTile < rows; ++g) {
-        const int nx = std::min(kTile, rows - g * kTile);
-        const XPair* xp = &xs.pairs[static_cast<size_t>(g) * nb * kPairs];
+      for (int g = 0; g * xt < rows; ++g) {
+        const int nx = std::min(xt, rows - g * xt);
+        const XPair* xp = &xs.pairs[static_cast<size_t>(g) * nb * kPairs<T>];
         const SVec* sv = has_min(T) ? &xs.svecs[static_cast<size_t>(g) * nb] : nullptr;
-        float* y = Y + (r0 + g * kTile) * y_stride;
+        float* y = Y + (r0 + g * xt) * y_stride;
         for (int o = ob; o < ob_end; o += kTile) {
           const int nw = std::min(kTile, ob_end - o);
           pick_prefill<T>(nw, nx)(wbase + o * row_bytes, row_bytes, nw, nx, nb, xp, sv, y + o, y_stride);

@@ -69,6 +69,7 @@ static inline int q5_value(const B& b, int j) {
 int q6k_value(const BlockQ6_K& b, int e);      // element e (0..255): 0..63
 int q2_low_bits(const uint8_t* qs, int e);     // Q2_K / Q3_K element e's 2 low bits
 
+void quantize_row_q8k_avx512(const float* x, BlockQ8K* y, int n);
 void matmul_k_avx2(DType t, const void* W, int n_in, int o0, int o1, const BlockQ8K* Xk, int n_x, float* Y,
                    size_t y_stride);
 void matmul_k_avx512(DType t, const void* W, int n_in, int o0, int o1, const BlockQ8K* Xk, int n_x, float* Y,
