@@ -87,6 +87,20 @@ def test_cors_for_the_configured_origin_only(server):
     assert r.headers["access-control-allow-origin"] == ORIGIN
 
 
+def test_writes_from_other_sites_are_refused(server):
+    """A web page the user visits must not drive a local server: a browser's cross-site
+    write (it carries Origin) is refused, before the key is even looked at; API clients send
+    no Origin, and the server's own pages (the studio) and --cors-origin origins pass."""
+    url = server.url + "/v1/chat/completions"
+    evil = httpx.post(url, content=b'{"model": "smollm2"}', headers={"Origin": "http://evil.example",
+                                                                      "Content-Type": "text/plain"})
+    assert evil.status_code == 403 and "cross-site" in evil.json()["error"]["message"]
+    assert httpx.post(url, json={}, headers={"Origin": "http://evil.example", **BEARER}).status_code == 403
+    for headers in ({}, {"Origin": ORIGIN}, {"Origin": server.url}):
+        assert httpx.post(url, json={}, headers={**headers, **BEARER}).status_code == 400  # reached the route
+    assert server.get("/v1/models", headers={"Origin": "http://evil.example", **BEARER}).status_code == 200
+
+
 def _stream(url: str, max_tokens: int, out: dict, started: threading.Event) -> None:
     body = {"model": "smollm2", "max_tokens": max_tokens, "temperature": 1.0, "seed": 3, "stream": True,
             "stream_options": {"include_usage": True},

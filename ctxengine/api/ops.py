@@ -4,7 +4,9 @@
 responses): it refuses a missing or wrong API key on every route but
 ``/health`` and the studio's static files (``Authorization: Bearer KEY`` or
 ``x-api-key: KEY``), refuses a body over the size limit (413, by Content-Length up front, or while
-a chunked body is read), and counts requests by route and status.
+a chunked body is read), refuses writes a browser sends from another site (403: a web page the
+user visits must not drive a local server; API clients send no Origin), and counts requests by
+route and status.
 """
 from __future__ import annotations
 
@@ -20,9 +22,13 @@ OPEN_PATHS = frozenset({"/health"})
 STUDIO_PAGE = "/studio"  # the studio's static files hold no data; the page asks for the key itself
 
 
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
 class Guard:
-    def __init__(self, app, *, api_key: str | None, max_body: int, metrics):
+    def __init__(self, app, *, api_key: str | None, max_body: int, metrics, cors_origins=()):
         self.app = app
+        self.cors_origins = frozenset(cors_origins)
         self.api_key = api_key.encode() if api_key else None
         self.max_body = max_body
         self.metrics = metrics
@@ -51,6 +57,10 @@ class Guard:
 
     def _refusal(self, scope) -> ApiError | None:
         headers = {k.decode("latin-1").lower(): v for k, v in scope["headers"]}
+        origin = headers.get("origin")
+        if origin is not None and scope["method"] not in SAFE_METHODS and not self._same_or_allowed(origin, headers):
+            return ApiError(403, f"a cross-site request from {origin.decode('latin-1')} is refused "
+                                 f"(allow its origin with --cors-origin)")
         if self.api_key is not None and not _open(scope["path"]):
             given = headers.get("x-api-key")
             auth = headers.get("authorization", b"")
@@ -62,6 +72,14 @@ class Guard:
         if length is not None and length.isdigit() and int(length) > self.max_body:
             return _too_large(self.max_body)
         return None
+
+    def _same_or_allowed(self, origin: bytes, headers: dict) -> bool:
+        """The page that sent it is this server's own (the studio), or an origin --cors-origin allows."""
+        text = origin.decode("latin-1")
+        if "*" in self.cors_origins or text in self.cors_origins:
+            return True
+        host = headers.get("host", b"").decode("latin-1")
+        return bool(host) and text.split("://", 1)[-1] == host
 
     def _limited(self, receive):
         seen = 0

@@ -68,7 +68,7 @@ def build_app(runtime, *, api_key: str | None = None, max_body: int = DEFAULT_MA
     async def bug(request: Request, err: Exception):
         return reply(request, as_api_error(err))
 
-    app.add_middleware(ops.Guard, api_key=api_key, max_body=max_body, metrics=metrics)
+    app.add_middleware(ops.Guard, api_key=api_key, max_body=max_body, metrics=metrics, cors_origins=cors_origins)
     ops.add_cors(app, list(cors_origins))
     app.add_middleware(fleet.HostHeader, host_id=runtime.host_id)
     return app
