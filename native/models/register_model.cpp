@@ -10,8 +10,6 @@
 #include <tuple>
 #include <unordered_map>
 
-#include "models/activations.h"
-#include "models/attention.h"
 #include "models/model.h"
 
 namespace py = pybind11;
@@ -146,105 +144,11 @@ std::unique_ptr<Model> build(const py::dict& c, const TensorMap& t, int n_thread
   return std::make_unique<Model>(std::move(cfg), std::move(w), n_threads);
 }
 
-using F32Array = py::array_t<float, py::array::c_style | py::array::forcecast>;
 using I32Array = py::array_t<int32_t, py::array::c_style | py::array::forcecast>;
-using I8Array = py::array_t<int8_t, py::array::c_style | py::array::forcecast>;
-using U16Array = py::array_t<uint16_t, py::array::c_style | py::array::forcecast>;
 
 }  // namespace
 
 void register_model(py::module_& m) {
-  // The elementwise math, for tests that hold every SIMD path to the scalar one.
-  m.def(
-      "exp_shift_sum",
-      [](F32Array x, float shift) {
-        py::array_t<float> y(x.size());
-        std::copy(x.data(), x.data() + x.size(), y.mutable_data());
-        const double sum = exp_shift_sum(y.mutable_data(), static_cast<int>(y.size()), shift);
-        return py::make_tuple(y, sum);
-      },
-      py::arg("x"), py::arg("shift"), "(exp(x - shift), sum) with the engine's canonical exp");
-  m.def(
-      "silu_mul",
-      [](F32Array g, F32Array u) {
-        if (g.size() != u.size()) throw std::invalid_argument("g and u differ in length");
-        py::array_t<float> y(g.size());
-        std::copy(g.data(), g.data() + g.size(), y.mutable_data());
-        silu_mul(y.mutable_data(), u.data(), static_cast<int>(y.size()));
-        return y;
-      },
-      py::arg("g"), py::arg("u"), "silu(g) * u");
-  m.def(
-      "attn_scores",
-      [](F32Array q, py::array_t<uint16_t, py::array::c_style | py::array::forcecast> kt, int n, float scale) {
-        // kt: (hd, stride) f16 bits, as a head's K block sits in a page
-        if (kt.ndim() != 2 || kt.shape(0) != q.size() || n > kt.shape(1))
-          throw std::invalid_argument("kt must be (len(q), stride) with n <= stride");
-        py::array_t<float> out(n);
-        attn_scores_f16(q.data(), kt.data(), static_cast<int>(q.size()), static_cast<int>(kt.shape(1)), n, scale,
-                        out.mutable_data());
-        return out;
-      },
-      py::arg("q"), py::arg("kt"), py::arg("n"), py::arg("scale"), "scores of n keys of a page's K block");
-  m.def(
-      "attn_softmax_v",
-      [](F32Array scores, py::array_t<uint16_t, py::array::c_style | py::array::forcecast> v, F32Array out) {
-        // scores (n) -> max, exp, f16-rounded weights; v (n, hd) f16 rows; out (hd) accumulated in place
-        if (v.ndim() != 2 || v.shape(0) != scores.size() || v.shape(1) != out.size())
-          throw std::invalid_argument("v must be (len(scores), len(out))");
-        // (out is overwritten; it gives the head size)
-        std::vector<float> p(scores.data(), scores.data() + scores.size());
-        const int n = static_cast<int>(p.size()), hd = static_cast<int>(v.shape(1));
-        const float mx = max_f32(p.data(), n);
-        scale_round_f16(p.data(), n, static_cast<float>(1.0 / exp_shift_sum(p.data(), n, mx)));
-        std::vector<const uint16_t*> pages;  // 16 rows a page, as attention reads them
-        for (int k = 0; k < n; k += 16) pages.push_back(v.data() + static_cast<size_t>(k) * hd);
-        py::array_t<float> res(out.size());
-        attn_accumulate_f16(p.data(), pages.data(), 16, hd, n, hd, res.mutable_data());
-        return py::make_tuple(res, mx);
-      },
-      py::arg("scores"), py::arg("v"), py::arg("out"), "softmax weights of scores applied to V rows");
-
-  m.def(
-      "attn_scores_q8",
-      [](F32Array q, I8Array kq, U16Array ks, int n, float scale) {
-        // kq: (hd, stride) int8 and ks: (hd / 32, stride) f16 bits, as a head's K sits in a q8 page
-        const py::ssize_t hd = q.size();
-        if (hd % 32 != 0 || kq.ndim() != 2 || kq.shape(0) != hd || ks.ndim() != 2 || ks.shape(0) != hd / 32 ||
-            ks.shape(1) != kq.shape(1) || n > kq.shape(1))
-          throw std::invalid_argument("need len(q) % 32 == 0, kq (len(q), stride), ks (len(q) / 32, stride), n <= stride");
-        py::array_t<float> out(n);
-        attn_scores_q8(q.data(), kq.data(), ks.data(), static_cast<int>(hd), static_cast<int>(kq.shape(1)), n, scale,
-                       out.mutable_data());
-        return out;
-      },
-      py::arg("q"), py::arg("kq"), py::arg("ks"), py::arg("n"), py::arg("scale"),
-      "scores of n keys of a q8 page's K block");
-  m.def(
-      "attn_softmax_v_q8",
-      [](F32Array scores, I8Array vq, U16Array vs, F32Array out) {
-        // like attn_softmax_v, with V as int8 rows (n, hd) and f16 scales (n, hd / 32)
-        const py::ssize_t n = scores.size(), hd = out.size();
-        if (hd % 32 != 0 || vq.ndim() != 2 || vq.shape(0) != n || vq.shape(1) != hd || vs.ndim() != 2 ||
-            vs.shape(0) != n || vs.shape(1) != hd / 32)
-          throw std::invalid_argument("need len(out) % 32 == 0, vq (len(scores), len(out)), vs (len(scores), len(out) / 32)");
-        std::vector<float> p(scores.data(), scores.data() + n);
-        const float mx = max_f32(p.data(), static_cast<int>(n));
-        scale_round_f16(p.data(), static_cast<int>(n),
-                        static_cast<float>(1.0 / exp_shift_sum(p.data(), static_cast<int>(n), mx)));
-        std::vector<const int8_t*> pages;
-        std::vector<const uint16_t*> scales;
-        for (py::ssize_t k = 0; k < n; k += 16) {
-          pages.push_back(vq.data() + k * hd);
-          scales.push_back(vs.data() + k * (hd / 32));
-        }
-        py::array_t<float> res(hd);
-        attn_accumulate_q8(p.data(), pages.data(), scales.data(), 16, static_cast<int>(hd), static_cast<int>(hd / 32),
-                           static_cast<int>(n), static_cast<int>(hd), res.mutable_data());
-        return py::make_tuple(res, mx);
-      },
-      py::arg("scores"), py::arg("vq"), py::arg("vs"), py::arg("out"), "softmax weights of scores applied to q8 V rows");
-
   py::class_<Model>(m, "Model", "a decoder-only transformer over mapped GGUF weights")
       .def(py::init(&build), py::arg("config"), py::arg("tensors"), py::arg("n_threads"))
       .def_property_readonly("n_threads", &Model::n_threads)
