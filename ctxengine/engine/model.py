@@ -99,7 +99,7 @@ class ModelConfig:
             rope_dim=int(f.arch_key("rope.dimension_count", head_dim)),
             rope_neox=f.arch in NEOX_ROPE_ARCHS,
             rope_scale=_rope_scale(f),
-            **(_gemma3_options(f, n_layer, n_embd) if f.arch == "gemma3" else {}),
+            **(_gemma3_options(f, n_layer, n_embd, n_head, head_dim) if f.arch == "gemma3" else {}),
         )
 
     @property
@@ -121,12 +121,10 @@ def _rope_scale(f: GGUFFile) -> float:
     raise UnsupportedModelError(f"{f.path.name}: RoPE scaling '{kind}' is not supported yet")
 
 
-def _gemma3_options(f: GGUFFile, n_layer: int, n_embd: int) -> dict:
+def _gemma3_options(f: GGUFFile, n_layer: int, n_embd: int, n_head: int, head_dim: int) -> dict:
     """Gemma 3's departures from llama (llama.cpp's gemma3 graph): scaled
     embeddings, GeGLU, q scaled by 1/sqrt(query_pre_attn_scalar), sliding-window
     layers in a fixed pattern with their own RoPE base."""
-    n_head = int(f.arch_key("attention.head_count"))
-    head_dim = int(f.arch_key("attention.key_length", n_embd // n_head))
     # The 27B model scales q by 1/sqrt(n_embd / n_head); the others by 1/sqrt(head_dim).
     pre_attn = n_embd / n_head if n_layer == 62 else head_dim
     window = int(f.arch_key("attention.sliding_window", 0) or 0)

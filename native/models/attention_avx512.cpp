@@ -28,41 +28,34 @@ inline __m512 load16_i8_f32(const int8_t* p) {
 }  // namespace
 
 // 16 keys a register; register r holds the partial sums over d = r (mod 16).
-void scores_avx512(const float* q, const uint16_t* kt, int hd, int stride, int n, float scale, float* scores) {
+// key(d, j0, m) gives dimension d of keys j0.. (lanes outside m zero).
+template <typename Key>
+void score_keys(const float* q, int hd, int n, float scale, float* scores, Key key) {
   for (int j0 = 0; j0 < n; j0 += 16) {
     const __mmask16 m = first(n - j0);
     __m512 acc[16];
 #pragma GCC unroll 16
     for (int r = 0; r < 16; ++r) acc[r] = _mm512_setzero_ps();
-    for (int d0 = 0; d0 < hd; d0 += 16) {
+    for (int d0 = 0; d0 < hd; d0 += 16)
 #pragma GCC unroll 16
-      for (int r = 0; r < 16; ++r) {
-        const uint16_t* k = kt + static_cast<size_t>(d0 + r) * stride + j0;
-        acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(q[d0 + r]), _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, k)), acc[r]);
-      }
-    }
+      for (int r = 0; r < 16; ++r) acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(q[d0 + r]), key(d0 + r, j0, m), acc[r]);
     _mm512_mask_storeu_ps(scores + j0, m, _mm512_mul_ps(fold16(acc), _mm512_set1_ps(scale)));
   }
 }
 
+void scores_avx512(const float* q, const uint16_t* kt, int hd, int stride, int n, float scale, float* scores) {
+  score_keys(q, hd, n, scale, scores, [&](int d, int j0, __mmask16 m) {
+    return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, kt + static_cast<size_t>(d) * stride + j0));
+  });
+}
+
 void scores_q8_avx512(const float* q, const int8_t* kq, const uint16_t* ks, int hd, int stride, int n, float scale,
                       float* scores) {
-  for (int j0 = 0; j0 < n; j0 += 16) {
-    const __mmask16 m = first(n - j0);
-    __m512 acc[16];
-#pragma GCC unroll 16
-    for (int r = 0; r < 16; ++r) acc[r] = _mm512_setzero_ps();
-    for (int d0 = 0; d0 < hd; d0 += 16) {
-      const __m512 s = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, ks + static_cast<size_t>(d0 / 32) * stride + j0));
-#pragma GCC unroll 16
-      for (int r = 0; r < 16; ++r) {
-        const int8_t* k = kq + static_cast<size_t>(d0 + r) * stride + j0;
-        const __m512 kv = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(m, k)));
-        acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(q[d0 + r]), _mm512_mul_ps(s, kv), acc[r]);
-      }
-    }
-    _mm512_mask_storeu_ps(scores + j0, m, _mm512_mul_ps(fold16(acc), _mm512_set1_ps(scale)));
-  }
+  score_keys(q, hd, n, scale, scores, [&](int d, int j0, __mmask16 m) {
+    const __m512 s = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, ks + static_cast<size_t>(d / 32) * stride + j0));
+    const __m512 k = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(m, kq + static_cast<size_t>(d) * stride + j0)));
+    return _mm512_mul_ps(s, k);
+  });
 }
 
 // 16 values of the output a register; register j holds the partial sums over
