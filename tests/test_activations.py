@@ -44,6 +44,35 @@ def test_paths_are_bit_identical(isa, restore_isa):
         assert np.array_equal(_core.silu_mul(x, x[::-1].copy()).view(np.uint32), ref_silu.view(np.uint32))
 
 
+@pytest.mark.parametrize("isa", AVAILABLE)
+def test_gelu_paths_are_bit_identical(isa, restore_isa):
+    # Every f16 value (the table's whole domain: NaN, inf, subnormals), the
+    # +-10 cut-offs and values between f16 steps, at lengths with ragged tails.
+    every_f16 = np.arange(1 << 16, dtype=np.uint16).view(np.float16).astype(np.float32)
+    edges = np.array([-10.0, 10.0, np.nextafter(-10.0, 0), np.nextafter(10.0, 0), -10.001, 10.001,
+                      65520.0, -65520.0, 1e-8, np.nan, np.inf, -np.inf], np.float32)
+    for x in [every_f16, edges] + inputs():
+        u = np.linspace(-2, 2, x.size, dtype=np.float32)
+        _core.set_isa("scalar")
+        ref = _core.gelu_mul(x, u)
+        _core.set_isa(isa)
+        assert np.array_equal(_core.gelu_mul(x, u).view(np.uint32), ref.view(np.uint32))
+
+
+def test_gelu_values():
+    x = np.linspace(-12, 12, 4801, dtype=np.float32)
+    y = _core.gelu_mul(x, np.ones_like(x)).astype(np.float64)
+    ref = 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x.astype(np.float64) ** 3)))
+    # f16 in and out of the table: 2^-11 relative, plus the input's rounding
+    # to f16 (steps up to 2^-7 below 10) times the slope (at most about 1.13).
+    inside = np.abs(x) < 10
+    bound = 2.0 ** -11 * np.abs(ref) + 1.13 * 2.0 ** -8 * np.maximum(np.abs(x), 2.0 ** -6) / 8
+    err = np.abs(y - ref)
+    print(f"largest error {err[inside].max():.3g}")
+    assert np.all(err[inside] <= bound[inside])
+    assert np.array_equal(y[x >= 10], x[x >= 10]) and np.all(y[x <= -10] == 0)
+
+
 def test_silu_values():
     g = np.linspace(-20, 20, 4001, dtype=np.float32)
     u = np.full_like(g, 2.0)

@@ -62,12 +62,13 @@ static void silu_mul_scalar(float* g, const float* u, int n) {
 namespace {
 
 // f16 bits -> f16 bits of the tanh GELU, built once (thread-safe static init).
+// Two entries past the end: the vector paths gather 32 bits at entry h.
 const std::vector<uint16_t>& gelu_table() {
   static const std::vector<uint16_t> table = [] {
-    std::vector<uint16_t> t(1 << 16);
+    std::vector<uint16_t> t((1 << 16) + 2, 0);
     // ggml_gelu_f32 in float, with the one FMA its compiler makes of 1 + a x x,
     // and the C library's tanhf (as llama.cpp's table uses it).
-    for (uint32_t h = 0; h < t.size(); ++h) {
+    for (uint32_t h = 0; h < (1u << 16); ++h) {
       const float x = f16_to_f32(static_cast<uint16_t>(h));
       const float inner = std::fma(0.044715f * x, x, 1.0f);
       const float y = (0.5f * x) * (1.0f + std::tanh((0.79788456080286535588f * x) * inner));
@@ -78,14 +79,22 @@ const std::vector<uint16_t>& gelu_table() {
   return table;
 }
 
-}  // namespace
-
-void gelu_mul(float* g, const float* u, int n) {
-  const uint16_t* table = gelu_table().data();
+void gelu_mul_scalar(float* g, const float* u, int n, const uint16_t* table) {
   for (int i = 0; i < n; ++i) {
     const float x = g[i];
     const float y = x <= -10.0f ? 0.0f : x >= 10.0f ? x : f16_to_f32(table[f32_to_f16(x)]);
     g[i] = y * u[i];
+  }
+}
+
+}  // namespace
+
+void gelu_mul(float* g, const float* u, int n) {
+  const uint16_t* table = gelu_table().data();
+  switch (active_isa()) {
+    case Isa::avx512: return gelu_mul_avx512(g, u, n, table);
+    case Isa::avx2: return gelu_mul_avx2(g, u, n, table);
+    default: return gelu_mul_scalar(g, u, n, table);
   }
 }
 

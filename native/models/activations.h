@@ -20,8 +20,8 @@ void silu_mul(float* g, const float* u, int n);
 // gelu(x) = f32(table[f16(x)]), table[h] = f16(gelu(f32(h))) evaluated in
 // float with the C library's tanhf, exactly as llama.cpp builds its table
 // (a C library whose tanhf rounds differently would change a few entries);
-// x <= -10 gives 0 and x >= 10 gives x. A table lookup is the same
-// on every SIMD path, so there is one implementation.
+// x <= -10 gives 0 and x >= 10 gives x. The vector paths gather from the
+// same table, so every path gives the same bits.
 void gelu_mul(float* g, const float* u, int n);
 
 // The canonical exp of one float (the scalar reference of all paths).

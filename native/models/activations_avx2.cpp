@@ -81,4 +81,27 @@ void silu_mul_avx2(float* g, const float* u, int n) {
   }
 }
 
+void gelu_mul_avx2(float* g, const float* u, int n, const uint16_t* table) {
+  const __m256 lo = _mm256_set1_ps(-10.0f), hi = _mm256_set1_ps(10.0f);
+  const int* base = reinterpret_cast<const int*>(table);
+  int i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 x = _mm256_loadu_ps(g + i);
+    // table[f16(x)]: 32 bits gathered at each entry (the table is padded), the low 16 kept.
+    const __m256i h = _mm256_cvtepu16_epi32(_mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT));
+    const __m256i w = _mm256_and_si256(_mm256_i32gather_epi32(base, h, 2), _mm256_set1_epi32(0xFFFF));
+    const __m256 t = _mm256_cvtph_ps(_mm_packus_epi32(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1)));
+    // x >= 10 gives x, x <= -10 gives 0 (NaN takes the table's entry, as the scalar path does).
+    const __m256 y = _mm256_and_ps(_mm256_cmp_ps(x, lo, _CMP_NLE_UQ),
+                                   _mm256_blendv_ps(t, x, _mm256_cmp_ps(x, hi, _CMP_GE_OQ)));
+    _mm256_storeu_ps(g + i, _mm256_mul_ps(y, _mm256_loadu_ps(u + i)));
+  }
+  for (; i < n; ++i) {  // the scalar path's steps, with one F16C conversion each way
+    const float x = g[i];
+    const uint16_t h = static_cast<uint16_t>(_cvtss_sh(x, _MM_FROUND_TO_NEAREST_INT));
+    const float y = x <= -10.0f ? 0.0f : x >= 10.0f ? x : _cvtsh_ss(table[h]);
+    g[i] = y * u[i];
+  }
+}
+
 }  // namespace ctx::act

@@ -66,4 +66,19 @@ void silu_mul_avx512(float* g, const float* u, int n) {
   }
 }
 
+void gelu_mul_avx512(float* g, const float* u, int n, const uint16_t* table) {
+  const __m512 lo = _mm512_set1_ps(-10.0f), hi = _mm512_set1_ps(10.0f);
+  for (int i = 0; i < n; i += 16) {
+    const __mmask16 m = n - i >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (n - i)) - 1);
+    const __m512 x = _mm512_maskz_loadu_ps(m, g + i);
+    // table[f16(x)]: 32 bits gathered at each entry (the table is padded), the low 16 kept.
+    const __m512i h = _mm512_cvtepu16_epi32(_mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT));
+    const __m512 t = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_i32gather_epi32(h, table, 2)));
+    // x >= 10 gives x, x <= -10 gives 0 (NaN takes the table's entry, as the scalar path does).
+    const __m512 y = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, lo, _CMP_NLE_UQ),
+                                         _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, hi, _CMP_GE_OQ), t, x));
+    _mm512_mask_storeu_ps(g + i, m, _mm512_mul_ps(y, _mm512_maskz_loadu_ps(m, u + i)));
+  }
+}
+
 }  // namespace ctx::act

@@ -8,6 +8,8 @@
 //   exp(x) = j * 2^n, rounded once (AVX-512 scalef); |n| > 192 gives 0 (n <= 0) or inf
 #pragma once
 
+#include <cstdint>
+
 namespace ctx::act {
 
 constexpr float kShift = 0x1.8p23f;
@@ -19,6 +21,9 @@ constexpr float kC1 = 0x1.ffffecp-1f, kC2 = 0x1.fffdb6p-2f, kC3 = 0x1.555e66p-3f
 
 double exp_shift_sum_avx2(float* x, int n, float shift);
 void silu_mul_avx2(float* g, const float* u, int n);
+// gelu_mul (activations.h) with its table (f16 bits -> f16 bits, padded by 2).
+void gelu_mul_avx2(float* g, const float* u, int n, const uint16_t* table);
+void gelu_mul_avx512(float* g, const float* u, int n, const uint16_t* table);
 double exp_shift_sum_avx512(float* x, int n, float shift);
 void silu_mul_avx512(float* g, const float* u, int n);
 

@@ -98,9 +98,6 @@ void Model::ensure_scratch(int rows) {
   s_.rope.assign(r * cfg_.rope_dim, 0.0f);
   s_.rope_swa.assign(cfg_.swa_window > 0 ? r * cfg_.rope_dim : 0, 0.0f);
   s_.xlog.assign(r * cfg_.n_embd, 0.0f);
-  s_.k16.assign(cfg_.kv_dim(), 0);
-  s_.k8.assign(cfg_.kv_dim(), 0);
-  s_.k8d.assign(cfg_.kv_dim() / KV_BLOCK, 0);
   scratch_rows_ = rows;
 }
 
@@ -251,16 +248,24 @@ void Model::write_kv(int layer, int r, uint8_t* page, int slot) {
   const float* k = &s_.k[static_cast<size_t>(r) * KD];
   const float* v = &s_.v[static_cast<size_t>(r) * KD];
   uint8_t* k_base = page + lay.k_offset(layer);
-  if (lay.k_quantized()) {  // scatter into the dimension-major int8 K and its scale rows
-    quantize_row_kv8(k, s_.k8.data(), s_.k8d.data(), KD);
+  // One K row before it is scattered into the page's dimension-major block
+  // (per thread: rows are written in parallel).
+  thread_local std::vector<uint16_t> k16;  // (kv_dim) f16
+  thread_local std::vector<int8_t> k8;     // (kv_dim) int8 (q8 pages)
+  thread_local std::vector<uint16_t> k8d;  // (kv_dim / 32) its f16 scales
+  if (lay.k_quantized()) {
+    k8.resize(KD);
+    k8d.resize(KD / KV_BLOCK);  // scatter into the dimension-major int8 K and its scale rows
+    quantize_row_kv8(k, k8.data(), k8d.data(), KD);
     int8_t* kq = reinterpret_cast<int8_t*>(k_base);
     uint16_t* ks = reinterpret_cast<uint16_t*>(page + lay.k_scale_offset(layer));
-    for (int e = 0; e < KD; ++e) kq[static_cast<size_t>(e) * pt + slot] = s_.k8[e];
-    for (int b = 0; b < lay.n_blocks(); ++b) ks[static_cast<size_t>(b) * pt + slot] = s_.k8d[b];
+    for (int e = 0; e < KD; ++e) kq[static_cast<size_t>(e) * pt + slot] = k8[e];
+    for (int b = 0; b < lay.n_blocks(); ++b) ks[static_cast<size_t>(b) * pt + slot] = k8d[b];
   } else {
     uint16_t* kt = reinterpret_cast<uint16_t*>(k_base);
-    f32_to_f16_row(k, s_.k16.data(), KD);
-    for (int e = 0; e < KD; ++e) kt[static_cast<size_t>(e) * pt + slot] = s_.k16[e];
+    k16.resize(KD);
+    f32_to_f16_row(k, k16.data(), KD);
+    for (int e = 0; e < KD; ++e) kt[static_cast<size_t>(e) * pt + slot] = k16[e];
   }
   uint8_t* v_row = page + lay.v_offset(layer, slot);
   if (lay.v_quantized())
@@ -301,24 +306,39 @@ void Model::embed_rows(const std::vector<Row>& rows, size_t r0, int n) {
   }
 }
 
-void Model::rope(int layer, float* vec, int n_heads, int n) {
+void Model::rope(int layer, int r, float* vec, int n_heads) {
   const int hd = cfg_.head_dim, half = cfg_.rope_dim / 2;
   const std::vector<float>& table = cfg_.is_swa(layer) ? s_.rope_swa : s_.rope;
-  for (int r = 0; r < n; ++r) {
-    const float* rc = table.data() + static_cast<size_t>(r) * cfg_.rope_dim;
-    for (int h = 0; h < n_heads; ++h) {
-      float* v = vec + static_cast<size_t>(r) * n_heads * hd + h * hd;
-      for (int i = 0; i < half; ++i) {
-        const int a = cfg_.rope_neox ? i : 2 * i;
-        const int b = cfg_.rope_neox ? i + half : 2 * i + 1;
-        const float c = rc[2 * i], s = rc[2 * i + 1];
-        const float x0 = v[a], x1 = v[b];
-        // The FMAs llama.cpp's compiler makes of x0 c - x1 s and x0 s + x1 c.
-        v[a] = std::fma(x0, c, -(x1 * s));
-        v[b] = std::fma(x0, s, x1 * c);
-      }
+  const float* rc = table.data() + static_cast<size_t>(r) * cfg_.rope_dim;
+  for (int h = 0; h < n_heads; ++h) {
+    float* v = vec + h * hd;
+    for (int i = 0; i < half; ++i) {
+      const int a = cfg_.rope_neox ? i : 2 * i;
+      const int b = cfg_.rope_neox ? i + half : 2 * i + 1;
+      const float c = rc[2 * i], s = rc[2 * i + 1];
+      const float x0 = v[a], x1 = v[b];
+      // The FMAs llama.cpp's compiler makes of x0 c - x1 s and x0 s + x1 c.
+      v[a] = std::fma(x0, c, -(x1 * s));
+      v[b] = std::fma(x0, s, x1 * c);
     }
   }
+}
+
+void Model::for_rows(int n, const std::function<void(int)>& fn) {
+  pool_.parallel_for(n, 4, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) fn(static_cast<int>(r));
+  });
+}
+
+// x += sublayer output (in xb), normed first where the model has a post-norm.
+void Model::residual_add(const float* post_norm, int n) {
+  const int E = cfg_.n_embd;
+  for_rows(n, [&](int r) {
+    float* y = &s_.xb[r * E];
+    if (post_norm) rmsnorm(y, post_norm, y, E, cfg_.norm_eps);
+    float* x = &s_.x[r * E];
+    for (int i = 0; i < E; ++i) x[i] += y[i];
+  });
 }
 
 // x += attention(norm(x)) for one layer, writing this step's K and V into the pages.
@@ -326,61 +346,48 @@ void Model::attention_block(int l, const std::vector<Row>& rows, size_t r0, int 
                             std::vector<std::vector<uint8_t*>>& pages) {
   const LayerWeights& L = w_.layers[l];
   const int E = cfg_.n_embd, QD = cfg_.q_dim(), KD = cfg_.kv_dim(), hd = cfg_.head_dim;
-  for (int r = 0; r < n; ++r) rmsnorm(&s_.x[r * E], L.attn_norm, &s_.xb[r * E], E, cfg_.norm_eps);
+  for_rows(n, [&](int r) { rmsnorm(&s_.x[r * E], L.attn_norm, &s_.xb[r * E], E, cfg_.norm_eps); });
   matmul({{&L.wq, s_.q.data()}, {&L.wk, s_.k.data()}, {&L.wv, s_.v.data()}}, s_.xb.data(), n);
-  if (L.bq)
-    for (int r = 0; r < n; ++r) {
-      for (int i = 0; i < QD; ++i) s_.q[r * QD + i] += L.bq[i];
-      for (int i = 0; i < KD; ++i) s_.k[r * KD + i] += L.bk[i];
+  // Per row: biases, q/k norms, RoPE, then this step's K/V into the pages
+  // (attention then reads every position, old and new, from the same bytes).
+  for_rows(n, [&](int r) {
+    float* q = &s_.q[r * QD];
+    float* k = &s_.k[r * KD];
+    if (L.bq) {
+      for (int i = 0; i < QD; ++i) q[i] += L.bq[i];
+      for (int i = 0; i < KD; ++i) k[i] += L.bk[i];
       for (int i = 0; i < KD; ++i) s_.v[r * KD + i] += L.bv[i];
     }
-  if (L.q_norm)
-    for (int r = 0; r < n; ++r) {
-      for (int h = 0; h < cfg_.n_head; ++h) {
-        float* v = &s_.q[r * QD + h * hd];
-        rmsnorm(v, L.q_norm, v, hd, cfg_.norm_eps);
-      }
-      for (int h = 0; h < cfg_.n_head_kv; ++h) {
-        float* v = &s_.k[r * KD + h * hd];
-        rmsnorm(v, L.k_norm, v, hd, cfg_.norm_eps);
-      }
+    if (L.q_norm) {
+      for (int h = 0; h < cfg_.n_head; ++h) rmsnorm(q + h * hd, L.q_norm, q + h * hd, hd, cfg_.norm_eps);
+      for (int h = 0; h < cfg_.n_head_kv; ++h) rmsnorm(k + h * hd, L.k_norm, k + h * hd, hd, cfg_.norm_eps);
     }
-  rope(l, s_.q.data(), cfg_.n_head, n);
-  rope(l, s_.k.data(), cfg_.n_head_kv, n);
-
-  // Write this step's K/V into the pages first; attention then reads every
-  // position, old and new, from the same page bytes.
-  for (int r = 0; r < n; ++r) {
+    rope(l, r, q, cfg_.n_head);
+    rope(l, r, k, cfg_.n_head_kv);
     const Row& row = rows[r0 + r];
     const int pt = layout_.page_tokens;
     write_kv(l, r, pages[row.item][row.pos / pt], static_cast<int>(row.pos % pt));
-  }
+  });
   attention(l, rows, r0, n, pages);
 
   matmul({{&L.wo, s_.xb.data()}}, s_.att.data(), n);
-  if (L.attn_post_norm)
-    for (int r = 0; r < n; ++r) rmsnorm(&s_.xb[r * E], L.attn_post_norm, &s_.xb[r * E], E, cfg_.norm_eps);
-  for (int i = 0; i < n * E; ++i) s_.x[i] += s_.xb[i];
+  residual_add(L.attn_post_norm, n);
 }
 
 // x += ffn(norm(x)) for one layer: SwiGLU, or GeGLU for gemma.
 void Model::ffn_block(int l, int n) {
   const LayerWeights& L = w_.layers[l];
   const int E = cfg_.n_embd, F = cfg_.n_ff;
-  for (int r = 0; r < n; ++r) rmsnorm(&s_.x[r * E], L.ffn_norm, &s_.xb[r * E], E, cfg_.norm_eps);
+  for_rows(n, [&](int r) { rmsnorm(&s_.x[r * E], L.ffn_norm, &s_.xb[r * E], E, cfg_.norm_eps); });
   matmul({{&L.gate, s_.hb.data()}, {&L.up, s_.hb2.data()}}, s_.xb.data(), n);
-  pool_.parallel_for(n, 4, [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) {
-      if (cfg_.gelu_ffn)
-        gelu_mul(&s_.hb[r * F], &s_.hb2[r * F], F);
-      else
-        silu_mul(&s_.hb[r * F], &s_.hb2[r * F], F);
-    }
+  for_rows(n, [&](int r) {
+    if (cfg_.gelu_ffn)
+      gelu_mul(&s_.hb[r * F], &s_.hb2[r * F], F);
+    else
+      silu_mul(&s_.hb[r * F], &s_.hb2[r * F], F);
   });
   matmul({{&L.down, s_.xb.data()}}, s_.hb.data(), n);
-  if (L.ffn_post_norm)
-    for (int r = 0; r < n; ++r) rmsnorm(&s_.xb[r * E], L.ffn_post_norm, &s_.xb[r * E], E, cfg_.norm_eps);
-  for (int i = 0; i < n * E; ++i) s_.x[i] += s_.xb[i];
+  residual_add(L.ffn_post_norm, n);
 }
 
 // Final norm, hidden states and logits for the rows that asked for them.

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -101,9 +102,6 @@ struct RunState {
   std::vector<float> rope;    // (rows, rope_dim / 2, 2) cos, sin per position (full-attention layers)
   std::vector<float> rope_swa;  // (rows, rope_dim / 2, 2) the same for sliding-window layers
   std::vector<float> scores;  // (threads, n_ctx) attention scores
-  std::vector<uint16_t> k16;  // (kv_dim) one K row in f16, before it is scattered into a page
-  std::vector<int8_t> k8;     // (kv_dim) one K row in int8 (q8 pages), likewise
-  std::vector<uint16_t> k8d;  // (kv_dim / 32) its f16 scales
   std::vector<float> xlog;    // (rows, n_embd) rows that want logits or hidden states, normed
   std::vector<float> logits;  // (rows, n_vocab) logits before they are copied out
   std::vector<float*> logit_dst;  // (rows) where each logits row goes
@@ -134,7 +132,10 @@ class Model {
   void run_rows(std::vector<BatchItem>& items, const std::vector<Row>& rows, size_t r0, size_t r1,
                 std::vector<std::vector<uint8_t*>>& pages);
   void embed_rows(const std::vector<Row>& rows, size_t r0, int n);  // x and the RoPE tables
-  void rope(int layer, float* vec, int n_heads, int n);
+  void rope(int layer, int r, float* vec, int n_heads);  // row r's n_heads heads, in place
+  // fn(r) for each row r in [0, n), rows split across the pool (rows are independent).
+  void for_rows(int n, const std::function<void(int)>& fn);
+  void residual_add(const float* post_norm, int n);
   void attention_block(int layer, const std::vector<Row>& rows, size_t r0, int n,
                        std::vector<std::vector<uint8_t*>>& pages);
   void ffn_block(int layer, int n);

@@ -44,6 +44,16 @@ void register_kernels(py::module_& m) {
       },
       py::arg("g"), py::arg("u"), "silu(g) * u");
   m.def(
+      "gelu_mul",
+      [](F32Array g, F32Array u) {
+        if (g.size() != u.size()) throw std::invalid_argument("g and u differ in length");
+        py::array_t<float> y(g.size());
+        std::copy(g.data(), g.data() + g.size(), y.mutable_data());
+        gelu_mul(y.mutable_data(), u.data(), static_cast<int>(y.size()));
+        return y;
+      },
+      py::arg("g"), py::arg("u"), "gelu(g) * u (the tanh GELU by llama.cpp's f16 table)");
+  m.def(
       "attn_scores",
       [](F32Array q, py::array_t<uint16_t, py::array::c_style | py::array::forcecast> kt, int n, float scale) {
         // kt: (hd, stride) f16 bits, as a head's K block sits in a page
