@@ -111,3 +111,40 @@ def test_attention_weighted_sum_paths_bit_identical(isa, n, hd, restore_isa):
     w = np.exp(scores.astype(np.float64) - scores.max())
     exact = (w / w.sum()) @ v.astype(np.float64)  # out is overwritten: it only gives the head size
     np.testing.assert_allclose(got, exact, rtol=2e-3, atol=2e-3)
+
+
+@pytest.mark.parametrize("isa", AVAILABLE)
+@pytest.mark.parametrize("kv", ["f16", "q8"])
+@pytest.mark.parametrize("hd,n", [(64, 16), (64, 5), (256, 13), (256, 37), (96, 1), (128, 48)])
+def test_grouped_heads_equal_each_head_alone(isa, kv, hd, n, restore_isa):
+    # Grouped-query attention scores up to 4 heads in one pass over K and V;
+    # each head must get the bits it gets alone, on every path, as on scalar.
+    rng = np.random.default_rng(hd * 1000 + n)
+    kt = rng.standard_normal((hd, 16)).astype(np.float16).view(np.uint16)
+    v = rng.standard_normal((n, hd)).astype(np.float16).view(np.uint16)
+    kq = rng.integers(-127, 128, (hd, 16), dtype=np.int8)
+    ks = (rng.random((hd // 32, 16)) * 0.02).astype(np.float16).view(np.uint16)
+    vq = rng.integers(-127, 128, (n, hd), dtype=np.int8)
+    vs = (rng.random((n, hd // 32)) * 0.02).astype(np.float16).view(np.uint16)
+    empty8, empty16 = np.zeros(0, np.int8), np.zeros(0, np.uint16)
+    if kv == "f16":
+        kq, ks, vq, vs = empty8, empty16, empty8, empty16
+    elif hd % 32:
+        pytest.skip("q8 pages need head_dim % 32 == 0")
+
+    def run(q, p):
+        return _core.attn_group(q, kt, kq, ks, p, v, vq, vs, n, 0.0625)
+
+    for g in (1, 2, 3, 4):
+        q = rng.standard_normal((g, hd)).astype(np.float32)
+        p = rng.random((g, n)).astype(np.float16).astype(np.float32)
+        _core.set_isa("scalar")
+        ref_s, ref_o = run(q, p)
+        _core.set_isa(isa)
+        got_s, got_o = run(q, p)
+        assert np.array_equal(got_s.view(np.uint32), ref_s.view(np.uint32))
+        assert np.array_equal(got_o.view(np.uint32), ref_o.view(np.uint32))
+        for h in range(g):
+            alone_s, alone_o = run(q[h:h + 1].copy(), p[h:h + 1].copy())
+            assert np.array_equal(alone_s[0].view(np.uint32), got_s[h].view(np.uint32))
+            assert np.array_equal(alone_o[0].view(np.uint32), got_o[h].view(np.uint32))

@@ -80,13 +80,18 @@ bool simd_shape(int hd, int pt) { return hd % 16 == 0 && pt == 16; }
 
 }  // namespace
 
-void attn_scores_f16(const float* q, const uint16_t* kt, int hd, int stride, int n, float scale, float* scores) {
-  if (hd % 16 == 0) switch (active_isa()) {
-      case Isa::avx512: return attn::scores_avx512(q, kt, hd, stride, n, scale, scores);
-      case Isa::avx2: return attn::scores_avx2(q, kt, hd, stride, n, scale, scores);
-      default: break;
-    }
-  scores_scalar(q, kt, hd, stride, n, scale, scores);
+void attn_scores_f16(const float* q, int g, const uint16_t* kt, int hd, int stride, int n, float scale, float* scores,
+                     int score_stride) {
+  if (hd % 16 == 0 && active_isa() == Isa::avx512)
+    return attn::scores_avx512(q, g, kt, hd, stride, n, scale, scores, score_stride);
+  for (int h = 0; h < g; ++h) {
+    const float* qh = q + static_cast<size_t>(h) * hd;
+    float* out = scores + static_cast<size_t>(h) * score_stride;
+    if (hd % 16 == 0 && active_isa() == Isa::avx2)
+      attn::scores_avx2(qh, kt, hd, stride, n, scale, out);
+    else
+      scores_scalar(qh, kt, hd, stride, n, scale, out);
+  }
 }
 
 float max_f32(const float* x, int n) {
@@ -105,34 +110,46 @@ void scale_round_f16(float* x, int n, float scale) {
   }
 }
 
-void attn_accumulate_f16(const float* p, const uint16_t* const* pages, int pt, int v_stride, int n, int hd,
-                         float* out) {
-  if (simd_shape(hd, pt)) switch (active_isa()) {
-      case Isa::avx512: return attn::accumulate_avx512(p, pages, v_stride, n, hd, out);
-      case Isa::avx2: return attn::accumulate_avx2(p, pages, v_stride, n, hd, out);
-      default: break;
-    }
-  accumulate_scalar(p, pages, pt, v_stride, n, hd, out);
+void attn_accumulate_f16(const float* p, int p_stride, int g, const uint16_t* const* pages, int pt, int v_stride, int n,
+                         int hd, float* out) {
+  if (simd_shape(hd, pt) && active_isa() == Isa::avx512)
+    return attn::accumulate_avx512(p, p_stride, g, pages, v_stride, n, hd, out);
+  for (int h = 0; h < g; ++h) {
+    const float* ph = p + static_cast<size_t>(h) * p_stride;
+    float* oh = out + static_cast<size_t>(h) * hd;
+    if (simd_shape(hd, pt) && active_isa() == Isa::avx2)
+      attn::accumulate_avx2(ph, pages, v_stride, n, hd, oh);
+    else
+      accumulate_scalar(ph, pages, pt, v_stride, n, hd, oh);
+  }
 }
 
-void attn_scores_q8(const float* q, const int8_t* kq, const uint16_t* ks, int hd, int stride, int n, float scale,
-                    float* scores) {
-  if (hd % 16 == 0) switch (active_isa()) {
-      case Isa::avx512: return attn::scores_q8_avx512(q, kq, ks, hd, stride, n, scale, scores);
-      case Isa::avx2: return attn::scores_q8_avx2(q, kq, ks, hd, stride, n, scale, scores);
-      default: break;
-    }
-  scores_q8_scalar(q, kq, ks, hd, stride, n, scale, scores);
+void attn_scores_q8(const float* q, int g, const int8_t* kq, const uint16_t* ks, int hd, int stride, int n, float scale,
+                    float* scores, int score_stride) {
+  if (hd % 16 == 0 && active_isa() == Isa::avx512)
+    return attn::scores_q8_avx512(q, g, kq, ks, hd, stride, n, scale, scores, score_stride);
+  for (int h = 0; h < g; ++h) {
+    const float* qh = q + static_cast<size_t>(h) * hd;
+    float* out = scores + static_cast<size_t>(h) * score_stride;
+    if (hd % 16 == 0 && active_isa() == Isa::avx2)
+      attn::scores_q8_avx2(qh, kq, ks, hd, stride, n, scale, out);
+    else
+      scores_q8_scalar(qh, kq, ks, hd, stride, n, scale, out);
+  }
 }
 
-void attn_accumulate_q8(const float* p, const int8_t* const* pages, const uint16_t* const* scales, int pt,
-                        int v_stride, int s_stride, int n, int hd, float* out) {
-  if (simd_shape(hd, pt)) switch (active_isa()) {
-      case Isa::avx512: return attn::accumulate_q8_avx512(p, pages, scales, v_stride, s_stride, n, hd, out);
-      case Isa::avx2: return attn::accumulate_q8_avx2(p, pages, scales, v_stride, s_stride, n, hd, out);
-      default: break;
-    }
-  accumulate_q8_scalar(p, pages, scales, pt, v_stride, s_stride, n, hd, out);
+void attn_accumulate_q8(const float* p, int p_stride, int g, const int8_t* const* pages, const uint16_t* const* scales,
+                        int pt, int v_stride, int s_stride, int n, int hd, float* out) {
+  if (simd_shape(hd, pt) && active_isa() == Isa::avx512)
+    return attn::accumulate_q8_avx512(p, p_stride, g, pages, scales, v_stride, s_stride, n, hd, out);
+  for (int h = 0; h < g; ++h) {
+    const float* ph = p + static_cast<size_t>(h) * p_stride;
+    float* oh = out + static_cast<size_t>(h) * hd;
+    if (simd_shape(hd, pt) && active_isa() == Isa::avx2)
+      attn::accumulate_q8_avx2(ph, pages, scales, v_stride, s_stride, n, hd, oh);
+    else
+      accumulate_q8_scalar(ph, pages, scales, pt, v_stride, s_stride, n, hd, oh);
+  }
 }
 
 }  // namespace ctx

@@ -19,8 +19,17 @@
 
 namespace ctx {
 
-// kt: the head's K rows, hd rows of `stride` (= page_tokens) f16 values; scores n <= stride keys.
-void attn_scores_f16(const float* q, const uint16_t* kt, int hd, int stride, int n, float scale, float* scores);
+// Up to kMaxGroup query heads that share one KV head (grouped-query
+// attention) are scored and summed in one pass over K and V. Each head keeps
+// its own sums in the orders above, so a head gets the same bits alone or in
+// a group, and callers may group however the shape suits.
+constexpr int kMaxGroup = 4;
+
+// q: g <= kMaxGroup rows of hd; kt: the KV head's K rows, hd rows of `stride`
+// (= page_tokens) f16 values; scores n <= stride keys into g rows of
+// `scores`, score_stride apart.
+void attn_scores_f16(const float* q, int g, const uint16_t* kt, int hd, int stride, int n, float scale, float* scores,
+                     int score_stride);
 
 // max of n floats (exact whatever the order).
 float max_f32(const float* x, int n);
@@ -29,8 +38,9 @@ float max_f32(const float* x, int n);
 // them before they meet the f16 V.
 void scale_round_f16(float* x, int n, float scale);
 
-void attn_accumulate_f16(const float* p, const uint16_t* const* pages, int pt, int v_stride, int n, int hd,
-                         float* out);
+// p: g rows of n weights, p_stride apart; out: g rows of hd (overwritten).
+void attn_accumulate_f16(const float* p, int p_stride, int g, const uint16_t* const* pages, int pt, int v_stride, int n,
+                         int hd, float* out);
 
 // q8 pages (kv/page_pool.h): int8 values with one f16 scale per 32 of them.
 // Each value is dequantized first, v = f16(scale) * (float)q (exact in f32:
@@ -41,21 +51,25 @@ void attn_accumulate_f16(const float* p, const uint16_t* const* pages, int pt, i
 // attention passes, p * scale is exact too, so this is p[k] times the
 // dequantized value rounded once). hd must be a multiple of 32.
 // kq: hd rows of `stride` int8, ks: hd / 32 rows of `stride` f16 scales.
-void attn_scores_q8(const float* q, const int8_t* kq, const uint16_t* ks, int hd, int stride, int n, float scale,
-                    float* scores);
+void attn_scores_q8(const float* q, int g, const int8_t* kq, const uint16_t* ks, int hd, int stride, int n, float scale,
+                    float* scores, int score_stride);
 // pages[i]: the head's int8 values in page i (rows v_stride apart); scales[i]: its f16 scales (rows s_stride apart).
-void attn_accumulate_q8(const float* p, const int8_t* const* pages, const uint16_t* const* scales, int pt,
-                        int v_stride, int s_stride, int n, int hd, float* out);
+void attn_accumulate_q8(const float* p, int p_stride, int g, const int8_t* const* pages, const uint16_t* const* scales,
+                        int pt, int v_stride, int s_stride, int n, int hd, float* out);
 
 namespace attn {
 float max_avx512(const float* x, int n);
 void scale_round_avx512(float* x, int n, float scale);
-void scores_avx512(const float* q, const uint16_t* kt, int hd, int stride, int n, float scale, float* scores);
-void scores_q8_avx512(const float* q, const int8_t* kq, const uint16_t* ks, int hd, int stride, int n, float scale,
-                      float* scores);
-void accumulate_avx512(const float* p, const uint16_t* const* pages, int v_stride, int n, int hd, float* out);
-void accumulate_q8_avx512(const float* p, const int8_t* const* pages, const uint16_t* const* scales, int v_stride,
-                          int s_stride, int n, int hd, float* out);
+// AVX-512: a group of g heads in one pass (pages of 16 keys).
+void scores_avx512(const float* q, int g, const uint16_t* kt, int hd, int stride, int n, float scale, float* scores,
+                   int score_stride);
+void scores_q8_avx512(const float* q, int g, const int8_t* kq, const uint16_t* ks, int hd, int stride, int n,
+                      float scale, float* scores, int score_stride);
+void accumulate_avx512(const float* p, int p_stride, int g, const uint16_t* const* pages, int v_stride, int n, int hd,
+                       float* out);
+void accumulate_q8_avx512(const float* p, int p_stride, int g, const int8_t* const* pages,
+                          const uint16_t* const* scales, int v_stride, int s_stride, int n, int hd, float* out);
+// AVX2: one head a call (the group is a loop over them).
 float max_avx2(const float* x, int n);
 void scale_round_avx2(float* x, int n, float scale);
 void scores_avx2(const float* q, const uint16_t* kt, int hd, int stride, int n, float scale, float* scores);

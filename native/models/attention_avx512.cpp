@@ -1,5 +1,6 @@
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "models/attention.h"
@@ -27,81 +28,132 @@ inline __m512 load16_i8_f32(const int8_t* p) {
 
 }  // namespace
 
-// 16 keys a register; register r holds the partial sums over d = r (mod 16).
-// key(d, j0, m) gives dimension d of keys j0.. (lanes outside m zero).
-template <typename Key>
-void score_keys(const float* q, int hd, int n, float scale, float* scores, Key key) {
+// Scores of G heads (q: G rows of hd) against one K block, 16 keys a
+// register. Head g's register (g, r) holds its partial sums over d = r
+// (mod 16), in the order of attention.h; the 16 registers of a head are made
+// R at a time (G * R <= 16 live accumulators), so each K row is loaded and
+// widened once for all G heads. key(d, j0, m) gives dimension d of keys j0..
+// (lanes outside m zero).
+template <int G, typename Key>
+void score_keys(const float* q, int hd, int n, float scale, float* scores, int score_stride, Key key) {
+  constexpr int R = 16 / G;
   for (int j0 = 0; j0 < n; j0 += 16) {
     const __mmask16 m = first(n - j0);
-    __m512 acc[16];
+    alignas(64) __m512 part[G][16];
+    for (int rb = 0; rb < 16; rb += R) {
+      const int nr = std::min(R, 16 - rb);
+      __m512 acc[G][R];
 #pragma GCC unroll 16
-    for (int r = 0; r < 16; ++r) acc[r] = _mm512_setzero_ps();
-    for (int d0 = 0; d0 < hd; d0 += 16)
+      for (int i = 0; i < G * R; ++i) acc[i / R][i % R] = _mm512_setzero_ps();
+      for (int d0 = rb; d0 < hd; d0 += 16)
 #pragma GCC unroll 16
-      for (int r = 0; r < 16; ++r) acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(q[d0 + r]), key(d0 + r, j0, m), acc[r]);
-    _mm512_mask_storeu_ps(scores + j0, m, _mm512_mul_ps(fold16(acc), _mm512_set1_ps(scale)));
+        for (int r = 0; r < R; ++r) {
+          if (r >= nr) break;
+          const __m512 k = key(d0 + r, j0, m);
+#pragma GCC unroll 4
+          for (int g = 0; g < G; ++g)
+            acc[g][r] = _mm512_fmadd_ps(_mm512_set1_ps(q[g * hd + d0 + r]), k, acc[g][r]);
+        }
+#pragma GCC unroll 16
+      for (int i = 0; i < G * R; ++i)
+        if (i % R < nr) part[i / R][rb + i % R] = acc[i / R][i % R];
+    }
+#pragma GCC unroll 4
+    for (int g = 0; g < G; ++g)
+      _mm512_mask_storeu_ps(scores + g * score_stride + j0, m, _mm512_mul_ps(fold16(part[g]), _mm512_set1_ps(scale)));
   }
 }
 
-void scores_avx512(const float* q, const uint16_t* kt, int hd, int stride, int n, float scale, float* scores) {
-  score_keys(q, hd, n, scale, scores, [&](int d, int j0, __mmask16 m) {
+template <typename Key>
+void score_heads(const float* q, int g, int hd, int n, float scale, float* scores, int score_stride, Key key) {
+  switch (g) {
+    case 1: return score_keys<1>(q, hd, n, scale, scores, score_stride, key);
+    case 2: return score_keys<2>(q, hd, n, scale, scores, score_stride, key);
+    case 3: return score_keys<3>(q, hd, n, scale, scores, score_stride, key);
+    default: return score_keys<4>(q, hd, n, scale, scores, score_stride, key);
+  }
+}
+
+void scores_avx512(const float* q, int g, const uint16_t* kt, int hd, int stride, int n, float scale, float* scores,
+                   int score_stride) {
+  score_heads(q, g, hd, n, scale, scores, score_stride, [&](int d, int j0, __mmask16 m) {
     return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, kt + static_cast<size_t>(d) * stride + j0));
   });
 }
 
-void scores_q8_avx512(const float* q, const int8_t* kq, const uint16_t* ks, int hd, int stride, int n, float scale,
-                      float* scores) {
-  score_keys(q, hd, n, scale, scores, [&](int d, int j0, __mmask16 m) {
+void scores_q8_avx512(const float* q, int g, const int8_t* kq, const uint16_t* ks, int hd, int stride, int n,
+                      float scale, float* scores, int score_stride) {
+  score_heads(q, g, hd, n, scale, scores, score_stride, [&](int d, int j0, __mmask16 m) {
     const __m512 s = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, ks + static_cast<size_t>(d / 32) * stride + j0));
     const __m512 k = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(m, kq + static_cast<size_t>(d) * stride + j0)));
     return _mm512_mul_ps(s, k);
   });
 }
 
-// 16 values of the output a register; register j holds the partial sums over
-// the keys in slot j of every page (pages of 16 keys: slot = key % 16).
-void accumulate_avx512(const float* p, const uint16_t* const* pages, int v_stride, int n, int hd, float* out) {
+// The weighted sum of V for G heads (p: G rows of weights, p_stride apart;
+// out: G rows of hd), 16 values of the output a register. Head g's register
+// (g, j) holds its partial sums over the keys in slot j of every page (pages
+// of 16 keys: slot = key % 16), made R slots at a time so each V row is
+// loaded and widened once for all G heads. value(i, j, d0) gives values
+// d0..d0+15 of slot j of page i; weight(g, i, j, d0) the weight that meets them.
+template <int G, typename Value, typename Weight>
+void accumulate_heads(int n, int hd, float* out, Value value, Weight weight) {
+  constexpr int R = 16 / G;
   for (int d0 = 0; d0 < hd; d0 += 16) {
-    __m512 acc[16];
+    alignas(64) __m512 part[G][16];
+    for (int jb = 0; jb < 16; jb += R) {
+      const int nr = std::min(R, 16 - jb);
+      __m512 acc[G][R];
 #pragma GCC unroll 16
-    for (int j = 0; j < 16; ++j) acc[j] = _mm512_setzero_ps();
-    for (int i = 0; i * 16 < n; ++i) {
-      const uint16_t* base = pages[i] + d0;
-      const float* w = p + i * 16;
-      const int nj = n - i * 16;
+      for (int i = 0; i < G * R; ++i) acc[i / R][i % R] = _mm512_setzero_ps();
+      for (int i = 0; i * 16 < n; ++i) {
+        const int nj = n - i * 16;
 #pragma GCC unroll 16
-      for (int j = 0; j < 16; ++j) {
-        if (j < nj) {
-          const __m512 v = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(base + j * v_stride)));
-          acc[j] = _mm512_fmadd_ps(_mm512_set1_ps(w[j]), v, acc[j]);
+        for (int r = 0; r < R; ++r) {
+          const int j = jb + r;
+          if (r >= nr || j >= nj) break;
+          const __m512 v = value(i, j, d0);
+#pragma GCC unroll 4
+          for (int g = 0; g < G; ++g) acc[g][r] = _mm512_fmadd_ps(_mm512_set1_ps(weight(g, i, j, d0)), v, acc[g][r]);
         }
       }
+#pragma GCC unroll 16
+      for (int i = 0; i < G * R; ++i)
+        if (i % R < nr) part[i / R][jb + i % R] = acc[i / R][i % R];
     }
-    _mm512_storeu_ps(out + d0, fold16(acc));
+#pragma GCC unroll 4
+    for (int g = 0; g < G; ++g) _mm512_storeu_ps(out + g * hd + d0, fold16(part[g]));
   }
 }
 
-void accumulate_q8_avx512(const float* p, const int8_t* const* pages, const uint16_t* const* scales, int v_stride,
-                          int s_stride, int n, int hd, float* out) {
-  for (int d0 = 0; d0 < hd; d0 += 16) {
-    __m512 acc[16];
-#pragma GCC unroll 16
-    for (int j = 0; j < 16; ++j) acc[j] = _mm512_setzero_ps();
-    for (int i = 0; i * 16 < n; ++i) {
-      const int8_t* base = pages[i] + d0;
-      const uint16_t* sc = scales[i] + d0 / 32;
-      const float* w = p + i * 16;
-      const int nj = n - i * 16;
-#pragma GCC unroll 16
-      for (int j = 0; j < 16; ++j) {
-        if (j < nj) {
-          const __m512 pw = _mm512_set1_ps(w[j] * _cvtsh_ss(sc[j * s_stride]));
-          acc[j] = _mm512_fmadd_ps(pw, load16_i8_f32(base + j * v_stride), acc[j]);
-        }
-      }
-    }
-    _mm512_storeu_ps(out + d0, fold16(acc));
+template <typename Value, typename Weight>
+void accumulate_group(int g, int n, int hd, float* out, Value value, Weight weight) {
+  switch (g) {
+    case 1: return accumulate_heads<1>(n, hd, out, value, weight);
+    case 2: return accumulate_heads<2>(n, hd, out, value, weight);
+    case 3: return accumulate_heads<3>(n, hd, out, value, weight);
+    default: return accumulate_heads<4>(n, hd, out, value, weight);
   }
+}
+
+void accumulate_avx512(const float* p, int p_stride, int g, const uint16_t* const* pages, int v_stride, int n, int hd,
+                       float* out) {
+  accumulate_group(
+      g, n, hd, out,
+      [&](int i, int j, int d0) {
+        return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(pages[i] + d0 + j * v_stride)));
+      },
+      [&](int h, int i, int j, int) { return p[h * p_stride + i * 16 + j]; });
+}
+
+void accumulate_q8_avx512(const float* p, int p_stride, int g, const int8_t* const* pages,
+                          const uint16_t* const* scales, int v_stride, int s_stride, int n, int hd, float* out) {
+  // The q8 weight is p times the scale of the value's block of 32 (attention.h).
+  accumulate_group(
+      g, n, hd, out, [&](int i, int j, int d0) { return load16_i8_f32(pages[i] + d0 + j * v_stride); },
+      [&](int h, int i, int j, int d0) {
+        return p[h * p_stride + i * 16 + j] * _cvtsh_ss(scales[i][j * s_stride + d0 / 32]);
+      });
 }
 
 float max_avx512(const float* x, int n) {

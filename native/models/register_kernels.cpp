@@ -4,6 +4,7 @@
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
+#include <algorithm>
 #include <stdexcept>
 #include <vector>
 
@@ -60,8 +61,8 @@ void register_kernels(py::module_& m) {
         if (kt.ndim() != 2 || kt.shape(0) != q.size() || n > kt.shape(1))
           throw std::invalid_argument("kt must be (len(q), stride) with n <= stride");
         py::array_t<float> out(n);
-        attn_scores_f16(q.data(), kt.data(), static_cast<int>(q.size()), static_cast<int>(kt.shape(1)), n, scale,
-                        out.mutable_data());
+        attn_scores_f16(q.data(), 1, kt.data(), static_cast<int>(q.size()), static_cast<int>(kt.shape(1)), n, scale,
+                        out.mutable_data(), n);
         return out;
       },
       py::arg("q"), py::arg("kt"), py::arg("n"), py::arg("scale"), "scores of n keys of a page's K block");
@@ -79,7 +80,7 @@ void register_kernels(py::module_& m) {
         std::vector<const uint16_t*> pages;  // 16 rows a page, as attention reads them
         for (int k = 0; k < n; k += 16) pages.push_back(v.data() + static_cast<size_t>(k) * hd);
         py::array_t<float> res(out.size());
-        attn_accumulate_f16(p.data(), pages.data(), 16, hd, n, hd, res.mutable_data());
+        attn_accumulate_f16(p.data(), n, 1, pages.data(), 16, hd, n, hd, res.mutable_data());
         return py::make_tuple(res, mx);
       },
       py::arg("scores"), py::arg("v"), py::arg("out"), "softmax weights of scores applied to V rows");
@@ -93,8 +94,8 @@ void register_kernels(py::module_& m) {
             ks.shape(1) != kq.shape(1) || n > kq.shape(1))
           throw std::invalid_argument("need len(q) % 32 == 0, kq (len(q), stride), ks (len(q) / 32, stride), n <= stride");
         py::array_t<float> out(n);
-        attn_scores_q8(q.data(), kq.data(), ks.data(), static_cast<int>(hd), static_cast<int>(kq.shape(1)), n, scale,
-                       out.mutable_data());
+        attn_scores_q8(q.data(), 1, kq.data(), ks.data(), static_cast<int>(hd), static_cast<int>(kq.shape(1)), n, scale,
+                       out.mutable_data(), n);
         return out;
       },
       py::arg("q"), py::arg("kq"), py::arg("ks"), py::arg("n"), py::arg("scale"),
@@ -118,11 +119,45 @@ void register_kernels(py::module_& m) {
           scales.push_back(vs.data() + k * (hd / 32));
         }
         py::array_t<float> res(hd);
-        attn_accumulate_q8(p.data(), pages.data(), scales.data(), 16, static_cast<int>(hd), static_cast<int>(hd / 32),
-                           static_cast<int>(n), static_cast<int>(hd), res.mutable_data());
+        attn_accumulate_q8(p.data(), static_cast<int>(n), 1, pages.data(), scales.data(), 16, static_cast<int>(hd),
+                           static_cast<int>(hd / 32), static_cast<int>(n), static_cast<int>(hd), res.mutable_data());
         return py::make_tuple(res, mx);
       },
       py::arg("scores"), py::arg("vq"), py::arg("vs"), py::arg("out"), "softmax weights of scores applied to q8 V rows");
+  m.def(
+      "attn_group",
+      [](F32Array q, U16Array kt, I8Array kq, U16Array ks, F32Array p, U16Array v, I8Array vq, U16Array vs, int n,
+         float scale) {
+        // The grouped kernels, f16 or q8 (kq empty: f16): q (g, hd) scores the
+        // first min(n, 16) keys of one page's K (hd, 16); the weights p (g, n)
+        // meet V (n, hd), read in pages of 16 rows. Returns (scores, out (g, hd)).
+        if (q.ndim() != 2 || p.ndim() != 2 || p.shape(0) != q.shape(0) || p.shape(1) != n || n < 1)
+          throw std::invalid_argument("need q (g, hd), p (g, n), n >= 1");
+        const int g = static_cast<int>(q.shape(0)), hd = static_cast<int>(q.shape(1)), nk = std::min(n, 16);
+        if (g < 1 || g > kMaxGroup) throw std::invalid_argument("group of 1 to kMaxGroup heads");
+        const bool q8 = kq.size() > 0;
+        if (q8 ? (kq.size() != hd * 16 || ks.size() != hd / 32 * 16 || vq.size() != n * hd || vs.size() != n * hd / 32)
+               : (kt.size() != hd * 16 || v.size() != n * hd))
+          throw std::invalid_argument("K must be (hd, 16) and V (n, hd), with hd / 32 scale rows for q8");
+        py::array_t<float> scores({g, nk}), out({g, hd});
+        std::vector<const int8_t*> v8;
+        std::vector<const uint16_t*> v16, s16;
+        for (int k = 0; k < n; k += 16) {
+          v16.push_back(v.data() + static_cast<size_t>(k) * hd);
+          v8.push_back(vq.data() + static_cast<size_t>(k) * hd);
+          s16.push_back(vs.data() + static_cast<size_t>(k) * (hd / 32));
+        }
+        if (q8) {
+          attn_scores_q8(q.data(), g, kq.data(), ks.data(), hd, 16, nk, scale, scores.mutable_data(), nk);
+          attn_accumulate_q8(p.data(), n, g, v8.data(), s16.data(), 16, hd, hd / 32, n, hd, out.mutable_data());
+        } else {
+          attn_scores_f16(q.data(), g, kt.data(), hd, 16, nk, scale, scores.mutable_data(), nk);
+          attn_accumulate_f16(p.data(), n, g, v16.data(), 16, hd, n, hd, out.mutable_data());
+        }
+        return py::make_tuple(scores, out);
+      },
+      py::arg("q"), py::arg("kt"), py::arg("kq"), py::arg("ks"), py::arg("p"), py::arg("v"), py::arg("vq"),
+      py::arg("vs"), py::arg("n"), py::arg("scale"), "a group of heads through the attention kernels, one page");
 
 }
 
