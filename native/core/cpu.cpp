@@ -1,7 +1,5 @@
 #include "core/cpu.h"
 
-#include <atomic>
-#include <stdexcept>
 #include <string>
 
 namespace ctx {
@@ -50,31 +48,11 @@ Isa probe() {
   return Isa::scalar;
 }
 
-std::atomic<int> g_active{-1};
-
 }  // namespace
 
 Isa detect_isa() {
   static const Isa best = probe();
   return best;
-}
-
-Isa active_isa() {
-  // Hot (scalar f16 conversions ask per value): after the first call this is
-  // one relaxed load, without detect_isa's guarded static.
-  int v = g_active.load(std::memory_order_relaxed);
-  if (v < 0) {
-    int unset = -1;
-    v = static_cast<int>(detect_isa());
-    if (!g_active.compare_exchange_strong(unset, v, std::memory_order_relaxed)) v = unset;  // set_isa won
-  }
-  return static_cast<Isa>(v);
-}
-
-void set_isa(Isa isa) {
-  if (static_cast<int>(isa) > static_cast<int>(detect_isa()))
-    throw std::invalid_argument(std::string("this CPU does not support the ") + isa_name(isa) + " path");
-  g_active.store(static_cast<int>(isa), std::memory_order_relaxed);
 }
 
 const char* isa_name(Isa isa) {

@@ -1,5 +1,5 @@
-// Run-time choice of the SIMD path. Every path computes bit-identical results
-// (see quant/quant.h for the canonical reduction orders), so the choice only
+// What this CPU can run. Every SIMD path computes bit-identical results (see
+// quant/quant.h for the canonical reduction orders), so the choice only
 // changes speed; tests force each path in turn and compare against scalar.
 #pragma once
 
@@ -18,8 +18,7 @@ struct IsaFeature {
 };
 
 Isa detect_isa();          // best path this CPU supports (CPUID, once)
-Isa active_isa();          // path in use now (defaults to detect_isa())
-void set_isa(Isa isa);     // force a path; throws if the CPU lacks it
+// (The path in use, active_isa / set_isa, is the kernel table's: kernels/kernels.h.)
 const char* isa_name(Isa isa);
 // Every feature the *_<isa>.cpp files are compiled with (CMakeLists.txt);
 // the path is chosen only if the CPU has all of them.

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "core/cpu.h"
+#include "kernels/kernels.h"
 
 namespace py = pybind11;
 

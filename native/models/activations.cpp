@@ -6,7 +6,7 @@
 
 #include <vector>
 
-#include "core/cpu.h"
+#include "kernels/kernels.h"
 #include "quant/quant.h"
 #include "models/activations_impl.h"
 
@@ -45,7 +45,7 @@ static float hsum16(float* a) {
   return a[0];
 }
 
-static double exp_shift_sum_scalar(float* x, int n, float shift) {
+double act::exp_shift_sum_scalar(float* x, int n, float shift) {
   double sum = 0.0;
   for (int c = 0; c < n; c += 16) {
     float chunk[16] = {0};
@@ -55,7 +55,7 @@ static double exp_shift_sum_scalar(float* x, int n, float shift) {
   return sum;
 }
 
-static void silu_mul_scalar(float* g, const float* u, int n) {
+void act::silu_mul_scalar(float* g, const float* u, int n) {
   for (int i = 0; i < n; ++i) g[i] = g[i] / (1.0f + exp_canonical(0.0f - g[i])) * u[i];
 }
 
@@ -79,7 +79,9 @@ const std::vector<uint16_t>& gelu_table() {
   return table;
 }
 
-void gelu_mul_scalar(float* g, const float* u, int n, const uint16_t* table) {
+}  // namespace
+
+void act::gelu_mul_scalar(float* g, const float* u, int n, const uint16_t* table) {
   for (int i = 0; i < n; ++i) {
     const float x = g[i];
     const float y = x <= -10.0f ? 0.0f : x >= 10.0f ? x : f16_to_f32(table[f32_to_f16(x)]);
@@ -87,31 +89,10 @@ void gelu_mul_scalar(float* g, const float* u, int n, const uint16_t* table) {
   }
 }
 
-}  // namespace
+void gelu_mul(float* g, const float* u, int n) { kernels().gelu_mul(g, u, n, gelu_table().data()); }
 
-void gelu_mul(float* g, const float* u, int n) {
-  const uint16_t* table = gelu_table().data();
-  switch (active_isa()) {
-    case Isa::avx512: return gelu_mul_avx512(g, u, n, table);
-    case Isa::avx2: return gelu_mul_avx2(g, u, n, table);
-    default: return gelu_mul_scalar(g, u, n, table);
-  }
-}
+double exp_shift_sum(float* x, int n, float shift) { return kernels().exp_shift_sum(x, n, shift); }
 
-double exp_shift_sum(float* x, int n, float shift) {
-  switch (active_isa()) {
-    case Isa::avx512: return exp_shift_sum_avx512(x, n, shift);
-    case Isa::avx2: return exp_shift_sum_avx2(x, n, shift);
-    default: return exp_shift_sum_scalar(x, n, shift);
-  }
-}
-
-void silu_mul(float* g, const float* u, int n) {
-  switch (active_isa()) {
-    case Isa::avx512: return silu_mul_avx512(g, u, n);
-    case Isa::avx2: return silu_mul_avx2(g, u, n);
-    default: return silu_mul_scalar(g, u, n);
-  }
-}
+void silu_mul(float* g, const float* u, int n) { kernels().silu_mul(g, u, n); }
 
 }  // namespace ctx

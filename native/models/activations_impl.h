@@ -21,7 +21,11 @@ constexpr float kC1 = 0x1.ffffecp-1f, kC2 = 0x1.fffdb6p-2f, kC3 = 0x1.555e66p-3f
 
 double exp_shift_sum_avx2(float* x, int n, float shift);
 void silu_mul_avx2(float* g, const float* u, int n);
-// gelu_mul (activations.h) with its table (f16 bits -> f16 bits, padded by 2).
+// Each path's kernels (the table's signatures, kernels/kernels.h); gelu_mul
+// takes its table (f16 bits -> f16 bits, padded by 2 entries).
+double exp_shift_sum_scalar(float* x, int n, float shift);
+void silu_mul_scalar(float* g, const float* u, int n);
+void gelu_mul_scalar(float* g, const float* u, int n, const uint16_t* table);
 void gelu_mul_avx2(float* g, const float* u, int n, const uint16_t* table);
 void gelu_mul_avx512(float* g, const float* u, int n, const uint16_t* table);
 double exp_shift_sum_avx512(float* x, int n, float shift);

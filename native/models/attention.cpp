@@ -1,12 +1,12 @@
 // The scalar reference kernels (written as literally as the orders in
-// attention.h) and the run-time dispatch. The SIMD paths need pages of 16
-// keys and heads of a multiple of 16 values (every model we load); anything
-// else runs here, with the same results by definition.
+// attention.h) and the entry points. The SIMD paths need pages of 16 keys and
+// heads of a multiple of 16 values (every model we load); anything else runs
+// the scalar kernels here, with the same results by definition.
 #include "models/attention.h"
 
 #include <cmath>
 
-#include "core/cpu.h"
+#include "kernels/kernels.h"
 #include "quant/quant.h"
 
 namespace ctx {
@@ -19,7 +19,7 @@ float hsum16(float* a) {
   return a[0];
 }
 
-void scores_scalar(const float* q, const uint16_t* kt, int hd, int stride, int n, float scale, float* scores) {
+void scores_head(const float* q, const uint16_t* kt, int hd, int stride, int n, float scale, float* scores) {
   for (int j = 0; j < n; ++j) {
     float acc[16] = {0};
     for (int d = 0; d < hd; ++d)
@@ -28,18 +28,7 @@ void scores_scalar(const float* q, const uint16_t* kt, int hd, int stride, int n
   }
 }
 
-float max_scalar(const float* x, int n) {
-  float m = -INFINITY;
-  for (int i = 0; i < n; ++i) m = std::fmax(m, x[i]);
-  return m;
-}
-
-void scale_round_scalar(float* x, int n, float scale) {
-  for (int i = 0; i < n; ++i) x[i] = f16_to_f32(f32_to_f16(x[i] * scale));
-}
-
-void accumulate_scalar(const float* p, const uint16_t* const* pages, int pt, int v_stride, int n, int hd,
-                       float* out) {
+void accumulate_head(const float* p, const uint16_t* const* pages, int pt, int v_stride, int n, int hd, float* out) {
   for (int d = 0; d < hd; ++d) {
     float acc[16] = {0};
     for (int k = 0; k < n; ++k) {
@@ -50,8 +39,8 @@ void accumulate_scalar(const float* p, const uint16_t* const* pages, int pt, int
   }
 }
 
-void scores_q8_scalar(const float* q, const int8_t* kq, const uint16_t* ks, int hd, int stride, int n, float scale,
-                      float* scores) {
+void scores_q8_head(const float* q, const int8_t* kq, const uint16_t* ks, int hd, int stride, int n, float scale,
+                    float* scores) {
   for (int j = 0; j < n; ++j) {
     float acc[16] = {0};
     for (int d = 0; d < hd; ++d) {
@@ -63,8 +52,8 @@ void scores_q8_scalar(const float* q, const int8_t* kq, const uint16_t* ks, int 
   }
 }
 
-void accumulate_q8_scalar(const float* p, const int8_t* const* pages, const uint16_t* const* scales, int pt,
-                          int v_stride, int s_stride, int n, int hd, float* out) {
+void accumulate_q8_head(const float* p, const int8_t* const* pages, const uint16_t* const* scales, int pt,
+                        int v_stride, int s_stride, int n, int hd, float* out) {
   for (int d = 0; d < hd; ++d) {
     float acc[16] = {0};
     for (int k = 0; k < n; ++k) {
@@ -80,76 +69,65 @@ bool simd_shape(int hd, int pt) { return hd % 16 == 0 && pt == 16; }
 
 }  // namespace
 
+// A group on the scalar path is its heads one by one.
+void attn::scores_scalar(const float* q, int g, const uint16_t* kt, int hd, int stride, int n, float scale,
+                         float* scores, int score_stride) {
+  for (int h = 0; h < g; ++h, q += hd, scores += score_stride) scores_head(q, kt, hd, stride, n, scale, scores);
+}
+
+void attn::accumulate_scalar(const float* p, int p_stride, int g, const uint16_t* const* pages, int pt, int v_stride,
+                             int n, int hd, float* out) {
+  for (int h = 0; h < g; ++h, p += p_stride, out += hd) accumulate_head(p, pages, pt, v_stride, n, hd, out);
+}
+
+void attn::scores_q8_scalar(const float* q, int g, const int8_t* kq, const uint16_t* ks, int hd, int stride, int n,
+                            float scale, float* scores, int score_stride) {
+  for (int h = 0; h < g; ++h, q += hd, scores += score_stride) scores_q8_head(q, kq, ks, hd, stride, n, scale, scores);
+}
+
+void attn::accumulate_q8_scalar(const float* p, int p_stride, int g, const int8_t* const* pages,
+                                const uint16_t* const* scales, int pt, int v_stride, int s_stride, int n, int hd,
+                                float* out) {
+  for (int h = 0; h < g; ++h, p += p_stride, out += hd)
+    accumulate_q8_head(p, pages, scales, pt, v_stride, s_stride, n, hd, out);
+}
+
+float attn::max_scalar(const float* x, int n) {
+  float m = -INFINITY;
+  for (int i = 0; i < n; ++i) m = std::fmax(m, x[i]);
+  return m;
+}
+
+void attn::scale_round_scalar(float* x, int n, float scale) {
+  for (int i = 0; i < n; ++i) x[i] = f16_to_f32(f32_to_f16(x[i] * scale));
+}
+
 void attn_scores_f16(const float* q, int g, const uint16_t* kt, int hd, int stride, int n, float scale, float* scores,
                      int score_stride) {
-  if (hd % 16 == 0 && active_isa() == Isa::avx512)
-    return attn::scores_avx512(q, g, kt, hd, stride, n, scale, scores, score_stride);
-  for (int h = 0; h < g; ++h) {
-    const float* qh = q + static_cast<size_t>(h) * hd;
-    float* out = scores + static_cast<size_t>(h) * score_stride;
-    if (hd % 16 == 0 && active_isa() == Isa::avx2)
-      attn::scores_avx2(qh, kt, hd, stride, n, scale, out);
-    else
-      scores_scalar(qh, kt, hd, stride, n, scale, out);
-  }
+  const Kernels& k = hd % 16 == 0 ? kernels() : scalar_kernels();
+  k.attn_scores_f16(q, g, kt, hd, stride, n, scale, scores, score_stride);
 }
 
-float max_f32(const float* x, int n) {
-  switch (active_isa()) {
-    case Isa::avx512: return attn::max_avx512(x, n);
-    case Isa::avx2: return attn::max_avx2(x, n);
-    default: return max_scalar(x, n);
-  }
-}
+float max_f32(const float* x, int n) { return kernels().max_f32(x, n); }
 
-void scale_round_f16(float* x, int n, float scale) {
-  switch (active_isa()) {
-    case Isa::avx512: return attn::scale_round_avx512(x, n, scale);
-    case Isa::avx2: return attn::scale_round_avx2(x, n, scale);
-    default: return scale_round_scalar(x, n, scale);
-  }
-}
+void scale_round_f16(float* x, int n, float scale) { kernels().scale_round_f16(x, n, scale); }
 
 void attn_accumulate_f16(const float* p, int p_stride, int g, const uint16_t* const* pages, int pt, int v_stride, int n,
                          int hd, float* out) {
-  if (simd_shape(hd, pt) && active_isa() == Isa::avx512)
-    return attn::accumulate_avx512(p, p_stride, g, pages, v_stride, n, hd, out);
-  for (int h = 0; h < g; ++h) {
-    const float* ph = p + static_cast<size_t>(h) * p_stride;
-    float* oh = out + static_cast<size_t>(h) * hd;
-    if (simd_shape(hd, pt) && active_isa() == Isa::avx2)
-      attn::accumulate_avx2(ph, pages, v_stride, n, hd, oh);
-    else
-      accumulate_scalar(ph, pages, pt, v_stride, n, hd, oh);
-  }
+  const Kernels& k = simd_shape(hd, pt) ? kernels() : scalar_kernels();
+  k.attn_accumulate_f16(p, p_stride, g, pages, pt, v_stride, n, hd, out);
 }
 
 void attn_scores_q8(const float* q, int g, const int8_t* kq, const uint16_t* ks, int hd, int stride, int n, float scale,
                     float* scores, int score_stride) {
-  if (hd % 16 == 0 && active_isa() == Isa::avx512)
-    return attn::scores_q8_avx512(q, g, kq, ks, hd, stride, n, scale, scores, score_stride);
-  for (int h = 0; h < g; ++h) {
-    const float* qh = q + static_cast<size_t>(h) * hd;
-    float* out = scores + static_cast<size_t>(h) * score_stride;
-    if (hd % 16 == 0 && active_isa() == Isa::avx2)
-      attn::scores_q8_avx2(qh, kq, ks, hd, stride, n, scale, out);
-    else
-      scores_q8_scalar(qh, kq, ks, hd, stride, n, scale, out);
-  }
+  const Kernels& k = hd % 16 == 0 ? kernels() : scalar_kernels();
+  k.attn_scores_q8(q, g, kq, ks, hd, stride, n, scale, scores, score_stride);
 }
 
 void attn_accumulate_q8(const float* p, int p_stride, int g, const int8_t* const* pages, const uint16_t* const* scales,
                         int pt, int v_stride, int s_stride, int n, int hd, float* out) {
-  if (simd_shape(hd, pt) && active_isa() == Isa::avx512)
-    return attn::accumulate_q8_avx512(p, p_stride, g, pages, scales, v_stride, s_stride, n, hd, out);
-  for (int h = 0; h < g; ++h) {
-    const float* ph = p + static_cast<size_t>(h) * p_stride;
-    float* oh = out + static_cast<size_t>(h) * hd;
-    if (simd_shape(hd, pt) && active_isa() == Isa::avx2)
-      attn::accumulate_q8_avx2(ph, pages, scales, v_stride, s_stride, n, hd, oh);
-    else
-      accumulate_q8_scalar(ph, pages, scales, pt, v_stride, s_stride, n, hd, oh);
-  }
+  const Kernels& k = simd_shape(hd, pt) ? kernels() : scalar_kernels();
+  k.attn_accumulate_q8(p, p_stride, g, pages, scales, pt, v_stride, s_stride, n, hd, out);
 }
 
 }  // namespace ctx

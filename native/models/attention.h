@@ -58,26 +58,24 @@ void attn_accumulate_q8(const float* p, int p_stride, int g, const int8_t* const
                         int pt, int v_stride, int s_stride, int n, int hd, float* out);
 
 namespace attn {
-float max_avx512(const float* x, int n);
-void scale_round_avx512(float* x, int n, float scale);
-// AVX-512: a group of g heads in one pass (pages of 16 keys).
-void scores_avx512(const float* q, int g, const uint16_t* kt, int hd, int stride, int n, float scale, float* scores,
-                   int score_stride);
-void scores_q8_avx512(const float* q, int g, const int8_t* kq, const uint16_t* ks, int hd, int stride, int n,
-                      float scale, float* scores, int score_stride);
-void accumulate_avx512(const float* p, int p_stride, int g, const uint16_t* const* pages, int v_stride, int n, int hd,
-                       float* out);
-void accumulate_q8_avx512(const float* p, int p_stride, int g, const int8_t* const* pages,
-                          const uint16_t* const* scales, int v_stride, int s_stride, int n, int hd, float* out);
-// AVX2: one head a call (the group is a loop over them).
-float max_avx2(const float* x, int n);
-void scale_round_avx2(float* x, int n, float scale);
-void scores_avx2(const float* q, const uint16_t* kt, int hd, int stride, int n, float scale, float* scores);
-void scores_q8_avx2(const float* q, const int8_t* kq, const uint16_t* ks, int hd, int stride, int n, float scale,
-                    float* scores);
-void accumulate_avx2(const float* p, const uint16_t* const* pages, int v_stride, int n, int hd, float* out);
-void accumulate_q8_avx2(const float* p, const int8_t* const* pages, const uint16_t* const* scales, int v_stride,
-                        int s_stride, int n, int hd, float* out);
+// Each path's kernels, one signature per kernel (the table's, kernels/kernels.h):
+// a group of g heads a call; the SIMD ones take pages of 16 keys (pt unused).
+#define CTX_ATTN_PATH(isa)                                                                                         \
+  void scores_##isa(const float* q, int g, const uint16_t* kt, int hd, int stride, int n, float scale,             \
+                    float* scores, int score_stride);                                                            \
+  void scores_q8_##isa(const float* q, int g, const int8_t* kq, const uint16_t* ks, int hd, int stride, int n,     \
+                       float scale, float* scores, int score_stride);                                            \
+  void accumulate_##isa(const float* p, int p_stride, int g, const uint16_t* const* pages, int pt, int v_stride,   \
+                        int n, int hd, float* out);                                                              \
+  void accumulate_q8_##isa(const float* p, int p_stride, int g, const int8_t* const* pages,                      \
+                           const uint16_t* const* scales, int pt, int v_stride, int s_stride, int n, int hd,      \
+                           float* out);                                                                          \
+  float max_##isa(const float* x, int n);                                                                        \
+  void scale_round_##isa(float* x, int n, float scale);
+CTX_ATTN_PATH(scalar)
+CTX_ATTN_PATH(avx2)
+CTX_ATTN_PATH(avx512)
+#undef CTX_ATTN_PATH
 }  // namespace attn
 
 }  // namespace ctx

@@ -51,9 +51,7 @@ void score_sums(const float* q, int hd, int r0, LoadK load_k, __m256* acc) {
     for (int r = 0; r < 8; ++r) acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(q[d0 + r0 + r]), load_k(d0 + r0 + r), acc[r]);
 }
 
-}  // namespace
-
-void scores_avx2(const float* q, const uint16_t* kt, int hd, int stride, int n, float scale, float* scores) {
+void scores_head(const float* q, const uint16_t* kt, int hd, int stride, int n, float scale, float* scores) {
   for (int j0 = 0; j0 < n; j0 += 8) {
     const int lanes = n - j0;
     auto load_k = [&](int d) { return load8_f16(kt + static_cast<size_t>(d) * stride + j0, lanes); };
@@ -64,7 +62,7 @@ void scores_avx2(const float* q, const uint16_t* kt, int hd, int stride, int n, 
   }
 }
 
-void scores_q8_avx2(const float* q, const int8_t* kq, const uint16_t* ks, int hd, int stride, int n, float scale,
+void scores_q8_head(const float* q, const int8_t* kq, const uint16_t* ks, int hd, int stride, int n, float scale,
                     float* scores) {
   for (int j0 = 0; j0 < n; j0 += 8) {
     const int lanes = n - j0;
@@ -79,8 +77,6 @@ void scores_q8_avx2(const float* q, const int8_t* kq, const uint16_t* ks, int hd
   }
 }
 
-namespace {
-
 // Partial sums over the keys in slots j0..j0+7 of every page, for 8 values.
 template <typename Term>
 void value_sums(int n, int j0, Term term, __m256* acc) {
@@ -94,9 +90,7 @@ void value_sums(int n, int j0, Term term, __m256* acc) {
   }
 }
 
-}  // namespace
-
-void accumulate_avx2(const float* p, const uint16_t* const* pages, int v_stride, int n, int hd, float* out) {
+void accumulate_head(const float* p, const uint16_t* const* pages, int v_stride, int n, int hd, float* out) {
   for (int d0 = 0; d0 < hd; d0 += 8) {
     auto term = [&](int i, int j, __m256 acc) {
       const __m256 v = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(pages[i] + d0 + j * v_stride)));
@@ -109,7 +103,7 @@ void accumulate_avx2(const float* p, const uint16_t* const* pages, int v_stride,
   }
 }
 
-void accumulate_q8_avx2(const float* p, const int8_t* const* pages, const uint16_t* const* scales, int v_stride,
+void accumulate_q8_head(const float* p, const int8_t* const* pages, const uint16_t* const* scales, int v_stride,
                         int s_stride, int n, int hd, float* out) {
   for (int d0 = 0; d0 < hd; d0 += 8) {
     auto term = [&](int i, int j, __m256 acc) {
@@ -121,6 +115,29 @@ void accumulate_q8_avx2(const float* p, const int8_t* const* pages, const uint16
     value_sums(n, 8, term, hi);
     _mm256_storeu_ps(out + d0, fold(lo, hi));
   }
+}
+
+}  // namespace
+
+// A group on this path is its heads one by one (16 registers hold one head's sums).
+void scores_avx2(const float* q, int g, const uint16_t* kt, int hd, int stride, int n, float scale, float* scores,
+                 int score_stride) {
+  for (int h = 0; h < g; ++h, q += hd, scores += score_stride) scores_head(q, kt, hd, stride, n, scale, scores);
+}
+
+void scores_q8_avx2(const float* q, int g, const int8_t* kq, const uint16_t* ks, int hd, int stride, int n,
+                    float scale, float* scores, int score_stride) {
+  for (int h = 0; h < g; ++h, q += hd, scores += score_stride) scores_q8_head(q, kq, ks, hd, stride, n, scale, scores);
+}
+
+void accumulate_avx2(const float* p, int p_stride, int g, const uint16_t* const* pages, int /*pt: 16*/, int v_stride,
+                     int n, int hd, float* out) {
+  for (int h = 0; h < g; ++h, p += p_stride, out += hd) accumulate_head(p, pages, v_stride, n, hd, out);
+}
+
+void accumulate_q8_avx2(const float* p, int p_stride, int g, const int8_t* const* pages, const uint16_t* const* scales,
+                        int /*pt: 16*/, int v_stride, int s_stride, int n, int hd, float* out) {
+  for (int h = 0; h < g; ++h, p += p_stride, out += hd) accumulate_q8_head(p, pages, scales, v_stride, s_stride, n, hd, out);
 }
 
 float max_avx2(const float* x, int n) {

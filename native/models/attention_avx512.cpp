@@ -136,8 +136,8 @@ void accumulate_group(int g, int n, int hd, float* out, Value value, Weight weig
   }
 }
 
-void accumulate_avx512(const float* p, int p_stride, int g, const uint16_t* const* pages, int v_stride, int n, int hd,
-                       float* out) {
+void accumulate_avx512(const float* p, int p_stride, int g, const uint16_t* const* pages, int /*pt: 16*/,
+                       int v_stride, int n, int hd, float* out) {
   accumulate_group(
       g, n, hd, out,
       [&](int i, int j, int d0) {
@@ -147,7 +147,8 @@ void accumulate_avx512(const float* p, int p_stride, int g, const uint16_t* cons
 }
 
 void accumulate_q8_avx512(const float* p, int p_stride, int g, const int8_t* const* pages,
-                          const uint16_t* const* scales, int v_stride, int s_stride, int n, int hd, float* out) {
+                          const uint16_t* const* scales, int /*pt: 16*/, int v_stride, int s_stride, int n, int hd,
+                          float* out) {
   // The q8 weight is p times the scale of the value's block of 32 (attention.h).
   accumulate_group(
       g, n, hd, out, [&](int i, int j, int d0) { return load16_i8_f32(pages[i] + d0 + j * v_stride); },

@@ -1,5 +1,5 @@
 // The K-quants: Q8K activation quantization, the scalar reference kernels and
-// the run-time dispatch of matmul_k.
+// the entry points (the chosen path's kernels, kernels/kernels.h).
 //
 // The scalar kernel is the canonical order of quant.h written literally: each
 // super-block is unpacked to its integer weights q(e), sub-block scales and
@@ -10,7 +10,7 @@
 #include <cmath>
 #include <cstring>
 
-#include "core/cpu.h"
+#include "kernels/kernels.h"
 #include "quant/quant.h"
 #include "quant/quant_impl.h"
 
@@ -18,8 +18,9 @@ namespace ctx {
 
 using qk::hsum8;
 
-void quantize_row_q8k(const float* x, BlockQ8K* y, int n) {
-  if (active_isa() == Isa::avx512) return qk::quantize_row_q8k_avx512(x, y, n);
+void quantize_row_q8k(const float* x, BlockQ8K* y, int n) { kernels().quantize_row_q8k(x, y, n); }
+
+void qk::quantize_row_q8k_scalar(const float* x, BlockQ8K* y, int n) {
   for (int b = 0; b < n / QK_K; ++b, x += QK_K) {
     BlockQ8K& out = y[b];
     float amax = 0.0f, max = 0.0f;
@@ -162,7 +163,7 @@ float dot_k_scalar(DType t, const uint8_t* w, const BlockQ8K* x, int nb) {
   return dot;
 }
 
-void matmul_k_scalar(DType t, const void* W, int n_in, int o0, int o1, const BlockQ8K* Xk, int n_x, float* Y,
+void matmul_k_rows(DType t, const void* W, int n_in, int o0, int o1, const BlockQ8K* Xk, int n_x, float* Y,
                      size_t y_stride) {
   const int nb = n_in / QK_K;
   const size_t row_bytes = dtype_row_bytes(t, n_in);
@@ -174,15 +175,15 @@ void matmul_k_scalar(DType t, const void* W, int n_in, int o0, int o1, const Blo
 
 }  // namespace
 
+void qk::matmul_k_scalar(DType t, const void* W, int n_in, int o0, int o1, const BlockQ8K* Xk, int n_x, float* Y,
+                         size_t y_stride) {
+  matmul_k_rows(t, W, n_in, o0, o1, Xk, n_x, Y, y_stride);
+}
+
 void matmul_k(DType t, const void* W, int n_in, int o0, int o1, const BlockQ8K* Xk, int n_x, float* Y,
               size_t y_stride) {
   if (!dtype_is_kquant(t)) throw qk::unsupported_type(t);
-  switch (active_isa()) {
-    case Isa::avx512: return qk::matmul_k_avx512(t, W, n_in, o0, o1, Xk, n_x, Y, y_stride);
-    case Isa::avx2: return qk::matmul_k_avx2(t, W, n_in, o0, o1, Xk, n_x, Y, y_stride);
-    case Isa::scalar: break;
-  }
-  matmul_k_scalar(t, W, n_in, o0, o1, Xk, n_x, Y, y_stride);
+  kernels().matmul_k(t, W, n_in, o0, o1, Xk, n_x, Y, y_stride);
 }
 
 }  // namespace ctx

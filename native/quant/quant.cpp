@@ -14,7 +14,7 @@
 #include <string>
 #include <type_traits>
 
-#include "core/cpu.h"
+#include "kernels/kernels.h"
 #include "quant/quant_impl.h"
 
 namespace ctx {
@@ -144,7 +144,7 @@ static float bits_float(uint32_t u) {
   return f;
 }
 
-static float f16_to_f32_soft(uint16_t h) {
+float qk::f16_to_f32_soft(uint16_t h) {
   const uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16;
   const uint32_t exp = (h >> 10) & 0x1F;
   const uint32_t man = h & 0x3FF;
@@ -165,7 +165,7 @@ static uint32_t shift_round_even(uint32_t value, int shift) {
   return kept + ((rest > half || (rest == half && (kept & 1))) ? 1 : 0);
 }
 
-static uint16_t f32_to_f16_soft(float f) {
+uint16_t qk::f32_to_f16_soft(float f) {
   const uint32_t u = float_bits(f);
   const auto sign = static_cast<uint16_t>((u >> 16) & 0x8000);
   const uint32_t a = u & 0x7FFFFFFF;
@@ -187,13 +187,13 @@ static uint16_t f32_to_f16_soft(float f) {
 // One F16C instruction each: what the hot scalar callers (the GELU table
 // lookups, KV writes) want. Bit-identical to the software versions above, which
 // the scalar path keeps using so the tests still check them against numpy.
-__attribute__((target("f16c"))) static float f16_to_f32_hw(uint16_t h) { return _cvtsh_ss(h); }
-__attribute__((target("f16c"))) static uint16_t f32_to_f16_hw(float f) {
+__attribute__((target("f16c"))) float qk::f16_to_f32_hw(uint16_t h) { return _cvtsh_ss(h); }
+__attribute__((target("f16c"))) uint16_t qk::f32_to_f16_hw(float f) {
   return static_cast<uint16_t>(_cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT));
 }
 
-float f16_to_f32(uint16_t h) { return active_isa() == Isa::scalar ? f16_to_f32_soft(h) : f16_to_f32_hw(h); }
-uint16_t f32_to_f16(float f) { return active_isa() == Isa::scalar ? f32_to_f16_soft(f) : f32_to_f16_hw(f); }
+float f16_to_f32(uint16_t h) { return kernels().f16_to_f32(h); }
+uint16_t f32_to_f16(float f) { return kernels().f32_to_f16(f); }
 
 float bf16_to_f32(uint16_t h) { return bits_float(static_cast<uint32_t>(h) << 16); }
 
@@ -285,7 +285,7 @@ float dot_q_scalar(const typename T::Block* w, const BlockQ8A* x, int nb) {
 }
 
 template <class T>
-void matmul_q_scalar(const void* W, int n_in, int o0, int o1, const BlockQ8A* Xq, int n_x, float* Y,
+void matmul_q_rows(const void* W, int n_in, int o0, int o1, const BlockQ8A* Xq, int n_x, float* Y,
                      size_t y_stride) {
   const int nb = n_in / QK;
   const auto* rows = static_cast<const typename T::Block*>(W);
@@ -299,7 +299,7 @@ float load_f16(const uint16_t* w, int i) { return f16_to_f32(w[i]); }
 float load_bf16(const uint16_t* w, int i) { return bf16_to_f32(w[i]); }
 
 template <class Elem, float (*Load)(const Elem*, int)>
-void matmul_f_scalar(const void* W, int n_in, int o0, int o1, const float* Xf, int n_x, float* Y,
+void matmul_f_rows(const void* W, int n_in, int o0, int o1, const float* Xf, int n_x, float* Y,
                      size_t y_stride) {
   for (int o = o0; o < o1; ++o) {
     const Elem* w = static_cast<const Elem*>(W) + static_cast<size_t>(o) * n_in;
@@ -312,54 +312,49 @@ void matmul_f_scalar(const void* W, int n_in, int o0, int o1, const float* Xf, i
   }
 }
 
-void f32_to_f16_row_scalar(const float* x, uint16_t* y, int n) {
+void f32_to_f16_row_each(const float* x, uint16_t* y, int n) {
   for (int i = 0; i < n; ++i) y[i] = f32_to_f16(x[i]);
 }
 
 }  // namespace
 
+void qk::matmul_q_scalar(DType t, const void* W, int n_in, int o0, int o1, const BlockQ8A* Xq, int n_x, float* Y,
+                         size_t y_stride) {
+  switch (t) {
+    case DType::Q4_0: return matmul_q_rows<Q4_0Traits>(W, n_in, o0, o1, Xq, n_x, Y, y_stride);
+    case DType::Q4_1: return matmul_q_rows<Q4_1Traits>(W, n_in, o0, o1, Xq, n_x, Y, y_stride);
+    case DType::Q5_0: return matmul_q_rows<Q5_0Traits>(W, n_in, o0, o1, Xq, n_x, Y, y_stride);
+    case DType::Q5_1: return matmul_q_rows<Q5_1Traits>(W, n_in, o0, o1, Xq, n_x, Y, y_stride);
+    default: return matmul_q_rows<Q8_0Traits>(W, n_in, o0, o1, Xq, n_x, Y, y_stride);
+  }
+}
+
+void qk::matmul_f_scalar(DType t, const void* W, int n_in, int o0, int o1, const float* Xf, int n_x, float* Y,
+                         size_t y_stride) {
+  switch (t) {
+    case DType::F32: return matmul_f_rows<float, load_f32>(W, n_in, o0, o1, Xf, n_x, Y, y_stride);
+    case DType::F16: return matmul_f_rows<uint16_t, load_f16>(W, n_in, o0, o1, Xf, n_x, Y, y_stride);
+    default: return matmul_f_rows<uint16_t, load_bf16>(W, n_in, o0, o1, Xf, n_x, Y, y_stride);
+  }
+}
+
+void qk::f32_to_f16_row_scalar(const float* x, uint16_t* y, int n) { f32_to_f16_row_each(x, y, n); }
+
 // ---------------------------------------------------------------------------
-// Dispatch
+// The public entry points: check the type, then the chosen path's kernel.
 
 void matmul_q(DType t, const void* W, int n_in, int o0, int o1, const BlockQ8A* Xq, int n_x, float* Y,
               size_t y_stride) {
   if (!dtype_is_quantized(t)) throw unsupported(t);
-  switch (active_isa()) {
-    case Isa::avx512: return qk::matmul_q_avx512(t, W, n_in, o0, o1, Xq, n_x, Y, y_stride);
-    case Isa::avx2: return qk::matmul_q_avx2(t, W, n_in, o0, o1, Xq, n_x, Y, y_stride);
-    case Isa::scalar: break;
-  }
-  switch (t) {
-    case DType::Q4_0: return matmul_q_scalar<Q4_0Traits>(W, n_in, o0, o1, Xq, n_x, Y, y_stride);
-    case DType::Q4_1: return matmul_q_scalar<Q4_1Traits>(W, n_in, o0, o1, Xq, n_x, Y, y_stride);
-    case DType::Q5_0: return matmul_q_scalar<Q5_0Traits>(W, n_in, o0, o1, Xq, n_x, Y, y_stride);
-    case DType::Q5_1: return matmul_q_scalar<Q5_1Traits>(W, n_in, o0, o1, Xq, n_x, Y, y_stride);
-    default: return matmul_q_scalar<Q8_0Traits>(W, n_in, o0, o1, Xq, n_x, Y, y_stride);
-  }
+  kernels().matmul_q(t, W, n_in, o0, o1, Xq, n_x, Y, y_stride);
 }
 
 void matmul_f(DType t, const void* W, int n_in, int o0, int o1, const float* Xf, int n_x, float* Y,
               size_t y_stride) {
   if (t != DType::F32 && t != DType::F16 && t != DType::BF16) throw unsupported(t);
-  switch (active_isa()) {
-    case Isa::avx512: return qk::matmul_f_avx512(t, W, n_in, o0, o1, Xf, n_x, Y, y_stride);
-    case Isa::avx2: return qk::matmul_f_avx2(t, W, n_in, o0, o1, Xf, n_x, Y, y_stride);
-    case Isa::scalar: break;
-  }
-  switch (t) {
-    case DType::F32: return matmul_f_scalar<float, load_f32>(W, n_in, o0, o1, Xf, n_x, Y, y_stride);
-    case DType::F16: return matmul_f_scalar<uint16_t, load_f16>(W, n_in, o0, o1, Xf, n_x, Y, y_stride);
-    default: return matmul_f_scalar<uint16_t, load_bf16>(W, n_in, o0, o1, Xf, n_x, Y, y_stride);
-  }
+  kernels().matmul_f(t, W, n_in, o0, o1, Xf, n_x, Y, y_stride);
 }
 
-void f32_to_f16_row(const float* x, uint16_t* y, int n) {
-  switch (active_isa()) {
-    case Isa::avx512: return qk::f32_to_f16_row_avx512(x, y, n);
-    case Isa::avx2: return qk::f32_to_f16_row_avx2(x, y, n);
-    case Isa::scalar: break;
-  }
-  f32_to_f16_row_scalar(x, y, n);
-}
+void f32_to_f16_row(const float* x, uint16_t* y, int n) { kernels().f32_to_f16_row(x, y, n); }
 
 }  // namespace ctx

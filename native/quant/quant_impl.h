@@ -1,6 +1,6 @@
 // Per-ISA entry points behind the dispatchers in quant.cpp, plus the small
 // pieces every path shares. Each function follows the canonical orders of
-// quant.h exactly; quant.cpp picks one from ctx::active_isa().
+// quant.h exactly; kernels/kernels.cpp puts each in its path's table.
 #pragma once
 
 #include <cstddef>
@@ -68,6 +68,20 @@ static inline int q5_value(const B& b, int j) {
 // Integer weight value helpers shared by the scalar kernels and dequantization.
 int q6k_value(const BlockQ6_K& b, int e);      // element e (0..255): 0..63
 int q2_low_bits(const uint8_t* qs, int e);     // Q2_K / Q3_K element e's 2 low bits
+
+// The scalar path: the canonical orders written literally (quant.cpp, kquant.cpp).
+float f16_to_f32_soft(uint16_t h);   // in integer arithmetic: what the tests check against numpy
+uint16_t f32_to_f16_soft(float f);
+float f16_to_f32_hw(uint16_t h);     // one F16C instruction each, bit-identical (the SIMD paths' tables)
+uint16_t f32_to_f16_hw(float f);
+void f32_to_f16_row_scalar(const float* x, uint16_t* y, int n);
+void quantize_row_q8k_scalar(const float* x, BlockQ8K* y, int n);
+void matmul_q_scalar(DType t, const void* W, int n_in, int o0, int o1, const BlockQ8A* Xq, int n_x, float* Y,
+                     size_t y_stride);
+void matmul_k_scalar(DType t, const void* W, int n_in, int o0, int o1, const BlockQ8K* Xk, int n_x, float* Y,
+                     size_t y_stride);
+void matmul_f_scalar(DType t, const void* W, int n_in, int o0, int o1, const float* Xf, int n_x, float* Y,
+                     size_t y_stride);
 
 void quantize_row_q8k_avx512(const float* x, BlockQ8K* y, int n);
 void matmul_k_avx2(DType t, const void* W, int n_in, int o0, int o1, const BlockQ8K* Xk, int n_x, float* Y,

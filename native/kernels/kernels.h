@@ -1,0 +1,57 @@
+// The kernel table: every SIMD kernel of the forward pass behind one struct
+// of function pointers, one table per path (scalar, AVX2, AVX-512). A path is
+// chosen once, from CPUID at the first call or by set_isa (the tests force
+// each path in turn), and call sites take kernels() and never ask which ISA
+// they run on. Every table computes the same bits: the orders are written in
+// quant/quant.h, models/attention.h and models/activations.h.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "core/cpu.h"
+
+namespace ctx {
+
+enum class DType : int;
+struct BlockQ8A;
+struct BlockQ8K;
+
+struct Kernels {
+  Isa isa;
+  // quant/quant.h
+  float (*f16_to_f32)(uint16_t h);
+  uint16_t (*f32_to_f16)(float f);
+  void (*f32_to_f16_row)(const float* x, uint16_t* y, int n);
+  void (*quantize_row_q8k)(const float* x, BlockQ8K* y, int n);
+  void (*matmul_q)(DType t, const void* W, int n_in, int o0, int o1, const BlockQ8A* Xq, int n_x, float* Y,
+                   size_t y_stride);
+  void (*matmul_k)(DType t, const void* W, int n_in, int o0, int o1, const BlockQ8K* Xk, int n_x, float* Y,
+                   size_t y_stride);
+  void (*matmul_f)(DType t, const void* W, int n_in, int o0, int o1, const float* Xf, int n_x, float* Y,
+                   size_t y_stride);
+  // models/attention.h. The SIMD entries take head_dim % 16 == 0, and to
+  // accumulate, pages of 16 keys; attention.cpp sends other shapes to scalar.
+  void (*attn_scores_f16)(const float* q, int g, const uint16_t* kt, int hd, int stride, int n, float scale,
+                          float* scores, int score_stride);
+  void (*attn_scores_q8)(const float* q, int g, const int8_t* kq, const uint16_t* ks, int hd, int stride, int n,
+                         float scale, float* scores, int score_stride);
+  void (*attn_accumulate_f16)(const float* p, int p_stride, int g, const uint16_t* const* pages, int pt,
+                              int v_stride, int n, int hd, float* out);
+  void (*attn_accumulate_q8)(const float* p, int p_stride, int g, const int8_t* const* pages,
+                             const uint16_t* const* scales, int pt, int v_stride, int s_stride, int n, int hd,
+                             float* out);
+  float (*max_f32)(const float* x, int n);
+  void (*scale_round_f16)(float* x, int n, float scale);
+  // models/activations.h
+  double (*exp_shift_sum)(float* x, int n, float shift);
+  void (*silu_mul)(float* g, const float* u, int n);
+  void (*gelu_mul)(float* g, const float* u, int n, const uint16_t* table);
+};
+
+const Kernels& kernels();         // the chosen path's table
+const Kernels& scalar_kernels();  // the reference path, for shapes a SIMD entry does not take
+Isa active_isa();                 // the chosen path: kernels().isa
+void set_isa(Isa isa);            // choose a path; throws if this CPU lacks it
+
+}  // namespace ctx
