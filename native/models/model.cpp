@@ -33,13 +33,29 @@ constexpr int kMaxRows = 64;
 
 // x / rms(x) * w as llama.cpp computes it: float squares summed in double in
 // index order, the mean and the scale in float.
-void rmsnorm(const float* x, const float* w, float* out, int n, float eps) {
-  double ss = 0.0;
-  for (int i = 0; i < n; ++i) ss += static_cast<double>(x[i] * x[i]);
-  const float mean = static_cast<float>(ss / n);
-  const float scale = 1.0f / std::sqrt(mean + eps);
-  for (int i = 0; i < n; ++i) out[i] = x[i] * scale * w[i];
+// RMS norm of n_rows rows of n (contiguous; out may be x), each as llama.cpp
+// computes it: the float squares summed in order in a double. The sum is one
+// long dependency chain per row, so up to 8 rows' chains are interleaved
+// (each still in its own order) to keep the adder busy.
+void rmsnorm_rows(const float* x, const float* w, float* out, int n_rows, int n, float eps) {
+  constexpr int kChains = 8;
+  for (int r0 = 0; r0 < n_rows; r0 += kChains) {
+    const int nr = std::min(kChains, n_rows - r0);
+    double ss[kChains] = {0};
+    const float* xr = x + static_cast<size_t>(r0) * n;
+    for (int i = 0; i < n; ++i)
+      for (int r = 0; r < nr; ++r) ss[r] += static_cast<double>(xr[r * n + i] * xr[r * n + i]);
+    for (int r = 0; r < nr; ++r) {
+      const float mean = static_cast<float>(ss[r] / n);
+      const float scale = 1.0f / std::sqrt(mean + eps);
+      const float* xi = xr + static_cast<size_t>(r) * n;
+      float* o = out + static_cast<size_t>(r0 + r) * n;
+      for (int i = 0; i < n; ++i) o[i] = xi[i] * scale * w[i];
+    }
+  }
 }
+
+void rmsnorm(const float* x, const float* w, float* out, int n, float eps) { rmsnorm_rows(x, w, out, 1, n, eps); }
 
 int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
 
@@ -201,6 +217,19 @@ void Model::rope(int layer, int r, float* vec, int n_heads) {
   }
 }
 
+void Model::for_row_blocks(int n, const std::function<void(int, int)>& fn) {
+  pool_.parallel_for(n, 8, [&](int64_t r0, int64_t r1) { fn(static_cast<int>(r0), static_cast<int>(r1)); });
+}
+
+// xb = norm(x) with the sublayer's input norm.
+void Model::norm_rows(const float* weight, int n) {
+  const int E = cfg_.n_embd;
+  for_row_blocks(n, [&](int r0, int r1) {
+    const size_t at = static_cast<size_t>(r0) * E;
+    rmsnorm_rows(&s_.x[at], weight, &s_.xb[at], r1 - r0, E, cfg_.norm_eps);
+  });
+}
+
 void Model::for_rows(int n, const std::function<void(int)>& fn) {
   pool_.parallel_for(n, 4, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) fn(static_cast<int>(r));
@@ -210,11 +239,11 @@ void Model::for_rows(int n, const std::function<void(int)>& fn) {
 // x += sublayer output (in xb), normed first where the model has a post-norm.
 void Model::residual_add(const float* post_norm, int n) {
   const int E = cfg_.n_embd;
-  for_rows(n, [&](int r) {
-    float* y = &s_.xb[r * E];
-    if (post_norm) rmsnorm(y, post_norm, y, E, cfg_.norm_eps);
-    float* x = &s_.x[r * E];
-    for (int i = 0; i < E; ++i) x[i] += y[i];
+  for_row_blocks(n, [&](int r0, int r1) {
+    float* y = &s_.xb[static_cast<size_t>(r0) * E];
+    if (post_norm) rmsnorm_rows(y, post_norm, y, r1 - r0, E, cfg_.norm_eps);
+    float* x = &s_.x[static_cast<size_t>(r0) * E];
+    for (size_t i = 0; i < static_cast<size_t>(r1 - r0) * E; ++i) x[i] += y[i];
   });
 }
 
@@ -222,8 +251,8 @@ void Model::residual_add(const float* post_norm, int n) {
 void Model::attention_block(int l, const std::vector<Row>& rows, size_t r0, int n,
                             std::vector<std::vector<uint8_t*>>& pages) {
   const LayerWeights& L = w_.layers[l];
-  const int E = cfg_.n_embd, QD = cfg_.q_dim(), KD = cfg_.kv_dim(), hd = cfg_.head_dim;
-  for_rows(n, [&](int r) { rmsnorm(&s_.x[r * E], L.attn_norm, &s_.xb[r * E], E, cfg_.norm_eps); });
+  const int QD = cfg_.q_dim(), KD = cfg_.kv_dim(), hd = cfg_.head_dim;
+  norm_rows(L.attn_norm, n);
   matmul({{&L.wq, s_.q.data()}, {&L.wk, s_.k.data()}, {&L.wv, s_.v.data()}}, s_.xb.data(), n);
   // Per row: biases, q/k norms, RoPE, then this step's K/V into the pages
   // (attention then reads every position, old and new, from the same bytes).
@@ -236,8 +265,8 @@ void Model::attention_block(int l, const std::vector<Row>& rows, size_t r0, int 
       for (int i = 0; i < KD; ++i) s_.v[r * KD + i] += L.bv[i];
     }
     if (L.q_norm) {
-      for (int h = 0; h < cfg_.n_head; ++h) rmsnorm(q + h * hd, L.q_norm, q + h * hd, hd, cfg_.norm_eps);
-      for (int h = 0; h < cfg_.n_head_kv; ++h) rmsnorm(k + h * hd, L.k_norm, k + h * hd, hd, cfg_.norm_eps);
+      rmsnorm_rows(q, L.q_norm, q, cfg_.n_head, hd, cfg_.norm_eps);  // each head a row
+      rmsnorm_rows(k, L.k_norm, k, cfg_.n_head_kv, hd, cfg_.norm_eps);
     }
     rope(l, r, q, cfg_.n_head);
     rope(l, r, k, cfg_.n_head_kv);
@@ -254,8 +283,8 @@ void Model::attention_block(int l, const std::vector<Row>& rows, size_t r0, int 
 // x += ffn(norm(x)) for one layer: SwiGLU, or GeGLU for gemma.
 void Model::ffn_block(int l, int n) {
   const LayerWeights& L = w_.layers[l];
-  const int E = cfg_.n_embd, F = cfg_.n_ff;
-  for_rows(n, [&](int r) { rmsnorm(&s_.x[r * E], L.ffn_norm, &s_.xb[r * E], E, cfg_.norm_eps); });
+  const int F = cfg_.n_ff;
+  norm_rows(L.ffn_norm, n);
   matmul({{&L.gate, s_.hb.data()}, {&L.up, s_.hb2.data()}}, s_.xb.data(), n);
   for_rows(n, [&](int r) {
     if (cfg_.gelu_ffn)

@@ -136,7 +136,10 @@ class Model {
   void rope(int layer, int r, float* vec, int n_heads);  // row r's n_heads heads, in place
   // fn(r) for each row r in [0, n), rows split across the pool (rows are independent).
   void for_rows(int n, const std::function<void(int)>& fn);
-  void residual_add(const float* post_norm, int n);
+  // fn(r0, r1) for blocks of up to 8 rows, split across the pool.
+  void for_row_blocks(int n, const std::function<void(int, int)>& fn);
+  void norm_rows(const float* weight, int n);            // xb = norm(x), rows [0, n)
+  void residual_add(const float* post_norm, int n);      // x += post_norm ? norm(xb) : xb
   void attention_block(int layer, const std::vector<Row>& rows, size_t r0, int n,
                        std::vector<std::vector<uint8_t*>>& pages);
   void ffn_block(int layer, int n);
