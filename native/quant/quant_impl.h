@@ -100,6 +100,9 @@ void matmul_q_avx512(DType t, const void* W, int n_in, int o0, int o1, const Blo
 void matmul_f_avx512(DType t, const void* W, int n_in, int o0, int o1, const float* Xf, int n_x, float* Y,
                      size_t y_stride);
 void f32_to_f16_row_avx512(const float* x, uint16_t* y, int n);
+// One activation row (decode) of Q8_0 (quant_decode_avx512.cpp); false for
+// the other types, which the tile path takes.
+bool matvec_q_avx512(DType t, const void* W, int n_in, int o0, int o1, const BlockQ8A* x, float* Y);
 
 // The canonical hsum16 / hsum8 of quant.h on floats in memory (the scalar
 // reference and scalar tails).
