@@ -74,6 +74,9 @@ void matmul_k_avx2(DType t, const void* W, int n_in, int o0, int o1, const Block
                    size_t y_stride);
 void matmul_k_avx512(DType t, const void* W, int n_in, int o0, int o1, const BlockQ8K* Xk, int n_x, float* Y,
                      size_t y_stride);
+// Q4_K with the weight rows as lanes (q4k_tiles_avx512.cpp), for many activation rows.
+void matmul_q4k_tiles_avx512(const void* W, int n_in, int o0, int o1, const BlockQ8K* Xk, int n_x, float* Y,
+                             size_t y_stride);
 
 void matmul_q_avx2(DType t, const void* W, int n_in, int o0, int o1, const BlockQ8A* Xq, int n_x, float* Y,
                    size_t y_stride);

@@ -1,0 +1,155 @@
+// Q4_K matmul for many activation rows (prefill) on AVX-512 VNNI, with the
+// weight rows as lanes: a tile of 16 weight rows is unpacked once into a
+// buffer laid out for vpdpbusd, then each activation row meets all 16 rows at
+// once. The per-pair sums are then whole int32 lanes, so the canonical float
+// steps of quant.h (one fma per 64 values, one per pair of mins) are done for
+// 16 pairs by one vector instruction instead of after a horizontal sum each.
+//
+// Exactness: vpdpbusd adds four u8 x s8 products to an int32 without
+// saturation; a sub-block's raw sum is at most 32 * 15 * 127 = 60960, times
+// its 6-bit scale plus the other sub-block's stays below 2^23. The mins go
+// through vpmaddwd: m <= 63 and |q8s| <= 32 * 127 fit int16, and the product
+// pairs never reach the one case vpmaddwd saturates (both -32768).
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "quant/quant_impl.h"
+
+namespace ctx::qk {
+
+namespace {
+
+constexpr int kRows = 16;  // weight rows per tile: one per int32 lane
+
+// One super-block of a tile, lane j = weight row j of the tile.
+struct alignas(64) TileBlock {
+  __m512i q[8][8];  // sub-block s, group g: row j's nibbles 32s + 4g .. 32s + 4g + 3, one per byte
+  __m512i sc[8];    // sub-block s's 6-bit scale
+  __m512i mins[4];  // m[2k] | m[2k + 1] << 16, for vpmaddwd against the activation's q8s pair
+  __m512 d, dmin;   // f16(d), f16(dmin)
+};
+
+inline __m512i bits(__m512i v, int shift, int mask) {
+  return _mm512_and_si512(_mm512_srli_epi32(v, shift), _mm512_set1_epi32(mask));
+}
+
+// Unpacks super-block i of the tile's rows (row j at w + j * row_bytes) by
+// gathering dword c of every row's block; rows past n_rows repeat the last
+// one (their lanes are never stored).
+void unpack_tile_block(const uint8_t* w, int row_bytes, int n_rows, int i, TileBlock& t) {
+  const __m512i lane = _mm512_min_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                        _mm512_set1_epi32(n_rows - 1));
+  const __m512i idx = _mm512_mullo_epi32(lane, _mm512_set1_epi32(row_bytes));
+  const uint8_t* b = w + static_cast<size_t>(i) * sizeof(BlockQ4_K);
+  const auto dword = [&](int c) { return _mm512_i32gather_epi32(idx, b + 4 * c, 1); };
+  // qs dword 8jj + g holds elements 64jj + 4g.. (low nibbles, sub-block 2jj) and 64jj + 32 + 4g.. (high, 2jj + 1).
+  for (int jj = 0; jj < 4; ++jj)
+    for (int g = 0; g < 8; ++g) {
+      const __m512i v = dword(4 + 8 * jj + g);
+      t.q[2 * jj][g] = bits(v, 0, 0x0F0F0F0F);
+      t.q[2 * jj + 1][g] = bits(v, 4, 0x0F0F0F0F);
+    }
+  // The 12 scale bytes as unpack_k4_scales reads them, on 16 rows at once.
+  const __m512i u0 = dword(1), u1 = dword(2), u2 = dword(3);
+  __m512i m[8];
+  for (int j = 0; j < 4; ++j) {
+    t.sc[j] = bits(u0, 8 * j, 63);
+    m[j] = bits(u1, 8 * j, 63);
+    t.sc[j + 4] = _mm512_or_si512(bits(u2, 8 * j, 0xF), _mm512_slli_epi32(bits(u0, 8 * j + 6, 3), 4));
+    m[j + 4] = _mm512_or_si512(bits(u2, 8 * j + 4, 0xF), _mm512_slli_epi32(bits(u1, 8 * j + 6, 3), 4));
+  }
+  for (int k = 0; k < 4; ++k) t.mins[k] = _mm512_or_si512(m[2 * k], _mm512_slli_epi32(m[2 * k + 1], 16));
+  const __m512i dd = dword(0);  // d | dmin << 16
+  t.d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dd));
+  t.dmin = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(dd, 16)));
+}
+
+inline __m512i bcast4(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, sizeof(v));
+  return _mm512_set1_epi32(v);
+}
+
+// The tile's 16 rows against NX activation rows x (rows of nb blocks; q8s:
+// their q8s pairs, 4 per block), in the canonical Q4_K order of quant.h.
+template <int NX>
+void tile_rows(const TileBlock* tb, int nb, const BlockQ8K* x, const int32_t* q8s, float* Y, size_t y_stride,
+               __mmask16 store) {
+  __m512 acc1[NX], accm[NX];
+  for (int r = 0; r < NX; ++r) acc1[r] = accm[r] = _mm512_setzero_ps();
+  for (int i = 0; i < nb; ++i) {
+    const TileBlock& t = tb[i];
+    for (int k = 0; k < 4; ++k) {
+      __m512i isum[NX];
+      for (int h = 0; h < 2; ++h) {
+        const int s = 2 * k + h;
+        __m512i raw[NX];
+        for (int r = 0; r < NX; ++r) raw[r] = _mm512_setzero_si512();
+        for (int g = 0; g < 8; ++g) {
+          const __m512i wq = t.q[s][g];
+          for (int r = 0; r < NX; ++r)
+            raw[r] = _mm512_dpbusd_epi32(raw[r], wq, bcast4(x[static_cast<size_t>(r) * nb + i].qs + 32 * s + 4 * g));
+        }
+        for (int r = 0; r < NX; ++r) {
+          const __m512i scaled = _mm512_mullo_epi32(raw[r], t.sc[s]);
+          isum[r] = h ? _mm512_add_epi32(isum[r], scaled) : scaled;
+        }
+      }
+      for (int r = 0; r < NX; ++r) {
+        const size_t ri = static_cast<size_t>(r) * nb + i;
+        const __m512 yd = _mm512_set1_ps(x[ri].d);
+        acc1[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[r]), _mm512_mul_ps(t.d, yd), acc1[r]);
+        const __m512i mk = _mm512_madd_epi16(t.mins[k], _mm512_set1_epi32(q8s[4 * ri + k]));
+        accm[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(mk), _mm512_mul_ps(t.dmin, yd), accm[r]);
+      }
+    }
+  }
+  for (int r = 0; r < NX; ++r) _mm512_mask_storeu_ps(Y + r * y_stride, store, _mm512_sub_ps(acc1[r], accm[r]));
+}
+
+constexpr int kNX = 6;  // activation rows per pass over a tile's buffer
+
+using TileRowsFn = void (*)(const TileBlock*, int, const BlockQ8K*, const int32_t*, float*, size_t, __mmask16);
+
+template <int... NX>
+TileRowsFn tile_rows_for(int nx, std::integer_sequence<int, NX...>) {
+  static constexpr TileRowsFn fns[] = {tile_rows<NX + 1>...};
+  return fns[nx - 1];
+}
+
+}  // namespace
+
+void matmul_q4k_tiles_avx512(const void* W, int n_in, int o0, int o1, const BlockQ8K* Xk, int n_x, float* Y,
+                             size_t y_stride) {
+  const int nb = n_in / QK_K;
+  const int row_bytes = nb * static_cast<int>(sizeof(BlockQ4_K));
+  const auto* wbase = static_cast<const uint8_t*>(W);
+  // Every activation block's q8s pairs (q8s[s] = bsums[2s] + bsums[2s + 1]) as vpmaddwd wants them.
+  thread_local std::vector<int32_t> q8s;
+  q8s.resize(static_cast<size_t>(n_x) * nb * 4);
+  for (size_t b = 0; b < static_cast<size_t>(n_x) * nb; ++b) {
+    const int16_t* bs = Xk[b].bsums;
+    for (int k = 0; k < 4; ++k) {
+      const auto lo = static_cast<uint16_t>(bs[4 * k] + bs[4 * k + 1]), hi = static_cast<uint16_t>(bs[4 * k + 2] + bs[4 * k + 3]);
+      q8s[4 * b + k] = static_cast<int32_t>(static_cast<uint32_t>(lo) | static_cast<uint32_t>(hi) << 16);
+    }
+  }
+  thread_local std::vector<TileBlock> tile;
+  tile.resize(nb);
+  constexpr auto seq = std::make_integer_sequence<int, kNX>{};
+  for (int o = o0; o < o1; o += kRows) {
+    const int n_rows = std::min(kRows, o1 - o);
+    for (int i = 0; i < nb; ++i) unpack_tile_block(wbase + static_cast<size_t>(o) * row_bytes, row_bytes, n_rows, i, tile[i]);
+    const auto store = static_cast<__mmask16>((1u << n_rows) - 1);
+    for (int r = 0; r < n_x; r += kNX) {
+      const int nx = std::min(kNX, n_x - r);
+      tile_rows_for(nx, seq)(tile.data(), nb, Xk + static_cast<size_t>(r) * nb, q8s.data() + static_cast<size_t>(r) * nb * 4,
+                             Y + r * y_stride + o, y_stride, store);
+    }
+  }
+}
+
+}  // namespace ctx::qk
