@@ -13,6 +13,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cstddef>
 #include <cstring>
 #include <vector>
 
@@ -36,22 +37,61 @@ inline __m512i bits(__m512i v, int shift, int mask) {
   return _mm512_and_si512(_mm512_srli_epi32(v, shift), _mm512_set1_epi32(mask));
 }
 
-// Unpacks super-block i of the tile's rows (row j at w + j * row_bytes) by
-// gathering dword c of every row's block; rows past n_rows repeat the last
-// one (their lanes are never stored).
+// r[j] = 16 dwords of row j -> r[c] = dword c of rows 0..15: 32-bit, then
+// 64-bit interleaves within 128-bit lanes, then a 4 x 4 transpose of lanes.
+void transpose16(__m512i r[16]) {
+  __m512i t[16], u[16];
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+  }
+  // u[4i + c], lane L: dword 4L + c of rows 4i .. 4i + 3.
+  for (int i = 0; i < 4; ++i) {
+    u[4 * i + 0] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+    u[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+    u[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+    u[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+  }
+  for (int c = 0; c < 4; ++c) {
+    const __m512i v0 = _mm512_shuffle_i32x4(u[c], u[4 + c], 0x44), v1 = _mm512_shuffle_i32x4(u[c], u[4 + c], 0xEE);
+    const __m512i v2 = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0x44), v3 = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0xEE);
+    r[c] = _mm512_shuffle_i32x4(v0, v2, 0x88);
+    r[4 + c] = _mm512_shuffle_i32x4(v0, v2, 0xDD);
+    r[8 + c] = _mm512_shuffle_i32x4(v1, v3, 0x88);
+    r[12 + c] = _mm512_shuffle_i32x4(v1, v3, 0xDD);
+  }
+}
+
+// Unpacks super-block i of the tile's rows (row j at w + j * row_bytes);
+// rows past n_rows repeat the last one (their lanes are never stored).
+// Transposed with shuffles: a gather is several times slower.
 void unpack_tile_block(const uint8_t* w, int row_bytes, int n_rows, int i, TileBlock& t) {
-  const __m512i lane = _mm512_min_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                                        _mm512_set1_epi32(n_rows - 1));
-  const __m512i idx = _mm512_mullo_epi32(lane, _mm512_set1_epi32(row_bytes));
   const uint8_t* b = w + static_cast<size_t>(i) * sizeof(BlockQ4_K);
-  const auto dword = [&](int c) { return _mm512_i32gather_epi32(idx, b + 4 * c, 1); };
-  // qs dword 8jj + g holds elements 64jj + 4g.. (low nibbles, sub-block 2jj) and 64jj + 32 + 4g.. (high, 2jj + 1).
-  for (int jj = 0; jj < 4; ++jj)
-    for (int g = 0; g < 8; ++g) {
-      const __m512i v = dword(4 + 8 * jj + g);
-      t.q[2 * jj][g] = bits(v, 0, 0x0F0F0F0F);
-      t.q[2 * jj + 1][g] = bits(v, 4, 0x0F0F0F0F);
+  for (int half = 0; half < 2; ++half) {
+    __m512i r[16];
+    for (int j = 0; j < 16; ++j)
+      r[j] = _mm512_loadu_si512(b + static_cast<size_t>(std::min(j, n_rows - 1)) * row_bytes + offsetof(BlockQ4_K, qs) + 64 * half);
+    transpose16(r);
+    // qs dword 8jj + g holds elements 64jj + 4g.. (low nibbles, sub-block 2jj) and 64jj + 32 + 4g.. (high, 2jj + 1).
+    for (int d = 0; d < 16; ++d) {
+      const int jj = 2 * half + d / 8, g = d % 8;
+      t.q[2 * jj][g] = bits(r[d], 0, 0x0F0F0F0F);
+      t.q[2 * jj + 1][g] = bits(r[d], 4, 0x0F0F0F0F);
     }
+  }
+  // The 16 header bytes (d, dmin, scales): lane L of h[q] is row q + 4L, then a 4 x 4 dword transpose in lanes.
+  __m512i h[4];
+  for (int q = 0; q < 4; ++q) {
+    const auto row = [&](int j) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + static_cast<size_t>(std::min(j, n_rows - 1)) * row_bytes)); };
+    h[q] = _mm512_inserti32x4(_mm512_castsi128_si512(row(q)), row(q + 4), 1);
+    h[q] = _mm512_inserti32x4(_mm512_inserti32x4(h[q], row(q + 8), 2), row(q + 12), 3);
+  }
+  const __m512i t0 = _mm512_unpacklo_epi32(h[0], h[1]), t1 = _mm512_unpackhi_epi32(h[0], h[1]);
+  const __m512i t2 = _mm512_unpacklo_epi32(h[2], h[3]), t3 = _mm512_unpackhi_epi32(h[2], h[3]);
+  const auto dword = [&](int c) {
+    return c == 0 ? _mm512_unpacklo_epi64(t0, t2) : c == 1 ? _mm512_unpackhi_epi64(t0, t2)
+         : c == 2 ? _mm512_unpacklo_epi64(t1, t3) : _mm512_unpackhi_epi64(t1, t3);
+  };
   // The 12 scale bytes as unpack_k4_scales reads them, on 16 rows at once.
   const __m512i u0 = dword(1), u1 = dword(2), u2 = dword(3);
   __m512i m[8];
@@ -67,6 +107,7 @@ void unpack_tile_block(const uint8_t* w, int row_bytes, int n_rows, int i, TileB
   t.dmin = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(dd, 16)));
 }
 
+// The 4 activation bytes at p in every lane.
 inline __m512i bcast4(const int8_t* p) {
   int32_t v;
   std::memcpy(&v, p, sizeof(v));
