@@ -250,16 +250,16 @@ def test_batch_and_row_range_invariance(t):
 @pytest.mark.parametrize("scale", ["normal", "tiny", "huge"])
 @pytest.mark.parametrize("t", KQUANTS, ids=lambda t: t.name)
 def test_many_rows_and_ragged_tiles(t, scale):
-    """Prefill shapes: n_x 7 .. 40 (Q4_K on AVX-512 then takes 16 weight rows a
-    vector, 6 activation rows a pass, and the remainders), n_out below, at and
-    past the 16-row tile, all against the canonical order."""
+    """Prefill shapes: n_x 2 .. 40 (Q4_K on AVX-512 takes 16 weight rows a
+    vector from 2 activation rows on, 6 a pass, and the remainders), n_out
+    below, at and past the 16-row tile, all against the canonical order."""
     rng = np.random.default_rng(int(t) * 13 + len(scale))
     n_in = 512
     w = kweights(t, 37, n_in, rng, scale)
     x = activations(40, n_in, rng)
     want = canonical_matmul_k(t, w, n_in, x)
     for n_out in (1, 5, 15, 16, 17, 37):
-        for n_x in (7, 8, 11, 12, 13, 19, 40):
+        for n_x in (1, 2, 5, 7, 8, 11, 12, 13, 19, 40):
             for path, got in on_each_path(lambda: matmul(t, w[:n_out], n_in, x[:n_x])).items():
                 differ = got.view(np.uint32) != want[:n_x, :n_out].view(np.uint32)
                 assert not differ.any(), (path, n_out, n_x, np.argwhere(differ)[0])
