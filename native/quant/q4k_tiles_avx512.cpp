@@ -168,16 +168,9 @@ void matmul_q4k_tiles_avx512(const void* W, int n_in, int o0, int o1, const Bloc
   const int nb = n_in / QK_K;
   const int row_bytes = nb * static_cast<int>(sizeof(BlockQ4_K));
   const auto* wbase = static_cast<const uint8_t*>(W);
-  // Every activation block's q8s pairs (q8s[s] = bsums[2s] + bsums[2s + 1]) as vpmaddwd wants them.
   thread_local std::vector<int32_t> q8s;
   q8s.resize(static_cast<size_t>(n_x) * nb * 4);
-  for (size_t b = 0; b < static_cast<size_t>(n_x) * nb; ++b) {
-    const int16_t* bs = Xk[b].bsums;
-    for (int k = 0; k < 4; ++k) {
-      const auto lo = static_cast<uint16_t>(bs[4 * k] + bs[4 * k + 1]), hi = static_cast<uint16_t>(bs[4 * k + 2] + bs[4 * k + 3]);
-      q8s[4 * b + k] = static_cast<int32_t>(static_cast<uint32_t>(lo) | static_cast<uint32_t>(hi) << 16);
-    }
-  }
+  q8s_pairs(Xk, static_cast<size_t>(n_x) * nb, q8s.data());
   thread_local std::vector<TileBlock> tile;
   tile.resize(nb);
   constexpr auto seq = std::make_integer_sequence<int, kNX>{};
