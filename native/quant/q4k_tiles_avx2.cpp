@@ -1,4 +1,4 @@
-// Q4_K matmul for many activation rows on AVX2, with the weight rows as lanes:
+// Q4_K matmul for 2 or more activation rows on AVX2, with the weight rows as lanes:
 // q4k_tiles_avx512.cpp on 8 rows a ymm, without vpdpbusd. A tile of 8 weight
 // rows is unpacked once, then each activation row meets all 8 at once and the
 // canonical float steps of quant.h run on 8 pairs per instruction.

@@ -1,7 +1,7 @@
-// Q4_K matmul for many activation rows (prefill) on AVX-512 VNNI, with the
-// weight rows as lanes: a tile of 16 weight rows is unpacked once into a
-// buffer laid out for vpdpbusd, then each activation row meets all 16 rows at
-// once. The per-pair sums are then whole int32 lanes, so the canonical float
+// Q4_K matmul for 2 or more activation rows (prefill, batched decode) on
+// AVX-512 VNNI, with the weight rows as lanes: a tile of 16 weight rows is
+// unpacked once into a buffer laid out for vpdpbusd, then each activation row
+// meets all 16 rows at once. The per-pair sums are then whole int32 lanes, so the canonical float
 // steps of quant.h (one fma per 64 values, one per pair of mins) are done for
 // 16 pairs by one vector instruction instead of after a horizontal sum each.
 //
