@@ -247,6 +247,54 @@ def test_batch_and_row_range_invariance(t):
             np.testing.assert_array_equal(matmul(t, w[o0:o1], 512, x).view(np.uint32), full[:, o0:o1].view(np.uint32))
 
 
+@pytest.mark.parametrize("scale", ["normal", "tiny", "huge"])
+@pytest.mark.parametrize("t", KQUANTS, ids=lambda t: t.name)
+def test_many_rows_and_ragged_tiles(t, scale):
+    """Prefill shapes: n_x 1 .. 40 (Q4_K takes 16 weight rows a zmm, 8 a ymm,
+    from 2 activation rows on, 6 or 2 a pass, and the remainders), n_out
+    below, at and past the 16-row tile, all against the canonical order."""
+    rng = np.random.default_rng(int(t) * 13 + len(scale))
+    n_in = 512
+    w = kweights(t, 37, n_in, rng, scale)
+    x = activations(40, n_in, rng)
+    want = canonical_matmul_k(t, w, n_in, x)
+    for n_out in (1, 5, 15, 16, 17, 37):
+        for n_x in (1, 2, 5, 7, 8, 11, 12, 13, 19, 40):
+            for path, got in on_each_path(lambda: matmul(t, w[:n_out], n_in, x[:n_x])).items():
+                differ = got.view(np.uint32) != want[:n_x, :n_out].view(np.uint32)
+                assert not differ.any(), (path, n_out, n_x, np.argwhere(differ)[0])
+
+
+def split_matmul(t, w, n_in, x, ranges):
+    """Y assembled from one call per output range, as Model::matmul's threads compute it."""
+    n_out = w.shape[0]
+    y = np.zeros((x.shape[0], n_out), np.float32)
+    for o0, o1 in ranges:
+        part = Q.matmul(int(t), w.reshape(-1), n_in, n_out, x, o0, o1)
+        assert not part[:, :o0].any() and not part[:, o1:].any()
+        y[:, o0:o1] = part[:, o0:o1]
+    return y
+
+
+@pytest.mark.parametrize("t", KQUANTS, ids=lambda t: t.name)
+def test_thread_split_row_ranges(t):
+    """Output ranges [o0, o1) as the pool hands them out: chunks of 16, a short
+    last chunk, and a fused job's split that starts off the 16-row grid."""
+    rng = np.random.default_rng(29 + int(t))
+    n_in = 1024
+    w = kweights(t, 45, n_in, rng)
+    x = activations(64, n_in, rng)
+    splits = ([(0, 16), (16, 32), (32, 45)], [(0, 3), (3, 19), (19, 35), (35, 45)], [(0, 45)], [(7, 8), (40, 45)])
+    for n_x in (64, 9, 2):
+        full = on_each_path(lambda: matmul(t, w, n_in, x[:n_x]))
+        assert_same_bits(full)
+        for ranges in splits:
+            for path, got in on_each_path(lambda: split_matmul(t, w, n_in, x[:n_x], ranges)).items():
+                cols = np.concatenate([np.arange(o0, o1) for o0, o1 in ranges])
+                np.testing.assert_array_equal(got[:, cols].view(np.uint32), full["scalar"][:, cols].view(np.uint32),
+                                              err_msg=f"{path} {ranges} n_x={n_x}")
+
+
 @pytest.mark.parametrize("t", [G.Q2_K, G.Q3_K, G.Q4_K, G.Q5_K, G.Q6_K], ids=lambda t: t.name)
 def test_dequantize_matches_gguf(t):
     rng = np.random.default_rng(5)

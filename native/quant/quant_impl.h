@@ -88,6 +88,25 @@ void matmul_k_avx2(DType t, const void* W, int n_in, int o0, int o1, const Block
                    size_t y_stride);
 void matmul_k_avx512(DType t, const void* W, int n_in, int o0, int o1, const BlockQ8K* Xk, int n_x, float* Y,
                      size_t y_stride);
+// Q4_K with the weight rows as lanes (q4k_tiles_*.cpp), for 2 or more activation rows.
+void matmul_q4k_tiles_avx512(const void* W, int n_in, int o0, int o1, const BlockQ8K* Xk, int n_x, float* Y,
+                             size_t y_stride);
+void matmul_q4k_tiles_avx2(const void* W, int n_in, int o0, int o1, const BlockQ8K* Xk, int n_x, float* Y,
+                           size_t y_stride);
+
+// The Q4_K tiles' activation side: out[4b + k] = q8s[2k] | q8s[2k + 1] << 16
+// (int16 halves, q8s[s] = bsums[2s] + bsums[2s + 1], at most 32 * 127) for
+// blocks b < n, so one vpmaddwd against the mins m[2k] | m[2k + 1] << 16
+// gives mk[k] of quant.h.
+static inline void q8s_pairs(const BlockQ8K* x, size_t n, int32_t* out) {
+  for (size_t b = 0; b < n; ++b) {
+    const int16_t* bs = x[b].bsums;
+    for (int k = 0; k < 4; ++k) {
+      const auto lo = static_cast<uint16_t>(bs[4 * k] + bs[4 * k + 1]), hi = static_cast<uint16_t>(bs[4 * k + 2] + bs[4 * k + 3]);
+      out[4 * b + k] = static_cast<int32_t>(static_cast<uint32_t>(lo) | static_cast<uint32_t>(hi) << 16);
+    }
+  }
+}
 
 void matmul_q_avx2(DType t, const void* W, int n_in, int o0, int o1, const BlockQ8A* Xq, int n_x, float* Y,
                    size_t y_stride);
