@@ -29,6 +29,8 @@ def exp_shift_sum(x: _F32, shift: float) -> tuple[npt.NDArray[np.float32], float
     """(exp(x - shift), its sum) with the engine's canonical exp."""
 def silu_mul(g: _F32, u: _F32) -> npt.NDArray[np.float32]:
     """silu(g) * u."""
+def rope(v: _F32, cs: _F32, neox: bool) -> npt.NDArray[np.float32]:
+    """RoPE of each head (row of v) by one position's angles cs (cos[half], then sin[half])."""
 def gelu_mul(g: _F32, u: _F32) -> npt.NDArray[np.float32]:
     """gelu(g) * u (the tanh GELU by llama.cpp's f16 table)."""
 def attn_scores(q: _F32, kt: _U16, n: int, scale: float) -> npt.NDArray[np.float32]:

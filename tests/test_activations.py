@@ -148,3 +148,35 @@ def test_grouped_heads_equal_each_head_alone(isa, kv, hd, n, restore_isa):
             alone_s, alone_o = run(q[h:h + 1].copy(), p[h:h + 1].copy())
             assert np.array_equal(alone_s[0].view(np.uint32), got_s[h].view(np.uint32))
             assert np.array_equal(alone_o[0].view(np.uint32), got_o[h].view(np.uint32))
+
+
+@pytest.mark.parametrize("isa", AVAILABLE)
+@pytest.mark.parametrize("neox", [True, False])
+def test_rope_paths_bit_identical(isa, neox, restore_isa):
+    rng = np.random.default_rng(11)
+    for n_heads, hd, half in [(4, 256, 128), (9, 64, 32), (1, 64, 16), (3, 40, 20), (2, 14, 5), (1, 2, 1), (2, 96, 33)]:
+        v = rng.standard_normal((n_heads, hd)).astype(np.float32)
+        v[0, :min(4, hd)] = [0.0, -0.0, 1e-38, -1e-38][:min(4, hd)]  # signed zeros and subnormal products
+        angle = rng.uniform(-50, 50, half)
+        cs = np.concatenate([np.cos(angle), np.sin(angle)]).astype(np.float32)
+        cs[:1] = 0.0
+        _core.set_isa("scalar")
+        ref = _core.rope(v, cs, neox)
+        _core.set_isa(isa)
+        got = _core.rope(v, cs, neox)
+        assert np.array_equal(got.view(np.uint32), ref.view(np.uint32)), (n_heads, hd, half)
+
+
+def test_rope_rotates_pairs():
+    rng = np.random.default_rng(12)
+    v = rng.standard_normal((2, 64)).astype(np.float32)
+    angle = rng.uniform(-3, 3, 24)
+    cs = np.concatenate([np.cos(angle), np.sin(angle)]).astype(np.float32)
+    c, s = cs[:24].astype(np.float64), cs[24:].astype(np.float64)
+    for neox, (a, b) in ((True, (np.arange(24), np.arange(24) + 24)), (False, (np.arange(24) * 2, np.arange(24) * 2 + 1))):
+        got = _core.rope(v, cs, neox).astype(np.float64)
+        x0, x1 = v[:, a].astype(np.float64), v[:, b].astype(np.float64)
+        np.testing.assert_allclose(got[:, a], x0 * c - x1 * s, rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(got[:, b], x0 * s + x1 * c, rtol=1e-6, atol=1e-6)
+        untouched = np.setdiff1d(np.arange(64), np.concatenate([a, b]))
+        assert np.array_equal(got[:, untouched], v[:, untouched])

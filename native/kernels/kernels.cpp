@@ -41,6 +41,7 @@ const Kernels& scalar_table() {
     t.exp_shift_sum = act::exp_shift_sum_scalar;
     t.silu_mul = act::silu_mul_scalar;
     t.gelu_mul = act::gelu_mul_scalar;
+    t.rope = act::rope_scalar;
     return t;
   }();
   return k;
@@ -65,6 +66,7 @@ const Kernels& avx2_table() {
     t.exp_shift_sum = act::exp_shift_sum_avx2;
     t.silu_mul = act::silu_mul_avx2;
     t.gelu_mul = act::gelu_mul_avx2;
+    t.rope = act::rope_avx2;
     return t;  // quantize_row_q8k: the scalar one (no AVX2 version)
   }();
   return k;
@@ -88,6 +90,7 @@ const Kernels& avx512_table() {
     t.exp_shift_sum = act::exp_shift_sum_avx512;
     t.silu_mul = act::silu_mul_avx512;
     t.gelu_mul = act::gelu_mul_avx512;
+    t.rope = act::rope_avx512;
     return t;
   }();
   return k;

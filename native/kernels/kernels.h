@@ -47,6 +47,7 @@ struct Kernels {
   double (*exp_shift_sum)(float* x, int n, float shift);
   void (*silu_mul)(float* g, const float* u, int n);
   void (*gelu_mul)(float* g, const float* u, int n, const uint16_t* table);
+  void (*rope)(float* v, int n_heads, int hd, int half, bool neox, const float* cs);
 };
 
 const Kernels& kernels();         // the chosen path's table

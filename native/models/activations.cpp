@@ -89,6 +89,20 @@ void act::gelu_mul_scalar(float* g, const float* u, int n, const uint16_t* table
   }
 }
 
+void act::rope_scalar(float* v, int n_heads, int hd, int half, bool neox, const float* cs) {
+  for (int h = 0; h < n_heads; ++h, v += hd)
+    for (int i = 0; i < half; ++i) {
+      const int a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
+      const float c = cs[i], s = cs[half + i], x0 = v[a], x1 = v[b];
+      v[a] = std::fma(x0, c, -(x1 * s));
+      v[b] = std::fma(x0, s, x1 * c);
+    }
+}
+
+void rope_heads(float* v, int n_heads, int hd, int half, bool neox, const float* cs) {
+  kernels().rope(v, n_heads, hd, half, neox, cs);
+}
+
 void gelu_mul(float* g, const float* u, int n) { kernels().gelu_mul(g, u, n, gelu_table().data()); }
 
 double exp_shift_sum(float* x, int n, float shift) { return kernels().exp_shift_sum(x, n, shift); }

@@ -24,6 +24,12 @@ void silu_mul(float* g, const float* u, int n);
 // same table, so every path gives the same bits.
 void gelu_mul(float* g, const float* u, int n);
 
+// RoPE of n_heads heads of hd values in place, the first `half` pairs of each:
+// pair i is (v[i], v[i + half]) (NeoX) or (v[2i], v[2i + 1]); cs holds the
+// angles' cos[half] then sin[half]. With the FMAs llama.cpp's compiler makes:
+//   v[a] = fma(x0, cos, -(x1 * sin));  v[b] = fma(x0, sin, x1 * cos)
+void rope_heads(float* v, int n_heads, int hd, int half, bool neox, const float* cs);
+
 // The canonical exp of one float (the scalar reference of all paths).
 float exp_canonical(float x);
 

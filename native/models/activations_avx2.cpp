@@ -104,4 +104,24 @@ void gelu_mul_avx2(float* g, const float* u, int n, const uint16_t* table) {
   }
 }
 
+void rope_avx2(float* v, int n_heads, int hd, int half, bool neox, const float* cs) {
+  for (int h = 0; h < n_heads; ++h, v += hd) {
+    int i = 0;
+    if (neox)
+      for (; i + 8 <= half; i += 8) {
+        const __m256 c = _mm256_loadu_ps(cs + i), s = _mm256_loadu_ps(cs + half + i);
+        const __m256 x0 = _mm256_loadu_ps(v + i), x1 = _mm256_loadu_ps(v + half + i);
+        // fmsub(x0, c, p) is fma(x0, c, -p) exactly, signed zeros included.
+        _mm256_storeu_ps(v + i, _mm256_fmsub_ps(x0, c, _mm256_mul_ps(x1, s)));
+        _mm256_storeu_ps(v + half + i, _mm256_fmadd_ps(x0, s, _mm256_mul_ps(x1, c)));
+      }
+    for (; i < half; ++i) {  // interleaved pairs, and the NeoX tail: the same two FMAs one pair at a time
+      const int a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
+      const __m128 c = _mm_set_ss(cs[i]), s = _mm_set_ss(cs[half + i]), x0 = _mm_set_ss(v[a]), x1 = _mm_set_ss(v[b]);
+      v[a] = _mm_cvtss_f32(_mm_fmsub_ss(x0, c, _mm_mul_ss(x1, s)));
+      v[b] = _mm_cvtss_f32(_mm_fmadd_ss(x0, s, _mm_mul_ss(x1, c)));
+    }
+  }
+}
+
 }  // namespace ctx::act

@@ -1,5 +1,6 @@
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "models/activations_impl.h"
@@ -79,6 +80,40 @@ void gelu_mul_avx512(float* g, const float* u, int n, const uint16_t* table) {
                                          _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, hi, _CMP_GE_OQ), t, x));
     _mm512_mask_storeu_ps(g + i, m, _mm512_mul_ps(y, _mm512_maskz_loadu_ps(m, u + i)));
   }
+}
+
+void rope_avx512(float* v, int n_heads, int hd, int half, bool neox, const float* cs) {
+  // Interleaved pairs: the even lanes of two registers are x0, the odd ones x1.
+  const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+  const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
+  const __m512i lo = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+  const __m512i hi = _mm512_add_epi32(lo, _mm512_set1_epi32(8));
+  auto first = [](int n) { return n >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << std::max(n, 0)) - 1); };
+  for (int h = 0; h < n_heads; ++h, v += hd)
+    for (int i = 0; i < half; i += 16) {
+      const int np = std::min(16, half - i);  // pairs this step
+      const __mmask16 m = first(np), m0 = first(2 * np), m1 = first(2 * np - 16);
+      const __m512 c = _mm512_maskz_loadu_ps(m, cs + i), s = _mm512_maskz_loadu_ps(m, cs + half + i);
+      __m512 x0, x1;
+      if (neox) {
+        x0 = _mm512_maskz_loadu_ps(m, v + i);
+        x1 = _mm512_maskz_loadu_ps(m, v + half + i);
+      } else {
+        const __m512 p0 = _mm512_maskz_loadu_ps(m0, v + 2 * i), p1 = _mm512_maskz_loadu_ps(m1, v + 2 * i + 16);
+        x0 = _mm512_permutex2var_ps(p0, even, p1);
+        x1 = _mm512_permutex2var_ps(p0, odd, p1);
+      }
+      // fmsub(x0, c, p) is fma(x0, c, -p) exactly, signed zeros included.
+      const __m512 a = _mm512_fmsub_ps(x0, c, _mm512_mul_ps(x1, s));
+      const __m512 b = _mm512_fmadd_ps(x0, s, _mm512_mul_ps(x1, c));
+      if (neox) {
+        _mm512_mask_storeu_ps(v + i, m, a);
+        _mm512_mask_storeu_ps(v + half + i, m, b);
+      } else {
+        _mm512_mask_storeu_ps(v + 2 * i, m0, _mm512_permutex2var_ps(a, lo, b));
+        _mm512_mask_storeu_ps(v + 2 * i + 16, m1, _mm512_permutex2var_ps(a, hi, b));
+      }
+    }
 }
 
 }  // namespace ctx::act

@@ -176,8 +176,8 @@ static void rope_table(float* rc, int64_t pos, int half, float theta_scale, floa
   for (int i = 0; i < half; ++i) {
     float angle = freqs ? theta / freqs[i] : theta;
     if (linear != 1.0f) angle = linear * angle;
-    rc[2 * i] = std::cos(angle);
-    rc[2 * i + 1] = std::sin(angle);
+    rc[i] = std::cos(angle);
+    rc[half + i] = std::sin(angle);
     theta = theta * theta_scale;
   }
 }
@@ -202,19 +202,8 @@ void Model::embed_rows(const std::vector<Row>& rows, size_t r0, int n) {
 void Model::rope(int layer, int r, float* vec, int n_heads) {
   const int hd = cfg_.head_dim, half = cfg_.rope_dim / 2;
   const std::vector<float>& table = cfg_.is_swa(layer) ? s_.rope_swa : s_.rope;
-  const float* rc = table.data() + static_cast<size_t>(r) * cfg_.rope_dim;
-  for (int h = 0; h < n_heads; ++h) {
-    float* v = vec + h * hd;
-    for (int i = 0; i < half; ++i) {
-      const int a = cfg_.rope_neox ? i : 2 * i;
-      const int b = cfg_.rope_neox ? i + half : 2 * i + 1;
-      const float c = rc[2 * i], s = rc[2 * i + 1];
-      const float x0 = v[a], x1 = v[b];
-      // The FMAs llama.cpp's compiler makes of x0 c - x1 s and x0 s + x1 c.
-      v[a] = std::fma(x0, c, -(x1 * s));
-      v[b] = std::fma(x0, s, x1 * c);
-    }
-  }
+  const float* cs = table.data() + static_cast<size_t>(r) * cfg_.rope_dim;
+  rope_heads(vec, n_heads, hd, half, cfg_.rope_neox, cs);
 }
 
 void Model::for_row_blocks(int n, const std::function<void(int, int)>& fn) {

@@ -99,8 +99,8 @@ struct RunState {
   std::vector<float> att;     // (rows, q_dim) attention output
   std::vector<float> hb;      // (rows, n_ff) gate
   std::vector<float> hb2;     // (rows, n_ff) up
-  std::vector<float> rope;    // (rows, rope_dim / 2, 2) cos, sin per position (full-attention layers)
-  std::vector<float> rope_swa;  // (rows, rope_dim / 2, 2) the same for sliding-window layers
+  std::vector<float> rope;    // (rows, 2, rope_dim / 2) cos, then sin, per position (full-attention layers)
+  std::vector<float> rope_swa;  // (rows, 2, rope_dim / 2) the same for sliding-window layers
   std::vector<float> scores;  // (threads, kMaxGroup, score_row + head_dim) attention scores, then q
   int score_row = 0;          // this step's longest context, rounded up to whole pages of 16
   std::vector<float> xlog;    // (rows, n_embd) rows that want logits or hidden states, normed

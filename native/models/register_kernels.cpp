@@ -55,6 +55,19 @@ void register_kernels(py::module_& m) {
       },
       py::arg("g"), py::arg("u"), "gelu(g) * u (the tanh GELU by llama.cpp's f16 table)");
   m.def(
+      "rope",
+      [](F32Array v, F32Array cs, bool neox) {
+        // v (n_heads, hd) rotated in a copy by the angles cs (cos[half], then sin[half])
+        if (v.ndim() != 2 || cs.ndim() != 1 || cs.size() % 2 != 0 || cs.size() > v.shape(1))
+          throw std::invalid_argument("need v (n_heads, hd) and cs (2 * half) with 2 * half <= hd");
+        py::array_t<float> out({v.shape(0), v.shape(1)});
+        std::copy(v.data(), v.data() + v.size(), out.mutable_data());
+        rope_heads(out.mutable_data(), static_cast<int>(v.shape(0)), static_cast<int>(v.shape(1)),
+                   static_cast<int>(cs.size() / 2), neox, cs.data());
+        return out;
+      },
+      py::arg("v"), py::arg("cs"), py::arg("neox"), "RoPE of each head (row of v) by one position's angles");
+  m.def(
       "attn_scores",
       [](F32Array q, py::array_t<uint16_t, py::array::c_style | py::array::forcecast> kt, int n, float scale) {
         // kt: (hd, stride) f16 bits, as a head's K block sits in a page
