@@ -5,7 +5,7 @@ import re
 import pytest
 from gguf import GGUFReader
 
-from ctxengine.engine.chat import GEMMA_FALLBACK, ChatTemplate
+from ctxengine.text.chat_template import GEMMA_FALLBACK, ChatTemplate
 from ctxengine.errors import CtxError
 
 SMOL_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
