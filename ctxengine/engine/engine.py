@@ -21,7 +21,7 @@ from ..text.tokenizer import Tokenizer
 from .config import ModelConfig, unsupported_reason
 from .cpu import physical_cores
 from .gguf_file import open_gguf
-from .scheduler import Scheduler
+from .scheduler import Reserve, Scheduler
 from .weights import cached_weight_id
 
 # How KV pages store K and V (native/kv/page_pool.h, docs/design-notes.md):
@@ -92,7 +92,7 @@ class Engine:
             self.trim_pool = _core.PagePool(len(self.kept_layers), PAGE_TOKENS, cfg.kv_dim, kv,
                                             max(16, kv_budget // max(trim_bytes, 1)))
         # Every forward goes through one loop that batches concurrent callers into shared steps.
-        self.scheduler = Scheduler(self._core, n_ctx=cfg.n_ctx, n_vocab=cfg.n_vocab)
+        self.scheduler = Scheduler(self._core, n_ctx=cfg.n_ctx, n_vocab=cfg.n_vocab, page_tokens=PAGE_TOKENS)
 
     # -- tokens ---------------------------------------------------------------
     def tokenize(self, text: str, *, add_bos: bool = False, parse_special: bool = False) -> list[int]:
@@ -107,19 +107,23 @@ class Engine:
             return _core.KVSeq(self.pool)
         return _core.KVSeq(self.pool, self.trim_pool, self.config.swa_window, self.kept_layers)
 
-    def forward(self, seq: "_core.KVSeq", tokens: Sequence[int], *, all_logits: bool = False) -> np.ndarray:
-        """Append tokens to seq's KV; logits of the last position (or of every new one)."""
+    def forward(self, seq: "_core.KVSeq", tokens: Sequence[int], *, all_logits: bool = False,
+                reserve: Reserve | None = None) -> np.ndarray:
+        """Append tokens to seq's KV; logits of the last position (or of every new one).
+        ``reserve(n_pages)``: called when the scheduler admits the request, to make room
+        in the page pool (a context table's reserve_pages)."""
         toks = np.asarray(tokens, dtype=np.int32)
         rows = len(toks) if all_logits else 1
         logits = np.empty((rows, self.config.n_vocab), dtype=np.float32)
-        self.scheduler.submit(seq, toks, logits, all_logits, None)
+        self.scheduler.submit(seq, toks, logits, all_logits, None, reserve)
         return logits if all_logits else logits[0]
 
-    def forward_hidden(self, seq: "_core.KVSeq", tokens: Sequence[int]) -> np.ndarray:
+    def forward_hidden(self, seq: "_core.KVSeq", tokens: Sequence[int], *,
+                       reserve: Reserve | None = None) -> np.ndarray:
         """Append tokens; final normed hidden state of every new position (n, n_embd)."""
         toks = np.asarray(tokens, dtype=np.int32)
         hidden = np.empty((len(toks), self.config.n_embd), dtype=np.float32)
-        self.scheduler.submit(seq, toks, None, False, hidden)
+        self.scheduler.submit(seq, toks, None, False, hidden, reserve)
         return hidden
 
     def logprobs(self, ids: Sequence[int], *, top: int = 40, chunk: int = 256) -> LogProbs:

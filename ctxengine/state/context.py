@@ -283,16 +283,19 @@ class Context:
         if self._seq is None:
             self._check_live()  # evicted while a stream of ours was suspended
         n_kv = self._seq.n_tokens
-        if n_kv < len(self._tokens):
-            self._table.reserve(self, len(self._tokens) - n_kv)
-            self._last_logits = self.engine.forward(self._seq, self._tokens[n_kv:])
-        elif self._last_logits is None and self._tokens:
+        if n_kv >= len(self._tokens):
+            if self._last_logits is not None or not self._tokens:
+                return self._last_logits
             # Logits were dropped (rewind, restore): recompute the last position.
             self._seq = self._truncated(self._seq, n_kv - 1)
             n_kv = self._seq.n_tokens
-            self._table.reserve(self, len(self._tokens) - n_kv)
-            self._last_logits = self.engine.forward(self._seq, self._tokens[n_kv:])
+        # The scheduler makes room for the pages when it admits the forward (it may
+        # evict idle contexts to the store then, never this one).
+        self._last_logits = self.engine.forward(self._seq, self._tokens[n_kv:], reserve=self._reserve_pages)
         return self._last_logits
+
+    def _reserve_pages(self, n: int) -> None:
+        self._table.reserve_pages(n, keep=self)
 
     def _truncated(self, seq, n: int):
         """seq cut to its first n tokens; or, where a sliding-window model

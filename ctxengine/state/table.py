@@ -101,17 +101,10 @@ class ContextTable:
                 return name
 
     # -- the page budget ----------------------------------------------------------
-    def reserve(self, ctx: Context, n_tokens: int) -> None:
-        """Make room for ``ctx`` to compute ``n_tokens`` more positions of KV."""
-        seq = ctx._seq
-        pt = self.engine.pool.page_tokens
-        # New pages, plus one for copying a shared last page before writing it.
-        need = -(-(seq.n_tokens + n_tokens) // pt) - len(seq.pages) + 1
-        self.reserve_pages(need, keep=ctx)
-
     def reserve_pages(self, n: int, keep: Context | None = None) -> None:
         """Free pages until ``n`` can be allocated: first those only the key cache
-        holds, then by evicting least recently used idle contexts (never ``keep``)."""
+        holds, then by evicting least recently used idle contexts (never ``keep``).
+        The scheduler calls it (through Context._sync) when it admits a forward."""
         pool = self.engine.pool
 
         def free() -> int:
