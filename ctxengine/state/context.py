@@ -136,7 +136,8 @@ class Context:
         has one (its control tokens parsed), else as plain text."""
         if self.engine.chat_template is None:
             return self.append(text)
-        return self.append(self.engine.chat.render(system=text, generation_prompt=False), parse_special=True)
+        turn = [{"role": "system", "content": text}]
+        return self.append(self.engine.chat.render(turn, generation_prompt=False), parse_special=True)
 
     def generate(self, max_tokens: int = 256, *, stop: Sequence[str] = (), grammar: "Grammar | str | None" = None,
                  json_schema=None, **sampling) -> Iterator[Piece]:
