@@ -39,7 +39,7 @@ class Timed:
     """Wraps Constraint.mask and Constraint.advance to add up the time spent in them."""
 
     def __init__(self):
-        from ctxengine.engine.grammar import Constraint
+        from ctxengine.text.grammar import Constraint
 
         self.reset()
         Constraint.mask = self._wrap(Constraint.mask, "mask_s")

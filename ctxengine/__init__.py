@@ -17,7 +17,7 @@ def __getattr__(name: str):
     # Imported on first use, so that `ctxengine.store` and `ctxengine.errors`
     # load without the native core (the store knows no model).
     if name in ("Model", "load"):
-        from . import model
+        from .state import model
 
         return getattr(model, name)
     if name == "Store":

@@ -14,7 +14,7 @@ params layer) come out sorted.  We write the same bytes, so digests match what
 Ollama would compute.  The model blob is the GGUF file itself: hard-linked when
 it shares a filesystem with the store, else symlinked, else copied.
 
-This module is independent of ``ctxengine.engine.ollama_store`` on purpose: the
+This module is independent of ``ctxengine.ollama.store`` on purpose: the
 reader is tested against a writer that did not share its code.
 """
 from __future__ import annotations

@@ -21,7 +21,7 @@ GREEDY = dict(max_output_tokens=24, temperature=0)
 
 def new_turn_tokens(model, text: str) -> int:
     """Tokens a user turn adds after a closed assistant turn (what must be prefilled)."""
-    ids = model.tokenize(model.chat_continuation([{"role": "user", "content": text}], [model.tokenize("x")[0]]),
+    ids = model.tokenize(model.chat.render([{"role": "user", "content": text}], after=[model.tokenize("x")[0]]),
                          parse_special=True)
     return len(ids)
 

@@ -3,7 +3,7 @@ models, against a float64 numpy transformer (tests/tiny_models.py)."""
 import numpy as np
 import pytest
 
-from ctxengine.engine.model import LoadedModel
+from ctxengine.engine.engine import Engine
 from tiny_models import TinyConfig, make_weights, reference_logits, write_gguf
 
 TOKENS = [72, 101, 108, 108, 111, 32, 119, 111, 114, 108, 100, 33, 10, 65, 66, 67, 1, 2, 3, 200]
@@ -25,7 +25,7 @@ WIDE = dict(n_embd=256, n_head=4, n_head_kv=2, head_dim=64, n_ff=256)
 def check_against_numpy(tmp_path, cfg: TinyConfig, tol: float) -> None:
     stored = write_gguf(tmp_path / "tiny.gguf", cfg, make_weights(cfg))
     ref = reference_logits(cfg, stored, TOKENS)
-    m = LoadedModel(tmp_path / "tiny.gguf", threads=2)
+    m = Engine(tmp_path / "tiny.gguf", threads=2)
     assert m.config.swa_window == cfg.swa_window
     ours = m.forward(m.new_sequence(), TOKENS, all_logits=True)
     err = np.abs(ours - ref).max() / np.abs(ref).max()
@@ -71,7 +71,7 @@ def test_sliding_window_changes_the_result(tmp_path):
     for window in (5, 100):
         cfg = TinyConfig(arch="gemma3", swa_window=window, n_layer=3)
         write_gguf(tmp_path / f"w{window}.gguf", cfg, make_weights(cfg))
-        m = LoadedModel(tmp_path / f"w{window}.gguf", threads=1)
+        m = Engine(tmp_path / f"w{window}.gguf", threads=1)
         outs.append(m.forward(m.new_sequence(), TOKENS, all_logits=True))
         m.close()
     np.testing.assert_array_equal(outs[0][:5], outs[1][:5])  # inside the window: identical bits

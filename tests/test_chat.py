@@ -5,7 +5,7 @@ import re
 import pytest
 from gguf import GGUFReader
 
-from ctxengine.engine.chat import GEMMA_FALLBACK, ChatTemplate
+from ctxengine.text.chat_template import GEMMA_FALLBACK, ChatTemplate
 from ctxengine.errors import CtxError
 
 SMOL_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
@@ -179,3 +179,45 @@ def test_malformed_messages_are_refused(messages, problem):
 
 def test_an_empty_conversation_renders():
     assert ChatTemplate(GEMMA_FALLBACK).render([]) == "<start_of_turn>model\n"
+
+
+# -- the one renderer (text/chat.py) ----------------------------------------------------
+class _Tok:
+    """Just what ChatRenderer reads of a tokenizer: end-of-turn ids and their text."""
+    eog_ids = frozenset({2})
+
+    def decode(self, ids):
+        return "".join({2: "<|im_end|>", 5: "x"}[i] for i in ids)
+
+
+CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def test_renderer_whole_system_and_continuation():
+    from ctxengine.text.chat import ChatRenderer
+
+    r = ChatRenderer(ChatTemplate(CHATML), _Tok(), "m")
+    t = ChatTemplate(CHATML)
+    hi = [{"role": "user", "content": "Hi"}]
+    assert r.render(hi) == t.render(hi)
+    # system: first unless the turns hold one
+    assert r.render(hi, system="S") == t.render([{"role": "system", "content": "S"}, *hi])
+    assert r.render([{"role": "system", "content": "T"}, *hi], system="S") == t.render(
+        [{"role": "system", "content": "T"}, *hi])
+    assert r.render(system="S", generation_prompt=False) == "<|im_start|>system\nS<|im_end|>\n"
+    # after: only what the turns add; after an end-of-turn token, the closing comes first ("\n")
+    assert r.render(hi, after=[5]) == "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+    assert r.render(hi, after=[5, 2]) == "\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+    # closing: what closes a reply, less the end-of-turn token it ended on
+    assert r.render(after=[5], closing=True, generation_prompt=False) == "<|im_end|>\n"
+    assert r.render(after=[5, 2], closing=True, generation_prompt=False) == "\n"
+    assert r.render(after=[], closing=True, generation_prompt=False) == "<|im_end|>\n"
+
+
+def test_renderer_without_a_template_says_so():
+    from ctxengine.text.chat import ChatRenderer
+
+    with pytest.raises(CtxError, match="m has no chat template"):
+        ChatRenderer(None, _Tok(), "m").render([{"role": "user", "content": "Hi"}])
+    assert ChatRenderer(None, _Tok(), "m").render(after=[5], closing=True, generation_prompt=False) == ""

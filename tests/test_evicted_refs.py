@@ -11,11 +11,11 @@ from ctxengine.store import Store
 # A process whose page pool (16 pages) holds five 3-page contexts: the sixth evicts the first.
 CHILD = textwrap.dedent("""
     import sys, ctxengine as ce
-    from ctxengine.engine.model import LoadedModel
-    probe = LoadedModel(sys.argv[1], threads=1)
+    from ctxengine.engine.engine import Engine
+    probe = Engine(sys.argv[1], threads=1)
     page_bytes = probe.pool.page_bytes
     probe.close()
-    model = ce.Model(LoadedModel(sys.argv[1], threads=1, kv_budget=16 * page_bytes))
+    model = ce.Model(Engine(sys.argv[1], threads=1, kv_budget=16 * page_bytes))
     model.contexts.store = ce.Store(sys.argv[2])
     ids = model.tokenize("The history of the printing press begins in the fifteenth century. " * 4)[:40]
     cs = []

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import ctxengine as ce
-from ctxengine.engine.grammar import Constraint, Grammar, GrammarError, grammar_vocab
+from ctxengine.text.grammar import Constraint, Grammar, GrammarError, grammar_vocab
 from ctxengine.errors import CorruptDataError
 from ctxengine.store import Store
 
@@ -70,7 +70,7 @@ def one_go(model) -> str:
 
 
 def test_a_sentencepiece_vocabulary_too(gemma3_meta):
-    from ctxengine.engine.tokenizer import Tokenizer
+    from ctxengine.text.tokenizer import Tokenizer
 
     tok = Tokenizer.from_metadata(gemma3_meta)  # Gemma 3: 262k SentencePiece tokens, byte fallback
     vocab = grammar_vocab(tok)

@@ -16,7 +16,7 @@ import pytest
 import ctxengine as ce
 from ctxengine import _core
 from ctxengine.cli.common import KV_DTYPES as CLI_KV_DTYPES
-from ctxengine.engine.model import KV_DTYPES, LoadedModel
+from ctxengine.engine.engine import KV_DTYPES, Engine
 from ctxengine.errors import StoreError, UnsupportedModelError
 from ctxengine.store import Store
 from tiny_models import TinyConfig, kv8_quantize, make_weights, reference_logits, write_gguf
@@ -225,7 +225,7 @@ TOKENS = [72, 101, 108, 108, 111, 32, 119, 111, 114, 108, 100, 33, 10, 65, 66, 6
 def test_tiny_model_with_quantized_kv_matches_reference(tmp_path, arch, kv):
     cfg = TinyConfig(arch=arch, head_dim=32, n_ctx=64)
     stored = write_gguf(tmp_path / "tiny.gguf", cfg, make_weights(cfg))
-    m = LoadedModel(tmp_path / "tiny.gguf", threads=2, kv=kv)
+    m = Engine(tmp_path / "tiny.gguf", threads=2, kv=kv)
     try:
         assert m.pool.kv_dtype == kv
         tokens = TOKENS * 2  # 40 positions: two full pages and a partial one
@@ -246,9 +246,9 @@ def test_quantized_kv_needs_a_head_size_multiple_of_32(tmp_path):
     cfg = TinyConfig(head_dim=16)
     write_gguf(tmp_path / "tiny.gguf", cfg, make_weights(cfg))
     with pytest.raises(UnsupportedModelError, match="multiple of 32; this model's is 16"):
-        LoadedModel(tmp_path / "tiny.gguf", threads=1, kv="q8")
+        Engine(tmp_path / "tiny.gguf", threads=1, kv="q8")
     with pytest.raises(UnsupportedModelError, match="choose from f16, q8, vq8"):
-        LoadedModel(tmp_path / "tiny.gguf", threads=1, kv="q4")
+        Engine(tmp_path / "tiny.gguf", threads=1, kv="q4")
 
 
 # -- SmolLM2 ---------------------------------------------------------------------
@@ -296,9 +296,9 @@ def test_teacher_forced_top1_agreement_with_llama_cpp(smollm2, smollm2_ref, kv):
 
 def test_q8_pages_hold_about_twice_the_tokens_of_f16(smollm2_path):
     budget = 64 << 20
-    f16 = LoadedModel(smollm2_path, threads=1, kv_budget=budget)
-    q8 = LoadedModel(smollm2_path, threads=1, kv="q8", kv_budget=budget)
-    vq8 = LoadedModel(smollm2_path, threads=1, kv="vq8", kv_budget=budget)
+    f16 = Engine(smollm2_path, threads=1, kv_budget=budget)
+    q8 = Engine(smollm2_path, threads=1, kv="q8", kv_budget=budget)
+    vq8 = Engine(smollm2_path, threads=1, kv="vq8", kv_budget=budget)
     try:
         cfg = f16.config
         for m in (f16, q8, vq8):
@@ -320,7 +320,7 @@ def test_quantized_kv_is_deterministic_across_threads_batches_and_chunks(smollm2
     whole = eng.new_sequence()
     ref = eng.forward(whole, ids, all_logits=True)
 
-    one = LoadedModel(smollm2_path, threads=1, kv=kv)
+    one = Engine(smollm2_path, threads=1, kv=kv)
     try:
         assert np.array_equal(bits(one.forward(one.new_sequence(), ids, all_logits=True)), bits(ref))
     finally:

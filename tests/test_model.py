@@ -12,7 +12,7 @@ import pytest
 import ctxengine as ce
 from ctxengine import _core
 from ctxengine.engine.gguf_file import open_gguf
-from ctxengine.engine.model import ModelConfig
+from ctxengine.engine.config import ModelConfig
 from ctxengine.errors import ContextError
 
 
@@ -242,13 +242,13 @@ def test_chat_continuation_appends_what_the_whole_rendering_would_hold(smol):
     turn = [{"role": "user", "content": "Hi"}]
     ctx = model.context("chat")
     ctx.append(model.chat_prompt(system, add_generation_prompt=False), parse_special=True)
-    ctx.append(model.chat_continuation(turn, ctx.tokens), parse_special=True)
+    ctx.append(model.chat.render(turn, after=ctx.tokens), parse_special=True)
     assert ctx.tokens == model.tokenize(model.chat_prompt(system + turn), parse_special=True)
     # After a reply that ended on its end-of-turn token, the next turn first closes that one.
     reply = "".join(p.text for p in ctx.generate(40, temperature=0.0))
     assert ctx.tokens[-1] in model.tokenizer.eog_ids
     more = [{"role": "user", "content": "Thanks"}]
-    ctx.append(model.chat_continuation(more, ctx.tokens), parse_special=True)
+    ctx.append(model.chat.render(more, after=ctx.tokens), parse_special=True)
     whole = system + turn + [{"role": "assistant", "content": reply}] + more
     assert ctx.tokens == model.tokenize(model.chat_prompt(whole), parse_special=True)
     ctx.delete()

@@ -8,9 +8,10 @@ import pytest
 from gguf import GGUFReader
 from ollama._types import ModelDetails, ShowResponse
 
-from ctxengine.engine.catalog import CatalogEntry, ModelCatalog
+from ctxengine.engine.model_source import CatalogEntry
+from ctxengine.serving.catalog import build_catalog
 from ctxengine.engine.gguf_file import open_gguf
-from ctxengine.engine.model_info import details, file_type_name, model_info, parameter_size_text
+from ctxengine.ollama.model_info import details, file_type_name, model_info, parameter_size_text
 from ollama_layout import make_ollama_store
 
 
@@ -74,7 +75,7 @@ def test_details_from_an_ollama_config(tmp_path, smollm2_path, smollm2):
     make_ollama_store(tmp_path, "custom", smollm2_path, config={
         "model_format": "gguf", "model_family": "smol", "model_families": ["smol", "llama"],
         "model_type": "135M", "file_type": "unknown"})
-    entry = ModelCatalog.build(ollama_roots=[tmp_path], packaged=False).get("custom")
+    entry = build_catalog(ollama=[tmp_path], packaged=False).get("custom")
     d = details(entry, smollm2)
     assert d["family"] == "smol" and d["families"] == ["smol", "llama"] and d["parameter_size"] == "135M"
     assert d["quantization_level"] == "Q4_1"  # "unknown" in the config: taken from the file, as Ollama does
@@ -86,7 +87,7 @@ def test_details_from_an_ollama_config(tmp_path, smollm2_path, smollm2):
 
 def test_details_of_a_store_entry_match_what_ollama_create_writes(tmp_path, smollm2_path, smollm2):
     make_ollama_store(tmp_path, "smollm2:135m", smollm2_path)  # config computed as server/create.go does
-    entry = ModelCatalog.build(ollama_roots=[tmp_path], packaged=False).get("smollm2:135m")
+    entry = build_catalog(ollama=[tmp_path], packaged=False).get("smollm2:135m")
     assert details(entry, smollm2) == details(CatalogEntry("x", smollm2_path, "file"), smollm2)
 
 

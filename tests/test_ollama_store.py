@@ -9,7 +9,8 @@ import pytest
 
 import ctxengine as ce
 from ctxengine.engine.catalog import ModelCatalog
-from ctxengine.engine.ollama_store import add_ollama_models, ollama_roots, parse_model_name
+from ctxengine.serving.catalog import build_catalog
+from ctxengine.ollama.store import add_ollama_models, ollama_roots, parse_model_name
 from ctxengine.engine.registry import resolve_model
 from ctxengine.errors import CtxError, InvalidNameError, ModelNotFoundError, UnsupportedModelError
 from ollama_layout import DEFAULT_HOST, blob_path, go_json, make_ollama_store, manifest_path
@@ -73,7 +74,7 @@ def _tree(root: Path) -> dict:
 @pytest.fixture(scope="module")
 def catalog(store):
     before = _tree(store)
-    cat = ModelCatalog.build(ollama_roots=[store], packaged=False)
+    cat = build_catalog(ollama=[store], packaged=False)
     assert _tree(store) == before  # read in place: nothing written, nothing touched
     return cat
 
@@ -193,7 +194,7 @@ def test_a_short_blob_is_refused(tmp_path, smollm2_path):
     m = json.loads(manifest_path(root, "short").read_text())
     m["layers"][0]["size"] += 1
     manifest_path(root, "short").write_text(json.dumps(m))
-    cat = ModelCatalog.build(ollama_roots=[root], packaged=False)
+    cat = build_catalog(ollama=[root], packaged=False)
     assert "has 1000 bytes, the manifest says 1001" in cat.get("short").error
 
 
@@ -205,7 +206,7 @@ def test_license_and_refused_configs(tmp_path, smollm2_path):
                       extra_layers=[("application/vnd.ollama.image.projector", b"clip")])
     make_ollama_store(root, "cloud", smollm2_path, config={"model_format": "gguf", "remote_host": "https://ollama.com:443"})
     make_ollama_store(root, "st", smollm2_path, config={"model_format": "safetensors"})
-    cat = ModelCatalog.build(ollama_roots=[root], packaged=False)
+    cat = build_catalog(ollama=[root], packaged=False)
     assert cat.get("licensed").servable and cat.get("licensed").license == "Apache License 2.0"
     assert "vision projector" in cat.get("vision").error
     assert "cloud model served by https://ollama.com:443" in cat.get("cloud").error
@@ -213,7 +214,7 @@ def test_license_and_refused_configs(tmp_path, smollm2_path):
 
 
 def test_an_ollama_name_beats_a_packaged_alias(store):
-    cat = ModelCatalog.build(ollama_roots=[store])
+    cat = build_catalog(ollama=[store])
     assert cat.get("smollm2:135m").source == "ollama"   # the packaged smollm2's alias gives way
     assert cat.get("smollm2").source == "packaged"      # a name keeps its entry
     assert cat.get("smollm2:latest").source == "ollama"

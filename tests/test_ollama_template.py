@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from ctxengine.engine.ollama_template import OllamaTemplate, identifiers, render_go_template
+from ctxengine.ollama.template import OllamaTemplate, identifiers, render_go_template
 from ctxengine.errors import CtxError, UnsupportedTemplateError
 
 DATA = Path(__file__).parent / "data" / "ollama_templates"

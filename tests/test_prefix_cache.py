@@ -1,12 +1,12 @@
-"""The prefix cache (ctxengine.state.prefix_cache) on the real model: reuse,
+"""The prefix cache (ctxengine.serving.prefix_cache) on the real model: reuse,
 bounds, and output identical to computing the prompt from scratch."""
 import numpy as np
 import pytest
 
 import ctxengine
 from ctxengine.engine.catalog import ModelCatalog
-from ctxengine.state.prefix_cache import PrefixCache, common_prefix
-from ctxengine.state.runtime import Runtime
+from ctxengine.serving.prefix_cache import PrefixCache, common_prefix
+from ctxengine.serving.runtime import Runtime
 
 
 @pytest.fixture(scope="module")

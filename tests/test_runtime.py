@@ -6,7 +6,7 @@ import pytest
 
 from ctxengine.engine.catalog import CatalogEntry, ModelCatalog
 from ctxengine.errors import ContextError, ModelNotFoundError, UnsupportedModelError
-from ctxengine.state.runtime import Runtime
+from ctxengine.serving.runtime import Runtime
 from tiny_models import TinyConfig, make_weights, write_gguf
 
 

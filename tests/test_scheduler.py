@@ -165,3 +165,26 @@ def test_close_stops_the_loop(smollm2_path):
     assert not thread.is_alive()
     with pytest.raises(RuntimeError, match="closed"):
         eng.forward(eng.new_sequence(), [1])
+
+
+def test_pages_are_reserved_when_a_request_is_admitted(model):
+    """schedule() calls a request's reserve once, with the pages its tokens may take,
+    before its first chunk; a refusal fails the request before any KV is written."""
+    from ctxengine.errors import ContextError
+
+    eng = model.engine
+    pt = eng.pool.page_tokens
+    seq = eng.new_sequence()
+    asked = []
+    eng.forward(seq, list(range(1, 600)), reserve=asked.append)  # three chunks, one admission
+    assert asked == [-(-599 // pt) + 1]
+
+    def refuse(n):
+        raise ContextError(f"no room for {n} pages")
+
+    with pytest.raises(ContextError, match="no room"):
+        eng.forward(seq, [1, 2, 3], reserve=refuse)
+    assert seq.n_tokens == 599
+    _, errs = concurrently([lambda: eng.forward(eng.new_sequence(), [1, 2], reserve=refuse),
+                            lambda: eng.forward(eng.new_sequence(), [1, 2, 3])])
+    assert isinstance(errs[0], ContextError) and errs[1] is None

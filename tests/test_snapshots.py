@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 import ctxengine as ce
 from ctxengine.engine.gguf_file import open_gguf
-from ctxengine.engine.model import LoadedModel
+from ctxengine.engine.engine import Engine
 from ctxengine.errors import ContextError, CorruptDataError, WeightMismatchError
 from ctxengine.state.snapshots import take_snapshot
 from ctxengine.store import Store
@@ -252,7 +252,7 @@ def test_full_pool_evicts_idle_contexts_and_brings_them_back(model, base, store,
     expected = texts(base.fork("probe").generate(4, temperature=0.0))
     model.contexts.remove("probe")
     # A pool of 16 pages (the smallest): five 3-page contexts fit, a sixth does not.
-    small = ce.Model(LoadedModel(smollm2_path, threads=2, kv_budget=16 * model.engine.pool.page_bytes))
+    small = ce.Model(Engine(smollm2_path, threads=2, kv_budget=16 * model.engine.pool.page_bytes))
     try:
         pool = small.engine.pool
         assert pool.max_pages == 16

@@ -11,7 +11,7 @@ import pytest
 
 import ctxengine as ce
 from ctxengine import _core
-from ctxengine.engine.model import LoadedModel
+from ctxengine.engine.engine import Engine
 from ctxengine.errors import CorruptDataError
 from tiny_models import TinyConfig, make_weights, write_gguf
 
@@ -31,7 +31,7 @@ def gemma_file(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def engine(gemma_file):
-    m = LoadedModel(gemma_file, threads=2)
+    m = Engine(gemma_file, threads=2)
     yield m
     m.close()
 

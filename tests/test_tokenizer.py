@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ctxengine.engine.tokenizer import StreamDecoder, Tokenizer
+from ctxengine.text.tokenizer import StreamDecoder, Tokenizer
 from ctxengine.errors import TokenizerError
 
 

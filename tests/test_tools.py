@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 import ctxengine as ce
-from ctxengine.engine.chat import ChatTemplate
-from ctxengine.engine.grammar import Constraint, GrammarError
-from ctxengine.engine.tools import (Tool, ToolCall, ToolChoice, ToolStream, as_tools, forced_call_grammar,
+from ctxengine.text.chat_template import ChatTemplate
+from ctxengine.text.grammar import Constraint, GrammarError
+from ctxengine.text.tools import (Tool, ToolCall, ToolChoice, ToolStream, as_tools, forced_call_grammar,
                                     parse_tool_calls, tool_format)
 
 WEATHER = Tool("get_weather", "Weather in a city",
@@ -62,7 +62,7 @@ def test_fallback_renders_tools_calls_and_results_into_the_prompt(model):
 
 def test_a_template_that_knows_tools_renders_them_itself():
     t = ChatTemplate(HERMES_TEMPLATE)
-    from ctxengine.engine.tools import template_messages
+    from ctxengine.text.tools import template_messages
 
     call = ToolCall("get_weather", {"city": "Oslo"})
     msgs, variables = template_messages([{"role": "user", "content": "Oslo?"},

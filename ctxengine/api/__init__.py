@@ -1,7 +1,7 @@
 """HTTP face of ``ctx serve``: OpenAI, Anthropic, Ollama and contexts routes
 on one port (docs/http-api.md).
 
-    server.py      the app and how it runs (graceful SIGTERM)
+    server.py      the app and how it runs (graceful SIGTERM); arguments.py its options
     openai.py  anthropic.py  ollama.py  contexts.py    one dialect each
     generation.py  the one generation path they share (prompt -> prefix reuse -> pieces -> usage)
     prompts.py  options.py  fields.py  embeddings.py  streaming.py   what that path is made of
@@ -11,45 +11,10 @@ on one port (docs/http-api.md).
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
-DEFAULT_MAX_BODY = 16 << 20        # bytes of a request body
-DEFAULT_SHUTDOWN_TIMEOUT = 10.0    # seconds streams may go on after SIGTERM
+from .arguments import add_http_arguments
 
-
-def add_http_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--api-key", default=None, help="require this key on every HTTP route but /health "
-                   "and the studio's page files (Authorization: Bearer KEY, or x-api-key: KEY)")
-    p.add_argument("--ollama-models", action="append", default=[], metavar="DIR",
-                   help="an Ollama model store to serve from, read-only (repeatable; default: $OLLAMA_MODELS, "
-                        "~/.ollama/models and /usr/share/ollama/.ollama/models, those that exist)")
-    p.add_argument("--no-ollama", action="store_true", help="do not look for Ollama's model store")
-    # default None: the prefix cache's own (importing it here would load the engine to parse arguments)
-    p.add_argument("--prefix-cache", type=int, default=None, metavar="N",
-                   help="recent requests kept per model for prefix reuse (default 32; 0: off)")
-    p.add_argument("--max-body", type=int, default=DEFAULT_MAX_BODY, metavar="BYTES",
-                   help=f"largest request body accepted (default {DEFAULT_MAX_BODY}; larger: 413)")
-    p.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",
-                   help="allow browsers from this origin ('*': any; repeatable; default: no CORS)")
-    p.add_argument("--shutdown-timeout", type=float, default=DEFAULT_SHUTDOWN_TIMEOUT, metavar="S",
-                   help=f"on SIGTERM, let streams finish for this long, then cancel them "
-                        f"(default {DEFAULT_SHUTDOWN_TIMEOUT:g})")
-
-
-def build_catalog(args: argparse.Namespace):
-    from ..engine.catalog import ModelCatalog
-    from ..errors import ModelNotFoundError
-
-    catalog = ModelCatalog.build(args.model, args.models_dir)
-    if not getattr(args, "no_ollama", False):
-        from ..engine.ollama_store import add_ollama_models, ollama_roots
-
-        given = [Path(d).expanduser() for d in getattr(args, "ollama_models", [])]
-        for d in given:
-            if not d.is_dir():
-                raise ModelNotFoundError(f"Ollama model store {d} does not exist")
-        add_ollama_models(catalog, given or [r for r in ollama_roots() if r.is_dir()])
-    return catalog
+__all__ = ["add_http_arguments", "serve_http"]
 
 
 def serve_http(runtime, args: argparse.Namespace, on_ready=None) -> None:

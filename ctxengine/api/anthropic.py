@@ -18,7 +18,7 @@ import anyio.to_thread
 from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse
 
-from ..engine.tools import parse_tool_calls
+from ..text.tools import parse_tool_calls
 from .errors import ANTHROPIC, ApiError, error_body
 from .fields import Fields, json_body, text_content
 from .generation import Finished, Generation, GenerationRequest, Generations, Started
@@ -105,7 +105,7 @@ def routes(runtime, generations: Generations) -> APIRouter:
 
 
 def _gbnf(text: str):
-    from ..engine.grammar import Grammar
+    from ..text.grammar import Grammar
 
     return Grammar.gbnf(text)
 

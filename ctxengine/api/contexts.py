@@ -26,36 +26,39 @@ from .openai import chat_messages
 from .prompts import chat_text
 
 
-def routes(runtime) -> APIRouter:
-    router = APIRouter()
+class _Contexts:
+    """What the routes share: the runtime, and how a context is found, shown and filled."""
 
-    def entry_of(ctx):
-        for e in runtime.loaded():
-            if e.model.engine is ctx.model:
+    def __init__(self, runtime):
+        self.runtime = runtime
+
+    def entry_of(self, ctx):
+        for e in self.runtime.loaded():
+            if e.model.engine is ctx.engine:
                 return e.entry
         raise ApiError(404, f"context '{ctx.name}' belongs to a model that is no longer loaded")
 
-    def card(ctx, *, text: bool = False, tokens: bool = False) -> dict:
-        out = {"object": "context", "name": ctx.name, "model": entry_of(ctx).name, "weight_id": ctx.weight_id,
+    def card(self, ctx, *, text: bool = False, tokens: bool = False) -> dict:
+        out = {"object": "context", "name": ctx.name, "model": self.entry_of(ctx).name, "weight_id": ctx.weight_id,
                "n_tokens": ctx.n_tokens, "n_cached": ctx.n_cached, "labels": ctx.labels,
-               "snapshot_id": ctx.snapshot_id, "host": runtime.host_id}
+               "snapshot_id": ctx.snapshot_id, "host": self.runtime.host_id}
         if text:
             out["text"] = ctx.text
         if tokens:
             out["tokens"] = ctx.tokens
         return out
 
-    def named(name: str):
-        return runtime.find_context(_client_name(name))
+    def named(self, name: str):
+        return self.runtime.find_context(_client_name(name))
 
-    def require_absent(name: str) -> None:
-        if any(c.name == name for c in runtime.contexts()):
+    def require_absent(self, name: str) -> None:
+        if any(c.name == name for c in self.runtime.contexts()):
             raise ApiError(409, f"a context named '{name}' already exists; delete it or choose another name")
 
-    def add_content(ctx, f: Fields) -> int:
+    def add_content(self, ctx, f: Fields) -> int:
         """Append what the body carries: a system prompt, messages, text or token ids."""
-        entry = entry_of(ctx)
-        model = runtime.model(entry.name)
+        entry = self.entry_of(ctx)
+        model = self.runtime.model(entry.name)
         n = 0
         if "system" in f or "messages" in f:
             messages = ([{"role": "system", "content": f.str("system")}] if "system" in f else [])
@@ -68,12 +71,25 @@ def routes(runtime) -> APIRouter:
             n += ctx.append(f.int_list("tokens"))
         return n
 
-    async def run(fn):
-        return await anyio.to_thread.run_sync(fn)
+
+async def _run(fn):
+    return await anyio.to_thread.run_sync(fn)
+
+
+def routes(runtime) -> APIRouter:
+    router = APIRouter()
+    contexts = _Contexts(runtime)
+    _context_routes(router, contexts)
+    _snapshot_routes(router, contexts)
+    return router
+
+
+def _context_routes(router: APIRouter, ops: _Contexts) -> None:
+    runtime = ops.runtime
 
     @router.get("/v1/contexts")
     async def list_contexts():
-        return {"object": "list", "data": [card(c) for c in runtime.contexts()]}
+        return {"object": "list", "data": [ops.card(c) for c in runtime.contexts()]}
 
     @router.post("/v1/contexts")
     async def create(request: Request):
@@ -89,79 +105,81 @@ def routes(runtime) -> APIRouter:
             ctx = runtime.create_context(name, f.str("model", None))
             ctx.labels.update(labels)
             try:
-                add_content(ctx, f)
+                ops.add_content(ctx, f)
             except BaseException:
                 ctx.delete()  # refused content leaves no half-made context behind
                 raise
-            return card(ctx)
+            return ops.card(ctx)
 
-        return JSONResponse(await run(make), status_code=201)
+        return JSONResponse(await _run(make), status_code=201)
 
     @router.post("/v1/contexts/{name:path}/append")
     async def append(name: str, request: Request):
         f = Fields(await json_body(request))
-        ctx = named(name)
+        ctx = ops.named(name)
 
         def go():
             with runtime.hold_context(ctx.name):
-                n = add_content(ctx, f)
-            return {**card(ctx), "n_appended": n}
+                n = ops.add_content(ctx, f)
+            return {**ops.card(ctx), "n_appended": n}
 
-        return await run(go)
+        return await _run(go)
 
     @router.post("/v1/contexts/{name:path}/rewind")
     async def rewind(name: str, request: Request):
         f = Fields(await json_body(request))
-        ctx = named(name)
+        ctx = ops.named(name)
         n = f.int("n", min=0)
-        await run(lambda: ctx.rewind(n))
-        return card(ctx)
+        await _run(lambda: ctx.rewind(n))
+        return ops.card(ctx)
 
     @router.post("/v1/contexts/{name:path}/fork")
     async def fork(name: str, request: Request):
         f = Fields(await json_body(request))
-        ctx = named(name)
+        ctx = ops.named(name)
         new = f.str("name", None)
         if new is not None:
-            require_absent(_client_name(new))
-        return JSONResponse(card(await run(lambda: ctx.fork(new))), status_code=201)
+            ops.require_absent(_client_name(new))
+        return JSONResponse(ops.card(await _run(lambda: ctx.fork(new))), status_code=201)
+
+    @router.get("/v1/contexts/{name:path}")
+    async def get(name: str, tokens: bool = False):
+        return ops.card(ops.named(name), text=True, tokens=tokens)
+
+    @router.delete("/v1/contexts/{name:path}")
+    async def delete(name: str):
+        ctx = ops.named(name)
+        await _run(ctx.delete)
+        return {"object": "context.deleted", "name": name, "deleted": True}
+
+
+def _snapshot_routes(router: APIRouter, ops: _Contexts) -> None:
+    runtime = ops.runtime
 
     @router.post("/v1/contexts/{name:path}/snapshot")
     async def snapshot(name: str, request: Request):
         f = Fields(await json_body(request))
-        ctx = named(name)
+        ctx = ops.named(name)
         store = _store(runtime)
         ref = f.str("ref", None)
         labels = f.obj("labels").data
-        result = await run(lambda: take_snapshot(ctx, store, ref=ref, labels=labels or None))
+        result = await _run(lambda: take_snapshot(ctx, store, ref=ref, labels=labels or None))
         return {"snapshot_id": result.snapshot_id, "ref": ref, "n_pages": result.n_pages,
                 "pages_sent": result.pages_sent, "bytes_sent": result.bytes_sent}
 
     @router.post("/v1/contexts/{name:path}/restore")
     async def restore(name: str, request: Request):
         f = Fields(await json_body(request))
-        require_absent(_client_name(name))
+        ops.require_absent(_client_name(name))
         store = _store(runtime)
         ref = f.str("ref", name)
 
         def go():
             manifest = store.get_manifest(store.resolve(ref))
             model = runtime.model_for_weight_id(manifest.weight_id)
-            return card(model.restore(store, ref, name=name))
+            return ops.card(model.restore(store, ref, name=name))
 
-        return JSONResponse(await run(go), status_code=201)
-
-    @router.get("/v1/contexts/{name:path}")
-    async def get(name: str, tokens: bool = False):
-        return card(named(name), text=True, tokens=tokens)
-
-    @router.delete("/v1/contexts/{name:path}")
-    async def delete(name: str):
-        ctx = named(name)
-        await run(ctx.delete)
-        return {"object": "context.deleted", "name": name, "deleted": True}
-
-    return router
+        return JSONResponse(await _run(go), status_code=201)
 
 
 def _client_name(name: str) -> str:

@@ -43,11 +43,9 @@ def _embed(runtime, name: str | None, inputs: list, *, truncate: bool, dimension
                 if not truncate:
                     raise ApiError(400, f"an input is {len(ids)} tokens; the context length is {engine.config.n_ctx}")
                 ids = ids[: engine.config.n_ctx]
-            pt = engine.pool.page_tokens
-            model.contexts.reserve_pages(-(-len(ids) // pt) + 1)
             seq = engine.new_sequence()
-            try:
-                hidden = engine.forward_hidden(seq, ids).astype(np.float64)
+            try:  # room for its pages is made when the scheduler admits it
+                hidden = engine.forward_hidden(seq, ids, reserve=model.contexts.reserve_pages).astype(np.float64)
             finally:
                 seq.truncate(0)  # give its pages back now, not when the object goes
             v = hidden.mean(axis=0)[:dimensions]

@@ -11,7 +11,7 @@ server shutting down) stops it after the current token, and the context's
 generator is closed on its own thread, releasing its lock.
 
 A request that names no context goes through the model's prefix cache
-(``ctxengine.state.prefix_cache``): only the tokens past the longest prefix
+(``ctxengine.serving.prefix_cache``): only the tokens past the longest prefix
 shared with a recent request are prefilled. A request with ``context``
 continues that named context: only the new turns are rendered and appended.
 """
@@ -30,9 +30,9 @@ from .options import Sampling, entry_sampling
 from .prompts import Prompt, continuation_text, prompt_ids
 
 if TYPE_CHECKING:
-    from ..engine.catalog import CatalogEntry
-    from ..engine.grammar import Grammar
-    from ..state.runtime import Runtime
+    from ..engine.model_source import CatalogEntry
+    from ..text.grammar import Grammar
+    from ..serving.runtime import Runtime
     from .tools import ToolUse
 
 _UNSET = object()
@@ -210,8 +210,8 @@ class Generation:
 
     def _continue_named(self, model, load_ns: int, t0: int) -> None:
         with self._runtime.hold_context(self.request.context) as ctx:
-            if ctx.model is not model.engine:
-                raise ApiError(400, f"context '{ctx.name}' belongs to model '{ctx.model.name}', "
+            if ctx.engine is not model.engine:
+                raise ApiError(400, f"context '{ctx.name}' belongs to model '{ctx.engine.name}', "
                                     f"not '{self.entry.name}'")
             cached = ctx.n_cached
             text = continuation_text(model, self.entry, self.request.prompt, ctx.tokens)
@@ -223,7 +223,7 @@ class Generation:
                 finished = self._decode(model, ctx, self._limit(model), t0)
             finally:
                 if self.request.prompt.is_chat:
-                    closing = model.chat_turn_closing(ctx.tokens[-1] if ctx.n_tokens else None)
+                    closing = model.chat.render(after=ctx.tokens, closing=True, generation_prompt=False)
                     try:
                         if closing:
                             ctx.append(closing, parse_special=True)
@@ -278,7 +278,7 @@ class Generation:
         """The request's grammar; for a forced tool call, one that makes the call parse."""
         use = self.request.tools
         if use is not None and use.choice.forced:
-            from ..engine.tools import forced_call_grammar, tool_format
+            from ..text.tools import forced_call_grammar, tool_format
 
             return forced_call_grammar(use.tools, use.choice, tool_format(model.chat_template))
         return self.request.grammar

@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, disable_created
 from prometheus_client.core import GaugeMetricFamily
 
 if TYPE_CHECKING:
-    from ..state.runtime import Runtime
+    from ..serving.runtime import Runtime
     from .generation import Finished, Started
 
 

@@ -26,7 +26,7 @@ from .errors import OLLAMA, ApiError, error_body
 from .fields import Fields, json_body
 from .generation import Finished, Generation, GenerationRequest, Generations
 from .options import ollama_sampling
-from ..engine.tools import parse_tool_calls
+from ..text.tools import parse_tool_calls
 from .prompts import Prompt
 from .streaming import GenerationStream, ndjson
 from .structured import ollama_grammar
@@ -62,27 +62,84 @@ def keep_alive_seconds(value) -> float | None:
     raise ApiError(400, "'keep_alive' must be a number of seconds or a duration like '5m'")
 
 
-def routes(runtime, generations: Generations, metrics) -> APIRouter:
-    router = APIRouter()
+class _Ollama:
+    """What the routes share: name lookup, keep_alive, and one way to run a generation."""
 
-    def resolve(name: str):
+    def __init__(self, runtime, generations: Generations, metrics):
+        self.runtime, self.generations, self.metrics = runtime, generations, metrics
+
+    def resolve(self, name: str):
         """Ollama names: an untagged model is ``:latest``, so accept either spelling."""
-        if runtime.catalog.lookup(name) is None and name.endswith(":latest"):
+        if self.runtime.catalog.lookup(name) is None and name.endswith(":latest"):
             name = name[: -len(":latest")]
-        return runtime.resolve(name)
+        return self.runtime.resolve(name)
 
-    def model_name(f: Fields) -> str:
+    def model_name(self, f: Fields) -> str:
         name = f.str("model", None) or f.str("name", None)
         if not name:
             raise ApiError(400, "'model' is required", param="model")
-        return resolve(name).name
+        return self.resolve(name).name
 
-    def listing(entry) -> dict:
+    def listing(self, entry) -> dict:
         item = {"name": entry.name, "model": entry.name, "modified_at": iso(entry.modified or None),
                 "size": entry.size, "digest": _digest(entry), "details": _details(entry)}
         if entry.error:
             item["error"] = entry.error
         return item
+
+    async def generation_body(self, request: Request) -> tuple[Fields, str]:
+        f = Fields(await json_body(request))
+        name = self.model_name(f)
+        _refuse_unsupported(f)
+        return f, name
+
+    def apply_keep_alive(self, f: Fields, name: str) -> None:
+        ka = _keep_alive(f)
+        if ka is not _NOT_SET:
+            self.runtime.keep_alive(name, ka)
+
+    async def load_or_unload(self, f: Fields, name: str, body: dict):
+        """An empty prompt loads the model (keep_alive 0: unloads it), as Ollama does."""
+        import anyio.to_thread
+
+        ka = _keep_alive(f)
+        if ka == 0:
+            await anyio.to_thread.run_sync(lambda: self.runtime.keep_alive(name, 0) if self.is_loaded(name) else None)
+            return {"model": name, "created_at": iso(), **body, "done": True, "done_reason": "unload"}
+        await anyio.to_thread.run_sync(lambda: self.runtime.model(name))
+        if ka is not _NOT_SET:
+            self.runtime.keep_alive(name, ka)
+        return {"model": name, "created_at": iso(), **body, "done": True, "done_reason": "load"}
+
+    def is_loaded(self, name: str) -> bool:
+        return any(e.entry.name == name for e in self.runtime.loaded())
+
+    async def run(self, f: Fields, name: str, prompt: Prompt, context: str | None, *, chat: bool,
+                  tools: ToolUse | None = None):
+        req = GenerationRequest(name, prompt, _sampling(f), context=context, keep_alive=_keep_alive(f),
+                                grammar=ollama_grammar(f), tools=tools)
+        stream = f.bool("stream", True)
+        gen = await self.generations.start(req)
+        if stream:
+            return GenerationStream(_lines(gen, req.model, chat, tools), gen, "application/x-ndjson")
+        text, fin = await gen.collect()
+        if tools is None or not tools.parses:
+            return JSONResponse(_final(gen, req.model, fin, chat, text))
+        text, calls = parse_tool_calls(text)
+        return JSONResponse(_final(gen, req.model, fin, chat, text, calls))
+
+
+def routes(runtime, generations: Generations, metrics) -> APIRouter:
+    router = APIRouter()
+    o = _Ollama(runtime, generations, metrics)
+    _model_routes(router, o)
+    _generation_routes(router, o)
+    _embedding_routes(router, o)
+    return router
+
+
+def _model_routes(router: APIRouter, o: _Ollama) -> None:
+    runtime = o.runtime
 
     @router.get("/")
     @router.head("/")
@@ -95,7 +152,7 @@ def routes(runtime, generations: Generations, metrics) -> APIRouter:
 
     @router.get("/api/tags")
     async def tags():
-        return {"models": [listing(e) for e in runtime.catalog.entries()]}
+        return {"models": [o.listing(e) for e in runtime.catalog.entries()]}
 
     @router.post("/api/show")
     async def show(request: Request):
@@ -118,50 +175,48 @@ def routes(runtime, generations: Generations, metrics) -> APIRouter:
                         "size_vram": 0, "context_length": e.model.config.n_ctx})
         return {"models": out}
 
-    async def generation_body(request: Request) -> tuple[Fields, str]:
-        f = Fields(await json_body(request))
-        name = model_name(f)
-        _refuse_unsupported(f)
-        return f, name
 
+def _generation_routes(router: APIRouter, o: _Ollama) -> None:
     @router.post("/api/generate")
     async def generate(request: Request):
-        f, name = await generation_body(request)
+        f, name = await o.generation_body(request)
         f.refuse("suffix", "fill-in-the-middle is not supported")
         context = f.data.get("context")
         named = f.str("context") if isinstance(context, str) else None
         prefix = f.int_list("context", []) if not isinstance(context, str) else []
         text = f.str("prompt", "")
         if not text and not prefix and named is None:
-            return await _load_or_unload(f, name, {"response": ""})
+            return await o.load_or_unload(f, name, {"response": ""})
         if f.bool("raw", False):
             prompt = Prompt(text=text, prefix_ids=prefix)
         else:
             system = f.str("system", None)
             messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": text}]
             prompt = Prompt(messages=messages, prefix_ids=prefix, template=f.str("template", None))
-        return await _run(f, name, prompt, named, chat=False)
+        return await o.run(f, name, prompt, named, chat=False)
 
     @router.post("/api/chat")
     async def chat(request: Request):
-        f, name = await generation_body(request)
+        f, name = await o.generation_body(request)
         tools = ollama_tool_use(f)
         messages = [_message(m, i) for i, m in enumerate(f.list("messages", []))]
         named = f.str("context", None)
         if not messages:
-            return await _load_or_unload(f, name, {"message": {"role": "assistant", "content": ""}})
-        return await _run(f, name, Prompt(messages=messages, tools=tools and tools.prompt_tools), named, chat=True,
-                          tools=tools)
+            return await o.load_or_unload(f, name, {"message": {"role": "assistant", "content": ""}})
+        return await o.run(f, name, Prompt(messages=messages, tools=tools and tools.prompt_tools), named, chat=True,
+                           tools=tools)
 
+
+def _embedding_routes(router: APIRouter, o: _Ollama) -> None:
     @router.post("/api/embed")
     async def embed_route(request: Request):
         f = Fields(await json_body(request))
-        name = model_name(f)
+        name = o.model_name(f)
         ollama_sampling(f.data.get("options") or {})  # checked, though nothing in it applies
         inputs = f.str_list("input")
-        result = await embed(runtime, name, inputs, truncate=f.bool("truncate", True),
-                             dimensions=f.int("dimensions", None), metrics=metrics)
-        _apply_keep_alive(f, name)
+        result = await embed(o.runtime, name, inputs, truncate=f.bool("truncate", True),
+                             dimensions=f.int("dimensions", None), metrics=o.metrics)
+        o.apply_keep_alive(f, name)
         return {"model": name, "embeddings": [v.tolist() for v in result.vectors],
                 "total_duration": result.total_ns, "load_duration": result.load_ns,
                 "prompt_eval_count": result.n_tokens}
@@ -169,51 +224,14 @@ def routes(runtime, generations: Generations, metrics) -> APIRouter:
     @router.post("/api/embeddings")
     async def embeddings_route(request: Request):
         f = Fields(await json_body(request))
-        name = model_name(f)
+        name = o.model_name(f)
         ollama_sampling(f.data.get("options") or {})
         text = f.str("prompt", "")
         if not text:
             return {"embedding": []}
-        result = await embed(runtime, name, [text], metrics=metrics)
-        _apply_keep_alive(f, name)
+        result = await embed(o.runtime, name, [text], metrics=o.metrics)
+        o.apply_keep_alive(f, name)
         return {"embedding": result.vectors[0].tolist()}
-
-    def _apply_keep_alive(f: Fields, name: str) -> None:
-        ka = _keep_alive(f)
-        if ka is not _NOT_SET:
-            runtime.keep_alive(name, ka)
-
-    async def _load_or_unload(f: Fields, name: str, body: dict):
-        """An empty prompt loads the model (keep_alive 0: unloads it), as Ollama does."""
-        import anyio.to_thread
-
-        ka = _keep_alive(f)
-        if ka == 0:
-            await anyio.to_thread.run_sync(lambda: runtime.keep_alive(name, 0) if _is_loaded(name) else None)
-            return {"model": name, "created_at": iso(), **body, "done": True, "done_reason": "unload"}
-        await anyio.to_thread.run_sync(lambda: runtime.model(name))
-        if ka is not _NOT_SET:
-            runtime.keep_alive(name, ka)
-        return {"model": name, "created_at": iso(), **body, "done": True, "done_reason": "load"}
-
-    def _is_loaded(name: str) -> bool:
-        return any(e.entry.name == name for e in runtime.loaded())
-
-    async def _run(f: Fields, name: str, prompt: Prompt, context: str | None, *, chat: bool,
-                   tools: ToolUse | None = None):
-        req = GenerationRequest(name, prompt, _sampling(f), context=context, keep_alive=_keep_alive(f),
-                                grammar=ollama_grammar(f), tools=tools)
-        stream = f.bool("stream", True)
-        gen = await generations.start(req)
-        if stream:
-            return GenerationStream(_lines(gen, req.model, chat, tools), gen, "application/x-ndjson")
-        text, fin = await gen.collect()
-        if tools is None or not tools.parses:
-            return JSONResponse(_final(gen, req.model, fin, chat, text))
-        text, calls = parse_tool_calls(text)
-        return JSONResponse(_final(gen, req.model, fin, chat, text, calls))
-
-    return router
 
 
 _NOT_SET = object()
@@ -311,7 +329,7 @@ def _gguf_facts(entry, path: str, size: int, mtime_ns: int) -> tuple[dict, dict]
     key = (entry.name, path, size, mtime_ns)
     if key not in _FACTS:
         from ..engine.gguf_file import open_gguf
-        from ..engine.model_info import details, model_info
+        from ..ollama.model_info import details, model_info
 
         with open_gguf(path) as f:
             _FACTS[key] = (details(entry, f), model_info(f))

@@ -19,7 +19,7 @@ import time
 from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse
 
-from ..engine.tools import parse_tool_calls
+from ..text.tools import parse_tool_calls
 from .embeddings import embed
 from .errors import OPENAI, ApiError, error_body
 from .fields import Fields, json_body

@@ -14,7 +14,8 @@ A named context (our extension) already holds the conversation so far, so
 only the new turns are rendered: the template's text for ``[anchor] + new``
 minus its text for ``[anchor]``, where the anchor is a system turn. After a
 chat reply the context's assistant turn is closed as the template closes it
-(``Model.chat_turn_closing``), so the context always ends on a turn boundary.
+(``model.chat.render(after=..., closing=True)``, text/chat.py), so the context
+always ends on a turn boundary.
 """
 from __future__ import annotations
 
@@ -22,10 +23,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ..errors import CtxError, UnsupportedTemplateError
+from ..ollama.template import render_go_template
+from ..text.chat import with_system
 
 if TYPE_CHECKING:
-    from ..engine.catalog import CatalogEntry
-    from ..model import Model
+    from ..engine.model_source import CatalogEntry
+    from ..state.model import Model
 
 @dataclass
 class Prompt:
@@ -33,7 +36,7 @@ class Prompt:
     text: str | None = None                       # raw text, used as is (special tokens parsed)
     prefix_ids: list[int] = field(default_factory=list)  # token ids before the rest (Ollama context)
     template: str | None = None                   # a Go template for this request (Ollama's `template`)
-    tools: list | None = None                     # engine.tools.Tool definitions to render (engine/tools.py)
+    tools: list | None = None                     # text.tools.Tool definitions to render (text/tools.py)
 
     @property
     def is_chat(self) -> bool:
@@ -49,19 +52,15 @@ def chat_text(model: "Model", entry: "CatalogEntry", messages: list[dict], *,
     a Go template: turns rendered piecemeal (named contexts) need a template
     that can end without a generation prompt, which Ollama's cannot.
     ``template`` overrides the entry's Go template."""
-    if entry.system and not any(m["role"] == "system" for m in messages):
-        messages = [{"role": "system", "content": entry.system}, *messages]
     template = template or entry.template
-    # Tool definitions and calls go through the GGUF's own template (engine/tools.py).
+    # Tool definitions and calls go through the GGUF's own template (text/tools.py).
     uses_tools = tools is not None or any(m.get("tool_calls") or m["role"] == "tool" for m in messages)
     if template and layer_template and add_generation_prompt and not uses_tools:
-        from ..engine.ollama_template import render_go_template
-
         try:
-            return render_go_template(template, messages=messages)
+            return render_go_template(template, messages=with_system(messages, entry.system))
         except UnsupportedTemplateError:
             pass  # fall back to the GGUF's own template
-    return model.chat_prompt(messages, add_generation_prompt=add_generation_prompt, tools=tools)
+    return model.chat.render(messages, system=entry.system, tools=tools, generation_prompt=add_generation_prompt)
 
 
 def prompt_ids(model: "Model", entry: "CatalogEntry", prompt: Prompt) -> list[int]:
@@ -81,4 +80,4 @@ def continuation_text(model: "Model", entry: "CatalogEntry", prompt: Prompt, con
         return prompt.text or ""
     if not context_tokens:
         return chat_text(model, entry, prompt.messages, layer_template=False, tools=prompt.tools)
-    return model.chat_continuation(prompt.messages, context_tokens, tools=prompt.tools)
+    return model.chat.render(prompt.messages, tools=prompt.tools, after=context_tokens)

@@ -24,7 +24,7 @@ from .errors import ApiError
 
 if TYPE_CHECKING:
     from ..state.context import Context
-    from ..state.runtime import Runtime
+    from ..serving.runtime import Runtime
 
 REF_PREFIX = "responses/"
 LABEL = "ctx.response"

@@ -27,7 +27,7 @@ import anyio.to_thread
 from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse
 
-from ..engine.tools import ToolCall, parse_tool_calls
+from ..text.tools import ToolCall, parse_tool_calls
 from .errors import ApiError
 from .fields import Fields, json_body, text_content
 from .generation import Finished, Generation, GenerationRequest, Generations

@@ -21,8 +21,9 @@ from starlette.exceptions import HTTPException
 
 from .. import __version__
 from ..errors import CtxError
-from . import DEFAULT_MAX_BODY, anthropic, contexts, fleet, ollama, openai, ops
+from . import anthropic, contexts, fleet, ollama, openai, ops
 from . import responses, studio
+from .arguments import DEFAULT_MAX_BODY
 from .errors import ApiError, as_api_error, dialect_of, error_response
 from .generation import Generations
 from .metrics import Metrics

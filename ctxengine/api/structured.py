@@ -7,13 +7,13 @@
 * Ollama: ``format`` ``"json"`` or a JSON Schema object;
 * every dialect: ``grammar`` (our extension, as llama.cpp's server has it): GBNF text.
 
-The output is constrained while it is sampled (engine/grammar.py), so
+The output is constrained while it is sampled (text/grammar.py), so
 ``strict`` changes nothing: every reply under a schema is valid against it.
 An unusable schema or grammar is a 400 naming the field and the problem.
 """
 from __future__ import annotations
 
-from ..engine.grammar import Grammar, GrammarError
+from ..text.grammar import Grammar, GrammarError
 from .errors import ApiError
 from .fields import Fields
 

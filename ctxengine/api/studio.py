@@ -29,7 +29,7 @@ from starlette.staticfiles import StaticFiles
 
 from .. import __version__
 from ..errors import CtxError
-from ..state.runtime import Runtime
+from ..serving.runtime import Runtime
 from .contexts import _client_name, _store  # the same rules as the contexts routes
 from .errors import ApiError
 from .studio_tree import Item, build_tree, messages
@@ -57,10 +57,16 @@ def mount(app: FastAPI, runtime: Runtime) -> None:
 
 def routes(runtime: Runtime) -> APIRouter:
     router = APIRouter(prefix="/v1/studio")
+    _model_routes(router, runtime)
+    _store_routes(router, runtime)
+    return router
 
-    async def run(fn):
-        return await anyio.to_thread.run_sync(fn)
 
+async def _run(fn):
+    return await anyio.to_thread.run_sync(fn)
+
+
+def _model_routes(router: APIRouter, runtime: Runtime) -> None:
     @router.get("/info")
     async def info():
         default = runtime.catalog.default
@@ -70,7 +76,7 @@ def routes(runtime: Runtime) -> APIRouter:
 
     @router.get("/tree")
     async def tree():
-        return await run(lambda: {"object": "tree", "models": _forest(runtime)})
+        return await _run(lambda: {"object": "tree", "models": _forest(runtime)})
 
     @router.get("/contexts/{name:path}/messages")
     async def context_messages(name: str):
@@ -78,7 +84,7 @@ def routes(runtime: Runtime) -> APIRouter:
         model = _model_of(runtime, ctx)
         tokens = ctx.tokens
         return {"object": "context.messages", "name": ctx.name, "model": model[0], "n_tokens": len(tokens),
-                "messages": await run(lambda: messages(model[1], tokens))}
+                "messages": await _run(lambda: messages(model[1], tokens))}
 
     @router.get("/models")
     async def models():
@@ -96,9 +102,11 @@ def routes(runtime: Runtime) -> APIRouter:
             data.append(card)
         return {"object": "list", "memory_budget": runtime.memory_budget, "data": data}
 
+
+def _store_routes(router: APIRouter, runtime: Runtime) -> None:
     @router.get("/store")
     async def store_stats():
-        s = await run(_store(runtime).stats)
+        s = await _run(_store(runtime).stats)
         return {"object": "store.stats", "path": str(_store(runtime).path), **vars(s)}
 
     @router.post("/store/gc")
@@ -107,12 +115,12 @@ def routes(runtime: Runtime) -> APIRouter:
         # for JSON makes a browser ask first (CORS preflight), which other sites fail.
         if request.headers.get("content-type", "").split(";")[0].strip() != "application/json":
             raise ApiError(400, "send gc with 'Content-Type: application/json' (and a body of {})")
-        return {"object": "store.gc", **vars(await run(_store(runtime).gc))}
+        return {"object": "store.gc", **vars(await _run(_store(runtime).gc))}
 
     @router.delete("/refs/{ref:path}")
     async def delete_ref(ref: str):
         _client_ref(ref)
-        await run(lambda: _store(runtime).delete_ref(ref))
+        await _run(lambda: _store(runtime).delete_ref(ref))
         return {"object": "ref.deleted", "ref": ref, "deleted": True}
 
     @router.get("/refs/{ref:path}/messages")
@@ -128,18 +136,16 @@ def routes(runtime: Runtime) -> APIRouter:
             return {"object": "snapshot.messages", "ref": ref, "snapshot_id": sid, "model": name,
                     "n_tokens": len(m.token_ids), "created": m.created, "messages": messages(model, m.token_ids)}
 
-        return await run(go)
+        return await _run(go)
 
     @router.get("/refs/{ref:path}/export")
     async def export(ref: str):
         _client_ref(ref)
         buf = io.BytesIO()
-        await run(lambda: _store(runtime).export(ref, buf))
+        await _run(lambda: _store(runtime).export(ref, buf))
         filename = ref.replace("/", "_") + ".ctxsnap"
         return Response(buf.getvalue(), media_type="application/octet-stream",
                         headers={"Content-Disposition": f'attachment; filename="{filename}"'})
-
-    return router
 
 
 def _forest(runtime: Runtime) -> list[dict]:
@@ -188,7 +194,7 @@ def _forest(runtime: Runtime) -> list[dict]:
 
 def _model_of(runtime: Runtime, ctx) -> tuple[str, object]:
     for e in runtime.loaded():
-        if e.model.engine is ctx.model:
+        if e.model.engine is ctx.engine:
             return e.entry.name, e.model
     raise ApiError(404, f"context '{ctx.name}' belongs to a model that is no longer loaded")
 

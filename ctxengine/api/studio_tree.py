@@ -106,7 +106,7 @@ def turn_opener(model) -> int | None:
     if model.chat_template is None:
         return None
     try:
-        text = model.chat_continuation([{"role": "user", "content": _PROBE}], add_generation_prompt=False)
+        text = model.chat.render([{"role": "user", "content": _PROBE}], after=(), generation_prompt=False)
     except CtxError:  # a template that cannot render a turn on its own: no turns to find
         return None
     tok = model.tokenizer

@@ -1,4 +1,4 @@
-"""Tool calls in each dialect's shape, onto engine/tools.py's Tool, ToolCall and ToolChoice.
+"""Tool calls in each dialect's shape, onto text/tools.py's Tool, ToolCall and ToolChoice.
 
 * OpenAI chat: ``tools`` ``[{"type": "function", "function": {name, description,
   parameters}}]``, ``tool_choice`` "auto" / "none" / "required" /
@@ -15,14 +15,14 @@
   values) is an extension, auto when absent.
 
 A forced choice (required, any, a named tool) is generated under a grammar,
-so its call always parses (engine/tools.py).
+so its call always parses (text/tools.py).
 """
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
 
-from ..engine.tools import Tool, ToolCall, ToolChoice, ToolStream
+from ..text.tools import Tool, ToolCall, ToolChoice, ToolStream
 from .errors import ApiError
 from .fields import Fields, text_content
 from .generation import Finished
@@ -61,8 +61,8 @@ def _checked(tools: list[Tool], choice: ToolChoice) -> ToolUse | None:
     if choice.mode == "named" and choice.name not in names:
         raise ApiError(400, f"tool_choice names '{choice.name}', which is not in 'tools'", param="tool_choice")
     if choice.forced:
-        from ..engine.grammar import GrammarError
-        from ..engine.tools import forced_call_grammar
+        from ..text.grammar import GrammarError
+        from ..text.tools import forced_call_grammar
 
         try:
             forced_call_grammar(tools, choice, "fallback").compiled()

@@ -30,7 +30,7 @@ def measure_ours(path, threads: int, n_prompt: int = 512, n_gen: int = 128, reps
                  batches=(1, 4, 8), batch_prompt: int = 128, batch_gen: int = 64, kv: str = "f16") -> dict:
     import numpy as np
 
-    from ..model import load
+    from ..state.model import load
 
     model = load(path, threads=threads, kv=kv)
     eng = model.engine

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import argparse
 
-# ctxengine.engine.model.KV_DTYPES, repeated so that parsing arguments does not import the native core.
+# ctxengine.engine.engine.KV_DTYPES, repeated so that parsing arguments does not import the native core.
 KV_DTYPES = ("f16", "q8", "vq8")
 
 
@@ -18,7 +18,7 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
 
 def load_model(args: argparse.Namespace, *, threads: int | None = None):
     """The model the arguments name; ``threads`` overrides ``--threads``."""
-    from ..model import load
+    from ..state.model import load
 
     return load(args.model, threads=threads or args.threads, kv=args.kv)
 
@@ -48,7 +48,7 @@ def grammar_options(args: argparse.Namespace) -> dict:
     path = args.grammar_file or args.json_schema
     if path is None:
         return {}
-    from ..engine.grammar import Grammar
+    from ..text.grammar import Grammar
     from ..errors import CtxError
 
     try:

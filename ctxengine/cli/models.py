@@ -39,11 +39,9 @@ def main(args: argparse.Namespace) -> int:
 
 def _list(models_dir: str | None, no_ollama: bool) -> int:
     """One line a model: name, where it comes from, and its file or why it cannot be served."""
-    from ..engine.catalog import ModelCatalog
-    from ..engine.ollama_store import ollama_roots
+    from ..serving.catalog import build_catalog, found_ollama_stores
 
-    roots = [] if no_ollama else [r for r in ollama_roots() if r.is_dir()]
-    catalog = ModelCatalog.build(models_dir=models_dir, ollama_roots=roots)
+    catalog = build_catalog(models_dir=models_dir, ollama=[] if no_ollama else found_ollama_stores())
     for e in catalog.entries():
         where = str(e.path) if e.servable else f"cannot be served: {e.error}"
         print(f"{e.name:<24} {e.source:<10} {where}")

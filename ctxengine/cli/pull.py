@@ -60,7 +60,7 @@ def _remote_args(args: argparse.Namespace) -> argparse.Namespace:
 
 def _pull_snapshot(args: argparse.Namespace) -> int:
     from ..engine.catalog import ModelCatalog
-    from ..state.runtime import Runtime
+    from ..serving.runtime import Runtime
     from ..store import Store
     from .contexts import progress_bar
     from .push import chunk_bytes, connect, report

@@ -45,12 +45,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def build_runtime(args: argparse.Namespace):
-    from ..api import build_catalog
-    from ..state.runtime import Runtime
+    from ..serving.catalog import catalog_from_args
+    from ..serving.runtime import Runtime
     from ..store import Store
 
     budget = None if args.memory_budget is None else int(args.memory_budget * (1 << 30))
-    return Runtime(build_catalog(args), store=Store(args.store, fleet=args.fleet), threads=args.threads, kv=args.kv,
+    return Runtime(catalog_from_args(args), store=Store(args.store, fleet=args.fleet), threads=args.threads, kv=args.kv,
                    memory_budget=budget, prefix_cache_entries=args.prefix_cache)
 
 

@@ -20,7 +20,7 @@ def main(args: argparse.Namespace) -> int:
     # The tokenizer needs only the file's metadata: no weights are loaded.
     from ..engine.gguf_file import open_gguf
     from ..engine.registry import resolve_model
-    from ..engine.tokenizer import Tokenizer
+    from ..text.tokenizer import Tokenizer
 
     text = args.text if args.text is not None else sys.stdin.read()
     with open_gguf(resolve_model(args.model)) as f:

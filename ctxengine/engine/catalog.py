@@ -1,51 +1,22 @@
 """The models one server can serve, by the names clients use.
 
 A catalog is built from what the user pointed at (``-m PATH`` files, a
-``--models-dir``) plus the packaged default. Each entry either has a GGUF
-file to load or a reason it cannot be served; the catalog never loads a
-model itself (that is the runtime's job, on first use).
+``--models-dir``) plus the packaged default; other model sources (Ollama's
+store) add their entries to it, and the catalog asks them about names it
+does not know (engine/model_source.py). Each entry either has a GGUF file to
+load or a reason it cannot be served; the catalog never loads a model itself
+(that is the runtime's job, on first use).
 """
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
 
-from ..errors import ModelNotFoundError
-from .registry import DEFAULT, MODELS
-
-
-@dataclass
-class CatalogEntry:
-    name: str                          # what clients put in "model"
-    path: Path | None                  # the GGUF file; None when it cannot be served
-    source: str                        # "packaged", "file", "models-dir", "ollama"
-    aliases: tuple[str, ...] = ()
-    error: str | None = None           # why it cannot be served (listed, never crashed on)
-    # Layers an Ollama manifest may carry: default options, system prompt, template.
-    params: dict = field(default_factory=dict)
-    system: str | None = None
-    template: str | None = None
-    modified: float = 0.0              # mtime of the file (or manifest)
-    # From an Ollama manifest (engine/ollama_store.py): the manifest's sha256 (what
-    # /api/tags lists as digest), its config blob (model_family, file_type, ...),
-    # the model layer's "from" and the license layer.
-    digest: str = ""
-    config: dict = field(default_factory=dict)
-    parent_model: str = ""
-    license: str | None = None
-
-    @property
-    def size(self) -> int:
-        try:
-            return self.path.stat().st_size if self.path is not None else 0
-        except OSError:
-            return 0
-
-    @property
-    def servable(self) -> bool:
-        return self.path is not None and self.error is None
+from ..errors import CtxError, ModelNotFoundError
+from .gguf_file import open_gguf
+from .model_source import CatalogEntry, canonical_name, find_in_sources
+from .registry import DEFAULT, MODELS, is_known_name, resolve_model
 
 
 class ModelCatalog:
@@ -57,8 +28,8 @@ class ModelCatalog:
 
     @classmethod
     def build(cls, model_paths: Iterable[str | os.PathLike] = (), models_dir: str | os.PathLike | None = None,
-              *, packaged: bool = True, ollama_roots: Iterable[str | os.PathLike] = ()) -> "ModelCatalog":
-        """ollama_roots: Ollama stores to list (engine.ollama_store.ollama_roots() finds the usual ones)."""
+              *, packaged: bool = True) -> "ModelCatalog":
+        """Files, a folder and the packaged models (serving/catalog.py adds Ollama's stores)."""
         cat = cls()
         for spec in model_paths:
             cat.add_spec(spec)
@@ -66,11 +37,6 @@ class ModelCatalog:
             cat.add_dir(models_dir)
         if packaged:
             cat.add_packaged()
-        roots = list(ollama_roots)
-        if roots:
-            from .ollama_store import add_ollama_models
-
-            add_ollama_models(cat, roots)
         return cat
 
     # -- building -------------------------------------------------------------------
@@ -90,14 +56,12 @@ class ModelCatalog:
 
     def add_spec(self, spec: str | os.PathLike) -> CatalogEntry:
         """A ``-m`` argument: a GGUF path, a known name (smollm2, gemma3), or a
-        model in Ollama's store (with its layers, or the reason it cannot be served)."""
-        from .ollama_store import find_ollama_model
-        from .registry import is_known_name, resolve_model
-
+        model a source knows, such as Ollama's store (with its layers, or the
+        reason it cannot be served)."""
         path = Path(os.path.expanduser(spec))
         if path.is_file():
             return self.add(_file_entry(path, "file"))
-        found = None if is_known_name(str(spec)) else find_ollama_model(str(spec))
+        found = None if is_known_name(str(spec)) else find_in_sources(str(spec))
         if found is not None:
             return self.add(found)
         try:
@@ -135,18 +99,13 @@ class ModelCatalog:
         return entry
 
     def lookup(self, name: str) -> CatalogEntry | None:
-        """By name or alias, case-insensitively; then any other Ollama spelling of an
-        Ollama entry's name (``https://registry.ollama.ai/library/smollm2:latest``)."""
+        """By name or alias, case-insensitively; then any other spelling a source
+        gives the same name (Ollama's ``https://registry.ollama.ai/library/smollm2:latest``)."""
         key = name.strip().lower()
         entry = self._by_name.get(key)
         if entry is None and key:
-            from ..errors import InvalidNameError
-            from .ollama_store import parse_model_name
-
-            try:
-                entry = self._by_name.get(parse_model_name(key).full.lower())
-            except InvalidNameError:
-                return None
+            canonical = canonical_name(key)
+            entry = self._by_name.get(canonical.lower()) if canonical is not None else None
         return entry
 
     @property
@@ -164,9 +123,7 @@ def _mtime(path: Path | None) -> float:
 
 def _file_entry(path: Path, source: str, *, name: str | None = None) -> CatalogEntry:
     """A GGUF file; one the engine cannot run is listed with the reason, not served."""
-    from ..errors import CtxError
-    from .gguf_file import open_gguf
-    from .model import unsupported_reason
+    from .config import unsupported_reason  # loads the native core: only when a file is listed
 
     stem = path.name[:-5] if path.name.endswith(".gguf") else path.name
     try:

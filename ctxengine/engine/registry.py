@@ -2,7 +2,7 @@
 packaged models into the models directory.
 
 ``resolve_model`` tries, in order: a known name (MODELS below), then an
-existing file path, then a model in Ollama's store (engine/ollama_store.py:
+existing file path, then a model in Ollama's store (ollama/store.py:
 ``smollm2:135m``, ``library/qwen3:0.6b``...).  Anything else is a
 ModelNotFoundError that lists the names and says how to get the default model.
 """
@@ -24,6 +24,7 @@ from typing import Callable, Iterator
 from .. import paths
 from ..errors import CtxError, ModelFileError, ModelNotFoundError, UnsupportedModelError
 from .gguf_file import open_gguf
+from .model_source import find_in_sources
 
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 GEMMA3_FILE = "gemma-3-270m-q4_k_m.gguf"
@@ -155,10 +156,10 @@ def resolve_model(spec: str | os.PathLike | None = None) -> Path:
 
 
 def _in_ollama_store(spec: str) -> Path | None:
-    """The model blob for an Ollama name; an unservable one is an error saying why."""
-    from .ollama_store import find_ollama_model
-
-    entry = find_ollama_model(spec)
+    """The model blob for a name a model source knows (Ollama's store: the
+    source registers itself, see engine/model_source.py); an unservable one is
+    an error saying why."""
+    entry = find_in_sources(spec)
     if entry is None:
         return None
     if not entry.servable:

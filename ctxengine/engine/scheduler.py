@@ -7,12 +7,26 @@ over several steps so streams already decoding keep getting tokens. The native
 forward reads each weight once for all rows of a step, and each row's result
 is bit-identical to running its sequence alone, so batching changes speed only.
 Callers block on their request; sequences join and leave between steps.
+
+A step reads as three calls (``step``)::
+
+    batch = self.schedule()          # who runs now; new requests are admitted
+    errors = self.forward(batch)     # one native step over every row
+    self.postprocess(batch, errors)  # count, hand results back, finish requests
+
+Admission is where a request's KV pages are made room for: its ``reserve``
+callback (the context table's, which may evict idle contexts to the snapshot
+store) is called once, with the pages its tokens may take, before its first
+chunk runs. A forward therefore never waits on the store, and a request whose
+pages cannot be found fails before any of its KV is written.
 """
 from __future__ import annotations
 
 import threading
 import time
 from collections import deque
+from contextlib import contextmanager
+from typing import Callable
 
 import numpy as np
 
@@ -23,11 +37,16 @@ DEFAULT_STEP_TOKENS = 256
 REJOIN_WAIT_S = 0.003
 
 
-class _Request:
-    __slots__ = ("seq", "tokens", "logits", "all_logits", "hidden", "start", "done", "error", "finished", "_done")
+Reserve = Callable[[int], None]  # make room for this many more KV pages, or raise
 
-    def __init__(self, seq, tokens, logits, all_logits, hidden):
+
+class _Request:
+    __slots__ = ("seq", "tokens", "logits", "all_logits", "hidden", "reserve", "start", "done", "error",
+                 "finished", "_done")
+
+    def __init__(self, seq, tokens, logits, all_logits, hidden, reserve: Reserve | None):
         self.seq, self.tokens, self.logits, self.all_logits, self.hidden = seq, tokens, logits, all_logits, hidden
+        self.reserve = reserve     # called once, at admission
         self.start = 0             # KV length before its first chunk, restored if it fails part way
         self.done = 0              # tokens already run
         self.error: BaseException | None = None
@@ -46,6 +65,10 @@ class _Request:
     def remaining(self) -> int:
         return len(self.tokens) - self.done
 
+    def pages_needed(self, page_tokens: int) -> int:
+        """New pages its tokens fill, plus one for copying a shared last page before writing it."""
+        return -(-(self.seq.n_tokens + len(self.tokens)) // page_tokens) - len(self.seq.pages) + 1
+
     def item(self, n: int) -> tuple:
         """The native batch item for this request's next n tokens."""
         a, b = self.done, self.done + n
@@ -62,11 +85,13 @@ class _Request:
 class Scheduler:
     """Batches forward requests from any number of threads into shared steps."""
 
-    def __init__(self, core, *, n_ctx: int, n_vocab: int, step_tokens: int = DEFAULT_STEP_TOKENS):
+    def __init__(self, core, *, n_ctx: int, n_vocab: int, page_tokens: int,
+                 step_tokens: int = DEFAULT_STEP_TOKENS):
         if step_tokens < 1:
             raise ValueError("step_tokens must be at least 1")
         self._core = core
         self.n_ctx, self.n_vocab, self.step_tokens = n_ctx, n_vocab, step_tokens
+        self.page_tokens = page_tokens
         # Decode rows may not take the whole budget while a prompt waits, so it never starves.
         self._prefill_reserve = max(1, step_tokens // 8)
         self._cv = threading.Condition()
@@ -86,11 +111,13 @@ class Scheduler:
             return len(self._queue)
 
     # -- callers --------------------------------------------------------------
-    def submit(self, seq, tokens: np.ndarray, logits, all_logits: bool, hidden) -> None:
-        """Run tokens on seq in some coming step(s), filling logits / hidden; blocks until done."""
+    def submit(self, seq, tokens: np.ndarray, logits, all_logits: bool, hidden,
+               reserve: Reserve | None = None) -> None:
+        """Run tokens on seq in some coming step(s), filling logits / hidden; blocks until done.
+        ``reserve(n_pages)`` makes room in the page pool when the request is admitted."""
         if len(tokens) > self.step_tokens:
             self._check(seq, tokens)  # before the first chunk, so a refused prompt leaves no KV behind
-        req = _Request(seq, tokens, logits, all_logits, hidden)
+        req = _Request(seq, tokens, logits, all_logits, hidden, reserve)
         with self._cv:
             if self._closed:
                 raise RuntimeError("the model is closed")
@@ -107,13 +134,10 @@ class Scheduler:
                 self._queue.append(req)
                 self._cv.notify()
         if inline:
-            try:
-                self._run([(req, len(tokens))])
-            finally:
-                with self._cv:
-                    self._busy = False
-                    if self._queue:
-                        self._cv.notify()
+            batch = self._admit([(req, len(tokens))])
+            with self._stepping(batch):
+                errors = self.forward(batch)
+                self.postprocess(batch, errors)
         else:
             req.wait()
         if req.error is not None:
@@ -137,27 +161,80 @@ class Scheduler:
         if len(bad):
             raise IndexError(f"token id {int(bad[0])} outside the vocabulary")
 
-    # -- the loop -------------------------------------------------------------
+    # -- the step -------------------------------------------------------------
     def _loop(self) -> None:
         while True:
-            with self._cv:
-                while self._busy or not (self._queue or self._closed):
-                    self._cv.wait()
-                if not self._queue:
-                    return
-                self._await_decoders()
-                self._busy = True
-                plan = self._plan()
-            try:
-                self._run(plan)
-            except BaseException as err:  # a bug here must not leave callers waiting forever
-                for r, _ in plan:
-                    if not r.finished:
-                        r.finish(err)
+            batch = self.schedule()
+            if batch is None:
+                return
+            with self._stepping(batch):
+                errors = self.forward(batch)
+                self.postprocess(batch, errors)
+
+    @contextmanager
+    def _stepping(self, batch: list[tuple[_Request, int]]):
+        """Around a step's forward and postprocess: whatever happens, no caller of
+        the batch is left waiting, and the next step may begin."""
+        try:
+            yield
+        except BaseException as err:  # a bug here must not leave callers waiting forever
+            for r, _ in batch:
+                if not r.finished:
+                    r.finish(err)
+        finally:
             with self._cv:
                 self._busy = False
                 self._queue = [r for r in self._queue if not r.finished]
+                if self._queue:
+                    self._cv.notify()
 
+    def schedule(self) -> list[tuple[_Request, int]] | None:
+        """Wait for work, then this step's (request, tokens), new requests admitted;
+        None once closed with nothing left to run."""
+        with self._cv:
+            while self._busy or not (self._queue or self._closed):
+                self._cv.wait()
+            if not self._queue:
+                return None
+            self._await_decoders()
+            self._busy = True
+            planned = self._plan()
+        return self._admit(planned)  # outside the lock: an eviction may take a while
+
+    def forward(self, batch: list[tuple[_Request, int]]) -> list[BaseException | None]:
+        """One native step over the batch; each item's error (None: it ran)."""
+        if not batch:
+            return []
+        items = [r.item(n) for r, n in batch]
+        try:
+            self._core.forward(items)
+            return [None] * len(batch)
+        except Exception as err:
+            # The native step checks every item before touching any KV and undoes
+            # a failed step, so each item can be rerun alone to find whose it was.
+            return [err] if len(items) == 1 else [self._alone(item) for item in items]
+
+    def postprocess(self, batch: list[tuple[_Request, int]], errors: list[BaseException | None]) -> None:
+        """Count the step, then finish each request that is done or failed."""
+        if not batch:
+            return
+        self.steps += 1
+        self._last_seqs = {id(r.seq) for r, _ in batch}
+        decodes = [r for r, n in batch if r.done == 0 and n == len(r.tokens) == 1]
+        self._decoded = {id(r.seq) for r in decodes}
+        n_decode = len(decodes)
+        self.history.append((n_decode, sum(n for _, n in batch) - n_decode))
+        for (r, n), err in zip(batch, errors):
+            if err is not None:
+                if r.seq.n_tokens > r.start:
+                    r.seq.truncate(r.start)  # undo its earlier chunks
+                r.finish(err)
+            else:
+                r.done += n
+                if r.remaining == 0:
+                    r.finish()
+
+    # -- inside schedule ------------------------------------------------------
     def _await_decoders(self) -> None:
         deadline = time.monotonic() + REJOIN_WAIT_S
         while not self._closed and self._decoded - {id(r.seq) for r in self._queue}:
@@ -187,33 +264,21 @@ class Scheduler:
             left -= n
         return plan
 
-    def _run(self, plan: list[tuple[_Request, int]]) -> None:
-        for r, _ in plan:
+    def _admit(self, planned: list[tuple[_Request, int]]) -> list[tuple[_Request, int]]:
+        """The planned items whose requests may run: a request's first chunk admits it,
+        its pages reserved; one whose pages cannot be found fails, no KV written."""
+        batch = []
+        for r, n in planned:
             if r.done == 0:
                 r.start = r.seq.n_tokens
-        items = [r.item(n) for r, n in plan]
-        try:
-            self._core.forward(items)
-            errors = [None] * len(plan)
-        except Exception as err:
-            # The native step checks every item before touching any KV and undoes
-            # a failed step, so each item can be rerun alone to find whose it was.
-            errors = [err] if len(items) == 1 else [self._alone(item) for item in items]
-        self.steps += 1
-        self._last_seqs = {id(r.seq) for r, _ in plan}
-        decodes = [r for r, n in plan if r.done == 0 and n == len(r.tokens) == 1]
-        self._decoded = {id(r.seq) for r in decodes}
-        n_decode = len(decodes)
-        self.history.append((n_decode, sum(n for _, n in plan) - n_decode))
-        for (r, n), err in zip(plan, errors):
-            if err is not None:
-                if r.seq.n_tokens > r.start:
-                    r.seq.truncate(r.start)  # undo its earlier chunks
-                r.finish(err)
-            else:
-                r.done += n
-                if r.remaining == 0:
-                    r.finish()
+                if r.reserve is not None:
+                    try:
+                        r.reserve(r.pages_needed(self.page_tokens))
+                    except Exception as err:
+                        r.finish(err)
+                        continue
+            batch.append((r, n))
+        return batch
 
     def _alone(self, item: tuple) -> BaseException | None:
         try:

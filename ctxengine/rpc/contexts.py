@@ -19,7 +19,7 @@ from .v1 import context_pb2_grpc
 
 if TYPE_CHECKING:
     from ..state import Context
-    from ..state.runtime import Runtime
+    from ..serving.runtime import Runtime
 
 DEFAULT_MAX_TOKENS = 256
 _SAMPLING = ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "repeat_last_n",
@@ -132,16 +132,16 @@ class ContextServicer(context_pb2_grpc.ContextServiceServicer):
         raise ContextError(f"a context named '{name}' already exists")
 
     def _model_names(self) -> dict[int, str]:
-        """id(LoadedModel) -> catalog name, for the models loaded now."""
+        """id(Engine) -> catalog name, for the models loaded now."""
         return {id(e.model.engine): e.entry.name for e in self.runtime.loaded()}
 
     def _info(self, ctx: "Context", *, tokens: bool = False, names: dict[int, str] | None = None) -> pb.ContextInfo:
         names = self._model_names() if names is None else names
         ids = ctx.tokens
-        info = pb.ContextInfo(name=ctx.name, model=names.get(id(ctx.model), ctx.model.name),
+        info = pb.ContextInfo(name=ctx.name, model=names.get(id(ctx.engine), ctx.engine.name),
                               weight_id=ctx.weight_id, n_tokens=len(ids), snapshot_id=ctx.snapshot_id or "",
                               labels=ctx.labels)
         if tokens:
             info.token_ids.extend(ids)
-            info.text = ctx.model.detokenize(ids)
+            info.text = ctx.engine.detokenize(ids)
         return info

@@ -23,7 +23,7 @@ from .snapshots import Limits, SnapshotServicer
 from .v1 import context_pb2_grpc, snapshot_pb2_grpc
 
 if TYPE_CHECKING:
-    from ..state.runtime import Runtime
+    from ..serving.runtime import Runtime
 
 MAX_WORKERS = 32
 

@@ -20,7 +20,7 @@ from .v1 import snapshot_pb2 as pb
 from .v1 import snapshot_pb2_grpc
 
 if TYPE_CHECKING:
-    from ..state.runtime import Runtime
+    from ..serving.runtime import Runtime
     from ..store import Store
 
 KEY_BYTES = 32

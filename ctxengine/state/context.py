@@ -8,7 +8,7 @@ A generation under a grammar (``generate(grammar=...)`` or ``json_schema=``)
 leaves its constraint in the context while the output is unfinished (cut by
 max_tokens): the next ``generate()`` without a grammar continues it, a fork
 forks it, a snapshot stores it and a restore replays it (see
-engine/grammar.py). Appending ends it: appended text is the caller's, not the
+text/grammar.py). Appending ends it: appended text is the caller's, not the
 grammar's.
 """
 from __future__ import annotations
@@ -20,12 +20,12 @@ from typing import TYPE_CHECKING, Iterator, Sequence
 import numpy as np
 
 from ..errors import ContextError
-from ..engine.grammar import Constraint, Grammar, as_grammar
+from ..text.grammar import Constraint, Grammar, as_grammar
 from ..engine.sampler import Sampler, SamplerParams, StopMatcher
-from ..engine.tokenizer import StreamDecoder
+from ..text.tokenizer import StreamDecoder
 
 if TYPE_CHECKING:
-    from ..engine.model import LoadedModel
+    from ..engine.engine import Engine
     from .table import ContextTable
 
 
@@ -65,12 +65,12 @@ class Context:
 
     # -- what it is -----------------------------------------------------------
     @property
-    def model(self) -> "LoadedModel":
-        return self._table.model
+    def engine(self) -> "Engine":
+        return self._table.engine
 
     @property
     def weight_id(self) -> str:
-        return self.model.weight_id
+        return self.engine.weight_id
 
     @property
     def tokens(self) -> list[int]:
@@ -100,7 +100,7 @@ class Context:
 
     @property
     def text(self) -> str:
-        return self.model.detokenize(self._tokens)
+        return self.engine.detokenize(self._tokens)
 
     def __repr__(self) -> str:
         return f"Context({self.name!r}, {self.n_tokens} tokens)"
@@ -116,14 +116,14 @@ class Context:
         with self._lock:
             self._check_live()
             if isinstance(content, str):
-                ids = self.model.tokenize(content, parse_special=parse_special)
+                ids = self.engine.tokenize(content, parse_special=parse_special)
                 if not self._tokens:
-                    ids = self.model.tokenizer.with_bos(ids)
+                    ids = self.engine.tokenizer.with_bos(ids)
             else:
                 ids = [int(i) for i in content]
-                bad = [i for i in ids if not 0 <= i < self.model.config.n_vocab]
+                bad = [i for i in ids if not 0 <= i < self.engine.config.n_vocab]
                 if bad:
-                    raise ContextError(f"token id {bad[0]} is outside the vocabulary (0..{self.model.config.n_vocab - 1})")
+                    raise ContextError(f"token id {bad[0]} is outside the vocabulary (0..{self.engine.config.n_vocab - 1})")
             self._check_room(len(ids))
             self._constraint = None
             self._tokens.extend(ids)
@@ -134,11 +134,10 @@ class Context:
     def append_system(self, text: str) -> int:
         """Add a system message: rendered with the model's chat template when it
         has one (its control tokens parsed), else as plain text."""
-        template = self.model.chat_template
-        if template is None:
+        if self.engine.chat_template is None:
             return self.append(text)
-        return self.append(template.render([{"role": "system", "content": text}], add_generation_prompt=False),
-                           parse_special=True)
+        turn = [{"role": "system", "content": text}]
+        return self.append(self.engine.chat.render(turn, generation_prompt=False), parse_special=True)
 
     def generate(self, max_tokens: int = 256, *, stop: Sequence[str] = (), grammar: "Grammar | str | None" = None,
                  json_schema=None, **sampling) -> Iterator[Piece]:
@@ -160,13 +159,13 @@ class Context:
                 raise ContextError("max_tokens must be >= 0")
             sampler = self._make_sampler(sampling)
             constraint = self._start_constraint(as_grammar(grammar, json_schema))
-            tok = self.model.tokenizer
+            tok = self.engine.tokenizer
             decoder = StreamDecoder(tok)
             matcher = StopMatcher(list(stop))
             self.finish_reason = "length"
             try:
                 for _ in range(max_tokens):
-                    if len(self._tokens) >= self.model.config.n_ctx:
+                    if len(self._tokens) >= self.engine.config.n_ctx:
                         break
                     logits = self._sync()
                     if constraint is not None:
@@ -260,10 +259,10 @@ class Context:
     def _start_constraint(self, grammar: Grammar | None) -> Constraint | None:
         """A new grammar starts at the current end; without one, an unfinished one goes on."""
         if grammar is not None:
-            return Constraint(grammar, self.model.tokenizer, len(self._tokens))
+            return Constraint(grammar, self.engine.tokenizer, len(self._tokens))
         c = self._constraint
         if isinstance(c, dict):  # restored: replay the tokens consumed under it
-            c = self._constraint = Constraint.from_state(c, self.model.tokenizer, self._tokens)
+            c = self._constraint = Constraint.from_state(c, self.engine.tokenizer, self._tokens)
         return c
 
     def _forked_constraint(self, keep: int, share: bool = False) -> "Constraint | dict | None":
@@ -285,16 +284,19 @@ class Context:
         if self._seq is None:
             self._check_live()  # evicted while a stream of ours was suspended
         n_kv = self._seq.n_tokens
-        if n_kv < len(self._tokens):
-            self._table.reserve(self, len(self._tokens) - n_kv)
-            self._last_logits = self.model.forward(self._seq, self._tokens[n_kv:])
-        elif self._last_logits is None and self._tokens:
+        if n_kv >= len(self._tokens):
+            if self._last_logits is not None or not self._tokens:
+                return self._last_logits
             # Logits were dropped (rewind, restore): recompute the last position.
             self._seq = self._truncated(self._seq, n_kv - 1)
             n_kv = self._seq.n_tokens
-            self._table.reserve(self, len(self._tokens) - n_kv)
-            self._last_logits = self.model.forward(self._seq, self._tokens[n_kv:])
+        # The scheduler makes room for the pages when it admits the forward (it may
+        # evict idle contexts to the store then, never this one).
+        self._last_logits = self.engine.forward(self._seq, self._tokens[n_kv:], reserve=self._reserve_pages)
         return self._last_logits
+
+    def _reserve_pages(self, n: int) -> None:
+        self._table.reserve_pages(n, keep=self)
 
     def _truncated(self, seq, n: int):
         """seq cut to its first n tokens; or, where a sliding-window model
@@ -303,7 +305,7 @@ class Context:
         if seq.can_truncate(n):
             seq.truncate(n)
             return seq
-        return self.model.new_sequence()
+        return self.engine.new_sequence()
 
     def _make_sampler(self, overrides: dict) -> Sampler:
         if not self._tokens:
@@ -317,7 +319,7 @@ class Context:
         return Sampler(params)
 
     def _check_room(self, n_new: int) -> None:
-        n_ctx = self.model.config.n_ctx
+        n_ctx = self.engine.config.n_ctx
         if len(self._tokens) + n_new > n_ctx:
             raise ContextError(f"context '{self.name}' would hold {len(self._tokens) + n_new} tokens; "
                                f"the model's context length is {n_ctx}")

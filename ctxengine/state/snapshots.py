@@ -27,14 +27,14 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Mapping
 
-from ..engine.grammar import check_state as check_grammar_state
+from ..text.grammar import check_state as check_grammar_state
 from ..engine.sampler import Sampler
 from ..errors import ContextError, CorruptDataError, CtxError, StoreError, WeightMismatchError
 from ..store import Manifest, Store, page_key, validate_name
 
 if TYPE_CHECKING:
-    from ..engine.model import LoadedModel
-    from ..model import Model
+    from ..engine.engine import Engine
+    from .model import Model
     from .context import Context
 
 # Byte layout of a KV page (docs/design-notes.md, "KV page layout (format v1)").
@@ -72,9 +72,9 @@ class PageKeyCache:
     for a deleted context's pages) and ``prune`` (when the pool runs short).
     """
 
-    def __init__(self, model: "LoadedModel"):
-        self._model = model
-        self._page_tokens = model.pool.page_tokens
+    def __init__(self, engine: "Engine"):
+        self._engine = engine
+        self._page_tokens = engine.pool.page_tokens
         self._entries: dict[int, tuple[str, object]] = {}  # page id -> (key, pinning page table)
         self._lock = threading.Lock()
 
@@ -91,13 +91,13 @@ class PageKeyCache:
         with self._lock:
             for pid, key in pairs:
                 if pid not in self._entries:
-                    pin = self._model.new_sequence()
+                    pin = self._engine.new_sequence()
                     pin.append_page(pid, self._page_tokens)  # takes a reference
                     self._entries[pid] = (key, pin)
 
     def forget_unused(self, page_ids) -> int:
         """Drop those of ``page_ids`` that nobody but the cache holds; return how many."""
-        pool = self._model.pool
+        pool = self._engine.pool
         dropped = 0
         with self._lock:
             for pid in page_ids:
@@ -187,22 +187,22 @@ def _page_keys(seq, cache: PageKeyCache) -> tuple[list[str], dict[str, bytes], i
     return keys, exported, len(exported)
 
 
-def arch_summary(model: "LoadedModel") -> dict:
-    cfg = model.config
+def arch_summary(engine: "Engine") -> dict:
+    cfg = engine.config
     summary = {name: getattr(cfg, name) for name in _ARCH_FIELDS}
     summary["kv_layout"] = KV_LAYOUT
     if cfg.swa_window:  # what a released page holds (manifest released_pages)
         summary["swa_window"] = cfg.swa_window
-        summary["swa_kept_layers"] = list(model.kept_layers)
+        summary["swa_kept_layers"] = list(engine.kept_layers)
     return summary
 
 
 def _manifest(ctx: "Context", keys: list[str], n_tokens: int, labels: dict[str, str]) -> Manifest:
-    model = ctx.model
+    engine = ctx.engine
     return Manifest(
-        weight_id=model.weight_id, model_name=model.name, arch=arch_summary(model),
-        kv_dtype=model.kv_dtype, page_tokens=model.pool.page_tokens,
-        token_ids=list(ctx._tokens), page_keys=keys, page_size=model.pool.page_bytes,
+        weight_id=engine.weight_id, model_name=engine.name, arch=arch_summary(engine),
+        kv_dtype=engine.kv_dtype, page_tokens=engine.pool.page_tokens,
+        token_ids=list(ctx._tokens), page_keys=keys, page_size=engine.pool.page_bytes,
         n_tokens=n_tokens, sampler_state=_sampler_state(ctx),
         parent=ctx.snapshot_id, labels=labels, released_pages=ctx._seq.n_released,
     )
@@ -267,7 +267,7 @@ def restore(model: "Model", store: Store, ref_or_id: str, name: str | None = Non
                        sampler_state=sampler_state or None, snapshot_id=sid, constraint=grammar)
 
 
-def check_compatible(m: Manifest, sid: str, engine: "LoadedModel") -> None:
+def check_compatible(m: Manifest, sid: str, engine: "Engine") -> None:
     """Refuse a snapshot this model cannot continue; the weights are checked first."""
     what = f"snapshot {sid[:16]}"
     if m.weight_id != engine.weight_id:
@@ -311,7 +311,7 @@ def check_compatible(m: Manifest, sid: str, engine: "LoadedModel") -> None:
 
 def load_sequence(table, store: Store, m: Manifest, sid: str):
     """Read, verify and import a manifest's pages into a new page table."""
-    engine = table.model
+    engine = table.engine
     pool = engine.pool
     pt = pool.page_tokens
     released = m.released_pages  # leading pages holding only the full-attention layers (trim pool)

@@ -20,7 +20,7 @@ from .evicted import EVICTED_REF_PREFIX, owner_tag
 from .snapshots import PageKeyCache, load_sequence, take_snapshot
 
 if TYPE_CHECKING:
-    from ..engine.model import LoadedModel
+    from ..engine.engine import Engine
     from ..store import Store
 
 # Refs that keep evicted contexts' snapshots from gc: one namespace per table
@@ -30,10 +30,10 @@ _table_ids = itertools.count(1)
 
 
 class ContextTable:
-    def __init__(self, model: "LoadedModel", store: "Store | None" = None):
-        self.model = model
+    def __init__(self, engine: "Engine", store: "Store | None" = None):
+        self.engine = engine
         self.store = store  # where idle contexts go when the page pool is full
-        self.page_keys = PageKeyCache(model)
+        self.page_keys = PageKeyCache(engine)
         self.n_evictions = 0
         self._evict_ns = f"{EVICTED_REF_PREFIX}/{owner_tag()}-{next(_table_ids)}"
         self._contexts: dict[str, Context] = {}
@@ -62,7 +62,7 @@ class ContextTable:
         with self._lock:
             if name is not None and name in self._contexts:
                 return self._contexts[name]
-        return self.adopt(name, self.model.new_sequence(), ())
+        return self.adopt(name, self.engine.new_sequence(), ())
 
     def adopt(self, name: str | None, seq, tokens: Sequence[int], **state) -> Context:
         """Register a new context around an existing page table."""
@@ -101,18 +101,11 @@ class ContextTable:
                 return name
 
     # -- the page budget ----------------------------------------------------------
-    def reserve(self, ctx: Context, n_tokens: int) -> None:
-        """Make room for ``ctx`` to compute ``n_tokens`` more positions of KV."""
-        seq = ctx._seq
-        pt = self.model.pool.page_tokens
-        # New pages, plus one for copying a shared last page before writing it.
-        need = -(-(seq.n_tokens + n_tokens) // pt) - len(seq.pages) + 1
-        self.reserve_pages(need, keep=ctx)
-
     def reserve_pages(self, n: int, keep: Context | None = None) -> None:
         """Free pages until ``n`` can be allocated: first those only the key cache
-        holds, then by evicting least recently used idle contexts (never ``keep``)."""
-        pool = self.model.pool
+        holds, then by evicting least recently used idle contexts (never ``keep``).
+        The scheduler calls it (through Context._sync) when it admits a forward."""
+        pool = self.engine.pool
 
         def free() -> int:
             return pool.max_pages - pool.n_used

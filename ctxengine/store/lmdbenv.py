@@ -33,6 +33,7 @@ from ..errors import StoreError
 T = TypeVar("T")
 
 DB_NAMES = ("pages", "manifests", "refs", "reflog", "meta", "pending")
+STORE_FORMAT = 1         # layout of the LMDB databases (meta b"format")
 
 
 class _RWLock:
@@ -215,3 +216,15 @@ class Env:
         """Another process grew the map: take its size (0 means 'as recorded on disk')."""
         with self._lock.exclusive():
             self.env.set_mapsize(0)
+
+
+def check_format(env: "Env", path) -> None:
+    """Stamp a new store with STORE_FORMAT; refuse one written in another format."""
+    with env.read() as txn:
+        found = txn.get(b"format", db=env.dbs["meta"])
+    if found is None:  # a new store (or one whose creator died before this line)
+        env.write(lambda txn: txn.put(b"format", str(STORE_FORMAT).encode(), db=env.dbs["meta"], overwrite=False))
+        return
+    if found != str(STORE_FORMAT).encode():
+        raise StoreError(f"snapshot store {path} has format {found.decode(errors='replace')}; "
+                         f"this ctxengine reads format {STORE_FORMAT}")

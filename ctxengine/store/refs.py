@@ -18,6 +18,9 @@ from dataclasses import dataclass
 
 import lmdb
 
+from ..errors import StoreError
+
+MIN_PREFIX = 8           # shortest snapshot-id prefix Store.resolve() accepts
 _ENTRY = struct.Struct(">d32s32s")
 _NO_ID = bytes(32)
 
@@ -93,3 +96,34 @@ def log(txn: lmdb.Transaction, dbs: dict, name: str) -> list[RefLogEntry]:
             t, old, new = _ENTRY.unpack(bytes(value))
             out.append(RefLogEntry(t, None if old == _NO_ID else old.hex(), new.hex()))
     return out
+
+
+def resolve_here(txn: lmdb.Transaction, dbs: dict, text: str) -> str | None:
+    """A ref of this store, else a unique prefix (>= MIN_PREFIX hex digits) of a
+    stored snapshot id: the snapshot id; None if neither. An ambiguous prefix is an error."""
+    sid = get_ref(txn, dbs, text)
+    if sid is not None:
+        return sid.hex()
+    hexed = text.lower()
+    if len(hexed) < MIN_PREFIX or not set(hexed) <= set("0123456789abcdef"):
+        return None
+    found = _ids_with_prefix(txn, dbs, hexed)
+    if len(found) > 1:
+        shown = ", ".join(f[:16] for f in found[:4])
+        raise StoreError(f"snapshot id prefix {text!r} is ambiguous ({shown}, ...)")
+    return found[0] if found else None
+
+
+def _ids_with_prefix(txn: lmdb.Transaction, dbs: dict, prefix: str) -> list[str]:
+    cur = txn.cursor(db=dbs["manifests"])
+    start = bytes.fromhex(prefix[: len(prefix) // 2 * 2])
+    found = []
+    if cur.set_range(start):
+        for k in cur.iternext(keys=True, values=False):
+            h = bytes(k).hex()
+            if not h.startswith(prefix):
+                break
+            found.append(h)
+            if len(found) > 4:
+                break
+    return found

@@ -22,14 +22,12 @@ from typing import BinaryIO, Callable
 
 from ..errors import CorruptDataError, InvalidNameError, StoreError
 from . import exportfile, maintenance, pages as codec, refs as refs_
-from .lmdbenv import Env
+from .lmdbenv import Env, check_format
 from .manifest import Manifest
 from .maintenance import GCResult, StoreStats
 from .names import validate_name
 from .refs import RefLogEntry
 
-STORE_FORMAT = 1         # layout of the LMDB databases (meta b"format")
-MIN_PREFIX = 8           # shortest snapshot-id prefix resolve() accepts
 _TIME = struct.Struct(">d")
 
 Progress = Callable[[int, int], None] | None
@@ -56,7 +54,7 @@ class Store:
             raise StoreError(f"cannot create snapshot store directory {self.path}: {e}") from None
         self._env: Env | None = Env.acquire(str(self.path), map_size)
         try:
-            self._check_format()
+            check_format(self._env, self.path)
             if fleet is not None:
                 from .fleet import Fleet  # imports redis only for a store that uses a fleet
 
@@ -64,17 +62,6 @@ class Store:
         except BaseException:
             self.close()
             raise
-
-    def _check_format(self) -> None:
-        with self.env.read() as txn:
-            found = txn.get(b"format", db=self.dbs["meta"])
-        if found is None:  # a new store (or one whose creator died before this line)
-            self.env.write(lambda txn: txn.put(b"format", str(STORE_FORMAT).encode(),
-                                               db=self.dbs["meta"], overwrite=False))
-            return
-        if found != str(STORE_FORMAT).encode():
-            raise StoreError(f"snapshot store {self.path} has format {found.decode(errors='replace')}; "
-                             f"this ctxengine reads format {STORE_FORMAT}")
 
     @property
     def env(self) -> Env:
@@ -300,17 +287,9 @@ class Store:
         if found is not None:  # the fleet's refs are the truth while it is reachable
             return found
         with self.env.read() as txn:
-            sid = refs_.get_ref(txn, self.dbs, text)
-            if sid is not None:
-                return sid.hex()
-            hexed = text.lower()
-            if len(hexed) >= MIN_PREFIX and set(hexed) <= set("0123456789abcdef"):
-                found = self._ids_with_prefix(txn, hexed)
-                if len(found) == 1:
-                    return found[0]
-                if len(found) > 1:
-                    shown = ", ".join(f[:16] for f in found[:4])
-                    raise StoreError(f"snapshot id prefix {text!r} is ambiguous ({shown}, ...)")
+            found = refs_.resolve_here(txn, self.dbs, text)
+        if found is not None:
+            return found
         if self.fleet is not None and self.fleet.has_manifest(text.lower()):
             return text.lower()  # the full id of a snapshot only the fleet holds
         raise StoreError(f"no ref or snapshot named {text!r}")
@@ -415,17 +394,3 @@ class Store:
         if record is None:
             raise StoreError(f"page {key} is not in the store")
         return codec.decode(key, record)
-
-    def _ids_with_prefix(self, txn, prefix: str) -> list[str]:
-        cur = txn.cursor(db=self.dbs["manifests"])
-        start = bytes.fromhex(prefix[: len(prefix) // 2 * 2])
-        found = []
-        if cur.set_range(start):
-            for k in cur.iternext(keys=True, values=False):
-                h = bytes(k).hex()
-                if not h.startswith(prefix):
-                    break
-                found.append(h)
-                if len(found) > 4:
-                    break
-        return found

@@ -64,8 +64,8 @@ def chat_turn(model, ctx, role: str, text: str) -> str:
     """The text a chat template adds to ``ctx`` for one more message of ``role``."""
     if model.chat_template is None:
         raise CtxError(f"{model.name} has no chat template; append plain text instead of --role")
-    return model.chat_continuation([{"role": role, "content": text}], ctx.tokens,
-                                   add_generation_prompt=role == "user")
+    return model.chat.render([{"role": role, "content": text}], after=ctx.tokens,
+                             generation_prompt=role == "user")
 
 
 def describe(store, sid: str) -> dict:

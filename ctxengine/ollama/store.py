@@ -25,8 +25,9 @@ from pathlib import Path
 from typing import Iterable
 
 from ..errors import CtxError, InvalidNameError
-from .catalog import CatalogEntry, ModelCatalog
-from .gguf_file import open_gguf
+from ..engine.catalog import ModelCatalog
+from ..engine.gguf_file import open_gguf
+from ..engine.model_source import CatalogEntry
 
 DEFAULT_HOST = "registry.ollama.ai"
 DEFAULT_NAMESPACE = "library"
@@ -163,6 +164,19 @@ def find_ollama_model(spec: str, roots: Iterable[str | os.PathLike] | None = Non
     return None
 
 
+class OllamaSource:
+    """Ollama's stores as a model source for the registry and the catalog (engine/model_source.py)."""
+
+    def find(self, spec: str) -> CatalogEntry | None:
+        return find_ollama_model(spec)
+
+    def canonical_name(self, name: str) -> str | None:
+        try:
+            return parse_model_name(name).full
+        except InvalidNameError:
+            return None
+
+
 # -- one manifest -----------------------------------------------------------------------
 class _Refused(Exception):
     """Why this manifest cannot be served."""
@@ -243,8 +257,8 @@ def _read_layers(root: Path, layers: list, entry: CatalogEntry) -> Path:
 
 
 def _check_gguf(path: Path) -> None:
-    """What LoadedModel would refuse, read from the header only (no weights loaded)."""
-    from .model import unsupported_reason
+    """What the engine would refuse, read from the header only (no weights loaded)."""
+    from ..engine.config import unsupported_reason  # loads the native core: only when a manifest is read
 
     with open_gguf(path) as f:
         why = unsupported_reason(f)

@@ -96,7 +96,7 @@ def _environment() -> jinja2.Environment:
     return env
 
 
-# What a conversation with tool calls adds (rendered by templates that know tools; see engine/tools.py).
+# What a conversation with tool calls adds (rendered by templates that know tools; see text/tools.py).
 TOOL_KEYS = frozenset({"tool_calls", "tool_call_id", "name"})
 
 
@@ -136,7 +136,7 @@ class ChatTemplate:
 
     def render(self, messages: list[dict], *, add_generation_prompt: bool = True, tools: list | None = None,
                **extra) -> str:
-        """``tools``: definitions in the OpenAI shape, for templates that render them (engine/tools.py)."""
+        """``tools``: definitions in the OpenAI shape, for templates that render them (text/tools.py)."""
         variables = {"bos_token": self.bos_token, "eos_token": self.eos_token, **extra,
                      "messages": check_messages(messages, tools=tools is not None),
                      "add_generation_prompt": add_generation_prompt}

@@ -21,11 +21,11 @@ import time
 from typing import TYPE_CHECKING
 
 from ..errors import ContextError, StoreError
-from .snapshots import take_snapshot
+from ..state.snapshots import take_snapshot
 
 if TYPE_CHECKING:
     from ..store import Store
-    from .context import Context
+    from ..state.context import Context
     from .runtime import Runtime
 
 HEARTBEAT_S = 2.0         # how often a host says it is alive

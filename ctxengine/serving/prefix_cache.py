@@ -32,8 +32,8 @@ import numpy as np
 from ..errors import CtxError
 
 if TYPE_CHECKING:
-    from ..model import Model
-    from .context import Context
+    from ..state.model import Model
+    from ..state.context import Context
 
 NAME_PREFIX = "_prefix/"
 DEFAULT_MAX_ENTRIES = 32

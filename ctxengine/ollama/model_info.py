@@ -22,10 +22,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .gguf_file import GGUFFile
+from ..engine.gguf_file import GGUFFile
 
 if TYPE_CHECKING:
-    from .catalog import CatalogEntry
+    from ..engine.model_source import CatalogEntry
 
 # fs/ggml/type.go FileType.String(): llama_ftype id -> name (4-6 were removed from GGUF).
 FILE_TYPES = {

@@ -27,9 +27,9 @@ from .fleet_host import FleetHost
 from .prefix_cache import DEFAULT_MAX_ENTRIES, PrefixCache
 
 if TYPE_CHECKING:
-    from ..model import Model
+    from ..state.model import Model
     from ..store import Store
-    from .context import Context
+    from ..state.context import Context
 
 
 def _physical_memory() -> int:
@@ -71,7 +71,7 @@ class Runtime:
         self._loaded: dict[str, LoadedEntry] = {}  # by catalog entry name
         self._lock = threading.RLock()
         self._loading: dict[str, threading.Lock] = {}
-        # A member of a fleet when the store has one (state/fleet_host.py); else None.
+        # A member of a fleet when the store has one (serving/fleet_host.py); else None.
         self.fleet = FleetHost(self, store) if store is not None and store.fleet is not None else None
         self.host_id = self.fleet.host_id if self.fleet is not None else default_host_id()
 
@@ -189,7 +189,7 @@ class Runtime:
 
     def find_context(self, name: str) -> "Context":
         """A named context held here; in a fleet, also one restored from the fleet's ref
-        of that name, and never one older than that ref (state/fleet_host.py)."""
+        of that name, and never one older than that ref (serving/fleet_host.py)."""
         try:
             ctx = self.find_local_context(name)
         except ContextError:
@@ -243,10 +243,10 @@ class Runtime:
 
     # -- internals ------------------------------------------------------------------------
     def _load(self, entry: CatalogEntry) -> "Model":
-        from ..engine.model import LoadedModel
-        from ..model import Model
+        from ..engine.engine import Engine
+        from ..state.model import Model
 
-        model = Model(LoadedModel(entry.path, threads=self.threads, kv=self.kv))
+        model = Model(Engine(entry.path, threads=self.threads, kv=self.kv))
         model.contexts.store = self.store  # idle contexts are evicted there when pages run out
         return model
 

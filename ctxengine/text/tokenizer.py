@@ -14,39 +14,9 @@ from typing import Any
 
 import regex
 
-from ctxengine.engine import tokenizer_bpe, tokenizer_spm
-from ctxengine.errors import TokenizerError
-
-# llama_token_attr bits, from tokenizer.ggml.token_type (llama_token_type).
-UNKNOWN, UNUSED, NORMAL, CONTROL, USER_DEFINED, BYTE = (1 << i for i in range(6))
-_ATTR_OF_TYPE = {1: NORMAL, 2: UNKNOWN, 3: CONTROL, 4: USER_DEFINED, 5: UNUSED, 6: BYTE}
-_SPECIAL = CONTROL | UNKNOWN  # rendered and parsed only when asked for
-
-# Tokens llama.cpp treats as end of generation because of their text.
-_EOG_TEXTS = frozenset([
-    "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>",
-    "<|calls|>", "<end_of_turn>", "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>",
-    "_<EOT>", "[EOT]", "[EOS]", "<|end_of_text|>", "<end_of_utterance>", "<eos>",
-    "<turn|>", "<|tool_response>", "<｜end▁of▁sentence｜>", "[e~[",
-])
-# Fill-in-the-middle tokens: metadata key suffix -> texts looked for when the key
-# is absent. The pad, repo and file-separator ones also end generation.
-_FIM_TEXTS = {
-    "fim_pre": ("<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<｜fim▁begin｜>", "<PRE>",
-                "▁<PRE>", "<|code_prefix|>", "<|prefix|>"),
-    "fim_suf": ("<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<｜fim▁hole｜>", "<SUF>",
-                "▁<SUF>", "<|code_suffix|>", "<|suffix|>"),
-    "fim_mid": ("<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<｜fim▁end｜>", "<MID>",
-                "▁<MID>", "<|code_middle|>", "<|middle|>"),
-    "fim_pad": ("<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"),
-    "fim_rep": ("<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"),
-    "fim_sep": ("<|file_sep|>",),
-}
-_FIM_EOG = ("fim_pad", "fim_rep", "fim_sep")
-_FIM_DEPRECATED_KEY = {"fim_pre": "prefix", "fim_suf": "suffix", "fim_mid": "middle"}
-
-# tokenizer.ggml.model -> llama.cpp's default (bos, eos) ids for it.
-_DEFAULT_BOS_EOS = {"llama": (1, 2), "gpt2": (11, 11)}
+from . import tokenizer_bpe, tokenizer_spm, tokenizer_vocab as vocab
+from ..errors import TokenizerError
+from .tokenizer_vocab import BYTE, CONTROL, NORMAL, SPECIAL, UNKNOWN, USER_DEFINED
 
 
 class Tokenizer:
@@ -71,33 +41,33 @@ class Tokenizer:
     @classmethod
     def from_metadata(cls, meta: Mapping[str, Any]) -> Tokenizer:
         """Build from GGUF key -> value (arrays as lists), as llama_vocab::load does."""
-        model = _get(meta, "tokenizer.ggml.model", str)
-        if model not in _DEFAULT_BOS_EOS:
+        model = vocab.get(meta, "tokenizer.ggml.model", str)
+        if model not in vocab.DEFAULT_BOS_EOS:
             raise TokenizerError(
                 f"unsupported tokenizer.ggml.model {model!r}: only 'gpt2' (byte-level BPE) "
                 "and 'llama' (SentencePiece) are supported")
-        texts = _token_texts(meta)
-        token_to_id = _index(texts)
-        attrs = _token_attrs(meta, len(texts))
-        ids = _special_ids(meta, model, len(texts))
-        eog_ids = _end_of_generation(texts, token_to_id, attrs, ids)
+        texts = vocab.token_texts(meta)
+        token_to_id = vocab.index(texts)
+        attrs = vocab.token_attrs(meta, len(texts))
+        ids = vocab.special_ids(meta, model, len(texts))
+        eog_ids = vocab.end_of_generation(texts, token_to_id, attrs, ids)
 
         # SentencePiece puts a space in front by default; BPE never does, but
         # llama.cpp's detokenizer still strips the leading space by this key.
-        add_space_prefix = _get(meta, "tokenizer.ggml.add_space_prefix", bool, model == "llama")
+        add_space_prefix = vocab.get(meta, "tokenizer.ggml.add_space_prefix", bool, model == "llama")
         if model == "gpt2":
-            pre = tokenizer_bpe.pre_tokenizer(_get(meta, "tokenizer.ggml.pre", str, None))
-            ranks = tokenizer_bpe.parse_merges(_get(meta, "tokenizer.ggml.merges", list))
+            pre = tokenizer_bpe.pre_tokenizer(vocab.get(meta, "tokenizer.ggml.pre", str, None))
+            ranks = tokenizer_bpe.parse_merges(vocab.get(meta, "tokenizer.ggml.merges", list))
             encoder = tokenizer_bpe.BpeEncoder(token_to_id, ranks, pre)
             add_bos = pre.add_bos
             pieces = [_bpe_piece(text, attr) for text, attr in zip(texts, attrs)]
         else:
             byte_ids = tokenizer_spm.byte_token_ids(token_to_id)
             encoder = tokenizer_spm.SpmEncoder(
-                token_to_id, _scores(meta, len(texts)), byte_ids, add_space_prefix)
+                token_to_id, vocab.scores(meta, len(texts)), byte_ids, add_space_prefix)
             add_bos = True
             pieces = [_spm_piece(text, attr) for text, attr in zip(texts, attrs)]
-        add_bos = _get(meta, "tokenizer.ggml.add_bos_token", bool, add_bos)
+        add_bos = vocab.get(meta, "tokenizer.ggml.add_bos_token", bool, add_bos)
         if add_bos and ids["bos"] is None:
             raise TokenizerError("tokenizer.ggml.add_bos_token is true, but there is no BOS token")
         return cls(texts=texts, attrs=attrs, pieces=pieces, encoder=encoder,
@@ -156,7 +126,7 @@ class Tokenizer:
 
     def _piece(self, token_id: int, skip_special: bool) -> bytes:
         token_id = self._checked(token_id)
-        if skip_special and self._attrs[token_id] & _SPECIAL:
+        if skip_special and self._attrs[token_id] & SPECIAL:
             return b""
         return self._pieces[token_id]
 
@@ -189,7 +159,7 @@ class _SpecialTokens:
         ids = [i for i, attr in enumerate(attrs) if attr & (CONTROL | USER_DEFINED | UNKNOWN)]
         self._order = {token_id: rank for rank, token_id in enumerate(
             sorted(ids, key=lambda i: (-len(_text_bytes(texts[i])), i)))}
-        self._parsed_always = frozenset(i for i in ids if not attrs[i] & _SPECIAL)
+        self._parsed_always = frozenset(i for i in ids if not attrs[i] & SPECIAL)
         self._trie: dict = {}
         for token_id in ids:
             node = self._trie
@@ -247,121 +217,6 @@ class StreamDecoder:
     def flush(self) -> str:
         """What is held back at the end: an incomplete sequence becomes U+FFFD."""
         return self._utf8.decode(b"", final=True)
-
-
-# --- reading the metadata ----------------------------------------------------
-
-_MISSING = object()
-
-
-def _get(meta: Mapping[str, Any], key: str, kind: type, default: Any = _MISSING) -> Any:
-    value = meta.get(key, _MISSING)
-    if value is _MISSING:
-        if default is _MISSING:
-            raise TokenizerError(f"the model has no {key}")
-        return default
-    if kind is list:
-        if isinstance(value, (str, bytes)) or not hasattr(value, "__len__"):
-            raise TokenizerError(f"{key} must be an array")
-        return list(value)
-    if kind is int:
-        if isinstance(value, bool) or not hasattr(value, "__index__"):
-            raise TokenizerError(f"{key} must be an integer, not {value!r}")
-        return int(value)
-    if not isinstance(value, kind):
-        raise TokenizerError(f"{key} must be a {kind.__name__}, not {value!r}")
-    return value
-
-
-def _token_texts(meta: Mapping[str, Any]) -> list[str]:
-    texts = _get(meta, "tokenizer.ggml.tokens", list)
-    if not texts:
-        raise TokenizerError("tokenizer.ggml.tokens is empty")
-    if not all(isinstance(t, str) for t in texts):
-        raise TokenizerError("tokenizer.ggml.tokens must be an array of strings")
-    # llama.cpp renames empty tokens so that every text is a unique key.
-    return [t or f"[EMPTY_{i}]" for i, t in enumerate(texts)]
-
-
-def _index(texts: Sequence[str]) -> dict[str, int]:
-    token_to_id = {text: i for i, text in enumerate(texts)}
-    if len(token_to_id) != len(texts):
-        seen: dict[str, int] = {}
-        for i, text in enumerate(texts):
-            if text in seen:
-                raise TokenizerError(
-                    f"duplicate token in vocabulary: {text!r} has ids {seen[text]} and {i}")
-            seen[text] = i
-    return token_to_id
-
-
-def _token_attrs(meta: Mapping[str, Any], n_vocab: int) -> list[int]:
-    types = _get(meta, "tokenizer.ggml.token_type", list, None)
-    if types is None:
-        return [NORMAL] * n_vocab
-    if len(types) < n_vocab:
-        raise TokenizerError(
-            f"tokenizer.ggml.token_type has {len(types)} entries for {n_vocab} tokens")
-    return [_ATTR_OF_TYPE.get(int(t), 0) for t in types[:n_vocab]]
-
-
-def _scores(meta: Mapping[str, Any], n_vocab: int) -> list[float]:
-    scores = _get(meta, "tokenizer.ggml.scores", list, None)
-    if scores is None:
-        return [0.0] * n_vocab
-    if len(scores) < n_vocab:
-        raise TokenizerError(
-            f"tokenizer.ggml.scores has {len(scores)} entries for {n_vocab} tokens")
-    return [float(s) for s in scores[:n_vocab]]
-
-
-def _special_ids(meta: Mapping[str, Any], model: str, n_vocab: int) -> dict[str, int | None]:
-    """bos, eos, eot, eom and the FIM ids set in the metadata (or defaulted).
-    An out-of-range default is dropped and an out-of-range key is ignored."""
-    bos, eos = _DEFAULT_BOS_EOS[model]
-    ids: dict[str, int | None] = {"bos": bos, "eos": eos, "eot": None, "eom": None,
-                                  **dict.fromkeys(_FIM_TEXTS)}
-    keys = {name: [name] for name in ids}
-    for fim, old in _FIM_DEPRECATED_KEY.items():
-        keys[fim].append(old)
-    for name, suffixes in keys.items():
-        if ids[name] is not None and ids[name] >= n_vocab:
-            ids[name] = None
-        for suffix in suffixes:
-            value = _get(meta, f"tokenizer.ggml.{suffix}_token_id", int, None)
-            if value is not None and 0 <= value < n_vocab:
-                ids[name] = value
-    return ids
-
-
-def _end_of_generation(texts: Sequence[str], token_to_id: Mapping[str, int],
-                       attrs: list[int], ids: dict[str, int | None]) -> frozenset[int]:
-    """The end-of-generation ids. Like llama.cpp, this finds unset FIM tokens and
-    the EOG tokens by their text, and makes every token it finds a control token
-    (``attrs`` is updated)."""
-    for name, candidates in _FIM_TEXTS.items():
-        if ids[name] is None:
-            # llama.cpp takes the first hit of a hash-map walk; the lowest id is
-            # the same whenever a vocabulary has one candidate, and deterministic.
-            found = [token_to_id[t] for t in candidates if t in token_to_id]
-            if found:
-                ids[name] = min(found)
-                attrs[ids[name]] |= CONTROL
-    eog = {ids[name] for name in _FIM_EOG if ids[name] is not None}
-    for text in _EOG_TEXTS:
-        token_id = token_to_id.get(text)
-        if token_id is not None:
-            eog.add(token_id)
-            attrs[token_id] |= CONTROL
-    eog.update(ids[name] for name in ("eos", "eot", "eom") if ids[name] is not None)
-    # o200k_harmony and solar-open: "<|end|>" ends a message, not the generation.
-    present = {texts[i] for i in eog}
-    if "<|end|>" in present and (
-            {"<|return|>", "<|call|>"} <= present or {"<|calls|>", "<|flush|>"} <= present):
-        end_id = token_to_id["<|end|>"]
-        eog.discard(end_id)
-        attrs[end_id] = USER_DEFINED
-    return frozenset(eog)
 
 
 # --- token pieces (llama_vocab::token_to_piece with special=true) -------------

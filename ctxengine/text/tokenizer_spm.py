@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from ctxengine.engine.tokenizer_bpe import merge_symbols
+from ctxengine.text.tokenizer_bpe import merge_symbols
 from ctxengine.errors import TokenizerError
 
 SPACE = "\u2581"  # "▁", SentencePiece's visible space

@@ -1,0 +1,26 @@
+"""``ctx serve``'s HTTP options, and their defaults."""
+from __future__ import annotations
+
+import argparse
+
+DEFAULT_MAX_BODY = 16 << 20        # bytes of a request body
+DEFAULT_SHUTDOWN_TIMEOUT = 10.0    # seconds streams may go on after SIGTERM
+
+
+def add_http_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--api-key", default=None, help="require this key on every HTTP route but /health "
+                   "and the studio's page files (Authorization: Bearer KEY, or x-api-key: KEY)")
+    p.add_argument("--ollama-models", action="append", default=[], metavar="DIR",
+                   help="an Ollama model store to serve from, read-only (repeatable; default: $OLLAMA_MODELS, "
+                        "~/.ollama/models and /usr/share/ollama/.ollama/models, those that exist)")
+    p.add_argument("--no-ollama", action="store_true", help="do not look for Ollama's model store")
+    # default None: the prefix cache's own (importing it here would load the engine to parse arguments)
+    p.add_argument("--prefix-cache", type=int, default=None, metavar="N",
+                   help="recent requests kept per model for prefix reuse (default 32; 0: off)")
+    p.add_argument("--max-body", type=int, default=DEFAULT_MAX_BODY, metavar="BYTES",
+                   help=f"largest request body accepted (default {DEFAULT_MAX_BODY}; larger: 413)")
+    p.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",
+                   help="allow browsers from this origin ('*': any; repeatable; default: no CORS)")
+    p.add_argument("--shutdown-timeout", type=float, default=DEFAULT_SHUTDOWN_TIMEOUT, metavar="S",
+                   help=f"on SIGTERM, let streams finish for this long, then cancel them "
+                        f"(default {DEFAULT_SHUTDOWN_TIMEOUT:g})")

@@ -1,0 +1,156 @@
+"""The loaded engine: a GGUF's weights mapped into the native core, its page
+pools, tokenizer, chat renderer, weight identity and scheduler, and
+teacher-forced log-probabilities.
+
+This is the engine layer: it knows tensors and tokens, not names, contexts
+or snapshots (those live in ``ctxengine.state``).
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from .. import _core
+from ..errors import ModelFileError, UnsupportedModelError
+from ..text.chat import ChatRenderer
+from ..text.chat_template import ChatTemplate
+from ..text.tokenizer import Tokenizer
+from .config import ModelConfig, unsupported_reason
+from .cpu import physical_cores
+from .gguf_file import open_gguf
+from .scheduler import Reserve, Scheduler
+from .weights import cached_weight_id
+
+# How KV pages store K and V (native/kv/page_pool.h, docs/design-notes.md):
+# f16; q8: K and V as int8 with an f16 scale per 32 values; vq8: K f16, V int8.
+KV_DTYPES = ("f16", "q8", "vq8")
+PAGE_TOKENS = 16
+DEFAULT_KV_BUDGET = 2 << 30  # bytes of KV pages a model may hold in memory
+
+
+@dataclass(frozen=True)
+class LogProbs:
+    """Teacher-forced next-token distributions: row i follows ids[: i + 1]."""
+
+    ids: list[int]
+    top_ids: np.ndarray        # (n, k) int32, most likely first
+    top_logprobs: np.ndarray   # (n, k) float32
+    next_logprobs: np.ndarray  # (n - 1,) float32: log p(ids[i + 1] | ids[: i + 1])
+
+
+class Engine:
+    """Weights in the native core plus everything needed to turn text into logits.
+
+    One per loaded file; ``Model.engine`` and ``Context.engine`` name it."""
+
+    def __init__(self, path: str | Path, *, threads: int | None = None, kv: str = "f16",
+                 n_ctx: int | None = None, kv_budget: int = DEFAULT_KV_BUDGET):
+        if kv not in KV_DTYPES:
+            raise UnsupportedModelError(f"KV dtype '{kv}' is not available (choose from {', '.join(KV_DTYPES)})")
+        self.path = Path(path)
+        self.file = open_gguf(self.path)
+        f = self.file
+        why = unsupported_reason(f)
+        if why is not None:
+            raise UnsupportedModelError(f"{self.path.name}: {why}")
+        self.config = ModelConfig.from_gguf(f)
+        if n_ctx is not None:
+            self.config = replace(self.config, n_ctx=min(int(n_ctx), self.config.n_ctx))
+        self.kv_dtype = kv
+        self.name = str(f.get("general.name") or self.path.stem)
+        self.tokenizer = Tokenizer.from_metadata(f.metadata)
+        self.chat_template = ChatTemplate.for_model(
+            f.metadata, lambda i: self.tokenizer.token_bytes(i).decode("utf-8", "replace"))
+        self.chat = ChatRenderer(self.chat_template, self.tokenizer, self.name)
+        self.weight_id = cached_weight_id(self.path)
+        self.threads = int(threads) if threads else physical_cores()
+        if self.threads < 1:
+            raise ValueError("threads must be at least 1")
+
+        tensors = {t.name: (t.ggml_type, t.data.ctypes.data, t.shape[0], t.shape[1] if len(t.shape) > 1 else 1)
+                   for t in f.tensors.values()}
+        cfg = self.config
+        try:
+            self._core = _core.Model(asdict(cfg), tensors, self.threads)
+        except (ValueError, IndexError) as err:
+            raise ModelFileError(f"{self.path.name}: {err}") from None
+        try:
+            page_bytes = self._core.page_bytes(PAGE_TOKENS, kv)
+        except ValueError as err:
+            raise UnsupportedModelError(f"{self.path.name}: {err}") from None
+        self.pool = _core.PagePool(cfg.n_layer, PAGE_TOKENS, cfg.kv_dim, kv, max(16, kv_budget // page_bytes))
+        # Sliding-window models release the local layers of pages that fall
+        # wholly outside every window; the full-attention layers of those pages
+        # move to a pool of smaller pages (native/kv/page_pool.h SwaRelease).
+        self.kept_layers = [i for i in range(cfg.n_layer) if not (cfg.swa_window and cfg.swa_layers[i])]
+        self.trim_pool = None
+        if cfg.swa_window and len(self.kept_layers) < cfg.n_layer:
+            trim_bytes = page_bytes * len(self.kept_layers) // cfg.n_layer
+            self.trim_pool = _core.PagePool(len(self.kept_layers), PAGE_TOKENS, cfg.kv_dim, kv,
+                                            max(16, kv_budget // max(trim_bytes, 1)))
+        # Every forward goes through one loop that batches concurrent callers into shared steps.
+        self.scheduler = Scheduler(self._core, n_ctx=cfg.n_ctx, n_vocab=cfg.n_vocab, page_tokens=PAGE_TOKENS)
+
+    # -- tokens ---------------------------------------------------------------
+    def tokenize(self, text: str, *, add_bos: bool = False, parse_special: bool = False) -> list[int]:
+        return self.tokenizer.encode(text, add_bos=add_bos, parse_special=parse_special)
+
+    def detokenize(self, ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(ids)
+
+    # -- forward --------------------------------------------------------------
+    def new_sequence(self) -> "_core.KVSeq":
+        if self.trim_pool is None:
+            return _core.KVSeq(self.pool)
+        return _core.KVSeq(self.pool, self.trim_pool, self.config.swa_window, self.kept_layers)
+
+    def forward(self, seq: "_core.KVSeq", tokens: Sequence[int], *, all_logits: bool = False,
+                reserve: Reserve | None = None) -> np.ndarray:
+        """Append tokens to seq's KV; logits of the last position (or of every new one).
+        ``reserve(n_pages)``: called when the scheduler admits the request, to make room
+        in the page pool (a context table's reserve_pages)."""
+        toks = np.asarray(tokens, dtype=np.int32)
+        rows = len(toks) if all_logits else 1
+        logits = np.empty((rows, self.config.n_vocab), dtype=np.float32)
+        self.scheduler.submit(seq, toks, logits, all_logits, None, reserve)
+        return logits if all_logits else logits[0]
+
+    def forward_hidden(self, seq: "_core.KVSeq", tokens: Sequence[int], *,
+                       reserve: Reserve | None = None) -> np.ndarray:
+        """Append tokens; final normed hidden state of every new position (n, n_embd)."""
+        toks = np.asarray(tokens, dtype=np.int32)
+        hidden = np.empty((len(toks), self.config.n_embd), dtype=np.float32)
+        self.scheduler.submit(seq, toks, None, False, hidden, reserve)
+        return hidden
+
+    def logprobs(self, ids: Sequence[int], *, top: int = 40, chunk: int = 256) -> LogProbs:
+        """Teacher-forced top-k log-probabilities after every prefix of ids."""
+        ids = [int(i) for i in ids]
+        if not ids:
+            raise ValueError("logprobs needs at least one token")
+        top = max(1, min(int(top), self.config.n_vocab))
+        seq = self.new_sequence()
+        top_ids, top_lp, next_lp = [], [], []
+        for start in range(0, len(ids), chunk):
+            part = ids[start:start + chunk]
+            logits = self.forward(seq, part, all_logits=True).astype(np.float64)
+            lse = np.logaddexp.reduce(logits, axis=1, keepdims=True)
+            lp = logits - lse
+            idx = np.argpartition(-lp, top - 1, axis=1)[:, :top]
+            vals = np.take_along_axis(lp, idx, axis=1)
+            order = np.lexsort((idx, -vals), axis=1)
+            top_ids.append(np.take_along_axis(idx, order, axis=1).astype(np.int32))
+            top_lp.append(np.take_along_axis(vals, order, axis=1).astype(np.float32))
+            for i in range(len(part)):
+                j = start + i + 1
+                if j < len(ids):
+                    next_lp.append(lp[i, ids[j]])
+        return LogProbs(ids, np.concatenate(top_ids), np.concatenate(top_lp), np.asarray(next_lp, dtype=np.float32))
+
+    def close(self) -> None:
+        self.scheduler.close()
+        self._core = None
+        self.file.close()

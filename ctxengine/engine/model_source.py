@@ -1,0 +1,81 @@
+"""Catalog entries, and the sources besides files that models come from.
+
+A source (Ollama's store is the one there is) knows models by names of its
+own. It registers itself here when its package is imported
+(``ctxengine.ollama`` does so), so the registry and the catalog can ask it
+about a name without importing it: the source imports this module, never
+the other way round. Listing a source's every model is its own call
+(``ollama.store.add_ollama_models``), made by whoever builds a catalog.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+
+@dataclass
+class CatalogEntry:
+    name: str                          # what clients put in "model"
+    path: Path | None                  # the GGUF file; None when it cannot be served
+    source: str                        # "packaged", "file", "models-dir", "ollama"
+    aliases: tuple[str, ...] = ()
+    error: str | None = None           # why it cannot be served (listed, never crashed on)
+    # Layers an Ollama manifest may carry: default options, system prompt, template.
+    params: dict = field(default_factory=dict)
+    system: str | None = None
+    template: str | None = None
+    modified: float = 0.0              # mtime of the file (or manifest)
+    # From an Ollama manifest (ollama/store.py): the manifest's sha256 (what
+    # /api/tags lists as digest), its config blob (model_family, file_type, ...),
+    # the model layer's "from" and the license layer.
+    digest: str = ""
+    config: dict = field(default_factory=dict)
+    parent_model: str = ""
+    license: str | None = None
+
+    @property
+    def size(self) -> int:
+        try:
+            return self.path.stat().st_size if self.path is not None else 0
+        except OSError:
+            return 0
+
+    @property
+    def servable(self) -> bool:
+        return self.path is not None and self.error is None
+
+
+class ModelSource(Protocol):
+    def find(self, spec: str) -> CatalogEntry | None:
+        """The entry for a name in this source's spelling (any case), or None if it has none."""
+
+    def canonical_name(self, name: str) -> str | None:
+        """The one full spelling of a name, as entries list it; None if it is not a name here."""
+
+
+_SOURCES: list[ModelSource] = []
+
+
+def register_source(source: ModelSource) -> None:
+    """Add a source (once); sources are asked in the order they registered."""
+    if source not in _SOURCES:
+        _SOURCES.append(source)
+
+
+def find_in_sources(spec: str) -> CatalogEntry | None:
+    """The first registered source's entry for a name, or None."""
+    for source in _SOURCES:
+        entry = source.find(spec)
+        if entry is not None:
+            return entry
+    return None
+
+
+def canonical_name(name: str) -> str | None:
+    """The first registered source's full spelling of a name, or None."""
+    for source in _SOURCES:
+        full = source.canonical_name(name)
+        if full is not None:
+            return full
+    return None

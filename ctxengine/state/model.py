@@ -1,0 +1,97 @@
+"""The public model object: what ``ctxengine.load`` returns.
+
+It joins the engine (weights, tokenizer, forward) to the live context table,
+so that ``model.context("main")`` reads as DESIGN.md shows.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Sequence
+
+from .. import ollama  # noqa: F401  registers Ollama's store as a model source (ollama/__init__.py)
+from ..engine.engine import Engine, LogProbs
+from ..engine.registry import resolve_model
+from .context import Context
+from .snapshots import restore
+from .table import ContextTable
+
+
+class Model:
+    def __init__(self, engine: Engine):
+        self.engine = engine
+        self.contexts = ContextTable(engine)
+
+    # -- identity ---------------------------------------------------------------
+    @property
+    def weight_id(self) -> str:
+        return self.engine.weight_id
+
+    @property
+    def name(self) -> str:
+        return self.engine.name
+
+    @property
+    def path(self) -> Path:
+        return self.engine.path
+
+    @property
+    def config(self):
+        return self.engine.config
+
+    @property
+    def tokenizer(self):
+        return self.engine.tokenizer
+
+    @property
+    def chat_template(self):
+        return self.engine.chat_template
+
+    def __repr__(self) -> str:
+        return f"Model({self.name!r}, {self.engine.config.arch}, weight_id={self.weight_id[:12]})"
+
+    # -- tokens and logits --------------------------------------------------------
+    def tokenize(self, text: str, *, add_bos: bool = False, parse_special: bool = False) -> list[int]:
+        return self.engine.tokenize(text, add_bos=add_bos, parse_special=parse_special)
+
+    def detokenize(self, ids: Sequence[int]) -> str:
+        return self.engine.detokenize(ids)
+
+    def logprobs(self, ids: Sequence[int], *, top: int = 40) -> LogProbs:
+        return self.engine.logprobs(ids, top=top)
+
+    # -- contexts ------------------------------------------------------------------
+    def context(self, name: str | None = None) -> Context:
+        """The live context with this name, created empty if it does not exist yet."""
+        return self.contexts.open(name)
+
+    def restore(self, store, ref: str, name: str | None = None) -> Context:
+        """A live context from a stored snapshot (ref, id or id prefix); refuses other weights."""
+        return restore(self, store, ref, name=name)
+
+    @property
+    def chat(self):
+        """The chat renderer (text/chat.py): ``model.chat.render(turns, system=, tools=,
+        after=, closing=, generation_prompt=)``."""
+        return self.engine.chat
+
+    def chat_prompt(self, messages: list[dict], *, add_generation_prompt: bool = True, tools=None) -> str:
+        """Messages rendered with the model's chat template (parse the result with
+        parse_special=True): ``model.chat.render(messages)``, kept as the documented
+        shorthand. ``tools``: text.tools.Tool or OpenAI-shaped dicts (text/tools.py)."""
+        return self.engine.chat.render(messages, tools=tools, generation_prompt=add_generation_prompt)
+
+    def close(self) -> None:
+        for name in self.contexts.names():
+            self.contexts.remove(name)
+        self.engine.close()
+
+
+def load(model: str | os.PathLike | None = None, *, threads: int | None = None, kv: str = "f16",
+         n_ctx: int | None = None) -> Model:
+    """Load a model: the packaged default (None or "smollm2"), a .gguf path, or a known name.
+
+    ``kv`` is the KV cache dtype: "f16", "q8" (K and V in 8-bit blocks) or
+    "vq8" (V only); contexts restore only into a model loaded with theirs.
+    """
+    return Model(Engine(resolve_model(model), threads=threads, kv=kv, n_ctx=n_ctx))
