@@ -127,8 +127,10 @@ class _Quant:
     def row_bytes(ggml_type: int, n: int) -> int:
         """Bytes of one row of n elements."""
     @staticmethod
-    def matmul(ggml_type: int, W: npt.ArrayLike, n_in: int, n_out: int, X: _F32) -> npt.NDArray[np.float32]:
-        """Y (n_x, n_out) = X . W^T; W: raw row-major weight bytes; quantized types quantize X to Q8A first."""
+    def matmul(ggml_type: int, W: npt.ArrayLike, n_in: int, n_out: int, X: _F32,
+               chunk: int = 0) -> npt.NDArray[np.float32]:
+        """Y (n_x, n_out) = X . W^T; W: raw row-major weight bytes; quantized types quantize X to Q8A first.
+        chunk > 0: the kernel is called per `chunk` output rows (sub-ranges of W, as the model's threads)."""
     @staticmethod
     def quantize_q8a(x: _F32) -> bytes:
         """One activation row -> raw BlockQ8A bytes (40 per 32 elements)."""
