@@ -284,9 +284,10 @@ def test_float_matmul_any_length(t):
         assert_close(results["scalar"], ref, scale)
 
 
-# AVX-512 prefill (n_x >= 8) unpacks tiles of 4 weight rows and takes the
-# activation rows by groups of 16, sub-tiles of 4; the model calls it on
-# sub-ranges o0..o1 of W (chunks of 16 rows per thread).
+# Prefill with weight tiles unpacked once: AVX-512 (n_x >= 8) tiles of 4
+# weight rows, activation rows by groups of 16 in sub-tiles of 4; AVX2
+# (n_x >= 4) tiles of 2 rows, groups of 8, sub-tiles of 4. The model calls
+# the kernels on sub-ranges o0..o1 of W (chunks of 16 rows per thread).
 @pytest.mark.parametrize("n_in", [32, 96, 640])  # nb = 1, 3, 20
 @pytest.mark.parametrize("t", QUANTIZED, ids=lambda t: t.name)
 def test_matmul_q_prefill_tiles_and_chunks(t, n_in):
