@@ -128,17 +128,20 @@ void unpack_w(const uint8_t* w, size_t row_bytes, int nk, int nb, Scratch& s) {
 // The scales (and min sums) of the unpacked tile against activation group g.
 template <DType T>
 void tile_scales(Scratch& s, int g, int nb) {
+  // One pass: the table's stores and the min sums' fma chains overlap.
+  const float* wd = s.wd.data();
+  const float* wm = s.wm.data();
   const Lanes8* xd = &s.xd[static_cast<size_t>(g) * nb];
+  const Lanes8* xs = &s.xs[static_cast<size_t>(g) * nb];
+  __m256 summ[kNK];
+  for (auto& v : summ) v = _mm256_setzero_ps();
   for (int b = 0; b < nb; ++b)
-    for (int k = 0; k < kNK; ++k) s.sc[b * kNK + k].v = _mm256_mul_ps(_mm256_set1_ps(s.wd[k * nb + b]), xd[b].v);
-  if constexpr (has_min(T)) {
-    const Lanes8* xs = &s.xs[static_cast<size_t>(g) * nb];
-    __m256 summ[kNK];
-    for (auto& v : summ) v = _mm256_setzero_ps();
-    for (int b = 0; b < nb; ++b)
-      for (int k = 0; k < kNK; ++k) summ[k] = _mm256_fmadd_ps(_mm256_set1_ps(s.wm[k * nb + b]), xs[b].v, summ[k]);
+    for (int k = 0; k < kNK; ++k) {
+      s.sc[b * kNK + k].v = _mm256_mul_ps(_mm256_set1_ps(wd[k * nb + b]), xd[b].v);
+      if (has_min(T)) summ[k] = _mm256_fmadd_ps(_mm256_set1_ps(wm[k * nb + b]), xs[b].v, summ[k]);
+    }
+  if (has_min(T))
     for (int k = 0; k < kNK; ++k) s.summ[k].v = summ[k];
-  }
 }
 
 // One tile: NK weight rows x NX activation rows (x: row j of the group's
