@@ -284,7 +284,7 @@ def test_float_matmul_any_length(t):
         assert_close(results["scalar"], ref, scale)
 
 
-# Prefill with weight tiles unpacked once: AVX-512 (n_x >= 8) tiles of 4
+# Prefill with weight tiles unpacked once: AVX-512 (n_x >= 16) tiles of 4
 # weight rows, activation rows by groups of 16 in sub-tiles of 4; AVX2
 # (n_x >= 4) tiles of 2 rows, groups of 8, sub-tiles of 4. The model calls
 # the kernels on sub-ranges o0..o1 of W (chunks of 16 rows per thread).

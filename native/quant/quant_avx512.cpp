@@ -20,7 +20,7 @@
 // -bias * sum(x) over the 4 bytes. The per-lane int32 is then the exact
 // canonical isum, whatever the trick.
 //
-// (From 8 activation rows on, prefill goes to quant_prefill_avx512.cpp
+// (From 16 activation rows on, prefill goes to quant_prefill_avx512.cpp
 // instead; below that this file's prefill tiles are faster.)
 //
 // Tiling: the weight side of a block is unpacked once into registers and used
@@ -444,9 +444,9 @@ void matmul_f_impl(const void* W, int n_in, int o0, int o1, const float* Xf, int
 
 void matmul_q_avx512(DType t, const void* W, int n_in, int o0, int o1, const BlockQ8A* Xq, int n_x, float* Y,
                      size_t y_stride) {
-  // From 8 activation rows on, unpacking each weight tile once (to memory)
+  // From 16 activation rows on, unpacking each weight tile once (to memory)
   // beats unpacking it in registers per group of rows (quant_prefill_avx512.cpp).
-  if (n_x >= 8) return matmul_q_prefill_avx512(t, W, n_in, o0, o1, Xq, n_x, Y, y_stride);
+  if (n_x >= 16) return matmul_q_prefill_avx512(t, W, n_in, o0, o1, Xq, n_x, Y, y_stride);
   switch (t) {
     case DType::Q4_0: return matmul_q_impl<DType::Q4_0>(W, n_in, o0, o1, Xq, n_x, Y, y_stride);
     case DType::Q4_1: return matmul_q_impl<DType::Q4_1>(W, n_in, o0, o1, Xq, n_x, Y, y_stride);

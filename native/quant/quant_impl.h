@@ -86,7 +86,7 @@ void f32_to_f16_row_avx2(const float* x, uint16_t* y, int n);
 
 void matmul_q_avx512(DType t, const void* W, int n_in, int o0, int o1, const BlockQ8A* Xq, int n_x, float* Y,
                      size_t y_stride);
-// n_x >= 2 (quant_prefill_avx512.cpp).
+// Many activation rows (quant_prefill_avx512.cpp).
 void matmul_q_prefill_avx512(DType t, const void* W, int n_in, int o0, int o1, const BlockQ8A* Xq, int n_x, float* Y,
                              size_t y_stride);
 void matmul_f_avx512(DType t, const void* W, int n_in, int o0, int o1, const float* Xf, int n_x, float* Y,

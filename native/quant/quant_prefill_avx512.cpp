@@ -1,4 +1,4 @@
-// AVX-512 prefill (n_x >= 2) for the blocks-of-32 integer types.
+// AVX-512 prefill (n_x >= 16) for the blocks-of-32 integer types.
 //
 // Per (weight row, activation row) pair, one ymm accumulator holds the 8
 // canonical lanes of quant.h, and block b adds
