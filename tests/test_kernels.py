@@ -284,6 +284,48 @@ def test_float_matmul_any_length(t):
         assert_close(results["scalar"], ref, scale)
 
 
+# Prefill with weight tiles unpacked once: AVX-512 (n_x >= 16) tiles of 4
+# weight rows, activation rows by groups of 16 in sub-tiles of 4; AVX2
+# (n_x >= 4) tiles of 2 rows, groups of 8, sub-tiles of 4. The model calls
+# the kernels on sub-ranges o0..o1 of W (chunks of 16 rows per thread).
+@pytest.mark.parametrize("n_in", [32, 96, 640])  # nb = 1, 3, 20
+@pytest.mark.parametrize("t", QUANTIZED, ids=lambda t: t.name)
+def test_matmul_q_prefill_tiles_and_chunks(t, n_in):
+    rng = np.random.default_rng(n_in * 7 + int(t))
+    w = weights(t, 37, n_in, rng, raw=True)
+    x = activations(40, n_in, rng)
+    x[5] = np.where(rng.random(n_in) < 0.5, -1.0, 1.0)  # saturated activations (+-127)
+    want = canonical_matmul_q(t, w, n_in, x)
+    for n_out in (1, 3, 4, 5, 17, 37):
+        for n_x in (2, 7, 8, 9, 13, 16, 17, 23, 32, 33, 40):
+            for chunk in (0, 16, 7):
+                results = on_each_path(lambda: Q.matmul(int(t), w[:n_out].reshape(-1), n_in, n_out, x[:n_x], chunk=chunk))
+                for path, got in results.items():
+                    differ = got.view(np.uint32) != want[:n_x, :n_out].view(np.uint32)
+                    assert not differ.any(), (path, n_out, n_x, chunk, np.argwhere(differ)[0])
+
+
+@pytest.mark.parametrize("t", QUANTIZED, ids=lambda t: t.name)
+def test_matmul_q_prefill_extreme_integer_sums(t):
+    """The extreme 4-sums through the prefill path (enough rows for it): the
+    bias taken back on the weight side must stay exact."""
+    n_in = 96
+    blocks = np.zeros((6, n_in // 32), BLOCK[t])
+    blocks["d"] = 1.0
+    blocks["qs"][0:2] = -128 if t == G.Q8_0 else 0  # most negative (Q4_0: -8, Q5_0: -16)
+    blocks["qs"][2:4] = 127 if t == G.Q8_0 else 0xFF  # most positive (Q4_*: 15)
+    if t in (G.Q5_0, G.Q5_1):
+        blocks["qh"][2:4] = 0xFFFFFFFF  # Q5_*: 31
+    w = blocks.view(np.uint8).reshape(6, -1)
+    pattern = [np.full(n_in, 1.0), np.full(n_in, -1.0), np.tile([1.0, -1.0], n_in // 2)]
+    x = np.stack([pattern[i % 3] for i in range(11)]).astype(np.float32)
+    results = on_each_path(lambda: matmul(t, w, n_in, x))
+    assert_same_bits(results)
+    np.testing.assert_array_equal(results["scalar"].view(np.uint32), canonical_matmul_q(t, w, n_in, x).view(np.uint32))
+    ref, scale = reference(t, w, n_in, x)
+    assert_close(results["scalar"], ref, scale)
+
+
 @pytest.mark.parametrize("t", ALL_TYPES, ids=lambda t: t.name)
 def test_matmul_batch_and_row_range_invariance(t, isa):
     """A row's result is the same bits whatever other rows (activations or
@@ -297,6 +339,9 @@ def test_matmul_batch_and_row_range_invariance(t, isa):
         np.testing.assert_array_equal(matmul(t, w, n_in, x[r0:r1]).view(np.uint32), full[r0:r1].view(np.uint32))
     for o0, o1 in ((0, 1), (1, 8), (3, 20), (5, 6), (22, 23), (7, 23)):
         np.testing.assert_array_equal(matmul(t, w[o0:o1], n_in, x).view(np.uint32), full[:, o0:o1].view(np.uint32))
+    for chunk in (1, 3, 16):  # the kernel on sub-ranges o0..o1 of W, as the model's threads call it
+        got = Q.matmul(int(t), w.reshape(-1), n_in, w.shape[0], x, chunk=chunk)
+        np.testing.assert_array_equal(got.view(np.uint32), full.view(np.uint32))
 
 
 def test_matmul_argument_checks():

@@ -20,6 +20,9 @@
 // -bias * sum(x) over the 4 bytes. The per-lane int32 is then the exact
 // canonical isum, whatever the trick.
 //
+// (From 16 activation rows on, prefill goes to quant_prefill_avx512.cpp
+// instead; below that this file's prefill tiles are faster.)
+//
 // Tiling: the weight side of a block is unpacked once into registers and used
 // for every activation pair of the tile; the activation side is prepared once
 // per batch of rows (prep_x) into vectors that the kernel reads as memory
@@ -441,6 +444,9 @@ void matmul_f_impl(const void* W, int n_in, int o0, int o1, const float* Xf, int
 
 void matmul_q_avx512(DType t, const void* W, int n_in, int o0, int o1, const BlockQ8A* Xq, int n_x, float* Y,
                      size_t y_stride) {
+  // From 16 activation rows on, unpacking each weight tile once (to memory)
+  // beats unpacking it in registers per group of rows (quant_prefill_avx512.cpp).
+  if (n_x >= 16) return matmul_q_prefill_avx512(t, W, n_in, o0, o1, Xq, n_x, Y, y_stride);
   switch (t) {
     case DType::Q4_0: return matmul_q_impl<DType::Q4_0>(W, n_in, o0, o1, Xq, n_x, Y, y_stride);
     case DType::Q4_1: return matmul_q_impl<DType::Q4_1>(W, n_in, o0, o1, Xq, n_x, Y, y_stride);

@@ -110,12 +110,18 @@ static inline void q8s_pairs(const BlockQ8K* x, size_t n, int32_t* out) {
 
 void matmul_q_avx2(DType t, const void* W, int n_in, int o0, int o1, const BlockQ8A* Xq, int n_x, float* Y,
                    size_t y_stride);
+// Many activation rows (quant_prefill_avx2.cpp).
+void matmul_q_prefill_avx2(DType t, const void* W, int n_in, int o0, int o1, const BlockQ8A* Xq, int n_x, float* Y,
+                           size_t y_stride);
 void matmul_f_avx2(DType t, const void* W, int n_in, int o0, int o1, const float* Xf, int n_x, float* Y,
                    size_t y_stride);
 void f32_to_f16_row_avx2(const float* x, uint16_t* y, int n);
 
 void matmul_q_avx512(DType t, const void* W, int n_in, int o0, int o1, const BlockQ8A* Xq, int n_x, float* Y,
                      size_t y_stride);
+// Many activation rows (quant_prefill_avx512.cpp).
+void matmul_q_prefill_avx512(DType t, const void* W, int n_in, int o0, int o1, const BlockQ8A* Xq, int n_x, float* Y,
+                             size_t y_stride);
 void matmul_f_avx512(DType t, const void* W, int n_in, int o0, int o1, const float* Xf, int n_x, float* Y,
                      size_t y_stride);
 void f32_to_f16_row_avx512(const float* x, uint16_t* y, int n);

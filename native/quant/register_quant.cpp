@@ -25,6 +25,14 @@ DType checked_type(int ggml_type) {
   return static_cast<DType>(ggml_type);
 }
 
+// Output rows [0, n_out) in calls of `chunk` rows (0: one call), as
+// Model::matmul splits them across threads: the kernels see o0 > 0.
+template <class Fn>
+void for_chunks(int o0, int o1, int chunk, Fn fn) {
+  if (chunk == 0) return fn(o0, o1);
+  for (int o = o0; o < o1; o += chunk) fn(o, std::min(o1, o + chunk));
+}
+
 void check_row_length(DType t, int64_t n) {
   if (n < 0 || n % dtype_block_elems(t) != 0)
     throw py::value_error(std::string(dtype_name(static_cast<int>(t))) + " rows need a multiple of " +
@@ -32,12 +40,13 @@ void check_row_length(DType t, int64_t n) {
 }
 
 py::array_t<float> matmul(int ggml_type, const Array<uint8_t>& W, int n_in, int n_out, const Array<float>& X, int o0,
-                          int o1) {
+                          int o1, int chunk) {
   const DType t = checked_type(ggml_type);
   check_row_length(t, n_in);
   if (n_out < 0) throw py::value_error("n_out must be >= 0");
   if (o1 < 0) o1 = n_out;
   if (o0 < 0 || o0 > o1 || o1 > n_out) throw py::value_error("need 0 <= o0 <= o1 <= n_out");
+  if (chunk < 0) throw py::value_error("chunk must be >= 0");
   if (X.ndim() != 2 || X.shape(1) != n_in)
     throw py::value_error("X must have shape (n_x, " + std::to_string(n_in) + ")");
   const size_t row_bytes = dtype_row_bytes(t, n_in);
@@ -60,14 +69,14 @@ py::array_t<float> matmul(int ggml_type, const Array<uint8_t>& W, int n_in, int 
       const int nb = n_in / QK;
       std::vector<BlockQ8A> xq(static_cast<size_t>(n_x) * nb);
       for (int r = 0; r < n_x; ++r) quantize_row_q8a(x + static_cast<size_t>(r) * n_in, &xq[static_cast<size_t>(r) * nb], n_in);
-      matmul_q(t, w, n_in, o0, o1, xq.data(), n_x, y, static_cast<size_t>(n_out));
+      for_chunks(o0, o1, chunk, [&](int a, int b) { matmul_q(t, w, n_in, a, b, xq.data(), n_x, y, static_cast<size_t>(n_out)); });
     } else if (dtype_is_kquant(t)) {
       const int nb = n_in / QK_K;
       std::vector<BlockQ8K> xk(static_cast<size_t>(n_x) * nb);
       for (int r = 0; r < n_x; ++r) quantize_row_q8k(x + static_cast<size_t>(r) * n_in, &xk[static_cast<size_t>(r) * nb], n_in);
-      matmul_k(t, w, n_in, o0, o1, xk.data(), n_x, y, static_cast<size_t>(n_out));
+      for_chunks(o0, o1, chunk, [&](int a, int b) { matmul_k(t, w, n_in, a, b, xk.data(), n_x, y, static_cast<size_t>(n_out)); });
     } else {
-      matmul_f(t, w, n_in, o0, o1, x, n_x, y, static_cast<size_t>(n_out));
+      for_chunks(o0, o1, chunk, [&](int a, int b) { matmul_f(t, w, n_in, a, b, x, n_x, y, static_cast<size_t>(n_out)); });
     }
   }
   return Y;
@@ -128,10 +137,11 @@ void register_quant(py::module_& m) {
     return dtype_row_bytes(d, n);
   }, py::arg("ggml_type"), py::arg("n"), "bytes of one row of n elements");
   m.def("matmul", &matmul, py::arg("ggml_type"), py::arg("W"), py::arg("n_in"), py::arg("n_out"), py::arg("X"),
-        py::arg("o0") = 0, py::arg("o1") = -1,
+        py::arg("o0") = 0, py::arg("o1") = -1, py::arg("chunk") = 0,
         "Y (n_x, n_out) = X . W^T; W: raw row-major weight bytes. Quantized types quantize X to Q8A "
         "(blocks of 32) or Q8K (K-quants) first. Only output columns [o0, o1) are computed (o1 = -1: "
-        "n_out), as one thread of the model's split does; the rest are 0.");
+        "n_out), as one thread of the model's split does; the rest are 0. chunk > 0: the kernel is called "
+        "per `chunk` output rows of that range, as the model's threads split them.");
   m.def("quantize_q8k", &quantize_q8k, py::arg("x"), "one activation row -> raw BlockQ8K bytes (292 per 256 elements)");
   m.def("quantize_q8a", &quantize_q8a, py::arg("x"), "one activation row -> raw BlockQ8A bytes (40 per 32 elements)");
   m.def("quantize_kv8", &quantize_kv8, py::arg("x"),
