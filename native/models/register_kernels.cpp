@@ -21,10 +21,8 @@ using F32Array = py::array_t<float, py::array::c_style | py::array::forcecast>;
 using I8Array = py::array_t<int8_t, py::array::c_style | py::array::forcecast>;
 using U16Array = py::array_t<uint16_t, py::array::c_style | py::array::forcecast>;
 
-}  // namespace
-
-void register_kernels(py::module_& m) {
-  // The elementwise math, for tests that hold every SIMD path to the scalar one.
+// The elementwise math, for tests that hold every SIMD path to the scalar one.
+void register_elementwise(py::module_& m) {
   m.def(
       "exp_shift_sum",
       [](F32Array x, float shift) {
@@ -67,6 +65,10 @@ void register_kernels(py::module_& m) {
         return out;
       },
       py::arg("v"), py::arg("cs"), py::arg("neox"), "RoPE of each head (row of v) by one position's angles");
+}
+
+// The attention kernels over f16 pages.
+void register_attention_f16(py::module_& m) {
   m.def(
       "attn_scores",
       [](F32Array q, py::array_t<uint16_t, py::array::c_style | py::array::forcecast> kt, int n, float scale) {
@@ -98,6 +100,10 @@ void register_kernels(py::module_& m) {
       },
       py::arg("scores"), py::arg("v"), py::arg("out"), "softmax weights of scores applied to V rows");
 
+}
+
+// The attention kernels over q8 pages, and a group of heads through either.
+void register_attention_q8(py::module_& m) {
   m.def(
       "attn_scores_q8",
       [](F32Array q, I8Array kq, U16Array ks, int n, float scale) {
@@ -171,7 +177,14 @@ void register_kernels(py::module_& m) {
       },
       py::arg("q"), py::arg("kt"), py::arg("kq"), py::arg("ks"), py::arg("p"), py::arg("v"), py::arg("vq"),
       py::arg("vs"), py::arg("n"), py::arg("scale"), "a group of heads through the attention kernels, one page");
+}
 
+}  // namespace
+
+void register_kernels(py::module_& m) {
+  register_elementwise(m);
+  register_attention_f16(m);
+  register_attention_q8(m);
 }
 
 }  // namespace ctx
