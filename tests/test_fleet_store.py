@@ -163,17 +163,25 @@ def test_a_master_killed_mid_snapshot_loses_no_committed_snapshot(model, tmp_pat
         with ce.Store(tmp_path / "s", fleet=cluster.url, host_id="a") as store:
             ctx = model.context("killed")
             ctx.append(tokens(model, 64))
-            committed, errors = [], []
+            committed, local_only, errors = {}, [], []
             stop = threading.Event()
 
             def snapshots():
                 i = 0
                 while not stop.is_set() and not errors:
                     ctx.append(tokens(model, 40)[i % 7:][:17])  # new pages every time
+                    moved = store.fleet.stats().refs_moved
                     try:
-                        committed.append(ctx.snapshot(store, ref=f"k/{i}"))
+                        sid = ctx.snapshot(store, ref=f"k/{i}")
                     except StoreError as e:
                         errors.append(e)
+                    else:
+                        # Acknowledged by the fleet, or (a failover that outlasts the retry
+                        # deadline, on a loaded machine) kept local-only with a warning.
+                        if store.fleet.stats().refs_moved > moved:
+                            committed[f"k/{i}"] = sid
+                        else:
+                            local_only.append(f"k/{i}")
                     i += 1
 
             worker = threading.Thread(target=snapshots)
@@ -193,13 +201,16 @@ def test_a_master_killed_mid_snapshot_loses_no_committed_snapshot(model, tmp_pat
         # a fresh reader: every committed snapshot whole, every visible one whole
         with ce.Store(tmp_path / "reader", fleet=cluster.url) as reader:
             refs = reader.fleet.refs()
-            # (named, so a failure says which acknowledged ref the fleet lost or moved)
-            lost = {f"k/{i}": (sid, refs.get(f"k/{i}")) for i, sid in enumerate(committed) if refs.get(f"k/{i}") != sid}
-            assert not lost and len(refs) == len(committed), (lost, sorted(refs))
+            # every ref the fleet acknowledged is there, at its snapshot; no other is
+            lost = {name: (sid, refs.get(name)) for name, sid in committed.items() if refs.get(name) != sid}
+            assert not lost and set(refs) == set(committed), (lost, sorted(refs), local_only)
             for sid in {k[len("ctx:m:"):] for k in cluster.keys("ctx:m:*")}:
                 m = reader.get_manifest(sid)
                 assert not reader.fleet.missing_pages(m.page_keys), f"snapshot {sid} is half there"
-            last = model.restore(reader, refs[f"k/{len(committed) - 1}"], name="last")
-            assert last.tokens == ctx.tokens
+            newest = max(committed, key=lambda name: int(name[2:]))
+            last = model.restore(reader, refs[newest], name="last")
+            assert ctx.tokens[:len(last.tokens)] == last.tokens
+            if not local_only or int(local_only[-1][2:]) < int(newest[2:]):
+                assert last.tokens == ctx.tokens
     finally:
         cluster.stop()
