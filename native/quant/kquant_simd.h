@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "quant/quant_impl.h"
+#include "quant/simd_common.h"
 
 #ifndef KQ_VNNI
 #error "define KQ_VNNI before including kquant_simd.h"
@@ -231,13 +232,6 @@ inline void pair_step(const SuperBlock& s, const BlockQ8K& y, PairAcc& a) {
     const __m128i q8s = _mm_hadd_epi16(_mm256_castsi256_si128(bsums), _mm256_extracti128_si256(bsums, 1));
     a.summ = std::fma(dmin, static_cast<float>(hsum_i32_4(_mm_madd_epi16(s.mins8, q8s))), a.summ);
   }
-}
-
-// hsum8: lanes i + 4 (the high 128 bits), then i + 2 (movehl), then i + 1 (movehdup).
-inline float hsum8_ps(__m256 a) {
-  const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-  const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-  return _mm_cvtss_f32(_mm_add_ss(s2, _mm_movehdup_ps(s2)));
 }
 
 template <DType T>

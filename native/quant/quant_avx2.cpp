@@ -27,43 +27,20 @@
 #include <cstring>
 
 #include "quant/quant_impl.h"
+#include "quant/simd_common.h"
 
 namespace ctx::qk {
 
 namespace {
 
-// hsum8: lanes i + 4 (the high 128 bits), then i + 2 (movehl), then i + 1 (movehdup).
-float hsum8_ps(__m256 a) {
-  const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-  const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-  return _mm_cvtss_f32(_mm_add_ss(s2, _mm_movehdup_ps(s2)));
-}
-
 // hsum16 of lanes (lo, hi): the w = 8 step is exactly lo + hi, the rest is hsum8.
 float hsum16_ps(__m256 lo, __m256 hi) { return hsum8_ps(_mm256_add_ps(lo, hi)); }
-
-uint16_t load_u16(const uint8_t* p) {
-  uint16_t v;
-  std::memcpy(&v, p, sizeof(v));
-  return v;
-}
 
 // ---------------------------------------------------------------------------
 // Integer matmul
 
 constexpr size_t block_bytes(DType t) { return block_bytes_q(t); }
 
-// The 32 bits at p as 32 bytes, 0xFF where the bit is set: byte k is bit k.
-__m256i bytes_from_bits(const uint8_t* p) {
-  uint32_t bits;
-  std::memcpy(&bits, p, sizeof(bits));
-  // Byte k takes source byte k / 8, then every bit but k % 8 is forced on.
-  const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(bits)),
-                                             _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202,
-                                                               0x0101010101010101, 0x0000000000000000));
-  const __m256i probe = _mm256_or_si256(spread, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe));
-  return _mm256_cmpeq_epi8(probe, _mm256_set1_epi64x(-1));
-}
 
 // One weight block, unpacked: `u` is what goes into vpmaddubsw's unsigned
 // operand (Q4_1, Q5_1: q; Q4_0, Q5_0, Q8_0: |w|), `sign` the signed weights

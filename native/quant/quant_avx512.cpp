@@ -36,30 +36,13 @@
 #include <vector>
 
 #include "quant/quant_impl.h"
+#include "quant/simd_common.h"
 
 namespace ctx::qk {
 
 namespace {
 
 constexpr int kTile = 4;  // max weight rows and activation rows per tile (prefill)
-
-float hsum8_ps(__m256 a) {
-  const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-  const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-  return _mm_cvtss_f32(_mm_add_ss(s2, _mm_movehdup_ps(s2)));
-}
-
-uint16_t load_u16(const uint8_t* p) {
-  uint16_t v;
-  std::memcpy(&v, p, sizeof(v));
-  return v;
-}
-
-uint32_t load_u32(const uint8_t* p) {
-  uint32_t v;
-  std::memcpy(&v, p, sizeof(v));
-  return v;
-}
 
 // ---------------------------------------------------------------------------
 // Integer matmul

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "quant/quant_impl.h"
+#include "quant/simd_common.h"
 
 namespace ctx::qk {
 
@@ -59,13 +60,6 @@ inline __m256i weights(const uint8_t* blk) {
   return _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2)), _mm256_set1_epi8(-128));
 }
 
-// hsum8: lanes i + 4, then i + 2, then i + 1 (quant.h).
-inline float hsum8(__m256 a) {
-  const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-  const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-  return _mm_cvtss_f32(_mm_add_ss(s2, _mm_movehdup_ps(s2)));
-}
-
 // Rows [o, o + NR) of W against the prepared x.
 template <int NR>
 void rows(const uint8_t* w0, size_t row_bytes, int nb, const XRow& x, float* y) {
@@ -96,7 +90,7 @@ void rows(const uint8_t* w0, size_t row_bytes, int nb, const XRow& x, float* y) 
       }
     }
   }
-  for (int r = 0; r < NR; ++r) y[r] = hsum8(acc[r]);
+  for (int r = 0; r < NR; ++r) y[r] = hsum8_ps(acc[r]);
 }
 
 }  // namespace

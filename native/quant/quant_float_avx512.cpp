@@ -6,18 +6,13 @@
 #include <cstring>
 
 #include "quant/quant_impl.h"
+#include "quant/simd_common.h"
 
 namespace ctx::qk {
 
 namespace {
 
 constexpr int kTile = 4;  // max weight rows and activation rows per tile
-
-float hsum8_ps(__m256 a) {
-  const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-  const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-  return _mm_cvtss_f32(_mm_add_ss(s2, _mm_movehdup_ps(s2)));
-}
 
 // hsum16: the w = 8 step adds the two halves, the rest is hsum8.
 float hsum16_ps(__m512 a) { return hsum8_ps(_mm256_add_ps(_mm512_castps512_ps256(a), _mm512_extractf32x8_ps(a, 1))); }

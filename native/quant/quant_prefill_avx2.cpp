@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "quant/quant_impl.h"
+#include "quant/simd_common.h"
 
 namespace ctx::qk {
 
@@ -45,28 +46,8 @@ struct Scratch {
 
 constexpr int weight_bias(DType t) { return t == DType::Q4_0 ? 8 : t == DType::Q5_0 ? 16 : 0; }
 
-uint16_t load_u16(const uint8_t* p) {
-  uint16_t v;
-  std::memcpy(&v, p, sizeof(v));
-  return v;
-}
-
-float hsum8_ps(__m256 a) {
-  const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-  const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-  return _mm_cvtss_f32(_mm_add_ss(s2, _mm_movehdup_ps(s2)));
-}
-
 // The 32 bits at p as 32 bytes, 0x10 where the bit is set (Q5_*'s bit 4).
-__m256i high_bits(const uint8_t* p) {
-  uint32_t bits;
-  std::memcpy(&bits, p, sizeof(bits));
-  const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(bits)),
-                                             _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202,
-                                                               0x0101010101010101, 0x0000000000000000));
-  const __m256i probe = _mm256_or_si256(spread, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe));
-  return _mm256_and_si256(_mm256_cmpeq_epi8(probe, _mm256_set1_epi64x(-1)), _mm256_set1_epi8(0x10));
-}
+__m256i high_bits(const uint8_t* p) { return _mm256_and_si256(bytes_from_bits(p), _mm256_set1_epi8(0x10)); }
 
 template <DType T>
 void prep_x(const BlockQ8A* X, int nb, int rows, Scratch& s) {

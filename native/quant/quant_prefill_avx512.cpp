@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "quant/quant_impl.h"
+#include "quant/simd_common.h"
 
 namespace ctx::qk {
 
@@ -60,18 +61,6 @@ struct Scratch {
   std::vector<Lanes16> sc;      // [block][k]: f16(d_w) * d_x for tile row k, the group's rows
   std::vector<Lanes16> summ;    // [k]: the min sums of tile row k, the group's rows
 };
-
-uint16_t load_u16(const uint8_t* p) {
-  uint16_t v;
-  std::memcpy(&v, p, sizeof(v));
-  return v;
-}
-
-uint32_t load_u32(const uint8_t* p) {
-  uint32_t v;
-  std::memcpy(&v, p, sizeof(v));
-  return v;
-}
 
 // hsum8 of four accumulators at once: lane k is hsum8(a[k]), by hsum8's own
 // steps on each: the 128-bit halves (lanes i + 4), then lanes i + 2, then i + 1.
