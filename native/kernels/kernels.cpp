@@ -14,13 +14,6 @@ namespace ctx {
 
 namespace {
 
-// AVX-512 decode (one activation row) of Q8_0 has its own kernel.
-void matmul_q_avx512(DType t, const void* W, int n_in, int o0, int o1, const BlockQ8A* Xq, int n_x, float* Y,
-                     size_t y_stride) {
-  if (n_x == 1 && qk::matvec_q_avx512(t, W, n_in, o0, o1, Xq, Y)) return;
-  qk::matmul_q_avx512(t, W, n_in, o0, o1, Xq, n_x, Y, y_stride);
-}
-
 const Kernels& scalar_table() {
   static const Kernels k = [] {
     Kernels t{};
@@ -78,7 +71,7 @@ const Kernels& avx512_table() {
     t.isa = Isa::avx512;
     t.f32_to_f16_row = qk::f32_to_f16_row_avx512;
     t.quantize_row_q8k = qk::quantize_row_q8k_avx512;
-    t.matmul_q = matmul_q_avx512;
+    t.matmul_q = qk::matmul_q_avx512;
     t.matmul_k = qk::matmul_k_avx512;
     t.matmul_f = qk::matmul_f_avx512;
     t.attn_scores_f16 = attn::scores_avx512;

@@ -338,8 +338,10 @@ void matmul_q_impl(const void* W, int n_in, int o0, int o1, const BlockQ8A* Xq, 
 void matmul_q_avx512(DType t, const void* W, int n_in, int o0, int o1, const BlockQ8A* Xq, int n_x, float* Y,
                      size_t y_stride) {
   // From 16 activation rows on, unpacking each weight tile once (to memory)
-  // beats unpacking it in registers per group of rows (quant_prefill_avx512.cpp).
+  // beats unpacking it in registers per group of rows (quant_prefill_avx512.cpp);
+  // one row (decode) of Q8_0 has its own kernel (quant_decode_avx512.cpp).
   if (n_x >= 16) return matmul_q_prefill_avx512(t, W, n_in, o0, o1, Xq, n_x, Y, y_stride);
+  if (n_x == 1 && matvec_q_avx512(t, W, n_in, o0, o1, Xq, Y)) return;
   switch (t) {
     case DType::Q4_0: return matmul_q_impl<DType::Q4_0>(W, n_in, o0, o1, Xq, n_x, Y, y_stride);
     case DType::Q4_1: return matmul_q_impl<DType::Q4_1>(W, n_in, o0, o1, Xq, n_x, Y, y_stride);
