@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 
 #include "models/attention.h"
 
@@ -64,14 +65,20 @@ void score_keys(const float* q, int hd, int n, float scale, float* scores, int s
   }
 }
 
+// f(std::integral_constant<int, G>{}) for a group of g heads (1..kMaxGroup).
+template <typename F>
+void with_group(int g, F f) {
+  switch (g) {
+    case 1: return f(std::integral_constant<int, 1>{});
+    case 2: return f(std::integral_constant<int, 2>{});
+    case 3: return f(std::integral_constant<int, 3>{});
+    default: return f(std::integral_constant<int, 4>{});
+  }
+}
+
 template <typename Key>
 void score_heads(const float* q, int g, int hd, int n, float scale, float* scores, int score_stride, Key key) {
-  switch (g) {
-    case 1: return score_keys<1>(q, hd, n, scale, scores, score_stride, key);
-    case 2: return score_keys<2>(q, hd, n, scale, scores, score_stride, key);
-    case 3: return score_keys<3>(q, hd, n, scale, scores, score_stride, key);
-    default: return score_keys<4>(q, hd, n, scale, scores, score_stride, key);
-  }
+  with_group(g, [&](auto G) { score_keys<decltype(G)::value>(q, hd, n, scale, scores, score_stride, key); });
 }
 
 void scores_avx512(const float* q, int g, const uint16_t* kt, int hd, int stride, int n, float scale, float* scores,
@@ -128,12 +135,7 @@ void accumulate_heads(int n, int hd, float* out, Value value, Weight weight) {
 
 template <typename Value, typename Weight>
 void accumulate_group(int g, int n, int hd, float* out, Value value, Weight weight) {
-  switch (g) {
-    case 1: return accumulate_heads<1>(n, hd, out, value, weight);
-    case 2: return accumulate_heads<2>(n, hd, out, value, weight);
-    case 3: return accumulate_heads<3>(n, hd, out, value, weight);
-    default: return accumulate_heads<4>(n, hd, out, value, weight);
-  }
+  with_group(g, [&](auto G) { accumulate_heads<decltype(G)::value>(n, hd, out, value, weight); });
 }
 
 void accumulate_avx512(const float* p, int p_stride, int g, const uint16_t* const* pages, int /*pt: 16*/,
