@@ -15,6 +15,7 @@ from typing import Iterable
 
 from ..errors import CtxError, ModelNotFoundError
 from .gguf_file import open_gguf
+from .gguf_split import is_later_part
 from .model_source import CatalogEntry, canonical_name, find_in_sources
 from .registry import DEFAULT, MODELS, is_known_name, resolve_model
 
@@ -75,7 +76,7 @@ class ModelCatalog:
         if not folder.is_dir():
             raise ModelNotFoundError(f"models directory {folder} does not exist")
         for path in sorted(folder.rglob("*.gguf")):
-            if path.is_file():
+            if path.is_file() and not is_later_part(path):  # a split model is listed by its first part
                 self.add(_file_entry(path, "models-dir"))
 
     def add_packaged(self) -> None:
