@@ -38,6 +38,7 @@ class ModelCatalog:
             cat.add_dir(models_dir)
         if packaged:
             cat.add_packaged()
+            cat.add_pulled()
         return cat
 
     # -- building -------------------------------------------------------------------
@@ -87,6 +88,16 @@ class ModelCatalog:
             error = None if path is not None else f"not installed: {known.how_to_get}"
             self.add(CatalogEntry(known.name, path, "packaged", aliases=known.aliases, error=error,
                                   modified=_mtime(path)))
+
+    def add_pulled(self) -> None:
+        """Models ``ctx pull hf://...`` fetched, by the names they were pulled as."""
+        from .hf_pull import pulled_paths  # imports huggingface_hub: only when something was pulled
+
+        for name, aliases, path, error in pulled_paths():
+            entry = _file_entry(path, "hf", name=name) if path is not None else CatalogEntry(name, None, "hf")
+            entry.aliases = tuple(aliases)
+            entry.error = entry.error or error
+            self.add(entry)
 
     # -- reading --------------------------------------------------------------------
     def entries(self) -> list[CatalogEntry]:
