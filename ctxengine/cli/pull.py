@@ -134,5 +134,5 @@ def _report(name: str, total: int, received: int, resumed: int) -> None:
     how = f"{received / 2**20:.1f} MiB fetched" if received else "already here, nothing fetched"
     if resumed:
         how += f", {resumed / 2**20:.1f} MiB resumed from an earlier pull"
-    print(f"ctx pull: {name} ({total / 2**20:.1f} MiB): {how}; serve it with: ctx serve -m {name}",
+    print(f"ctx pull: {name} ({total / 2**20:.1f} MiB): {how}; ctx run -m {name} runs it, ctx serve serves it",
           file=sys.stderr)
