@@ -91,3 +91,16 @@ def test_offline_uses_the_cache_or_says_what_is_missing(hub, tmp_path):
     r = ctx("run", "-m", f"hf.co/{SMOL_REPO}:Q4_1", "-n", "4", "--raw", "Hello", home=tmp_path,
             env={**offline, "HF_ENDPOINT": "http://127.0.0.1:9"})
     assert r.returncode == 0, r.stderr
+
+
+def test_tampered_download_is_refused_and_deleted(hub, tmp_path, smollm2_path):
+    from hub_servers import sha256_of
+    digest = sha256_of(smollm2_path)
+    hub.tamper.add(digest)
+    try:
+        r = pull(f"hf://{SMOL_REPO}:Q4_1", home=tmp_path, env=hub_env(hub, tmp_path))
+    finally:
+        hub.tamper.discard(digest)
+    error = r.stderr.strip().splitlines()[-1]
+    assert r.returncode == 1 and error.startswith("ctx pull: error: ") and "partial download was deleted" in error
+    assert not list((tmp_path / "hf").rglob("*.incomplete")) and not list((tmp_path / "hf").rglob("*.gguf"))

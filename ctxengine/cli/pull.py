@@ -97,7 +97,7 @@ def _pull_hf(spec: str) -> int:
     from ..engine.hf_pull import pull_hf
 
     pulled = pull_hf(spec)
-    _report(pulled.spec.name, pulled.total, pulled.received, pulled.resumed)
+    _report(pulled.spec.name, pulled.total, pulled.received, pulled.resumed, pulled.seconds)
     print(pulled.path)
     return 0
 
@@ -120,7 +120,7 @@ def _pull_ollama(spec: str, ollama_models: str | None) -> int:
     if ollama_models is not None:
         store = ollama_models or os.environ.get("OLLAMA_MODELS") or str(Path.home() / ".ollama" / "models")
     pulled = pull_ollama(spec, store=store)
-    _report(pulled.entry.name, pulled.total, pulled.received, pulled.resumed)
+    _report(pulled.entry.name, pulled.total, pulled.received, pulled.resumed, pulled.seconds)
     if not pulled.entry.servable:
         raise CtxError(f"pulled {pulled.entry.name} into {pulled.manifest.parents[4]}, but it cannot be "
                        f"served here: {pulled.entry.error}")
@@ -128,10 +128,11 @@ def _pull_ollama(spec: str, ollama_models: str | None) -> int:
     return 0
 
 
-def _report(name: str, total: int, received: int, resumed: int) -> None:
+def _report(name: str, total: int, received: int, resumed: int, seconds: float) -> None:
     import sys
 
-    how = f"{received / 2**20:.1f} MiB fetched" if received else "already here, nothing fetched"
+    rate = f" in {seconds:.2f} s ({received / seconds / 1e6:.0f} MB/s)" if received and seconds else ""
+    how = f"{received / 2**20:.1f} MiB fetched{rate}" if received else "already here, nothing fetched"
     if resumed:
         how += f", {resumed / 2**20:.1f} MiB resumed from an earlier pull"
     print(f"ctx pull: {name} ({total / 2**20:.1f} MiB): {how}; ctx run -m {name} runs it, ctx serve serves it",

@@ -23,6 +23,7 @@ import hashlib
 import json
 import os
 import re
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -62,6 +63,7 @@ class PulledHf:
     total: int = 0           # bytes of the files
     received: int = 0        # bytes this pull took from the network
     resumed: int = 0         # bytes an interrupted pull had already fetched
+    seconds: float = 0.0     # spent moving and checking the bytes
 
 
 def pull_hf(text: str) -> PulledHf:
@@ -79,12 +81,14 @@ def pull_hf(text: str) -> PulledHf:
         Path(hub.cache_dir).mkdir(parents=True, exist_ok=True)
         check_free_space(Path(hub.cache_dir), sum(siblings[f] for f in choice.files))
         pulled = PulledHf(spec, info.sha, choice.files, Path())
+        started = time.perf_counter()
         for i, name in enumerate(choice.files):
             path, received, resumed = _download(spec.repo, name, info.sha, hub)
             pulled.path = path if i == 0 else pulled.path
             pulled.total += path.stat().st_size
             pulled.received += received
             pulled.resumed += resumed
+        pulled.seconds = time.perf_counter() - started
     except Exception as err:  # huggingface_hub's errors, worded for the user; others re-raised
         if _is_network_error(err) and not _is_http_error(err):
             return _from_cache(spec, hub, f"{hub.endpoint} cannot be reached ({err.__class__.__name__}: {err})")
@@ -115,27 +119,61 @@ def _download(repo: str, filename: str, commit: str, hub: HubSettings) -> tuple[
         same_host = meta.location.startswith(hub.endpoint + "/")
         with open(partial, "r+b" if resumed else "wb") as out:
             out.truncate(resumed)
-            out.seek(resumed)
-            http_get(meta.location, out, resume_size=resumed, headers=build_hf_headers() if same_host else {},
+            hashing = _HashingFile(out, resumed)
+            http_get(meta.location, hashing, resume_size=resumed, headers=build_hf_headers() if same_host else {},
                      expected_size=meta.size, displayed_filename=filename.rsplit("/", 1)[-1])
         received = partial.stat().st_size - resumed
-        _verify(partial, meta.etag, filename)
+        _verify(partial, meta.etag, filename, hashing.digest())
         os.replace(partial, blob)
     path = hf_hub_download(repo, filename, revision=commit, cache_dir=hub.cache_dir, endpoint=hub.endpoint)
     return Path(path), received, resumed
 
 
-def _verify(partial: Path, etag: str, filename: str) -> None:
+class _HashingFile:
+    """The partial file as http_get writes it, hashed on the way (no second read of
+    the file); the bytes an earlier pull left are hashed first. A rewind (a server
+    that ignored the range) leaves the digest to a re-read."""
+
+    def __init__(self, out, kept: int):
+        self.out, self.h = out, hashlib.sha256()
+        out.seek(0)
+        while kept > 0 and (chunk := out.read(min(8 << 20, kept))):
+            self.h.update(chunk)
+            kept -= len(chunk)
+
+    def write(self, data) -> int:
+        if self.h is not None:
+            self.h.update(data)
+        return self.out.write(data)
+
+    def seek(self, *args) -> int:
+        self.h = None
+        return self.out.seek(*args)
+
+    def truncate(self, *args) -> int:
+        self.h = None
+        return self.out.truncate(*args)
+
+    def __getattr__(self, name: str):
+        return getattr(self.out, name)
+
+    def digest(self) -> str | None:
+        return self.h.hexdigest() if self.h is not None else None
+
+
+def _verify(partial: Path, etag: str, filename: str, digest: str | None) -> None:
     """An LFS file's etag is its sha256: a mismatch deletes the partial file."""
     if not _SHA256.match(etag):
         return
-    h = hashlib.sha256()
-    with open(partial, "rb") as f:
-        while chunk := f.read(8 << 20):
-            h.update(chunk)
-    if h.hexdigest() != etag:
+    if digest is None:
+        h = hashlib.sha256()
+        with open(partial, "rb") as f:
+            while chunk := f.read(8 << 20):
+                h.update(chunk)
+        digest = h.hexdigest()
+    if digest != etag:
         partial.unlink(missing_ok=True)
-        raise CorruptDataError(f"{filename}: the downloaded bytes have sha256 {h.hexdigest()}, the Hub says "
+        raise CorruptDataError(f"{filename}: the downloaded bytes have sha256 {digest}, the Hub says "
                                f"{etag}; the partial download was deleted (run the pull again)")
 
 

@@ -10,7 +10,10 @@ renamed into place; a mismatch deletes the partial and says so.
 from __future__ import annotations
 
 import hashlib
+import http.client
 import os
+import queue
+import threading
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
@@ -21,6 +24,7 @@ from ..engine.disk import storage_error
 from ..errors import CorruptDataError, CtxError
 
 CHUNK = 4 << 20          # bytes a read asks for; large reads keep loopback near memcpy speed
+BUFFERS = 3              # in flight between receiving and hashing/writing
 TIMEOUT = 60.0           # seconds without a byte before the transfer counts as stalled
 
 
@@ -56,10 +60,11 @@ def fetch_blob(url: str, final: Path, sha256_hex: str, size: int | None, *, head
                 received = _stream(response, partial, have, h, progress)
         except urllib.error.HTTPError as err:
             raise describe(err) from None
-        except (urllib.error.URLError, TimeoutError, ConnectionError) as err:
-            reason = getattr(err, "reason", err)
+        except (urllib.error.URLError, http.client.HTTPException, TimeoutError, ConnectionError) as err:
+            reason = getattr(err, "reason", None) or err.__class__.__name__
+            kept = partial.stat().st_size if partial.exists() else 0
             raise CtxError(f"download of {final.name} from {url} broke off ({reason}); "
-                           f"{have + received} bytes kept in {partial.name}: run the pull again to resume") from None
+                           f"{kept} bytes kept in {partial.name}: run the pull again to resume") from None
     got = h.hexdigest()
     if got != sha256_hex:
         partial.unlink(missing_ok=True)
@@ -87,20 +92,52 @@ def _hash_existing(partial: Path, size: int | None):
 
 
 def _stream(response, partial: Path, have: int, h: "hashlib._Hash", progress: Callable[[int], None]) -> int:
-    """Append the response body to the partial file (truncated to ``have``); bytes received."""
+    """Append the response body to the partial file (truncated to ``have``); bytes received.
+
+    Two stages overlap: this thread receives into one of BUFFERS buffers while
+    another hashes and writes the one before (socket reads, sha256 of large
+    buffers and file writes all release the GIL), so a fast link is not slowed
+    to the sum of the three."""
+    free: queue.Queue = queue.Queue()
+    full: queue.Queue = queue.Queue()
+    for _ in range(BUFFERS):
+        free.put(memoryview(bytearray(CHUNK)))
+    failed: list[OSError] = []
     received = 0
-    buf = bytearray(CHUNK)
-    view = memoryview(buf)
+
+    def hash_and_write(out) -> None:
+        while (item := full.get()) is not None:
+            view, n = item
+            if not failed:
+                try:
+                    h.update(view[:n])
+                    out.write(view[:n])
+                    progress(n)
+                except OSError as err:
+                    failed.append(err)
+            free.put(view)
+
     try:
         with open(partial, "r+b" if have else "wb") as out:
             out.truncate(have)
             out.seek(have)
-            while n := response.readinto(view):
-                chunk = view[:n]
-                h.update(chunk)  # releases the GIL for large buffers
-                out.write(chunk)
-                received += n
-                progress(n)
+            writer = threading.Thread(target=hash_and_write, args=(out,), name="blob-write", daemon=True)
+            writer.start()
+            try:
+                while not failed:
+                    view = free.get()
+                    n = response.readinto(view)
+                    if not n:
+                        break
+                    full.put((view, n))
+                    received += n
+            finally:
+                full.put(None)
+                writer.join()
+            if failed:
+                raise failed[0]
     except OSError as err:
+        if isinstance(err, (ConnectionError, TimeoutError)):
+            raise
         raise storage_error(err, partial.parent) from None
     return received

@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -56,6 +57,7 @@ class PulledModel:
     total: int              # bytes of all its blobs
     received: int           # bytes this pull took from the network
     resumed: int            # bytes an earlier, interrupted pull had already fetched
+    seconds: float = 0.0    # spent moving and checking the bytes (not naming or validating the model)
 
 
 def registry_base(name: OllamaName) -> str:
@@ -86,6 +88,7 @@ def pull_ollama(spec: str, *, store: str | os.PathLike | None = None, progress=N
         raise storage_error(err, blob_dir) from None
     check_free_space(blob_dir, needed)
     received = resumed = 0
+    started = time.perf_counter()
     with _bar(progress, total, name) as bar:
         for hex_, size in blobs:
             url = f"{base}/v2/{name.namespace}/{name.model}/blobs/sha256:{hex_}"
@@ -93,8 +96,9 @@ def pull_ollama(spec: str, *, store: str | os.PathLike | None = None, progress=N
                              progress=bar.update, describe=lambda err: _http_error(err, name, base, "blob"))
             received += got.received
             resumed += got.resumed_from
+    seconds = time.perf_counter() - started
     manifest = _write_manifest(root, name, raw)
-    return PulledModel(read_manifest(root, name, manifest), manifest, total, received, resumed)
+    return PulledModel(read_manifest(root, name, manifest), manifest, total, received, resumed, seconds)
 
 
 def _manifest(base: str, name: OllamaName, root: Path) -> bytes:
