@@ -30,7 +30,7 @@ from pathlib import Path
 from .. import paths
 from ..errors import CorruptDataError, CtxError, ModelNotFoundError
 from .disk import check_free_space, storage_error
-from .hf_files import HfSpec, choose, parse_hf_spec
+from .hf_files import Choice, HfSpec, choose, parse_hf_spec
 
 INDEX = "hf-models.json"
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
@@ -178,31 +178,31 @@ def _verify(partial: Path, etag: str, filename: str, digest: str | None) -> None
 
 
 # -- the cache, offline ------------------------------------------------------------------
-def cached_files(repo: str, hub: HubSettings | None = None) -> tuple[str | None, list[str]]:
-    """(commit, files) of the repo's newest snapshot in the cache: what loads offline."""
+def cached_snapshots(repo: str, hub: HubSettings) -> list[tuple[str, list[str]]]:
+    """(commit, files present) of each snapshot of the repo in the cache, newest first."""
     from huggingface_hub.file_download import repo_folder_name
 
-    hub = hub or hub_settings()
     snapshots = Path(hub.cache_dir, repo_folder_name(repo_id=repo, repo_type="model"), "snapshots")
     found = sorted((p for p in snapshots.glob("*") if p.is_dir()), key=lambda p: p.stat().st_mtime, reverse=True)
-    if not found:
-        return None, []
-    files = sorted(p.relative_to(found[0]).as_posix() for p in found[0].rglob("*") if p.is_file())
-    return found[0].name, files
+    return [(s.name, sorted(p.relative_to(s).as_posix() for p in s.rglob("*") if p.is_file())) for s in found]
+
+
+def _cached_choice(spec: HfSpec, hub: HubSettings) -> tuple[str, Choice] | None:
+    """The newest snapshot holding every file of the model the spec names."""
+    for commit, files in cached_snapshots(spec.repo, hub):
+        try:
+            return commit, choose(spec, files)
+        except ModelNotFoundError:
+            continue
+    return None
 
 
 def cached_model(text: str) -> Path | None:
     """The (first) file of a model already in the cache, found without the network."""
     spec = parse_hf_spec(text)
     hub = hub_settings()
-    commit, files = cached_files(spec.repo, hub)
-    if commit is None:
-        return None
-    try:
-        choice = choose(spec, files)
-    except ModelNotFoundError:
-        return None
-    return _snapshot(hub, spec.repo, commit) / choice.first
+    found = _cached_choice(spec, hub)
+    return _snapshot(hub, spec.repo, found[0]) / found[1].first if found is not None else None
 
 
 def _snapshot(hub: HubSettings, repo: str, commit: str) -> Path:
@@ -212,15 +212,12 @@ def _snapshot(hub: HubSettings, repo: str, commit: str) -> Path:
 
 
 def _from_cache(spec: HfSpec, hub: HubSettings, why: str) -> PulledHf:
-    commit, files = cached_files(spec.repo, hub)
-    try:
-        choice = choose(spec, files) if commit else None
-    except ModelNotFoundError:
-        choice = None
-    if choice is None:
-        have = ", ".join(f for f in files if f.endswith(".gguf")) or "nothing"
+    found = _cached_choice(spec, hub)
+    if found is None:
+        have = sorted({f for _, files in cached_snapshots(spec.repo, hub) for f in files if f.endswith(".gguf")})
         raise ModelNotFoundError(f"{why}: {spec.name} is not in the Hugging Face cache {hub.cache_dir} "
-                                 f"(cached from {spec.repo}: {have})")
+                                 f"(cached from {spec.repo}: {', '.join(have) or 'nothing'})")
+    commit, choice = found
     pulled = PulledHf(spec, commit, choice.files, _snapshot(hub, spec.repo, commit) / choice.first)
     remember(pulled)
     return pulled
