@@ -263,9 +263,9 @@ def test_huge_array_length(tmp_path, small):
 
 
 def test_metadata_arrays_are_capped(tmp_path, monkeypatch):
-    from ctxengine.engine import gguf_file
+    from ctxengine.engine import gguf_cursor  # the metadata readers live there
 
-    monkeypatch.setattr(gguf_file, "MAX_METADATA_ELEMENTS", 4)
+    monkeypatch.setattr(gguf_cursor, "MAX_METADATA_ELEMENTS", 4)
     data = write_gguf(tmp_path / "m.gguf", tokens=("a", "b", "c", "d", "e")).read_bytes()
     expect_error(tmp_path, data, "more than 4 elements in all")
 

@@ -108,6 +108,7 @@ def test_bad_names_are_refused(name):
 
 
 def test_roots(tmp_path, monkeypatch, store):
+    monkeypatch.setenv("CTX_HOME", str(tmp_path / "ctx"))
     monkeypatch.setenv("OLLAMA_MODELS", str(store))
     assert ollama_roots() == [store]
     monkeypatch.setenv("OLLAMA_MODELS", str(tmp_path / "nowhere"))
@@ -116,6 +117,8 @@ def test_roots(tmp_path, monkeypatch, store):
     monkeypatch.setenv("HOME", str(tmp_path))
     (tmp_path / ".ollama" / "models" / "manifests").mkdir(parents=True)
     assert tmp_path / ".ollama" / "models" in ollama_roots()
+    (tmp_path / "ctx" / "ollama" / "manifests").mkdir(parents=True)  # ctx pull ollama://'s own store
+    assert ollama_roots()[-1] == tmp_path / "ctx" / "ollama"
 
 
 # -- the catalog ------------------------------------------------------------------------

@@ -16,11 +16,27 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
                         "vq8 (V 8-bit); a context restores only into a model loaded with its dtype")
 
 
+def add_hf_argument(p: argparse.ArgumentParser, *, repeatable: bool = False) -> None:
+    """``-hf ORG/REPO[:QUANT]``, as llama.cpp spells it: pulled first unless cached (docs/pull.md)."""
+    p.add_argument("-hf", "--hf-repo", dest="hf", metavar="ORG/REPO[:QUANT]", action="append" if repeatable else "store",
+                   default=[] if repeatable else None,
+                   help="a GGUF model from the Hugging Face Hub, pulled into its cache first when not there"
+                        + (" (repeatable)" if repeatable else ""))
+
+
+def hf_model(spec: str) -> str:
+    """Pull ``-hf``'s model when the cache lacks it; the name it is served and loaded by."""
+    from ..engine.hf_pull import pull_hf
+
+    return pull_hf(spec).spec.name
+
+
 def load_model(args: argparse.Namespace, *, threads: int | None = None):
-    """The model the arguments name; ``threads`` overrides ``--threads``."""
+    """The model the arguments name (``-hf`` before ``-m``); ``threads`` overrides ``--threads``."""
     from ..state.model import load
 
-    return load(args.model, threads=threads or args.threads, kv=args.kv)
+    spec = hf_model(args.hf) if getattr(args, "hf", None) else args.model
+    return load(spec, threads=threads or args.threads, kv=args.kv)
 
 
 def add_sampling_arguments(p: argparse.ArgumentParser, *, max_tokens: int, seed_help: str) -> None:

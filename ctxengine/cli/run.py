@@ -9,12 +9,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .common import (add_grammar_arguments, add_model_arguments, add_sampling_arguments, grammar_options, load_model,
-                     sampling_options)
+from .common import (add_grammar_arguments, add_hf_argument, add_model_arguments, add_sampling_arguments,
+                     grammar_options, load_model, sampling_options)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_model_arguments(p)
+    add_hf_argument(p)
     p.add_argument("prompt", nargs="?", help="the prompt (default: standard input, or a chat on a terminal)")
     p.add_argument("--raw", action="store_true", help="do not apply the chat template")
     p.add_argument("--system", default=None, help="system message (chat template only)")

@@ -13,7 +13,7 @@ import signal
 import sys
 import threading
 
-from .common import KV_DTYPES
+from .common import KV_DTYPES, add_hf_argument, hf_model
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_HTTP_PORT = 11435
@@ -27,6 +27,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-m", "--model", action="append", default=[], metavar="PATH",
                    help="a .gguf file or known name to serve (repeatable; the packaged SmolLM2 is always served)")
     p.add_argument("--models-dir", metavar="DIR", default=None, help="serve every .gguf file under DIR")
+    add_hf_argument(p, repeatable=True)
     p.add_argument("--host", default=DEFAULT_HOST, help=f"address to bind (default {DEFAULT_HOST}: loopback only)")
     p.add_argument("--port", type=int, default=DEFAULT_HTTP_PORT,
                    help=f"HTTP port (default {DEFAULT_HTTP_PORT}; 0 turns HTTP off)")
@@ -49,6 +50,7 @@ def build_runtime(args: argparse.Namespace):
     from ..serving.runtime import Runtime
     from ..store import Store
 
+    args.model = [*args.model, *(hf_model(spec) for spec in args.hf)]  # pulled first when not cached
     budget = None if args.memory_budget is None else int(args.memory_budget * (1 << 30))
     return Runtime(catalog_from_args(args), store=Store(args.store, fleet=args.fleet), threads=args.threads, kv=args.kv,
                    memory_budget=budget, prefix_cache_entries=args.prefix_cache)

@@ -15,6 +15,7 @@ from typing import Iterable
 
 from ..errors import CtxError, ModelNotFoundError
 from .gguf_file import open_gguf
+from .gguf_split import is_later_part
 from .model_source import CatalogEntry, canonical_name, find_in_sources
 from .registry import DEFAULT, MODELS, is_known_name, resolve_model
 
@@ -37,6 +38,7 @@ class ModelCatalog:
             cat.add_dir(models_dir)
         if packaged:
             cat.add_packaged()
+            cat.add_pulled()
         return cat
 
     # -- building -------------------------------------------------------------------
@@ -75,7 +77,7 @@ class ModelCatalog:
         if not folder.is_dir():
             raise ModelNotFoundError(f"models directory {folder} does not exist")
         for path in sorted(folder.rglob("*.gguf")):
-            if path.is_file():
+            if path.is_file() and not is_later_part(path):  # a split model is listed by its first part
                 self.add(_file_entry(path, "models-dir"))
 
     def add_packaged(self) -> None:
@@ -86,6 +88,16 @@ class ModelCatalog:
             error = None if path is not None else f"not installed: {known.how_to_get}"
             self.add(CatalogEntry(known.name, path, "packaged", aliases=known.aliases, error=error,
                                   modified=_mtime(path)))
+
+    def add_pulled(self) -> None:
+        """Models ``ctx pull hf://...`` fetched, by the names they were pulled as."""
+        from .hf_pull import pulled_paths  # imports huggingface_hub: only when something was pulled
+
+        for name, aliases, path, error in pulled_paths():
+            entry = _file_entry(path, "hf", name=name) if path is not None else CatalogEntry(name, None, "hf")
+            entry.aliases = tuple(aliases)
+            entry.error = entry.error or error
+            self.add(entry)
 
     # -- reading --------------------------------------------------------------------
     def entries(self) -> list[CatalogEntry]:

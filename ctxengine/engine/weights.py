@@ -23,6 +23,7 @@ import blake3
 from .. import paths
 from ..errors import ModelFileError
 from .gguf_file import GGUFFile, open_gguf
+from .gguf_split import split_set_paths
 
 ENCODING = b"ctxengine-weights-v1"
 CACHE_FILE = "weight-ids.json"
@@ -83,13 +84,15 @@ def weight_id(f: GGUFFile) -> str:
 
 # -- the cache ----------------------------------------------------------------------
 def _stamp(path: str | os.PathLike) -> tuple[str, dict[str, int]]:
-    """The cache key: the resolved path, and what changes when the file is rewritten."""
+    """The cache key: the resolved path, and what changes when the file (or any
+    part of a split model, gguf_split.py) is rewritten."""
     real = os.path.realpath(path)
     try:
-        st = os.stat(real)
+        stats = [os.stat(p) for p in split_set_paths(path)]
     except OSError as err:
-        raise ModelFileError(f"{path}: cannot open: {err.strerror}") from None
-    return real, {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "inode": st.st_ino}
+        raise ModelFileError(f"{err.filename}: cannot open: {err.strerror}") from None
+    return real, {"size": sum(st.st_size for st in stats), "mtime_ns": max(st.st_mtime_ns for st in stats),
+                  "inode": stats[0].st_ino}
 
 
 def _cache_path() -> Path:
@@ -140,11 +143,13 @@ def _remember(real: str, stamp: dict[str, int], wid: str) -> None:
         pass  # a read-only or full cache dir only costs recomputation next time
 
 
-def _compute_and_remember(real: str, stamp: dict[str, int]) -> str:
-    with open_gguf(real) as f:
+def _compute_and_remember(path: str | os.PathLike, real: str, stamp: dict[str, int]) -> str:
+    # Opened by the name given: a split model's parts are found by the first part's
+    # name (a cache may keep them as symlinks to blobs named otherwise).
+    with open_gguf(path) as f:
         wid = weight_id(f)
     # A file rewritten while we hashed it gets no entry: its id is not that of either version.
-    if _stamp(real) == (real, stamp):
+    if _stamp(path) == (real, stamp):
         _remember(real, stamp, wid)
     return wid
 
@@ -160,7 +165,7 @@ def cached_weight_id(path: str | os.PathLike) -> str:
     key = (real, tuple(sorted(stamp.items())))
     wid = _known.get(key)
     if wid is None:
-        wid = _known[key] = _lookup(_load_entries(), real, stamp) or _compute_and_remember(real, stamp)
+        wid = _known[key] = _lookup(_load_entries(), real, stamp) or _compute_and_remember(path, real, stamp)
     return wid
 
 
@@ -168,5 +173,5 @@ def verify_weight_id(path: str | os.PathLike) -> tuple[str | None, str]:
     """(cached id or None, freshly computed id); the cache is corrected to the latter."""
     real, stamp = _stamp(path)
     cached = _lookup(_load_entries(), real, stamp)
-    fresh = _known[(real, tuple(sorted(stamp.items())))] = _compute_and_remember(real, stamp)
+    fresh = _known[(real, tuple(sorted(stamp.items())))] = _compute_and_remember(path, real, stamp)
     return cached, fresh

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
+from .. import paths
 from ..errors import CtxError, InvalidNameError
 from ..engine.catalog import ModelCatalog
 from ..engine.gguf_file import open_gguf
@@ -114,10 +115,12 @@ def parse_model_name(name: str) -> OllamaName:
 
 
 def ollama_roots() -> list[Path]:
-    """The stores that exist: $OLLAMA_MODELS if set, else the user's and the service's."""
+    """The stores that exist: $OLLAMA_MODELS if set, else the user's and the service's;
+    then our own, where ``ctx pull ollama://...`` writes (registry_pull.py)."""
     env = os.environ.get("OLLAMA_MODELS")
     candidates = [Path(env).expanduser()] if env else [
         Path.home() / ".ollama" / "models", Path("/usr/share/ollama/.ollama/models")]
+    candidates.append(paths.data_dir() / "ollama")
     out: list[Path] = []
     for p in candidates:
         if (p / "manifests").is_dir() and p.resolve() not in [q.resolve() for q in out]:

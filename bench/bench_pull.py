@@ -1,0 +1,129 @@
+"""Pull throughput from loopback servers against curl of the same file, same run (issue 23).
+
+    python bench/bench_pull.py [--rounds 3] [--json]
+
+The loopback Hub and Ollama registry of the tests (tests/hub_servers.py)
+serve the packaged Gemma 3 270M Q4_K_M (253 MB). Each round, alternated:
+`curl -L` of the registry's blob URL, `ctx pull ollama://gemma3:270m` (the
+registry protocol, sha256 checked as the bytes arrive, into a fresh store),
+`curl -L` of the Hub's resolve/ URL, `ctx pull hf://...:Q4_K_M` (through
+huggingface_hub into a fresh cache, sha256 checked as written). Both pulls
+run as `ctx pull` child processes, as a user runs them: their wall time
+includes starting Python, imports, the manifest or model_info request and
+the model's header check; "its transfer" is the time the pull itself reports
+for moving and checking the bytes. curl writes to the same filesystem. Then the resume: a pull killed after about 40% of the file,
+pulled again; the bytes the second pull fetched, counted by the server.
+Goal: each pull >= 0.8x curl's throughput.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE.parent / "tests")]  # the loopback servers and the pull helpers of the tests
+
+from conftest import gemma3_file, smollm2_file  # noqa: E402
+from pull_fixtures import GEMMA_REPO, kill_halfway, make_hub, make_registry, pull  # noqa: E402
+
+
+def timed_run(cmd: list[str]) -> float:
+    t0 = time.perf_counter()
+    subprocess.run(cmd, check=True, capture_output=True)
+    return time.perf_counter() - t0
+
+
+def timed_pull(spec: str, home: Path, env: dict) -> tuple[float, float]:
+    """(wall seconds of `ctx pull`, seconds it says it spent moving and checking the bytes)."""
+    t0 = time.perf_counter()
+    r = pull(spec, home=home, env=env)
+    wall = time.perf_counter() - t0
+    m = re.search(r"fetched in ([0-9.]+) s", r.stderr)
+    if r.returncode != 0 or m is None:
+        raise SystemExit(r.stderr)
+    return wall, float(m[1])
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    from ctxengine.cli.bench_facts import describe_machine, machine_facts
+
+    gemma, smol = gemma3_file(), smollm2_file()
+    size = gemma.stat().st_size
+    with tempfile.TemporaryDirectory(prefix="bench-pull-") as tmp:
+        tmp = Path(tmp)
+        (tmp / "README.md").write_text("# models\n")
+        hub = make_hub(smol, gemma, [], tmp / "README.md")
+        registry = make_registry(tmp / "registry", smol, gemma)
+        blob = next(p for p in (tmp / "registry" / "blobs").iterdir() if p.stat().st_size == size).name
+        blob_url = f"{registry.url}/v2/library/gemma3/blobs/{blob.replace('-', ':', 1)}"
+        hub_url = f"{hub.url}/{GEMMA_REPO}/resolve/main/gemma-3-270m-it-Q4_K_M.gguf"
+        times: dict[str, list[float]] = {k: [] for k in (
+            "curl registry", "ctx pull ollama://", "  its transfer", "curl hub", "ctx pull hf://", "  its transfer ")}
+        for r in range(args.rounds):
+            work = tmp / f"round{r}"
+            work.mkdir()
+            env = {"CTX_OLLAMA_REGISTRY": registry.url, "HF_ENDPOINT": hub.url, "HF_HOME": str(work / "hf"),
+                   "HF_TOKEN": ""}
+            times["curl registry"].append(timed_run(["curl", "-sfL", "-o", str(work / "c1"), blob_url]))
+            wall, moving = timed_pull("ollama://gemma3:270m", work / "home", env)
+            times["ctx pull ollama://"].append(wall)
+            times["  its transfer"].append(moving)
+            times["curl hub"].append(timed_run(["curl", "-sfL", "-o", str(work / "c2"), hub_url]))
+            wall, moving = timed_pull(f"hf://{GEMMA_REPO}:Q4_K_M", work / "home", env)
+            times["ctx pull hf://"].append(wall)
+            times["  its transfer "].append(moving)
+            shutil.rmtree(work)
+        resume = _resume(tmp / "resume", registry, size)
+        hub.close()
+        registry.close()
+    med = {k: statistics.median(v) for k, v in times.items()}
+    out = {"machine": machine_facts(threads=2), "bytes": size, "rounds": args.rounds,
+           "seconds": times, "median_mb_s": {k: size / v / 1e6 for k, v in med.items()},
+           "ratio_ollama_to_curl": med["curl registry"] / med["ctx pull ollama://"],
+           "ratio_ollama_transfer_to_curl": med["curl registry"] / med["  its transfer"],
+           "ratio_hf_to_curl": med["curl hub"] / med["ctx pull hf://"],
+           "ratio_hf_transfer_to_curl": med["curl hub"] / med["  its transfer "], "resume": resume}
+    if args.json:
+        print(json.dumps(out, indent=1))
+        return 0
+    print(describe_machine(out["machine"]))
+    print(f"{size / 1e6:.1f} MB, {args.rounds} rounds alternated; median MB/s (min-max s):")
+    for k, v in times.items():
+        print(f"  {k:<20} {out['median_mb_s'][k]:8.0f} MB/s  ({min(v):.2f}-{max(v):.2f} s)")
+    print(f"  ollama:// / curl  {out['ratio_ollama_to_curl']:.2f}x (transfer {out['ratio_ollama_transfer_to_curl']:.2f}x)"
+          f"    hf:// / curl  {out['ratio_hf_to_curl']:.2f}x (transfer {out['ratio_hf_transfer_to_curl']:.2f}x)")
+    print(f"resume after a kill at {resume['kept'] / 1e6:.1f} MB: the second pull fetched "
+          f"{resume['fetched'] / 1e6:.1f} MB of {size / 1e6:.1f} MB ({resume['saved'] / 1e6:.1f} MB saved)")
+    return 0
+
+
+def _resume(home: Path, registry, size: int) -> dict:
+    env = {"CTX_OLLAMA_REGISTRY": registry.url}
+    registry.rate = 60e6
+    try:
+        kept = kill_halfway("ollama://gemma3:270m", "ollama/blobs/*-partial", home, home=home, env=env,
+                            at=int(size * 0.4))
+    finally:
+        registry.rate = None
+    before = registry.sent
+    r = pull("ollama://gemma3:270m", home=home, env=env)
+    if r.returncode != 0:
+        raise SystemExit(r.stderr)
+    fetched = registry.sent - before
+    return {"kept": kept, "fetched": fetched, "saved": size - fetched}
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,147 @@
+"""Bounds-checked reads of a GGUF header: scalars, strings and (nested)
+arrays of metadata values, from a read-only mapping (gguf_file.py parses the
+file with it). Every length and count is checked against the bytes left
+before anything sized by it is allocated.
+"""
+from __future__ import annotations
+
+import mmap
+import struct
+from typing import Any
+
+import gguf
+import numpy as np
+
+from ..errors import ModelFileError
+
+_U32 = struct.Struct("<I")
+_U64 = struct.Struct("<Q")
+
+MAX_ARRAY_DEPTH = 4          # arrays of arrays are legal; bound the recursion
+# Python lists cost 8-60 bytes an element whatever the file spends on it, so the
+# elements of all metadata arrays together are capped, not just bounded by the
+# file size.  Real vocabularies need well under a million (Gemma 3: 3 x 262144).
+MAX_METADATA_ELEMENTS = 1 << 24
+
+VT = gguf.GGUFValueType
+_SCALARS: dict[int, struct.Struct] = {
+    VT.UINT8: struct.Struct("<B"), VT.INT8: struct.Struct("<b"),
+    VT.UINT16: struct.Struct("<H"), VT.INT16: struct.Struct("<h"),
+    VT.UINT32: struct.Struct("<I"), VT.INT32: struct.Struct("<i"),
+    VT.UINT64: struct.Struct("<Q"), VT.INT64: struct.Struct("<q"),
+    VT.FLOAT32: struct.Struct("<f"), VT.FLOAT64: struct.Struct("<d"),
+    VT.BOOL: struct.Struct("<?"),
+}
+# Numeric arrays are decoded in one numpy call (Gemma has 262k scores and token types).
+# BOOL is read as bytes and compared with 0: numpy's bool dtype misbehaves on other bytes.
+_ARRAY_DTYPES: dict[int, np.dtype] = {
+    t: np.dtype(s.format).newbyteorder("<") for t, s in _SCALARS.items() if t != VT.BOOL
+}
+_ARRAY_DTYPES[VT.BOOL] = np.dtype(np.uint8)
+# Smallest encoding of one array element: bounds an array's count by the bytes left.
+_MIN_ELEMENT_BYTES = {**{t: s.size for t, s in _SCALARS.items()}, VT.STRING: 8, VT.ARRAY: 12}
+
+
+class Cursor:
+    """Bounds-checked little-endian reads from the mapped header."""
+
+    def __init__(self, buf: mmap.mmap, size: int, name: str):
+        self.buf, self.size, self.pos, self.name = buf, size, 0, name
+        self.array_elements = 0
+
+    def error(self, message: str) -> ModelFileError:
+        return ModelFileError(f"{self.name}: {message}")
+
+    @property
+    def left(self) -> int:
+        return self.size - self.pos
+
+    def need(self, n: int, what: str) -> None:
+        if n > self.left:
+            raise self.error(f"truncated: {what} at offset {self.pos} needs {n} bytes, "
+                             f"the file has {self.left} left")
+
+    def scalar(self, st: struct.Struct, what: str):
+        self.need(st.size, what)
+        (value,) = st.unpack_from(self.buf, self.pos)
+        self.pos += st.size
+        return value
+
+    def u32(self, what: str) -> int:
+        return self.scalar(_U32, what)
+
+    def u64(self, what: str) -> int:
+        return self.scalar(_U64, what)
+
+    def raw_string(self, what: str, limit: int | None = None) -> bytes:
+        n = self.u64(f"{what} length")
+        if limit is not None and n > limit:
+            raise self.error(f"{what} is {n} bytes long (at most {limit} allowed)")
+        self.need(n, what)
+        data = self.buf[self.pos:self.pos + n]
+        self.pos += n
+        return data
+
+    def name_string(self, what: str, limit: int) -> str:
+        """Keys and tensor names: must be valid UTF-8 (they are looked up by value)."""
+        data = self.raw_string(what, limit)
+        try:
+            return data.decode("utf-8")
+        except UnicodeDecodeError:
+            raise self.error(f"{what} is not valid UTF-8: {data[:40]!r}") from None
+
+    def value_string(self, what: str) -> str:
+        # Values keep undecodable bytes as surrogates: llama.cpp accepts any bytes
+        # in a string value (some vocabularies hold byte fragments), and the
+        # tokenizer can recover them with .encode("utf-8", "surrogateescape").
+        return self.raw_string(what).decode("utf-8", "surrogateescape")
+
+    def string_array(self, count: int, what: str) -> list[str]:
+        # The hot loop of opening a model (262k tokens for Gemma): locals only.
+        buf, pos, size, unpack = self.buf, self.pos, self.size, _U64.unpack_from
+        out = []
+        for i in range(count):
+            if size - pos < 8:
+                self.pos = pos
+                self.need(8, f"{what}[{i}] length")
+            (n,) = unpack(buf, pos)
+            pos += 8
+            if n > size - pos:
+                self.pos = pos
+                self.need(n, f"{what}[{i}]")
+            out.append(buf[pos:pos + n].decode("utf-8", "surrogateescape"))
+            pos += n
+        self.pos = pos
+        return out
+
+
+def read_value(cur: Cursor, vtype: int, what: str, depth: int = 0) -> Any:
+    if vtype in _SCALARS:
+        return cur.scalar(_SCALARS[vtype], what)
+    if vtype == VT.STRING:
+        return cur.value_string(what)
+    if vtype == VT.ARRAY:
+        return _array(cur, what, depth)
+    raise cur.error(f"{what} has unknown value type {vtype}")
+
+
+def _array(cur: Cursor, what: str, depth: int) -> list:
+    if depth >= MAX_ARRAY_DEPTH:
+        raise cur.error(f"{what}: arrays nested more than {MAX_ARRAY_DEPTH} deep")
+    etype = cur.u32(f"{what} element type")
+    count = cur.u64(f"{what} length")
+    if etype not in _MIN_ELEMENT_BYTES:
+        raise cur.error(f"{what} has unknown array element type {etype}")
+    if count * _MIN_ELEMENT_BYTES[etype] > cur.left:
+        raise cur.error(f"{what}: an array of {count} elements cannot fit in the {cur.left} bytes left")
+    cur.array_elements += count
+    if cur.array_elements > MAX_METADATA_ELEMENTS:
+        raise cur.error(f"{what}: metadata arrays hold more than {MAX_METADATA_ELEMENTS} elements in all")
+    if etype in _ARRAY_DTYPES:
+        dtype = _ARRAY_DTYPES[etype]
+        values = np.frombuffer(cur.buf, dtype=dtype, count=count, offset=cur.pos)
+        cur.pos += count * dtype.itemsize
+        return (values != 0).tolist() if etype == VT.BOOL else values.tolist()
+    if etype == VT.STRING:
+        return cur.string_array(count, what)
+    return [read_value(cur, VT.ARRAY, f"{what}[{i}]", depth + 1) for i in range(count)]

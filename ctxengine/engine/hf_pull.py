@@ -1,0 +1,308 @@
+"""``ctx pull hf://ORG/REPO[:QUANT]``: a GGUF model from the Hugging Face Hub,
+through ``huggingface_hub``, into its cache (shared with every tool that uses
+it; ``HF_ENDPOINT``, ``HF_TOKEN``, ``HF_HOME``/``HF_HUB_CACHE`` and
+``HF_HUB_OFFLINE`` mean what they mean there).
+
+Which file: hf_files.py. How it arrives: ``model_info`` pins the repo's
+commit, so every part of a split model comes from one commit; each file's
+bytes go through huggingface_hub's own ``http_get`` into
+``blobs/<etag>.incomplete`` (the name huggingface_hub itself long resumed
+from), so a pull killed or interrupted resumes with a range request instead
+of starting over, which huggingface_hub's own download no longer does. A
+finished blob is checked against its sha256 (the etag of every LFS file) and
+only then renamed into place; ``hf_hub_download`` then links it into the
+cache's snapshot as it would its own download.
+
+Loading never touches the network: a pulled name resolves from the cache
+(``cached_model``), and pulled models are remembered in
+``<data dir>/hf-models.json`` so ``ctx models list`` and ``ctx serve`` list them.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from .. import paths
+from ..errors import CorruptDataError, CtxError, ModelNotFoundError
+from .disk import check_free_space, storage_error
+from .hf_files import Choice, HfSpec, choose, parse_hf_spec
+
+INDEX = "hf-models.json"
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+
+
+@dataclass
+class HubSettings:
+    endpoint: str
+    cache_dir: str
+    offline: bool
+
+
+def hub_settings() -> HubSettings:
+    """Read at call time: huggingface_hub reads its environment once, at import."""
+    from huggingface_hub import constants
+
+    cache = os.environ.get("HF_HUB_CACHE") or (
+        os.path.join(os.environ["HF_HOME"], "hub") if os.environ.get("HF_HOME") else constants.HF_HUB_CACHE)
+    offline = os.environ.get("HF_HUB_OFFLINE", "").upper() in ("1", "ON", "YES", "TRUE")
+    return HubSettings(os.environ.get("HF_ENDPOINT", constants.ENDPOINT).rstrip("/"),
+                       os.path.expanduser(cache), offline or constants.is_offline_mode())
+
+
+@dataclass
+class PulledHf:
+    spec: HfSpec
+    commit: str
+    files: tuple[str, ...]   # paths in the repo; a split model's parts in order
+    path: Path               # the (first) file in the cache's snapshot
+    total: int = 0           # bytes of the files
+    received: int = 0        # bytes this pull took from the network
+    resumed: int = 0         # bytes an interrupted pull had already fetched
+    seconds: float = 0.0     # spent moving and checking the bytes
+
+
+def pull_hf(text: str) -> PulledHf:
+    """Pull the model a spec names (nothing moves when the cache has it)."""
+    from huggingface_hub import HfApi
+
+    spec = parse_hf_spec(text)
+    hub = hub_settings()
+    if hub.offline:
+        return _from_cache(spec, hub, "HF_HUB_OFFLINE is set")
+    try:
+        info = HfApi(endpoint=hub.endpoint).model_info(spec.repo, files_metadata=True)
+        siblings = {s.rfilename: s.size or 0 for s in info.siblings or []}
+        choice = choose(spec, list(siblings))
+        Path(hub.cache_dir).mkdir(parents=True, exist_ok=True)
+        check_free_space(Path(hub.cache_dir), sum(siblings[f] for f in choice.files))
+        pulled = PulledHf(spec, info.sha, choice.files, Path())
+        started = time.perf_counter()
+        for i, name in enumerate(choice.files):
+            path, received, resumed = _download(spec.repo, name, info.sha, hub)
+            pulled.path = path if i == 0 else pulled.path
+            pulled.total += path.stat().st_size
+            pulled.received += received
+            pulled.resumed += resumed
+        pulled.seconds = time.perf_counter() - started
+    except Exception as err:  # huggingface_hub's errors, worded for the user; others re-raised
+        if _is_network_error(err) and not _is_http_error(err):
+            return _from_cache(spec, hub, f"{hub.endpoint} cannot be reached ({err.__class__.__name__}: {err})")
+        raise _hub_error(err, spec, hub) from None
+    remember(pulled)
+    return pulled
+
+
+def _download(repo: str, filename: str, commit: str, hub: HubSettings) -> tuple[Path, int, int]:
+    """One file into the cache, resumable; (path in the snapshot, bytes received, bytes resumed)."""
+    from huggingface_hub import get_hf_file_metadata, hf_hub_download, hf_hub_url, try_to_load_from_cache
+    from huggingface_hub.file_download import http_get, repo_folder_name
+    from huggingface_hub.utils import build_hf_headers
+
+    cached = try_to_load_from_cache(repo, filename, cache_dir=hub.cache_dir, revision=commit)
+    if isinstance(cached, str):
+        return Path(cached), 0, 0
+    meta = get_hf_file_metadata(hf_hub_url(repo, filename, revision=commit, endpoint=hub.endpoint))
+    blob = Path(hub.cache_dir, repo_folder_name(repo_id=repo, repo_type="model"), "blobs", meta.etag)
+    received = resumed = 0
+    if not blob.is_file():
+        partial = blob.with_name(blob.name + ".incomplete")
+        blob.parent.mkdir(parents=True, exist_ok=True)
+        resumed = partial.stat().st_size if partial.is_file() else 0
+        if meta.size is not None and resumed > meta.size:
+            resumed = 0
+        # The token goes only to the Hub itself, never to the CDN a file redirects to.
+        same_host = meta.location.startswith(hub.endpoint + "/")
+        with open(partial, "r+b" if resumed else "wb") as out:
+            out.truncate(resumed)
+            hashing = _HashingFile(out, resumed)
+            http_get(meta.location, hashing, resume_size=resumed, headers=build_hf_headers() if same_host else {},
+                     expected_size=meta.size, displayed_filename=filename.rsplit("/", 1)[-1])
+        received = partial.stat().st_size - resumed
+        _verify(partial, meta.etag, filename, hashing.digest())
+        os.replace(partial, blob)
+    path = hf_hub_download(repo, filename, revision=commit, cache_dir=hub.cache_dir, endpoint=hub.endpoint)
+    return Path(path), received, resumed
+
+
+class _HashingFile:
+    """The partial file as http_get writes it, hashed on the way (no second read of
+    the file); the bytes an earlier pull left are hashed first. A rewind (a server
+    that ignored the range) leaves the digest to a re-read."""
+
+    def __init__(self, out, kept: int):
+        self.out, self.h = out, hashlib.sha256()
+        out.seek(0)
+        while kept > 0 and (chunk := out.read(min(8 << 20, kept))):
+            self.h.update(chunk)
+            kept -= len(chunk)
+
+    def write(self, data) -> int:
+        if self.h is not None:
+            self.h.update(data)
+        return self.out.write(data)
+
+    def seek(self, *args) -> int:
+        self.h = None
+        return self.out.seek(*args)
+
+    def truncate(self, *args) -> int:
+        self.h = None
+        return self.out.truncate(*args)
+
+    def __getattr__(self, name: str):
+        return getattr(self.out, name)
+
+    def digest(self) -> str | None:
+        return self.h.hexdigest() if self.h is not None else None
+
+
+def _verify(partial: Path, etag: str, filename: str, digest: str | None) -> None:
+    """An LFS file's etag is its sha256: a mismatch deletes the partial file."""
+    if not _SHA256.match(etag):
+        return
+    if digest is None:
+        h = hashlib.sha256()
+        with open(partial, "rb") as f:
+            while chunk := f.read(8 << 20):
+                h.update(chunk)
+        digest = h.hexdigest()
+    if digest != etag:
+        partial.unlink(missing_ok=True)
+        raise CorruptDataError(f"{filename}: the downloaded bytes have sha256 {digest}, the Hub says "
+                               f"{etag}; the partial download was deleted (run the pull again)")
+
+
+# -- the cache, offline ------------------------------------------------------------------
+def cached_snapshots(repo: str, hub: HubSettings) -> list[tuple[str, list[str]]]:
+    """(commit, files present) of each snapshot of the repo in the cache, newest first."""
+    from huggingface_hub.file_download import repo_folder_name
+
+    snapshots = Path(hub.cache_dir, repo_folder_name(repo_id=repo, repo_type="model"), "snapshots")
+    found = sorted((p for p in snapshots.glob("*") if p.is_dir()), key=lambda p: p.stat().st_mtime, reverse=True)
+    return [(s.name, sorted(p.relative_to(s).as_posix() for p in s.rglob("*") if p.is_file())) for s in found]
+
+
+def _cached_choice(spec: HfSpec, hub: HubSettings) -> tuple[str, Choice] | None:
+    """The newest snapshot holding every file of the model the spec names."""
+    for commit, files in cached_snapshots(spec.repo, hub):
+        try:
+            return commit, choose(spec, files)
+        except ModelNotFoundError:
+            continue
+    return None
+
+
+def cached_model(text: str) -> Path | None:
+    """The (first) file of a model already in the cache, found without the network."""
+    spec = parse_hf_spec(text)
+    hub = hub_settings()
+    found = _cached_choice(spec, hub)
+    return _snapshot(hub, spec.repo, found[0]) / found[1].first if found is not None else None
+
+
+def _snapshot(hub: HubSettings, repo: str, commit: str) -> Path:
+    from huggingface_hub.file_download import repo_folder_name
+
+    return Path(hub.cache_dir, repo_folder_name(repo_id=repo, repo_type="model"), "snapshots", commit)
+
+
+def _from_cache(spec: HfSpec, hub: HubSettings, why: str) -> PulledHf:
+    found = _cached_choice(spec, hub)
+    if found is None:
+        have = sorted({f for _, files in cached_snapshots(spec.repo, hub) for f in files if f.endswith(".gguf")})
+        raise ModelNotFoundError(f"{why}: {spec.name} is not in the Hugging Face cache {hub.cache_dir} "
+                                 f"(cached from {spec.repo}: {', '.join(have) or 'nothing'})")
+    commit, choice = found
+    pulled = PulledHf(spec, commit, choice.files, _snapshot(hub, spec.repo, commit) / choice.first)
+    remember(pulled)
+    return pulled
+
+
+# -- errors --------------------------------------------------------------------------------
+def _is_http_error(err: Exception) -> bool:
+    from huggingface_hub.errors import HfHubHTTPError
+
+    return isinstance(err, HfHubHTTPError)
+
+
+def _is_network_error(err: Exception) -> bool:
+    # huggingface_hub's HTTP client raises its own transport errors; they share these base names.
+    names = {c.__name__ for c in type(err).__mro__}
+    return isinstance(err, (ConnectionError, TimeoutError)) or bool(names & {"TransportError", "TimeoutException"})
+
+
+def _hub_error(err: Exception, spec: HfSpec, hub: HubSettings) -> Exception:
+    from huggingface_hub import errors
+
+    token = "with your token" if _has_token() else "without a token"
+    if isinstance(err, errors.GatedRepoError):
+        return CtxError(f"{spec.repo} is gated: accept its terms on the Hub, then set HF_TOKEN (or `hf auth login`)")
+    if isinstance(err, errors.RepositoryNotFoundError):
+        return ModelNotFoundError(f"{spec.repo} not found on {hub.endpoint} {token}: check the name, or, if it "
+                                  "is private, set HF_TOKEN to a token that may read it")
+    if isinstance(err, (errors.RevisionNotFoundError, errors.RemoteEntryNotFoundError)):
+        return ModelNotFoundError(f"{spec.repo}: {err.__class__.__name__}: {str(err).splitlines()[0]}")
+    if isinstance(err, errors.HfHubHTTPError):
+        return CtxError(f"{hub.endpoint}: {str(err).splitlines()[0]}")
+    if isinstance(err, OSError) and err.errno is not None:
+        return storage_error(err, Path(hub.cache_dir))
+    return err
+
+
+def _has_token() -> bool:
+    from huggingface_hub import get_token
+
+    return get_token() is not None
+
+
+# -- what was pulled -----------------------------------------------------------------------
+def _index_path() -> Path:
+    return paths.data_dir() / INDEX
+
+
+def pulled_models() -> dict[str, dict]:
+    """Each pulled model's name -> {"repo", "commit", "files", "aliases"}."""
+    try:
+        data = json.loads(_index_path().read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def remember(pulled: PulledHf) -> None:
+    index = pulled_models()
+    index[pulled.spec.name] = {"repo": pulled.spec.repo, "commit": pulled.commit, "files": list(pulled.files),
+                               "aliases": list(pulled.spec.aliases())}
+    target = _index_path()
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(f".{INDEX}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(index, indent=1), encoding="utf-8")
+        os.replace(tmp, target)
+    except OSError:
+        pass  # the model is in the cache all the same; only the listing misses it
+
+
+def pulled_paths() -> list[tuple[str, list[str], Path | None, str | None]]:
+    """(name, aliases, first file or None, why not) of every pulled model, from the cache."""
+    index = pulled_models()
+    if not index:
+        return []
+    hub = hub_settings()
+    out = []
+    for name, item in index.items():
+        try:
+            snapshot = _snapshot(hub, item["repo"], item["commit"])
+            files = [snapshot / f for f in item["files"]]
+            aliases = [str(a) for a in item.get("aliases", [])]
+        except (KeyError, TypeError):
+            continue  # an entry another version wrote differently: not ours to read
+        gone = [f.name for f in files if not f.is_file()]
+        error = f"{', '.join(gone)} gone from the Hugging Face cache {hub.cache_dir}: ctx pull {name}" if gone else None
+        out.append((name, aliases, None if gone else files[0], error))
+    return out

@@ -1,0 +1,111 @@
+"""ctx pull hf://...: through huggingface_hub against a loopback Hub serving
+the real SmolLM2 and Gemma 3 (model_info, resolve/ with redirects, ETags,
+X-Repo-Commit and ranges); quant tags, split models, a killed pull resumed,
+offline use from the cache."""
+import pytest
+
+from ctxengine.engine.gguf_file import open_gguf
+from pull_fixtures import GEMMA_REPO, SMOL_REPO, SPLIT_REPO, kill_halfway, make_hub, pull
+from gguf_splits import write_split
+
+
+@pytest.fixture(scope="module")
+def hub(smollm2_path, gemma3_path, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("hub")
+    parts = write_split(smollm2_path, folder, "SmolLM2-135M-Instruct-Q4_1", 3)
+    (folder / "README.md").write_text("# SmolLM2 GGUF\n")
+    server = make_hub(smollm2_path, gemma3_path, parts, folder / "README.md")
+    yield server
+    server.close()
+
+
+def hub_env(hub, tmp_path, **extra) -> dict:
+    # No xet: the loopback Hub sends no xet headers, so huggingface_hub would not use it anyway;
+    # this only keeps a stray HF_TOKEN or cache of the machine out.
+    return {"HF_ENDPOINT": hub.url, "HF_HOME": str(tmp_path / "hf"), "HF_TOKEN": "", "HF_HUB_DISABLE_XET": "1",
+            **extra}
+
+
+def test_quant_tag_picks_the_file_and_a_second_pull_moves_nothing(hub, tmp_path, smollm2_path):
+    before = hub.sent
+    r = pull(f"hf://{SMOL_REPO}:q4_k_m", home=tmp_path, env=hub_env(hub, tmp_path))
+    assert r.returncode == 0, r.stderr
+    path = tmp_path / r.stdout.strip()
+    assert path.name == "SmolLM2-135M-Instruct-Q4_K_M.gguf" and "snapshots" in str(path)
+    assert path.read_bytes() == smollm2_path.read_bytes()
+    assert hub.sent - before == smollm2_path.stat().st_size
+    again = hub.sent
+    r = pull(f"hf://{SMOL_REPO}:Q4_K_M", home=tmp_path, env=hub_env(hub, tmp_path))
+    assert r.returncode == 0 and "nothing fetched" in r.stderr and hub.sent == again
+
+
+def test_ambiguous_or_absent_quant_lists_the_choices(hub, tmp_path):
+    r = pull(f"hf://{SMOL_REPO}:Q4_K", home=tmp_path, env=hub_env(hub, tmp_path))
+    assert r.returncode == 1 and len(r.stderr.splitlines()) == 1
+    assert "ambiguous" in r.stderr and "Q4_K_M.gguf" in r.stderr and "Q4_K_S.gguf" in r.stderr
+    r = pull(f"hf://{SMOL_REPO}:Q2_K", home=tmp_path, env=hub_env(hub, tmp_path))
+    assert r.returncode == 1 and "Q4_1.gguf" in r.stderr and "README" not in r.stderr
+
+
+def test_unknown_repo_says_token_or_name(hub, tmp_path):
+    r = pull("hf://ctx-test/nope-GGUF:Q4_K_M", home=tmp_path, env=hub_env(hub, tmp_path))
+    assert r.returncode == 1 and "not found" in r.stderr and "HF_TOKEN" in r.stderr and "check the name" in r.stderr
+
+
+def test_split_model_pulled_whole_and_loaded_as_one(hub, tmp_path, smollm2_path):
+    r = pull(f"hf://{SPLIT_REPO}:Q4_1", home=tmp_path, env=hub_env(hub, tmp_path))
+    assert r.returncode == 0, r.stderr
+    first = tmp_path / r.stdout.strip()
+    assert first.name.endswith("-00001-of-00003.gguf")
+    assert sorted(p.name for p in first.parent.iterdir()) == [f"SmolLM2-135M-Instruct-Q4_1-0000{i}-of-00003.gguf"
+                                                              for i in (1, 2, 3)]
+    with open_gguf(first) as split, open_gguf(smollm2_path) as whole:
+        assert list(split.tensors) == list(whole.tensors) and len(split.parts) == 2
+
+
+def test_killed_pull_resumes_with_a_range_request(hub, tmp_path, gemma3_path):
+    hub.rate = 40e6
+    try:
+        kept = kill_halfway(f"hf://{GEMMA_REPO}:Q4_K_M", "hf/hub/models--*/blobs/*.incomplete", tmp_path,
+                            home=tmp_path, env=hub_env(hub, tmp_path), at=30 << 20)
+    finally:
+        hub.rate = None
+    size = gemma3_path.stat().st_size
+    before = hub.sent
+    r = pull(f"hf://{GEMMA_REPO}:Q4_K_M", home=tmp_path, env=hub_env(hub, tmp_path))
+    assert r.returncode == 0, r.stderr
+    assert hub.sent - before == size - kept
+    assert "resumed from an earlier pull" in r.stderr
+    assert (tmp_path / r.stdout.strip()).stat().st_size == size
+
+
+def test_offline_uses_the_cache_or_says_what_is_missing(hub, tmp_path):
+    assert pull(f"hf://{SMOL_REPO}:Q4_1", home=tmp_path, env=hub_env(hub, tmp_path)).returncode == 0
+    offline = hub_env(hub, tmp_path, HF_HUB_OFFLINE="1")
+    r = pull(f"hf://{SMOL_REPO}:Q4_1", home=tmp_path, env=offline)
+    assert r.returncode == 0 and "nothing fetched" in r.stderr
+    r = pull(f"hf://{SMOL_REPO}:Q4_K_S", home=tmp_path, env=offline)
+    assert r.returncode == 1 and "HF_HUB_OFFLINE" in r.stderr
+    assert "not in the Hugging Face cache" in r.stderr and "SmolLM2-135M-Instruct-Q4_1.gguf" in r.stderr
+    from servers import ctx, free_port
+    unreachable = hub_env(hub, tmp_path, HF_ENDPOINT=f"http://127.0.0.1:{free_port()}")
+    r = pull(f"hf://{SMOL_REPO}:Q4_1", home=tmp_path, env=unreachable)
+    assert r.returncode == 0 and "nothing fetched" in r.stderr
+    r = pull(f"hf://{GEMMA_REPO}:Q4_K_M", home=tmp_path, env=unreachable)
+    assert r.returncode == 1 and "cannot be reached" in r.stderr and "not in the Hugging Face cache" in r.stderr
+    r = ctx("run", "-m", f"hf.co/{SMOL_REPO}:Q4_1", "-n", "4", "--raw", "Hello", home=tmp_path,
+            env={**offline, "HF_ENDPOINT": "http://127.0.0.1:9"})
+    assert r.returncode == 0, r.stderr
+
+
+def test_tampered_download_is_refused_and_deleted(hub, tmp_path, smollm2_path):
+    from hub_servers import sha256_of
+    digest = sha256_of(smollm2_path)
+    hub.tamper.add(digest)
+    try:
+        r = pull(f"hf://{SMOL_REPO}:Q4_1", home=tmp_path, env=hub_env(hub, tmp_path))
+    finally:
+        hub.tamper.discard(digest)
+    error = r.stderr.strip().splitlines()[-1]
+    assert r.returncode == 1 and error.startswith("ctx pull: error: ") and "partial download was deleted" in error
+    assert not list((tmp_path / "hf").rglob("*.incomplete")) and not list((tmp_path / "hf").rglob("*.gguf"))
