@@ -1,7 +1,7 @@
 """Prefill and decode speed, ours and llama.cpp's, alternated in one run.
 
     python bench/bench_core.py [-m MODEL] [--threads 1,2] [--rounds 5] [--prompt 512] [--gen 128]
-        [--llama-python /path/to/venv/bin/python] [--ik-python /path/to/venv/bin/python] [--json]
+        [--llama-python /path/to/venv/bin/python] [--ik-python /path/to/venv/bin/python] [--isa avx2] [--json]
 
 Prefill: a 512-token prompt into an empty context (like llama-bench pp512).
 Decode: 128 single-token steps after a short prompt (like tg128).
@@ -37,9 +37,12 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 KEYS = ("prefill_tps", "decode_tps")
 
 
-def ours(path: str, threads: int, n_prompt: int, n_gen: int) -> dict:
+def ours(path: str, threads: int, n_prompt: int, n_gen: int, isa: str | None = None) -> dict:
     from ctxengine import _core
     from ctxengine.cli.bench import measure_ours
+
+    if isa:
+        _core.set_isa(isa)  # e.g. the AVX2 path on an AVX-512 machine
 
     r = measure_ours(path, threads, n_prompt, n_gen, reps=1, batches=())  # warms up before measuring
     return {**{k: r[k] for k in KEYS}, "isa": _core.active_isa()}
@@ -90,7 +93,7 @@ def run_rounds(args, threads: list[int], peers: dict[str, str]) -> dict:
 
     def child(python: str, engine: str, t: int) -> dict:
         cmd = [python, os.path.abspath(__file__), "--engine", engine, "-m", args.model, "--threads", str(t),
-               "--prompt", str(args.prompt), "--gen", str(args.gen)]
+               "--prompt", str(args.prompt), "--gen", str(args.gen)] + (["--isa", args.isa] if args.isa else [])
         done = subprocess.run(cmd, capture_output=True, text=True)
         if done.returncode != 0:
             sys.exit(f"bench_core: {engine} failed: {(done.stderr.strip().splitlines() or ['?'])[-1]}")
@@ -167,13 +170,14 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--llama-python", default=None)
     ap.add_argument("--ik-python", default=None, help="a Python with ik-llama-cpp-python (module ik_llama_cpp)")
+    ap.add_argument("--isa", default=None, choices=["scalar", "avx2", "avx512"], help="our path (default: the best)")
     ap.add_argument("--engine", choices=["ours", "llama", "ik"], default=None, help=argparse.SUPPRESS)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     threads = [int(t) for t in args.threads.split(",")]
 
     if args.engine:  # one measurement, in a child process (llama.cpp's may lack ctxengine)
-        fn = {"ours": ours, "llama": llama, "ik": ik}[args.engine]
+        fn = {"ours": lambda *a: ours(*a, isa=args.isa), "llama": llama, "ik": ik}[args.engine]
         print(json.dumps(fn(args.model, threads[0], args.prompt, args.gen)))
         return 0
 
