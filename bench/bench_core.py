@@ -1,22 +1,26 @@
 """Prefill and decode speed, ours and llama.cpp's, alternated in one run.
 
     python bench/bench_core.py [-m MODEL] [--threads 1,2] [--rounds 5] [--prompt 512] [--gen 128]
-        [--llama-python /path/to/venv/bin/python] [--json]
+        [--llama-python /path/to/venv/bin/python] [--ik-python /path/to/venv/bin/python] [--isa avx2] [--json]
 
 Prefill: a 512-token prompt into an empty context (like llama-bench pp512).
 Decode: 128 single-token steps after a short prompt (like tg128).
 
-Each round measures, for every thread count, ours, then llama.cpp, then this
-machine's memory read bandwidth (bench_facts.read_bandwidth), each engine in a
-fresh process that warms up before it measures; the rounds alternate
-(ours, llama.cpp, ours, ...) so a load that comes and goes on a shared machine
-falls on both. Medians over the rounds are reported, with their spread, and
-ratios only between figures of this run. llama.cpp is measured when
-`llama_cpp` is importable here, or under --llama-python / $CTX_LLAMA_PYTHON
-(a venv with `pip install llama-cpp-python`; it needs no ctxengine).
+Each round measures, for every thread count, ours, then llama.cpp, then
+ik_llama.cpp, then this machine's memory read bandwidth
+(bench_facts.read_bandwidth), each engine in a fresh process that warms up
+before it measures; the rounds alternate (ours, llama.cpp, ik_llama.cpp, ours,
+...) so a load that comes and goes on a shared machine falls on all of them.
+Medians over the rounds are reported, with their spread, and ratios only
+between figures of this run. llama.cpp is measured when `llama_cpp` is
+importable here, or under --llama-python / $CTX_LLAMA_PYTHON (a venv with
+`pip install llama-cpp-python`; it needs no ctxengine); ik_llama.cpp likewise
+when `ik_llama_cpp` is importable here, or under --ik-python / $CTX_IK_PYTHON
+(`pip install ik-llama-cpp-python`; bench/bench_ik.py runs it with its
+run-time repacking and flash attention).
 
 Printed with the figures: the date, CPU model and SIMD flags, the SIMD path
-each engine ran (ours: ctxengine._core.active_isa(); llama.cpp: its system
+each engine ran (ours: ctxengine._core.active_isa(); the peers: their system
 info), the thread count, and the read rate decode reached (bytes of weights
 per token x tokens/s) as a fraction of the bandwidth probe.
 """
@@ -33,9 +37,12 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 KEYS = ("prefill_tps", "decode_tps")
 
 
-def ours(path: str, threads: int, n_prompt: int, n_gen: int) -> dict:
+def ours(path: str, threads: int, n_prompt: int, n_gen: int, isa: str | None = None) -> dict:
     from ctxengine import _core
     from ctxengine.cli.bench import measure_ours
+
+    if isa:
+        _core.set_isa(isa)  # e.g. the AVX2 path on an AVX-512 machine
 
     r = measure_ours(path, threads, n_prompt, n_gen, reps=1, batches=())  # warms up before measuring
     return {**{k: r[k] for k in KEYS}, "isa": _core.active_isa()}
@@ -54,35 +61,51 @@ def llama(path: str, threads: int, n_prompt: int, n_gen: int) -> dict:
     return {**{k: r[k] for k in KEYS}, "isa": r["system_info"]}
 
 
-def llama_python(args) -> str | None:
-    if args.llama_python:
-        return args.llama_python
-    try:
-        import llama_cpp  # noqa: F401
-        return sys.executable
-    except ImportError:
-        return os.environ.get("CTX_LLAMA_PYTHON")
+def ik(path: str, threads: int, n_prompt: int, n_gen: int) -> dict:
+    # Loaded by path, like llama.cpp's: ik_llama.cpp's venv need not have ctxengine.
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_ik", os.path.join(REPO, "bench", "bench_ik.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    r = mod.measure_ik(path, threads, n_prompt, n_gen)
+    return {**{k: r[k] for k in KEYS}, "isa": r["system_info"]}
 
 
-def run_rounds(args, threads: list[int], lp: str | None) -> dict:
+# engine name -> (child --engine value, the module a venv must import, its --flag's attribute, env var)
+PEERS = {"llama.cpp": ("llama", "llama_cpp", "llama_python", "CTX_LLAMA_PYTHON"),
+         "ik_llama.cpp": ("ik", "ik_llama_cpp", "ik_python", "CTX_IK_PYTHON")}
+
+
+def peer_python(args, name: str) -> str | None:
+    """The Python that runs peer `name`: its flag, this one when it imports the peer, or its env var."""
+    _, module, attr, env = PEERS[name]
+    if getattr(args, attr):
+        return getattr(args, attr)
+    import importlib.util
+
+    return sys.executable if importlib.util.find_spec(module) else os.environ.get(env)
+
+
+def run_rounds(args, threads: list[int], peers: dict[str, str]) -> dict:
     """{engine: {threads: [per-round result]}} and {"bandwidth": {threads: [bytes/s]}}."""
     from ctxengine.cli.bench_facts import read_bandwidth
 
     def child(python: str, engine: str, t: int) -> dict:
         cmd = [python, os.path.abspath(__file__), "--engine", engine, "-m", args.model, "--threads", str(t),
-               "--prompt", str(args.prompt), "--gen", str(args.gen)]
+               "--prompt", str(args.prompt), "--gen", str(args.gen)] + (["--isa", args.isa] if args.isa else [])
         done = subprocess.run(cmd, capture_output=True, text=True)
         if done.returncode != 0:
             sys.exit(f"bench_core: {engine} failed: {(done.stderr.strip().splitlines() or ['?'])[-1]}")
         return json.loads(done.stdout.strip().splitlines()[-1])
 
-    engines = [("ours", sys.executable)] + ([("llama.cpp", lp)] if lp else [])
-    out: dict = {name: {t: [] for t in threads} for name, _ in engines}
+    engines = [("ours", sys.executable, "ours")] + [(name, py, PEERS[name][0]) for name, py in peers.items()]
+    out: dict = {name: {t: [] for t in threads} for name, _, _ in engines}
     out["bandwidth"] = {t: [] for t in threads}
     for r in range(args.rounds):
         for t in threads:
-            for name, python in engines:
-                out[name][t].append(child(python, "ours" if name == "ours" else "llama", t))
+            for name, python, engine in engines:
+                out[name][t].append(child(python, engine, t))
             out["bandwidth"][t].append(read_bandwidth(t, reps=3))
         print(f"round {r + 1}/{args.rounds} done", file=sys.stderr)
     return out
@@ -97,9 +120,10 @@ def summarize(runs: dict, threads: list[int]) -> dict:
         summary[engine] = {t: {k: spread([r[k] for r in rs]) for k in KEYS} | {"isa": rs[0]["isa"]}
                            for t, rs in by_t.items()}
     summary["bandwidth"] = {t: spread(v) for t, v in runs["bandwidth"].items()}
-    if "llama.cpp" in runs:  # each round's ours / llama.cpp: neighbours in time share the machine's load
-        summary["ratio"] = {t: {k: spread([a[k] / b[k] for a, b in zip(runs["ours"][t], runs["llama.cpp"][t])])
-                                for k in KEYS} for t in threads}
+    # Each round's ours / peer: neighbours in time share the machine's load.
+    summary["ratio"] = {peer: {t: {k: spread([a[k] / b[k] for a, b in zip(runs["ours"][t], runs[peer][t])])
+                                   for k in KEYS} for t in threads}
+                        for peer in PEERS if peer in runs}
     return summary
 
 
@@ -113,23 +137,26 @@ def print_report(args, s: dict, threads: list[int], weight_bytes: int, facts: di
     print(f"model {os.path.basename(args.model)} ({weight_bytes / 1e6:.1f} MB of weights read per decode token); "
           f"prompt {args.prompt}, gen {args.gen}; medians of {args.rounds} alternated rounds (min-max)")
     print(describe_machine(facts) + f" at the start, {facts['load_average_after'][0]:.1f} at the end")
-    if "llama.cpp" in s:
-        print(f"llama.cpp system info: {s['llama.cpp'][threads[0]]['isa']}")
+    print(f"our path: {s['ours'][threads[0]]['isa']}")
+    for peer in s["ratio"]:
+        print(f"{peer} system info: {s[peer][threads[0]]['isa']}")
     cell = lambda m: f"{m['median']:.1f} ({m['min']:.0f}-{m['max']:.0f})"  # noqa: E731
-    print(f"{'threads':>7} {'metric':>12} {'ours':>20} {'llama.cpp':>20} {'ratio of medians':>16} "
+    print(f"{'threads':>7} {'metric':>12} {'ours':>20} {'peer':>13} {'peer (tok/s)':>20} {'ratio of medians':>16} "
           f"{'rounds ratios':>20}")
     for t in threads:
         for key in KEYS:
-            a, b = s["ours"][t][key], s.get("llama.cpp", {}).get(t, {}).get(key)
-            ratio = f"{a['median'] / b['median']:15.2f}x" if b else f"{'n/a':>16}"
-            r = s.get("ratio", {}).get(t, {}).get(key)
-            paired = f"{r['median']:.2f}x ({r['min']:.2f}-{r['max']:.2f})" if r else "n/a"
-            print(f"{t:>7} {key:>12} {cell(a):>20} {cell(b) if b else 'n/a':>20} {ratio} {paired:>20}")
+            a = s["ours"][t][key]
+            if not s["ratio"]:
+                print(f"{t:>7} {key:>12} {cell(a):>20} {'none':>13}")
+            for peer, ratios in s["ratio"].items():
+                b, r = s[peer][t][key], ratios[t][key]
+                print(f"{t:>7} {key:>12} {cell(a):>20} {peer:>13} {cell(b):>20} {a['median'] / b['median']:15.2f}x "
+                      f"{r['median']:.2f}x ({r['min']:.2f}-{r['max']:.2f})")
     for t in threads:
         bw = s["bandwidth"][t]
         print(f"memory read probe, {t} threads: {bw['median'] / 1e9:.1f} GB/s "
               f"({bw['min'] / 1e9:.1f}-{bw['max'] / 1e9:.1f}); decode read rate against it:")
-        for engine in ("ours", "llama.cpp"):
+        for engine in ("ours", *PEERS):
             if engine in s:
                 print("  " + describe_decode(engine, s[engine][t]["decode_tps"]["median"], weight_bytes, bw["median"]))
 
@@ -142,13 +169,15 @@ def main() -> int:
     ap.add_argument("--gen", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--llama-python", default=None)
-    ap.add_argument("--engine", choices=["ours", "llama"], default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--ik-python", default=None, help="a Python with ik-llama-cpp-python (module ik_llama_cpp)")
+    ap.add_argument("--isa", default=None, choices=["scalar", "avx2", "avx512"], help="our path (default: the best)")
+    ap.add_argument("--engine", choices=["ours", "llama", "ik"], default=None, help=argparse.SUPPRESS)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     threads = [int(t) for t in args.threads.split(",")]
 
     if args.engine:  # one measurement, in a child process (llama.cpp's may lack ctxengine)
-        fn = ours if args.engine == "ours" else llama
+        fn = {"ours": lambda *a: ours(*a, isa=args.isa), "llama": llama, "ik": ik}[args.engine]
         print(json.dumps(fn(args.model, threads[0], args.prompt, args.gen)))
         return 0
 
@@ -159,7 +188,8 @@ def main() -> int:
     weight_bytes = weight_bytes_per_token(args.model)
     facts = machine_facts(threads[-1])  # the date and load average the run starts at
     facts.pop("threads")  # each figure says its own
-    s = summarize(run_rounds(args, threads, llama_python(args)), threads)
+    peers = {name: py for name in PEERS if (py := peer_python(args, name))}
+    s = summarize(run_rounds(args, threads, peers), threads)
     facts["isa"] = s["ours"][threads[0]]["isa"]  # the path the measuring processes ran
     facts["load_average_after"] = [round(x, 2) for x in os.getloadavg()]
     if args.json:

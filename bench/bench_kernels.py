@@ -1,4 +1,5 @@
-"""Matmul kernel throughput on Gemma 3 270M's shapes (Q4_K_M file), per ISA path.
+"""Matmul kernel throughput on Gemma 3 270M's shapes (Q4_K_M file) and SmolLM2-135M's
+(Q4_1), per ISA path.
 
     python bench/bench_kernels.py [--rows 1,4,16,64] [--threads 1,2] [--isa avx512] [--seconds 0.3]
 
@@ -23,7 +24,8 @@ import numpy as np
 from ctxengine import _core
 
 Q = _core.quant
-# (name, ggml type, n_in, n_out): the matmuls of one Gemma 3 270M layer and the tied output.
+# (name, ggml type, n_in, n_out): the matmuls of one Gemma 3 270M layer and the tied output,
+# then SmolLM2's.
 SHAPES = [
     ("attn_q  Q5_0", 6, 640, 1024),
     ("ffn_up  Q5_0", 6, 640, 2048),
@@ -32,6 +34,9 @@ SHAPES = [
     ("ffn_dn  Q4_K", 12, 2048, 640),
     ("ffn_dn  Q6_K", 14, 2048, 640),
     ("output  Q8_0", 8, 640, 262144),
+    # SmolLM2-135M Q4_1: the FFN's up / gate and down projections.
+    ("smol_up Q4_1", 3, 576, 1536),
+    ("smol_dn Q4_1", 3, 1536, 576),
 ]
 
 

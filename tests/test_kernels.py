@@ -431,6 +431,22 @@ def test_quantize_q8a_random_scales():
     assert Q.quantize_q8a(x) == q8a_numpy(x)
 
 
+def test_quantize_q8a_paths_bit_identical():
+    """The AVX2 and AVX-512 quantizers give the scalar bytes: zero blocks, ties
+    (half to even), f16 underflow of d, saturated and tiny magnitudes, and
+    scales over 12 decades."""
+    rng = np.random.default_rng(10)
+    x = (rng.standard_normal(32 * 200) * np.repeat(10.0 ** rng.uniform(-8, 4, 200), 32)).astype(np.float32)
+    x[:32] = 0.0
+    x[32], x[33:40] = 127.0, [0.5, 1.5, 2.5, -0.5, -1.5, -2.5, 126.5]
+    x[64:96] = 1e-30
+    x[96:128] = np.where(rng.random(32) < 0.5, -1.0, 1.0)
+    x[128:160] = -0.0
+    results = on_each_path(lambda: np.frombuffer(Q.quantize_q8a(x), np.uint8))
+    assert_same_bits(results)
+    assert results["scalar"].tobytes() == q8a_numpy(x)
+
+
 # ---------------------------------------------------------------------------
 # Half floats
 

@@ -22,6 +22,7 @@ const Kernels& scalar_table() {
     t.f32_to_f16 = qk::f32_to_f16_soft;
     t.f32_to_f16_row = qk::f32_to_f16_row_scalar;
     t.quantize_row_q8k = qk::quantize_row_q8k_scalar;
+    t.quantize_row_q8a = qk::quantize_row_q8a_scalar;
     t.matmul_q = qk::matmul_q_scalar;
     t.matmul_k = qk::matmul_k_scalar;
     t.matmul_f = qk::matmul_f_scalar;
@@ -47,6 +48,7 @@ const Kernels& avx2_table() {
     t.f16_to_f32 = qk::f16_to_f32_hw;
     t.f32_to_f16 = qk::f32_to_f16_hw;
     t.f32_to_f16_row = qk::f32_to_f16_row_avx2;
+    t.quantize_row_q8a = qk::quantize_row_q8a_avx2;
     t.matmul_q = qk::matmul_q_avx2;
     t.matmul_k = qk::matmul_k_avx2;
     t.matmul_f = qk::matmul_f_avx2;
@@ -71,6 +73,7 @@ const Kernels& avx512_table() {
     t.isa = Isa::avx512;
     t.f32_to_f16_row = qk::f32_to_f16_row_avx512;
     t.quantize_row_q8k = qk::quantize_row_q8k_avx512;
+    t.quantize_row_q8a = qk::quantize_row_q8a_avx512;
     t.matmul_q = qk::matmul_q_avx512;
     t.matmul_k = qk::matmul_k_avx512;
     t.matmul_f = qk::matmul_f_avx512;

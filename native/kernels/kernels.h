@@ -24,6 +24,7 @@ struct Kernels {
   uint16_t (*f32_to_f16)(float f);
   void (*f32_to_f16_row)(const float* x, uint16_t* y, int n);
   void (*quantize_row_q8k)(const float* x, BlockQ8K* y, int n);
+  void (*quantize_row_q8a)(const float* x, BlockQ8A* y, int n);
   void (*matmul_q)(DType t, const void* W, int n_in, int o0, int o1, const BlockQ8A* Xq, int n_x, float* Y,
                    size_t y_stride);
   void (*matmul_k)(DType t, const void* W, int n_in, int o0, int o1, const BlockQ8K* Xk, int n_x, float* Y,

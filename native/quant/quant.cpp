@@ -198,9 +198,10 @@ uint16_t f32_to_f16(float f) { return kernels().f32_to_f16(f); }
 float bf16_to_f32(uint16_t h) { return bits_float(static_cast<uint32_t>(h) << 16); }
 
 // ---------------------------------------------------------------------------
-// Activation quantization. One scalar implementation serves every path (it is
-// O(n) per row, negligible next to the matmul), so Q8A bytes never depend on
-// the ISA.
+// Activation quantization. The scalar definitions below; the SIMD paths
+// produce the same bytes (q8a_avx2.cpp, q8a_avx512.cpp: prefill quantizes
+// every row before each matmul, a few percent of its time on one scalar lane),
+// so Q8A bytes never depend on the ISA. The KV quantizer stays scalar.
 
 // nearbyint (round half to even in the default rounding mode) for |v| <= 2^22
 // without a libm call: adding 1.5 * 2^23 leaves no fraction bits, so the add
@@ -222,7 +223,9 @@ static float quantize_block_q8(const float* xb, int8_t* qs) {
   return amax / 127.0f;
 }
 
-void quantize_row_q8a(const float* x, BlockQ8A* y, int n) {
+void quantize_row_q8a(const float* x, BlockQ8A* y, int n) { kernels().quantize_row_q8a(x, y, n); }
+
+void qk::quantize_row_q8a_scalar(const float* x, BlockQ8A* y, int n) {
   for (int b = 0; b < n / QK; ++b) {
     const float d = quantize_block_q8(x + b * QK, y[b].qs);
     int sum = 0;

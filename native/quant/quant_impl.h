@@ -76,6 +76,10 @@ float f16_to_f32_hw(uint16_t h);     // one F16C instruction each, bit-identical
 uint16_t f32_to_f16_hw(float f);
 void f32_to_f16_row_scalar(const float* x, uint16_t* y, int n);
 void quantize_row_q8k_scalar(const float* x, BlockQ8K* y, int n);
+void quantize_row_q8a_scalar(const float* x, BlockQ8A* y, int n);
+// The same bytes on 8 and 16 lanes (q8a_avx2.cpp, q8a_avx512.cpp).
+void quantize_row_q8a_avx2(const float* x, BlockQ8A* y, int n);
+void quantize_row_q8a_avx512(const float* x, BlockQ8A* y, int n);
 void matmul_q_scalar(DType t, const void* W, int n_in, int o0, int o1, const BlockQ8A* Xq, int n_x, float* Y,
                      size_t y_stride);
 void matmul_k_scalar(DType t, const void* W, int n_in, int o0, int o1, const BlockQ8K* Xk, int n_x, float* Y,
