@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Iterator, Sequence
 import numpy as np
 
 from ..errors import ContextError
+from ..text.closing import Closer
 from ..text.grammar import Constraint, Grammar, as_grammar
 from ..engine.sampler import Sampler, SamplerParams, StopMatcher
 from ..text.tokenizer import StreamDecoder
@@ -160,19 +161,24 @@ class Context:
             sampler = self._make_sampler(sampling)
             constraint = self._start_constraint(as_grammar(grammar, json_schema))
             tok = self.engine.tokenizer
+            closer = Closer(constraint, tok, self._tokens[constraint.start:]) if constraint is not None and constraint.grammar.is_json else None
             decoder = StreamDecoder(tok)
             matcher = StopMatcher(list(stop))
             self.finish_reason = "length"
             try:
-                for _ in range(max_tokens):
+                for i in range(max_tokens):
                     if len(self._tokens) >= self.engine.config.n_ctx:
                         break
-                    logits = self._sync()
-                    if constraint is not None:
-                        logits = constraint.mask(logits)
-                    token = sampler.sample(logits, self._tokens)
+                    left = min(max_tokens - i, self.engine.config.n_ctx - len(self._tokens))
+                    token = closer.next_token(left) if closer is not None else None
+                    if token is None:
+                        token = self._sample(sampler, constraint)
+                        if closer is not None and not closer.keep(token, left):
+                            token = closer.next_token(left)
                     if constraint is not None:
                         constraint.advance(token)
+                        if closer is not None:
+                            closer.consumed(token)
                     self._tokens.append(token)
                     if token in tok.eog_ids:
                         self.finish_reason = "stop"
@@ -195,6 +201,12 @@ class Context:
                     constraint = None
                 self._constraint = constraint
                 self._table.touch(self)
+
+    def _sample(self, sampler: Sampler, constraint: Constraint | None) -> int:
+        logits = self._sync()
+        if constraint is not None:
+            logits = constraint.mask(logits)
+        return sampler.sample(logits, self._tokens)
 
     # -- branching --------------------------------------------------------------
     def fork(self, name: str | None = None, *, n_tokens: int | None = None) -> "Context":

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 import numpy as np
 
 from ..errors import CtxError
+from .json_bounds import bounded_schema
 
 if TYPE_CHECKING:
     from .tokenizer import Tokenizer
@@ -87,6 +88,12 @@ class Grammar:
         """Any JSON object (OpenAI's json_object, Ollama's format "json")."""
         return cls.json_schema({"type": "object"})
 
+    @property
+    def is_json(self) -> bool:
+        """Its sentences are JSON (a schema, or a forced tool call's Lark around one):
+        a generation under it is steered to close within its budget (text/closing.py)."""
+        return self.kind == "json_schema" or (self.kind == "lark" and "%json" in self.source)
+
     def compiled(self) -> str:
         """The llguidance grammar, checked; GrammarError naming what is wrong."""
         return _compile(self.kind, self.source)
@@ -120,7 +127,8 @@ def _compile(kind: str, source: str) -> str:
     what = {"gbnf": "GBNF grammar", "lark": "Lark grammar", "regex": "regex", "json_schema": "JSON schema"}[kind]
     try:
         if kind == "json_schema":
-            compiled = llg.LLMatcher.grammar_from_json_schema(source, defaults={"whitespace_pattern": JSON_WHITESPACE})
+            schema = json.dumps(bounded_schema(json.loads(source)))
+            compiled = llg.LLMatcher.grammar_from_json_schema(schema, defaults={"whitespace_pattern": JSON_WHITESPACE})
         elif kind == "regex":
             compiled = llg.LLMatcher.grammar_from_regex(source)
         elif kind == "lark":
@@ -190,6 +198,17 @@ class Constraint:
         self._words = np.empty((tok.n_vocab + 31) // 32, dtype=np.int32)  # the bitmask, reused
         if self._matcher.is_error():
             raise GrammarError(f"the grammar cannot be used: {_one_line(self._matcher.get_error())}")
+
+    @property
+    def matcher(self):
+        """The live llguidance matcher (text/closing.py walks copies of it)."""
+        return self._matcher
+
+    @property
+    def eos(self) -> int:
+        """The end-of-generation id a complete output may end with."""
+        tok = self._tok
+        return tok.eos_id if tok.eos_id is not None and tok.eos_id in tok.eog_ids else min(tok.eog_ids)
 
     @property
     def done(self) -> bool:
