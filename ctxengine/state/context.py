@@ -141,7 +141,7 @@ class Context:
         return self.append(self.engine.chat.render(turn, generation_prompt=False), parse_special=True)
 
     def generate(self, max_tokens: int = 256, *, stop: Sequence[str] = (), grammar: "Grammar | str | None" = None,
-                 json_schema=None, **sampling) -> Iterator[Piece]:
+                 json_schema=None, close_json: bool = True, **sampling) -> Iterator[Piece]:
         """Stream up to max_tokens sampled tokens as pieces of text.
 
         Sampling options are SamplerParams fields (temperature, top_k, top_p,
@@ -152,7 +152,10 @@ class Context:
         ``grammar`` (GBNF text or a Grammar) or ``json_schema`` (a dict or its
         JSON text) constrain the output; it ends ("stop") when the grammar is
         complete, or ("length") unfinished, and then a later generate()
-        without a grammar continues it.
+        without a grammar continues it. Under a JSON grammar (a schema, a
+        forced tool call) ``close_json`` steers the output to close within
+        max_tokens whenever its shortest completion fits (text/closing.py);
+        ``close_json=False`` cuts it where max_tokens falls, to continue later.
         """
         with self._lock:
             self._check_live()
@@ -161,7 +164,8 @@ class Context:
             sampler = self._make_sampler(sampling)
             constraint = self._start_constraint(as_grammar(grammar, json_schema))
             tok = self.engine.tokenizer
-            closer = Closer(constraint, tok, self._tokens[constraint.start:]) if constraint is not None and constraint.grammar.is_json else None
+            closer = (Closer(constraint, tok, self._tokens[constraint.start:])
+                      if close_json and constraint is not None and constraint.grammar.is_json else None)
             decoder = StreamDecoder(tok)
             matcher = StopMatcher(list(stop))
             self.finish_reason = "length"
