@@ -87,7 +87,7 @@ def routes(runtime, generations: Generations) -> APIRouter:
         tools = tools if tools is not None and tools.parses else None
         if stream:
             return GenerationStream(_events(gen, head, tools), gen, "text/event-stream")
-        text, fin = await gen.collect()
+        text, fin = await gen.collect(request)
         calls = []
         if tools is not None:
             text, calls = parse_tool_calls(text)
