@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Iterator, Sequence
 import numpy as np
 
 from ..errors import ContextError
+from . import conversation
 from ..text.closing import Closer
 from ..text.grammar import Constraint, Grammar, as_grammar
 from ..engine.sampler import Sampler, SamplerParams, StopMatcher
@@ -131,6 +132,17 @@ class Context:
             self._sync()
             self._table.touch(self)
             return len(ids)
+
+    def chat(self, messages: "str | Sequence[dict]", max_tokens: int = 256, *, tools=None, **generate) -> str:
+        """Continue the conversation this context holds: the new turns (a user's
+        text, or chat messages) rendered after it, the reply generated
+        (``generate``'s options) and its turn closed; the reply's text."""
+        return conversation.chat(self, messages, max_tokens, tools=tools, **generate)
+
+    def append_turns(self, messages: "str | Sequence[dict]", *, tools=None) -> int:
+        """Append chat turns after what the context holds, ending on the prompt for the
+        assistant's reply (an open reply is closed first); the number of new tokens."""
+        return conversation.append_turns(self, messages, tools=tools)
 
     def append_system(self, text: str) -> int:
         """Add a system message: rendered with the model's chat template when it

@@ -1,11 +1,15 @@
-"""What a new user hits when a client gives up: a non-streamed generation
-stops within a step of its client's disconnect in every dialect (a named
-context keeps what was generated), ``--request-timeout`` bounds a request,
-and an HTTP snapshot without a ref is kept under the context's name."""
+"""What a new user hits in the first hour (issue 25): a non-streamed
+generation stops within a step of its client's disconnect in every dialect
+(a named context keeps what was generated), ``--request-timeout`` bounds a
+request, an HTTP snapshot without a ref is kept under the context's name,
+and the Python chat API continues a conversation exactly as the HTTP
+``context`` field does."""
 import time
 
 import httpx
 import pytest
+
+import ctxengine
 
 from api_server import module_server
 
@@ -92,3 +96,23 @@ def test_a_snapshot_without_a_ref_is_kept_under_the_contexts_name(server):
     assert back.status_code == 201, back.text
     assert back.json()["snapshot_id"] == snap["snapshot_id"]
     assert server.get("/v1/contexts/demo").json()["text"].endswith("The demo's text.")
+
+
+def test_python_chat_equals_the_http_context_flow_token_for_token(server, smollm2_path):
+    turns = ["Name a fruit.", "And a vegetable?", "Add food."]
+    assert server.post("/v1/contexts", {"name": "talk", "model": "smollm2"}).status_code == 201
+    http_replies = []
+    for t in turns:
+        r = server.post("/v1/chat/completions", {"model": "smollm2", "context": "talk", "max_tokens": 12,
+                                                 "temperature": 0, "messages": [{"role": "user", "content": t}]})
+        http_replies.append(r.json()["choices"][0]["message"]["content"])
+    http_tokens = server.get("/v1/contexts/talk", params={"tokens": "true"}).json()["tokens"]
+    model = ctxengine.load(smollm2_path)
+    try:
+        c = model.context("talk")
+        replies = [c.chat(t, 12, temperature=0) for t in turns]
+        assert replies == http_replies
+        assert c.tokens == http_tokens
+        assert c.text.count("<|im_start|>system") == 1  # one system prompt, at the start
+    finally:
+        model.close()
