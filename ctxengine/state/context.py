@@ -219,6 +219,8 @@ class Context:
                 self._table.touch(self)
 
     def _sample(self, sampler: Sampler, constraint: Constraint | None) -> int:
+        if constraint is not None:
+            constraint.prefetch()  # the mask is computed while the forward pass runs
         logits = self._sync()
         if constraint is not None:
             logits = constraint.mask(logits)
