@@ -7,6 +7,7 @@ import jsonschema
 import pytest
 
 import ctxengine
+from ctxengine.text.closing import Closer
 from ctxengine.text.grammar import Constraint, Grammar, GrammarError
 from ctxengine.text.json_bounds import MAX_INT_DIGITS, MAX_ITEMS, MAX_STRING, bounded_schema
 from ctxengine.text.tools import ToolChoice, as_tools, forced_call_grammar, parse_tool_calls
@@ -57,23 +58,17 @@ def test_the_grammar_refuses_runaway_values_and_takes_ordinary_ones(model):
     assert not takes(model, {"type": "string"}, json.dumps("a" * (MAX_STRING + 1)))
 
 
-def shortest_call_tokens(model, grammar) -> int:
-    """How many tokens the forced call takes when the budget is tiny (it is then closed at once)."""
-    for n in range(1, 80):
-        ctx = model.context(None)
-        ctx.append(model.chat_prompt([{"role": "user", "content": "Weather?"}]), parse_special=True)
-        list(ctx.generate(n, grammar=grammar, temperature=0))
-        done = ctx.finish_reason == "stop"
-        ctx.delete()
-        if done:
-            return n
-    raise AssertionError("no budget under 80 tokens closes the call")
-
-
 def test_a_forced_call_closes_at_every_budget_from_the_shortest(model):
     tools = as_tools([{"type": "function", "function": {"name": "get_weather", "parameters": WEATHER}}])
     grammar = forced_call_grammar(tools, ToolChoice("required"), "fallback")
-    shortest = shortest_call_tokens(model, grammar)
+    shortest = Closer(Constraint(grammar, model.engine.tokenizer, 0), model.engine.tokenizer).need
+    assert 20 <= shortest <= 40  # <tool_call>\n{"name":"get_weather","arguments":{"city":"","unit":"c"}}\n</tool_call>
+    for n in [shortest - 1, 3]:  # too few: "length", no call
+        ctx = model.context(None)
+        ctx.append(model.chat_prompt([{"role": "user", "content": "Weather?"}]), parse_special=True)
+        text = "".join(p.text for p in ctx.generate(n, grammar=grammar, temperature=0))
+        assert ctx.finish_reason == "length" and parse_tool_calls(text)[1] == [], text
+        ctx.delete()
     ask = [{"role": "user", "content": "What is the weather in Paris? Tell me all about Paris in detail."}]
     for n in [shortest, shortest + 1, shortest + 3, shortest + 9, shortest + 30]:
         ctx = model.context(None)

@@ -55,8 +55,15 @@ class Closer:
         plan = self._completion(constraint.matcher, self._in_string, self._escaped)
         self._need = None if plan is None else len(plan)
 
+    @property
+    def need(self) -> int | None:
+        """Tokens the last completion found takes (None: none found)."""
+        return self._need
+
     def next_token(self, left: int) -> int | None:
-        if self._plan is None and self._need is not None and self._need >= left:
+        # Exactly as many tokens left as the completion takes: write it. (With fewer,
+        # nothing can make the reply parse, so the model goes on writing it.)
+        if self._plan is None and self._need is not None and self._need == left:
             self._plan = self._completion(self._c.matcher, self._in_string, self._escaped)
         if self._plan:
             return self._plan.pop(0)
@@ -64,7 +71,7 @@ class Closer:
 
     def keep(self, token: int, left: int) -> bool:
         """Whether the sampled token leaves a completion that fits in the ``left - 1`` tokens after it."""
-        if self._need is None or left > self._need + ZONE:
+        if self._need is None or left > self._need + ZONE or left < self._need:
             return True
         m = self._c.matcher.deep_copy()
         if token in self._tok.eog_ids or not m.consume_token(int(token)):
@@ -82,7 +89,7 @@ class Closer:
         self._in_string, self._escaped = _scan(data, self._in_string, self._escaped)
         if self._next_plan is not None:
             self._need, self._next_plan = len(self._next_plan), None
-        elif self._need is None or b"{" in data or b"[" in data:
+        elif b"{" in data or b"[" in data:  # a structure opened: it may need more to close
             plan = self._completion(self._c.matcher, self._in_string, self._escaped)
             self._need = None if plan is None else len(plan)
 
