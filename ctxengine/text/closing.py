@@ -71,17 +71,21 @@ class Closer:
 
     def keep(self, token: int, left: int) -> bool:
         """Whether the sampled token leaves a completion that fits in the ``left - 1`` tokens after it."""
-        if self._need is None or left > self._need + ZONE or left < self._need:
+        if self._need is None or left > self._need + ZONE:
             return True
         m = self._c.matcher.deep_copy()
         if token in self._tok.eog_ids or not m.consume_token(int(token)):
             return True  # the grammar's own check (advance) decides
         in_string, escaped = _scan(self._tok.token_bytes(token), self._in_string, self._escaped)
-        plan = self._completion(m, in_string, escaped)
-        if plan is None or len(plan) <= left - 1:
-            self._next_plan = plan
+        after = self._completion(m, in_string, escaped)
+        if after is None or len(after) <= left - 1:
+            self._next_plan = after
             return True
-        self._plan = self._completion(self._c.matcher, self._in_string, self._escaped)
+        now = self._completion(self._c.matcher, self._in_string, self._escaped)
+        if not now or len(now) > left:  # it does not fit either way: the model writes on
+            self._next_plan = after
+            return True
+        self._plan = now
         return False
 
     def consumed(self, token: int) -> None:
