@@ -95,17 +95,24 @@ def test_replies_under_unbounded_schemas_always_parse(max_tokens, openai_client)
         jsonschema.validate(json.loads(r.choices[0].message.content), SCHEMAS[name])
 
 
-def test_anthropic_output_config_and_ollama_format_parse_at_40_tokens(anthropic_client, ollama_client):
-    schema = SCHEMAS["ref"]
-    m = anthropic_client.messages.create(
-        model="smollm2", max_tokens=40, messages=user(ASK), extra_body={"temperature": 0.9},
-        output_config={"format": {"type": "json_schema", "schema": schema}})
-    assert m.stop_reason == "end_turn"
-    jsonschema.validate(json.loads(m.content[0].text), schema)
-    r = ollama_client.chat("smollm2", user(ASK), format=SCHEMAS["numbers"],
-                           options={"temperature": 0.9, "seed": 5, "num_predict": 40})
-    assert r.done_reason == "stop"
-    jsonschema.validate(json.loads(r.message.content), SCHEMAS["numbers"])
+@pytest.mark.parametrize("max_tokens", [40, 100])
+def test_anthropic_output_config_and_ollama_format_always_parse(max_tokens, anthropic_client, ollama_client):
+    def anthropic_reply(name):
+        m = anthropic_client.messages.create(
+            model="smollm2", max_tokens=max_tokens, messages=user(ASK), extra_body={"temperature": 0.9},
+            output_config={"format": {"type": "json_schema", "schema": SCHEMAS[name]}})
+        assert m.stop_reason == "end_turn", (name, m)
+        return name, m.content[0].text
+
+    def ollama_reply(name):
+        r = ollama_client.chat("smollm2", user(ASK), format=SCHEMAS[name],
+                               options={"temperature": 0.9, "seed": 5, "num_predict": max_tokens})
+        assert r.done_reason == "stop", (name, r)
+        return name, r.message.content
+
+    jobs = [(fn, name) for fn in (anthropic_reply, ollama_reply) for name in SCHEMAS]
+    for name, text in concurrently(lambda job: job[0](job[1]), jobs):
+        jsonschema.validate(json.loads(text), SCHEMAS[name])
 
 
 def test_a_budget_below_the_shortest_reply_says_length_in_each_dialect(openai_client, anthropic_client,
