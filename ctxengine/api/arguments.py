@@ -22,7 +22,7 @@ def add_http_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",
                    help="allow browsers from this origin ('*': any; repeatable; default: no CORS)")
     p.add_argument("--request-timeout", type=_positive, default=None, metavar="S",
-                   help="stop any generation after this many seconds; its reply ends cut short, as at "
+                   help="stop any HTTP generation after this many seconds; its reply ends cut short, as at "
                         "max_tokens (default: no limit)")
     p.add_argument("--shutdown-timeout", type=float, default=DEFAULT_SHUTDOWN_TIMEOUT, metavar="S",
                    help=f"on SIGTERM, let streams finish for this long, then cancel them "
