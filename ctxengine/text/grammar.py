@@ -244,11 +244,14 @@ class Constraint:
     def prefetch(self) -> None:
         """Start computing the next mask on a worker thread (call before the forward pass)."""
         if self._pending is None and not self._matcher.is_stopped():
-            self._pending = _mask_workers().submit(self._allowed)
+            self._pending = _mask_workers().submit(self._bias)
 
-    def _allowed(self) -> np.ndarray:
+    def _bias(self) -> tuple[np.ndarray, bool]:
+        """The mask as logit offsets (0: allowed, -inf: forbidden), and whether any token is allowed.
+        Offsets, so that what is left for the sampler to wait for is one vector add."""
         self._matcher.unsafe_compute_mask_ptr(self._words.ctypes.data, self._words.nbytes)  # releases the GIL
-        return np.unpackbits(self._words.view(np.uint8), bitorder="little")[: self._tok.n_vocab].view(bool)
+        allowed = np.unpackbits(self._words.view(np.uint8), bitorder="little").view(bool)
+        return np.where(allowed, np.float32(0), np.float32(-np.inf)), bool(allowed.any())
 
     def _settled(self):
         """The matcher, once no prefetch is using it (one in flight is waited for, its mask kept)."""
@@ -259,13 +262,12 @@ class Constraint:
     def mask(self, logits: np.ndarray) -> np.ndarray:
         """A copy of the logits with every token the grammar forbids at -inf."""
         pending, self._pending = self._pending, None
-        allowed = pending.result() if pending is not None else self._allowed()
-        allowed = allowed[: len(logits)]
+        bias, some = pending.result() if pending is not None else self._bias()
         m = self._matcher
-        if m.is_error() or not allowed.any():
+        if m.is_error() or not some:
             why = _one_line(m.get_error()) if m.is_error() else "empty mask"
             raise GrammarError(f"the grammar allows no token here (it cannot be completed; {why})")
-        return np.where(allowed, logits, np.float32(-np.inf)).astype(np.float32, copy=False)
+        return np.asarray(logits, dtype=np.float32) + bias[: len(logits)]  # x + 0 is x, exactly
 
     def advance(self, token: int) -> None:
         self._drop_pending()
