@@ -69,6 +69,9 @@ def test_models_list_names_what_cannot_be_served_and_why(tmp_path):
     assert "cannot be served: architecture 'mamba' is not supported" in lines["mamba"]
     assert "cannot be served:" in lines["cut"]
     assert "smollm2" in lines and "packaged" in lines["smollm2"]
+    # gemma3's package is installed (a test dependency) but this CTX_HOME never built it: listed all the same
+    assert not (tmp_path / "models" / "gemma-3-270m-q4_k_m.gguf").exists()
+    assert "packaged" in lines["gemma3"] and "built from its installed package on first use" in lines["gemma3"]
 
 
 @pytest.mark.parametrize("args", [["run", "-m", "/nonexistent/model.gguf", "hi"], ["tokenize", "-m", "no-such-model", "x"]])

@@ -454,3 +454,10 @@ def test_fuzz(tmp_path):
         assert time.perf_counter() - t0 < 0.5, f"case {case} took too long"
     assert outcomes["refused"] > 1000 and outcomes["accepted"] > 100, outcomes
     assert time.perf_counter() - start < 20
+
+
+def test_a_truncated_file_says_so_with_its_size_and_the_size_it_needs(tmp_path, smollm2_path):
+    with open(smollm2_path, "rb") as src:  # cut inside the merges, as a broken download would
+        expect_error(tmp_path, src.read(1_000_000), r"'tokenizer.ggml.merges': an array of 48900 elements .* "
+                                                    r"truncated or corrupt \(it is 1000000 bytes; that array "
+                                                    r"needs at least \d+\)")

@@ -85,6 +85,8 @@ def test_token_ids_fork_rewind_snapshot_restore_delete(remote, local):
     b.append(ids[-2:])
     sid = b.snapshot(ref="tree-b", labels={"step": "1"})
     assert remote.refs()["tree-b"] == sid and b.snapshot_id == sid
+    sid_tree = c.snapshot()  # no ref given: the context's own name
+    assert remote.refs()["tree"] == sid_tree
     r = remote.restore("tree-b", name="tree-c")
     assert r.tokens == ids and r.snapshot_id == sid and r.labels == {"step": "1"}
     # the same tokens give the same continuation, whichever way they came

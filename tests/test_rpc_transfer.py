@@ -279,3 +279,15 @@ def test_malformed_or_incomplete_manifests_are_refused(hosts, ra, rb):
 def test_pull_of_a_model_name_still_means_a_packaged_model(args, home):
     r = ctx("pull", *args, home=home)
     assert r.returncode == 1 and "cannot pull 'llama9'" in r.stderr, r.stderr
+
+
+def test_a_snapshot_without_a_ref_is_pushed_and_restored_by_the_contexts_name(hosts, ra, rb, home):
+    a, b = hosts
+    c = ra.create("by-name")
+    c.append(OTHER)
+    sid = c.snapshot()  # no ref: the server keeps it under the context's name
+    res = _json(ctx("push", "by-name", b.target, "--store", a.store, "--json", home=home))
+    assert res["snapshot_id"] == sid and res["ref"] == "by-name"
+    c.delete()
+    assert ra.restore("by-name", name="by-name").snapshot_id == sid
+    assert rb.restore("by-name", name="by-name").snapshot_id == sid

@@ -6,8 +6,12 @@
 sequence. Usage follows Anthropic's accounting: ``input_tokens`` are the
 prompt tokens that were prefilled, ``cache_read_input_tokens`` those whose
 KV was reused. ``tools`` and ``tool_choice`` with ``tool_use`` /
-``tool_result`` blocks (api/tools.py); ``grammar`` (our extension) constrains
-the reply. Images and extended thinking are refused.
+``tool_result`` blocks (api/tools.py); ``output_config.format`` (a JSON
+schema) or ``grammar`` (our extension) constrains the reply; the rest of
+``output_config`` (``effort``) is ignored. The current anthropic client has
+no ``temperature``/``top_p``/``top_k`` arguments: send them in
+``extra_body``. Images and extended thinking are refused (``thinking``
+``{"type": "disabled"}`` is accepted).
 """
 from __future__ import annotations
 
@@ -25,7 +29,7 @@ from .generation import Finished, Generation, GenerationRequest, Generations, St
 from .options import Sampling
 from .prompts import Prompt, prompt_ids
 from .streaming import GenerationStream, sse
-from .structured import checked
+from .structured import anthropic_grammar
 from .tools import ToolUse, anthropic_blocks, anthropic_messages, anthropic_tool_use, reply_events
 
 
@@ -70,10 +74,11 @@ def routes(runtime, generations: Generations) -> APIRouter:
     @router.post("/v1/messages")
     async def messages(request: Request):
         f = Fields(await json_body(request))
-        f.refuse("thinking", "extended thinking is not supported")
+        if f.obj("thinking").str("type", "disabled") != "disabled":
+            raise ApiError(400, "'thinking' is not supported: extended thinking", param="thinking")
         model = f.str("model")
         tools = anthropic_tool_use(f)
-        grammar = checked(lambda: _gbnf(f.str("grammar")), "grammar") if "grammar" in f else None
+        grammar = anthropic_grammar(f)
         req = GenerationRequest(model, messages_prompt(f, tools), sampling(f), context=f.str("context", None),
                                 grammar=grammar, tools=tools)
         stream = f.bool("stream", False)
@@ -82,7 +87,7 @@ def routes(runtime, generations: Generations) -> APIRouter:
         tools = tools if tools is not None and tools.parses else None
         if stream:
             return GenerationStream(_events(gen, head, tools), gen, "text/event-stream")
-        text, fin = await gen.collect()
+        text, fin = await gen.collect(request)
         calls = []
         if tools is not None:
             text, calls = parse_tool_calls(text)
@@ -102,12 +107,6 @@ def routes(runtime, generations: Generations) -> APIRouter:
         return {"input_tokens": await anyio.to_thread.run_sync(count)}
 
     return router
-
-
-def _gbnf(text: str):
-    from ..text.grammar import Grammar
-
-    return Grammar.gbnf(text)
 
 
 async def _events(gen: Generation, head: dict, tools: ToolUse | None = None):

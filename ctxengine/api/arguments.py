@@ -21,6 +21,16 @@ def add_http_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"largest request body accepted (default {DEFAULT_MAX_BODY}; larger: 413)")
     p.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",
                    help="allow browsers from this origin ('*': any; repeatable; default: no CORS)")
+    p.add_argument("--request-timeout", type=_positive, default=None, metavar="S",
+                   help="stop any HTTP generation after this many seconds; its reply ends cut short, as at "
+                        "max_tokens (default: no limit)")
     p.add_argument("--shutdown-timeout", type=float, default=DEFAULT_SHUTDOWN_TIMEOUT, metavar="S",
                    help=f"on SIGTERM, let streams finish for this long, then cancel them "
                         f"(default {DEFAULT_SHUTDOWN_TIMEOUT:g})")
+
+
+def _positive(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds > 0, got {text}")
+    return value

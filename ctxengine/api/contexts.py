@@ -8,7 +8,8 @@ shared with the gRPC face and the ``context`` field of generation requests.
     POST   /v1/contexts/{name}/append        text, messages or token ids; prefills only those
     POST   /v1/contexts/{name}/rewind        drop the last n tokens
     POST   /v1/contexts/{name}/fork          a copy-on-write branch, O(pages)
-    POST   /v1/contexts/{name}/snapshot      into the store (only the pages it lacks), optionally as a ref
+    POST   /v1/contexts/{name}/snapshot      into the store (only the pages it lacks), as the ref {name}
+                                             unless it names another ("ref": null: none)
     POST   /v1/contexts/{name}/restore       a live context from a ref or snapshot id (default: the ref {name})
 
 Names starting with "_" are the server's own (its prefix cache) and refused.
@@ -161,7 +162,7 @@ def _snapshot_routes(router: APIRouter, ops: _Contexts) -> None:
         f = Fields(await json_body(request))
         ctx = ops.named(name)
         store = _store(runtime)
-        ref = f.str("ref", None)
+        ref = None if "ref" in f.data and f.data["ref"] is None else f.str("ref", name)
         labels = f.obj("labels").data
         result = await _run(lambda: take_snapshot(ctx, store, ref=ref, labels=labels or None))
         return {"snapshot_id": result.snapshot_id, "ref": ref, "n_pages": result.n_pages,

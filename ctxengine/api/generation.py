@@ -30,6 +30,8 @@ from .options import Sampling, entry_sampling
 from .prompts import Prompt, continuation_text, prompt_ids
 
 if TYPE_CHECKING:
+    from starlette.requests import Request
+
     from ..engine.model_source import CatalogEntry
     from ..text.grammar import Grammar
     from ..serving.runtime import Runtime
@@ -72,9 +74,10 @@ class Finished:
 class Generations:
     """Starts generations and keeps track of those running (for shutdown)."""
 
-    def __init__(self, runtime: "Runtime", metrics=None):
+    def __init__(self, runtime: "Runtime", metrics=None, request_timeout: float | None = None):
         self.runtime = runtime
         self.metrics = metrics
+        self.request_timeout = request_timeout  # seconds a generation may run (None: no limit)
         self._active: set[Generation] = set()
         self._lock = threading.Lock()
 
@@ -121,6 +124,7 @@ class Generation:
         self._queue: asyncio.Queue = asyncio.Queue()
         self._cancel = threading.Event()
         self._thread = threading.Thread(target=self._run, name="ctx-generation", daemon=True)
+        self._timer: asyncio.TimerHandle | None = None
 
     @property
     def metrics(self):
@@ -128,6 +132,8 @@ class Generation:
 
     # -- the request's side (event loop) ------------------------------------------------
     async def _start(self) -> None:
+        if self._owner.request_timeout is not None:  # ends like a cancel: cut short, "length"
+            self._timer = self._loop.call_later(self._owner.request_timeout, self.cancel)
         self._thread.start()
         try:
             event = await self._queue.get()
@@ -150,14 +156,30 @@ class Generation:
                     return
         finally:
             self.cancel()
+            if self._timer is not None:
+                self._timer.cancel()
 
-    async def collect(self) -> tuple[str, Finished]:
-        parts = []
-        async for event in self.events():
-            if isinstance(event, Finished):
-                return "".join(parts), event
-            parts.append(event)
+    async def collect(self, client: "Request | None" = None) -> tuple[str, Finished]:
+        """The whole reply; ``client``'s request going away (a non-streamed reply
+        nobody waits for) stops the generation after the current token."""
+        watch = asyncio.ensure_future(self._watch(client)) if client is not None else None
+        try:
+            parts = []
+            async for event in self.events():
+                if isinstance(event, Finished):
+                    return "".join(parts), event
+                parts.append(event)
+        finally:
+            if watch is not None:
+                watch.cancel()
         raise ApiError(500, "the generation ended without finishing")
+
+    async def _watch(self, client: "Request") -> None:
+        # The body is read, so the next ASGI message is the disconnect (streams
+        # have starlette's own watch: see streaming.py).
+        while (await client.receive())["type"] != "http.disconnect":
+            pass
+        self.cancel()
 
     def cancel(self) -> None:
         self._cancel.set()

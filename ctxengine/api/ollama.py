@@ -115,14 +115,14 @@ class _Ollama:
         return any(e.entry.name == name for e in self.runtime.loaded())
 
     async def run(self, f: Fields, name: str, prompt: Prompt, context: str | None, *, chat: bool,
-                  tools: ToolUse | None = None):
+                  client: Request, tools: ToolUse | None = None):
         req = GenerationRequest(name, prompt, _sampling(f), context=context, keep_alive=_keep_alive(f),
                                 grammar=ollama_grammar(f), tools=tools)
         stream = f.bool("stream", True)
         gen = await self.generations.start(req)
         if stream:
             return GenerationStream(_lines(gen, req.model, chat, tools), gen, "application/x-ndjson")
-        text, fin = await gen.collect()
+        text, fin = await gen.collect(client)
         if tools is None or not tools.parses:
             return JSONResponse(_final(gen, req.model, fin, chat, text))
         text, calls = parse_tool_calls(text)
@@ -193,7 +193,7 @@ def _generation_routes(router: APIRouter, o: _Ollama) -> None:
             system = f.str("system", None)
             messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": text}]
             prompt = Prompt(messages=messages, prefix_ids=prefix, template=f.str("template", None))
-        return await o.run(f, name, prompt, named, chat=False)
+        return await o.run(f, name, prompt, named, chat=False, client=request)
 
     @router.post("/api/chat")
     async def chat(request: Request):
@@ -204,7 +204,7 @@ def _generation_routes(router: APIRouter, o: _Ollama) -> None:
         if not messages:
             return await o.load_or_unload(f, name, {"message": {"role": "assistant", "content": ""}})
         return await o.run(f, name, Prompt(messages=messages, tools=tools and tools.prompt_tools), named, chat=True,
-                           tools=tools)
+                           client=request, tools=tools)
 
 
 def _embedding_routes(router: APIRouter, o: _Ollama) -> None:

@@ -108,7 +108,7 @@ def routes(runtime, generations: Generations, metrics) -> APIRouter:
         prompt = Prompt(messages=chat_messages(f.list("messages")), tools=tools and tools.prompt_tools)
         req = GenerationRequest(f.str("model", None), prompt, sampling(f), context=f.str("context", None),
                                 grammar=openai_grammar(f), tools=tools)
-        return await _respond(generations, f, req, chat=True)
+        return await _respond(generations, f, req, chat=True, client=request)
 
     @router.post("/v1/completions")
     async def completions(request: Request):
@@ -121,7 +121,7 @@ def routes(runtime, generations: Generations, metrics) -> APIRouter:
         f.refuse("tools", "tools need /v1/chat/completions")
         req = GenerationRequest(f.str("model", None), _completion_prompt(f), sampling(f),
                                 context=f.str("context", None), grammar=openai_grammar(f))
-        return await _respond(generations, f, req, chat=False)
+        return await _respond(generations, f, req, chat=False, client=request)
 
     @router.post("/v1/embeddings")
     async def embeddings(request: Request):
@@ -148,7 +148,7 @@ def routes(runtime, generations: Generations, metrics) -> APIRouter:
     return router
 
 
-async def _respond(generations: Generations, f: Fields, req: GenerationRequest, *, chat: bool):
+async def _respond(generations: Generations, f: Fields, req: GenerationRequest, *, chat: bool, client: Request):
     stream = f.bool("stream", False)
     include_usage = f.obj("stream_options").bool("include_usage", False)
     gen = await generations.start(req)
@@ -157,7 +157,7 @@ async def _respond(generations: Generations, f: Fields, req: GenerationRequest, 
     created = int(time.time())
     tools = req.tools if req.tools is not None and req.tools.parses else None
     if not stream:
-        text, fin = await gen.collect()
+        text, fin = await gen.collect(client)
         choice = {"index": 0, "logprobs": None, "finish_reason": fin.finish_reason}
         if chat:
             calls = []

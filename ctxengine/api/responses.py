@@ -186,7 +186,7 @@ def routes(runtime, generations: Generations) -> APIRouter:
         if f.bool("stream", False):
             return GenerationStream(_events(gen, turn, name, ctx, responses), gen, "text/event-stream")
         try:
-            text, fin = await gen.collect()
+            text, fin = await gen.collect(request)
         except BaseException:
             responses.discard_later(ctx)
             raise

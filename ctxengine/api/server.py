@@ -30,9 +30,9 @@ from .metrics import Metrics
 
 
 def build_app(runtime, *, api_key: str | None = None, max_body: int = DEFAULT_MAX_BODY,
-              cors_origins: list[str] | tuple = ()) -> FastAPI:
+              cors_origins: list[str] | tuple = (), request_timeout: float | None = None) -> FastAPI:
     metrics = Metrics(runtime)
-    generations = Generations(runtime, metrics)
+    generations = Generations(runtime, metrics, request_timeout)
     app = FastAPI(title="ctx-engine", version=__version__, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.runtime = runtime
     app.state.metrics = metrics
@@ -76,7 +76,8 @@ def build_app(runtime, *, api_key: str | None = None, max_body: int = DEFAULT_MA
 
 
 def serve_http(runtime, args, on_ready=None) -> None:
-    app = build_app(runtime, api_key=args.api_key, max_body=args.max_body, cors_origins=args.cors_origin)
+    app = build_app(runtime, api_key=args.api_key, max_body=args.max_body, cors_origins=args.cors_origin,
+                    request_timeout=args.request_timeout)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning", access_log=False,
                             lifespan="off", timeout_graceful_shutdown=args.shutdown_timeout)
     server = _Server(config, on_ready, on_shutdown=app.state.generations.cancel_all)

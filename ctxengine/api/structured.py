@@ -63,6 +63,13 @@ def responses_grammar(f: Fields) -> Grammar | None:
     return _one(f, _schema_format(fmt, fmt, "text.format"), "text.format")
 
 
+def anthropic_grammar(f: Fields) -> Grammar | None:
+    """``output_config.format`` (``{"type": "json_schema", "schema"}``, the current
+    Messages API's structured output) or ``grammar`` of a Messages request."""
+    fmt = f.obj("output_config").obj("format")
+    return _one(f, _schema_format(fmt, fmt, "output_config.format"), "output_config.format")
+
+
 def ollama_grammar(f: Fields) -> Grammar | None:
     """Ollama's ``format``: "json", a JSON Schema object, or "" (none); or ``grammar``."""
     fmt = f.data.get("format")

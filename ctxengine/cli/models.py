@@ -44,5 +44,7 @@ def _list(models_dir: str | None, no_ollama: bool) -> int:
     catalog = build_catalog(models_dir=models_dir, ollama=[] if no_ollama else found_ollama_stores())
     for e in catalog.entries():
         where = str(e.path) if e.servable else f"cannot be served: {e.error}"
+        if e.servable and not e.path.is_file():
+            where += "  (built from its installed package on first use, or by ctx pull)"
         print(f"{e.name:<24} {e.source:<10} {where}")
     return 0

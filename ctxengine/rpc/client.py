@@ -229,7 +229,7 @@ class RemoteContext:
         self._call("Rewind", cpb.RewindRequest(name=self.name, n=n))
 
     def snapshot(self, ref: str | None = None, *, labels: dict[str, str] | None = None) -> str:
-        """Snapshot into the host's store; the snapshot id."""
+        """Snapshot into the host's store, as ``ref`` (default: the context's name); the snapshot id."""
         req = cpb.SnapshotRequest(name=self.name, ref=ref or "", labels=labels or {})
         sid = self._remote.unary("contexts", "Snapshot", req).snapshot_id
         self.snapshot_id = sid

@@ -88,10 +88,10 @@ class ContextServicer(context_pb2_grpc.ContextServiceServicer):
     @guarded
     def Snapshot(self, request, context):
         ctx = self._find(request.name)
-        ref = check_client_name(request.ref, "ref") if request.ref else None
+        ref = check_client_name(request.ref, "ref") if request.ref else ctx.name
         result = take_snapshot(ctx, runtime_store(self.runtime), ref=ref, labels=dict(request.labels))
         return pb.SnapshotResponse(snapshot_id=result.snapshot_id, n_pages=result.n_pages,
-                                   pages_written=result.pages_sent)
+                                   pages_written=result.pages_sent, ref=ref)
 
     @guarded
     def Restore(self, request, context):

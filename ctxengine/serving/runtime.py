@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterator
 
 from ..engine.catalog import CatalogEntry, ModelCatalog
+from ..engine.registry import resolve_model
 from ..engine.weights import cached_weight_id
 from ..errors import ContextError, ModelFileError, ModelNotFoundError, UnsupportedModelError
 from ..store.names import default_host_id
@@ -246,7 +247,10 @@ class Runtime:
         from ..engine.engine import Engine
         from ..state.model import Model
 
-        model = Model(Engine(entry.path, threads=self.threads, kv=self.kv))
+        path = entry.path
+        if entry.source == "packaged" and not path.is_file():  # an installed package not built yet
+            path = resolve_model(entry.name)
+        model = Model(Engine(path, threads=self.threads, kv=self.kv))
         model.contexts.store = self.store  # idle contexts are evicted there when pages run out
         return model
 

@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING, Iterator, Sequence
 import numpy as np
 
 from ..errors import ContextError
+from . import conversation
+from ..text.closing import Closer
 from ..text.grammar import Constraint, Grammar, as_grammar
 from ..engine.sampler import Sampler, SamplerParams, StopMatcher
 from ..text.tokenizer import StreamDecoder
@@ -131,6 +133,17 @@ class Context:
             self._table.touch(self)
             return len(ids)
 
+    def chat(self, messages: "str | Sequence[dict]", max_tokens: int = 256, *, tools=None, **generate) -> str:
+        """Continue the conversation this context holds: the new turns (a user's
+        text, or chat messages) rendered after it, the reply generated
+        (``generate``'s options) and its turn closed; the reply's text."""
+        return conversation.chat(self, messages, max_tokens, tools=tools, **generate)
+
+    def append_turns(self, messages: "str | Sequence[dict]", *, tools=None) -> int:
+        """Append chat turns after what the context holds, ending on the prompt for the
+        assistant's reply (an open reply is closed first); the number of new tokens."""
+        return conversation.append_turns(self, messages, tools=tools)
+
     def append_system(self, text: str) -> int:
         """Add a system message: rendered with the model's chat template when it
         has one (its control tokens parsed), else as plain text."""
@@ -140,7 +153,7 @@ class Context:
         return self.append(self.engine.chat.render(turn, generation_prompt=False), parse_special=True)
 
     def generate(self, max_tokens: int = 256, *, stop: Sequence[str] = (), grammar: "Grammar | str | None" = None,
-                 json_schema=None, **sampling) -> Iterator[Piece]:
+                 json_schema=None, close_json: bool = True, **sampling) -> Iterator[Piece]:
         """Stream up to max_tokens sampled tokens as pieces of text.
 
         Sampling options are SamplerParams fields (temperature, top_k, top_p,
@@ -151,7 +164,10 @@ class Context:
         ``grammar`` (GBNF text or a Grammar) or ``json_schema`` (a dict or its
         JSON text) constrain the output; it ends ("stop") when the grammar is
         complete, or ("length") unfinished, and then a later generate()
-        without a grammar continues it.
+        without a grammar continues it. Under a JSON grammar (a schema, a
+        forced tool call) ``close_json`` steers the output to close within
+        max_tokens whenever its shortest completion fits (text/closing.py);
+        ``close_json=False`` cuts it where max_tokens falls, to continue later.
         """
         with self._lock:
             self._check_live()
@@ -160,19 +176,25 @@ class Context:
             sampler = self._make_sampler(sampling)
             constraint = self._start_constraint(as_grammar(grammar, json_schema))
             tok = self.engine.tokenizer
+            closer = (Closer(constraint, tok, self._tokens[constraint.start:])
+                      if close_json and constraint is not None and constraint.grammar.is_json else None)
             decoder = StreamDecoder(tok)
             matcher = StopMatcher(list(stop))
             self.finish_reason = "length"
             try:
-                for _ in range(max_tokens):
+                for i in range(max_tokens):
                     if len(self._tokens) >= self.engine.config.n_ctx:
                         break
-                    logits = self._sync()
-                    if constraint is not None:
-                        logits = constraint.mask(logits)
-                    token = sampler.sample(logits, self._tokens)
+                    left = min(max_tokens - i, self.engine.config.n_ctx - len(self._tokens))
+                    token = closer.next_token(left) if closer is not None else None
+                    if token is None:
+                        token = self._sample(sampler, constraint)
+                        if closer is not None and not closer.keep(token, left):
+                            token = closer.next_token(left)
                     if constraint is not None:
                         constraint.advance(token)
+                        if closer is not None:
+                            closer.consumed(token)
                     self._tokens.append(token)
                     if token in tok.eog_ids:
                         self.finish_reason = "stop"
@@ -195,6 +217,14 @@ class Context:
                     constraint = None
                 self._constraint = constraint
                 self._table.touch(self)
+
+    def _sample(self, sampler: Sampler, constraint: Constraint | None) -> int:
+        if constraint is not None:
+            constraint.prefetch()  # the mask is computed while the forward pass runs
+        logits = self._sync()
+        if constraint is not None:
+            logits = constraint.mask(logits)
+        return sampler.sample(logits, self._tokens)
 
     # -- branching --------------------------------------------------------------
     def fork(self, name: str | None = None, *, n_tokens: int | None = None) -> "Context":

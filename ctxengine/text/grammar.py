@@ -21,12 +21,14 @@ import functools
 import json
 import threading
 import weakref
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import numpy as np
 
 from ..errors import CtxError
+from .json_bounds import bounded_schema
 
 if TYPE_CHECKING:
     from .tokenizer import Tokenizer
@@ -87,6 +89,12 @@ class Grammar:
         """Any JSON object (OpenAI's json_object, Ollama's format "json")."""
         return cls.json_schema({"type": "object"})
 
+    @property
+    def is_json(self) -> bool:
+        """Its sentences are JSON (a schema, or a forced tool call's Lark around one):
+        a generation under it is steered to close within its budget (text/closing.py)."""
+        return self.kind == "json_schema" or (self.kind == "lark" and "%json" in self.source)
+
     def compiled(self) -> str:
         """The llguidance grammar, checked; GrammarError naming what is wrong."""
         return _compile(self.kind, self.source)
@@ -120,7 +128,8 @@ def _compile(kind: str, source: str) -> str:
     what = {"gbnf": "GBNF grammar", "lark": "Lark grammar", "regex": "regex", "json_schema": "JSON schema"}[kind]
     try:
         if kind == "json_schema":
-            compiled = llg.LLMatcher.grammar_from_json_schema(source, defaults={"whitespace_pattern": JSON_WHITESPACE})
+            schema = json.dumps(bounded_schema(json.loads(source)))
+            compiled = llg.LLMatcher.grammar_from_json_schema(schema, defaults={"whitespace_pattern": JSON_WHITESPACE})
         elif kind == "regex":
             compiled = llg.LLMatcher.grammar_from_regex(source)
         elif kind == "lark":
@@ -173,11 +182,30 @@ def grammar_vocab(tok: "Tokenizer"):
 
 
 # -- a live constraint -------------------------------------------------------------
+_workers: ThreadPoolExecutor | None = None
+_workers_lock = threading.Lock()
+
+
+def _mask_workers() -> ThreadPoolExecutor:
+    """The threads next masks are computed on while forward passes run (llguidance releases the GIL)."""
+    global _workers
+    with _workers_lock:
+        if _workers is None:
+            _workers = ThreadPoolExecutor(max_workers=4, thread_name_prefix="ctx-grammar-mask")
+        return _workers
+
+
 class Constraint:
     """A grammar's matcher for one context: ``mask`` the logits, ``advance`` by the token sampled.
 
     ``start`` is the index, in the context's tokens, of the first token the
     grammar governs; every token after it has been consumed by the matcher.
+
+    The mask depends only on the tokens consumed, not on the logits, so
+    ``prefetch()`` starts computing it on a worker thread before the forward
+    pass that makes the logits, and ``mask()`` takes it when they are ready:
+    the two overlap instead of running in series. Every other use of the
+    matcher waits for a prefetch in flight first (``_settled``).
     """
 
     def __init__(self, grammar: Grammar, tok: "Tokenizer", start: int, *, _matcher=None):
@@ -188,30 +216,61 @@ class Constraint:
             _matcher = _llg().LLMatcher(grammar_vocab(tok), grammar.compiled(), log_level=0)
         self._matcher = _matcher
         self._words = np.empty((tok.n_vocab + 31) // 32, dtype=np.int32)  # the bitmask, reused
+        self._pending: Future | None = None  # the next mask's allowed tokens, being computed
         if self._matcher.is_error():
             raise GrammarError(f"the grammar cannot be used: {_one_line(self._matcher.get_error())}")
 
     @property
+    def matcher(self):
+        """The live llguidance matcher (text/closing.py walks copies of it)."""
+        return self._settled()
+
+    @property
+    def eos(self) -> int:
+        """The end-of-generation id a complete output may end with."""
+        tok = self._tok
+        return tok.eos_id if tok.eos_id is not None and tok.eos_id in tok.eog_ids else min(tok.eog_ids)
+
+    @property
     def done(self) -> bool:
         """Nothing more can follow: the output is complete."""
-        return self._matcher.is_stopped()
+        return self._settled().is_stopped()
 
     @property
     def accepting(self) -> bool:
         """The output so far is complete (more may still follow)."""
-        return self._matcher.is_accepting()
+        return self._settled().is_accepting()
+
+    def prefetch(self) -> None:
+        """Start computing the next mask on a worker thread (call before the forward pass)."""
+        if self._pending is None and not self._matcher.is_stopped():
+            self._pending = _mask_workers().submit(self._bias)
+
+    def _bias(self) -> tuple[np.ndarray, bool]:
+        """The mask as logit offsets (0: allowed, -inf: forbidden), and whether any token is allowed.
+        Offsets, so that what is left for the sampler to wait for is one vector add."""
+        self._matcher.unsafe_compute_mask_ptr(self._words.ctypes.data, self._words.nbytes)  # releases the GIL
+        allowed = np.unpackbits(self._words.view(np.uint8), bitorder="little").view(bool)
+        return np.where(allowed, np.float32(0), np.float32(-np.inf)), bool(allowed.any())
+
+    def _settled(self):
+        """The matcher, once no prefetch is using it (one in flight is waited for, its mask kept)."""
+        if self._pending is not None:
+            self._pending.exception()  # waits; an error is raised by mask(), which takes the result
+        return self._matcher
 
     def mask(self, logits: np.ndarray) -> np.ndarray:
         """A copy of the logits with every token the grammar forbids at -inf."""
+        pending, self._pending = self._pending, None
+        bias, some = pending.result() if pending is not None else self._bias()
         m = self._matcher
-        m.unsafe_compute_mask_ptr(self._words.ctypes.data, self._words.nbytes)  # releases the GIL
-        allowed = np.unpackbits(self._words.view(np.uint8), bitorder="little")[: len(logits)].view(bool)
-        if m.is_error() or not allowed.any():
+        if m.is_error() or not some:
             why = _one_line(m.get_error()) if m.is_error() else "empty mask"
             raise GrammarError(f"the grammar allows no token here (it cannot be completed; {why})")
-        return np.where(allowed, logits, np.float32(-np.inf)).astype(np.float32, copy=False)
+        return np.asarray(logits, dtype=np.float32) + bias[: len(logits)]  # x + 0 is x, exactly
 
     def advance(self, token: int) -> None:
+        self._drop_pending()
         if token in self._tok.eog_ids and self._matcher.is_accepting():
             return  # the end of the turn: nothing for the grammar to consume
         if not self._matcher.consume_token(int(token)):
@@ -220,15 +279,22 @@ class Constraint:
 
     def feed(self, tokens: Sequence[int]) -> None:
         """Consume tokens already in the context (a restore's replay)."""
+        self._drop_pending()
         if tokens and not self._matcher.consume_tokens([int(t) for t in tokens]):
             raise GrammarError(f"the context's tokens do not match its grammar: {_one_line(self._matcher.get_error())}")
 
     def fork(self) -> "Constraint":
-        return Constraint(self.grammar, self._tok, self.start, _matcher=self._matcher.deep_copy())
+        return Constraint(self.grammar, self._tok, self.start, _matcher=self._settled().deep_copy())
 
     def rollback(self, n: int) -> None:
+        self._drop_pending()
         if n and not self._matcher.rollback(n):
             raise GrammarError(f"cannot roll the grammar back by {n} tokens")
+
+    def _drop_pending(self) -> None:
+        """Before the matcher's state changes: a mask computed for the old state is of no use."""
+        self._settled()
+        self._pending = None
 
     def state(self) -> dict:
         return {"format": STATE_FORMAT, "grammar": self.grammar.to_dict(), "start": self.start}

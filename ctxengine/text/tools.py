@@ -30,6 +30,7 @@ from typing import Sequence
 
 from ..errors import CtxError
 from .grammar import JSON_WHITESPACE, Grammar
+from .json_bounds import bounded_schema
 
 FALLBACK_PROMPT = (
     "You have access to the following functions. To call a function, reply with a JSON object "
@@ -153,10 +154,16 @@ def forced_call_grammar(tools: Sequence[Tool], choice: ToolChoice, fmt: str) -> 
     """A grammar whose every sentence is one well-formed call of an allowed tool."""
     allowed = [t for t in tools if choice.mode != "named" or t.name == choice.name]
     key = "parameters" if fmt == "llama3" else "arguments"
-    calls = [{"type": "object", "properties": {"name": {"const": t.name}, key: t.parameters or {"type": "object"}},
-              "required": ["name", key], "additionalProperties": False} for t in allowed]
+    calls, defs = [], {}
+    for t in allowed:
+        params = dict(t.parameters or {"type": "object"})
+        for where in ("$defs", "definitions"):  # "#/$defs/..." refs point at the root: move them there
+            defs.setdefault(where, {}).update(params.pop(where, None) or {})
+        calls.append({"type": "object", "properties": {"name": {"const": t.name}, key: params},
+                      "required": ["name", key], "additionalProperties": False})
     schema = calls[0] if len(calls) == 1 else {"anyOf": calls}
-    schema = {**schema, "x-guidance": {"whitespace_pattern": JSON_WHITESPACE}}
+    schema = bounded_schema({**schema, **{k: v for k, v in defs.items() if v}})
+    schema["x-guidance"] = {"whitespace_pattern": JSON_WHITESPACE}
     body = f"call: %json {json.dumps(schema, ensure_ascii=False)}"
     if fmt == "llama3":
         return Grammar("lark", f"start: call\n{body}")

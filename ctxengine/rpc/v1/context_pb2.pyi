@@ -174,14 +174,16 @@ class SnapshotRequest(_message.Message):
     def __init__(self, name: _Optional[str] = ..., ref: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class SnapshotResponse(_message.Message):
-    __slots__ = ("snapshot_id", "n_pages", "pages_written")
+    __slots__ = ("snapshot_id", "n_pages", "pages_written", "ref")
     SNAPSHOT_ID_FIELD_NUMBER: _ClassVar[int]
     N_PAGES_FIELD_NUMBER: _ClassVar[int]
     PAGES_WRITTEN_FIELD_NUMBER: _ClassVar[int]
+    REF_FIELD_NUMBER: _ClassVar[int]
     snapshot_id: str
     n_pages: int
     pages_written: int
-    def __init__(self, snapshot_id: _Optional[str] = ..., n_pages: _Optional[int] = ..., pages_written: _Optional[int] = ...) -> None: ...
+    ref: str
+    def __init__(self, snapshot_id: _Optional[str] = ..., n_pages: _Optional[int] = ..., pages_written: _Optional[int] = ..., ref: _Optional[str] = ...) -> None: ...
 
 class RestoreRequest(_message.Message):
     __slots__ = ("ref", "name")

@@ -1,0 +1,167 @@
+"""Ending a JSON reply inside its token budget.
+
+Bounded schemas (``json_bounds.py``) keep every value finite, but a reply may
+still be cut by ``max_tokens`` half way. :class:`Closer` watches the budget
+of a generation under a JSON grammar (a JSON Schema, or a forced tool call):
+while the tokens left are many more than the reply's shortest completion it
+does nothing; near the end it checks, before each sampled token is kept, that
+the reply can still be closed in the tokens left after it, and otherwise
+emits the completion instead. So a reply always parses whenever the
+shortest valid one fits in ``max_tokens``.
+
+The completion is found greedily, one byte at a time, on a copy of the
+matcher: inside a string it closes the string; elsewhere it prefers what
+ends a structure (``}`` ``]``), then the shortest values (``"`` starting an
+empty string, ``0``), and otherwise the first byte the grammar allows
+(letters first, whitespace last), until the grammar accepts. It is short,
+not always shortest, and it costs a few matcher checks a byte, so it is
+only computed near the end of the budget, or after a token opens a
+structure (which may add required properties to write).
+"""
+from __future__ import annotations
+
+import weakref
+from typing import TYPE_CHECKING, Sequence
+
+if TYPE_CHECKING:
+    from .grammar import Constraint
+    from .tokenizer import Tokenizer
+
+MAX_CLOSING_BYTES = 512
+# Start checking when the tokens left are within this many of the last completion's length.
+ZONE = 16
+_OUTSIDE = b'}]":,01{[ntf-'
+_LETTERS = bytes(range(ord("a"), ord("z") + 1)) + bytes(range(ord("0"), ord("9") + 1))
+_WHITESPACE = b" \n\r\t"
+
+
+class Closer:
+    """Decides, step by step, whether a constrained generation must close now.
+
+    ``next_token(left)`` before a step (``left`` tokens remaining, this one
+    included) gives the token to emit instead of sampling, or None; then
+    ``keep(token, left)`` says whether a sampled token may stay (False: emit
+    ``next_token`` instead); ``consumed(token)`` after any token is kept.
+    """
+
+    def __init__(self, constraint: "Constraint", tok: "Tokenizer", consumed: Sequence[int] = ()):
+        self._c = constraint
+        self._tok = tok
+        self._bytes = _byte_tokens(tok)
+        self._plan: list[int] | None = None   # the completion being emitted, once closing
+        self._next_plan: list[int] | None = None  # the completion after the sampled token
+        # Whether the output so far ends inside a JSON string (and just after a backslash).
+        self._in_string, self._escaped = _scan(b"".join(tok.token_bytes(t) for t in consumed), False, False)
+        plan = self._completion(constraint.matcher, self._in_string, self._escaped)
+        self._need = None if plan is None else len(plan)
+
+    @property
+    def need(self) -> int | None:
+        """Tokens the last completion found takes (None: none found)."""
+        return self._need
+
+    def next_token(self, left: int) -> int | None:
+        # Exactly as many tokens left as the completion takes: write it. (With fewer,
+        # nothing can make the reply parse, so the model goes on writing it.)
+        if self._plan is None and self._need is not None and self._need == left:
+            self._plan = self._completion(self._c.matcher, self._in_string, self._escaped)
+        if self._plan:
+            return self._plan.pop(0)
+        return None
+
+    def keep(self, token: int, left: int) -> bool:
+        """Whether the sampled token leaves a completion that fits in the ``left - 1`` tokens after it."""
+        if self._need is None or left > self._need + ZONE:
+            return True
+        m = self._c.matcher.deep_copy()
+        if token in self._tok.eog_ids or not m.consume_token(int(token)):
+            return True  # the grammar's own check (advance) decides
+        in_string, escaped = _scan(self._tok.token_bytes(token), self._in_string, self._escaped)
+        after = self._completion(m, in_string, escaped)
+        if after is None or len(after) <= left - 1:
+            self._next_plan = after
+            return True
+        now = self._completion(self._c.matcher, self._in_string, self._escaped)
+        if not now or len(now) > left:  # it does not fit either way: the model writes on
+            self._next_plan = after
+            return True
+        self._plan = now
+        return False
+
+    def consumed(self, token: int) -> None:
+        data = self._tok.token_bytes(token)
+        self._in_string, self._escaped = _scan(data, self._in_string, self._escaped)
+        if self._next_plan is not None:
+            self._need, self._next_plan = len(self._next_plan), None
+        elif b"{" in data or b"[" in data:  # a structure opened: it may need more to close
+            plan = self._completion(self._c.matcher, self._in_string, self._escaped)
+            self._need = None if plan is None else len(plan)
+
+    # -- the completion ------------------------------------------------------
+    def _completion(self, matcher, in_string: bool, escaped: bool) -> list[int] | None:
+        """Tokens that complete the grammar from this matcher's state (plus an end of
+        generation if more could follow), or None if the greedy walk finds none."""
+        m = matcher.deep_copy()
+        ids: list[int] = []
+        data = bytearray()
+        while not m.is_accepting():
+            if len(ids) >= MAX_CLOSING_BYTES:
+                return None
+            b = self._pick(m, in_string, escaped)
+            if b is None:
+                return None
+            m.consume_token(self._bytes[b])
+            ids.append(self._bytes[b])
+            data.append(b)
+            in_string, escaped = _scan(bytes([b]), in_string, escaped)
+        shorter = self._tokenized(matcher, bytes(data))
+        plan = shorter if shorter is not None and len(shorter) < len(ids) else ids
+        if not m.is_stopped():
+            plan.append(self._c.eos)
+        return plan
+
+    def _pick(self, m, in_string: bool, escaped: bool) -> int | None:
+        order = (b'"' + _LETTERS) if in_string and not escaped else (_LETTERS if escaped else _OUTSIDE + _LETTERS)
+        for b in order:
+            if b in self._bytes and m.validate_tokens([self._bytes[b]]) == 1:
+                return b
+        allowed = [b for b in range(256) if b in self._bytes and m.validate_tokens([self._bytes[b]]) == 1]
+        rest = [b for b in allowed if b not in _WHITESPACE] + [b for b in allowed if b in _WHITESPACE]
+        return rest[0] if rest else None
+
+    def _tokenized(self, matcher, data: bytes) -> list[int] | None:
+        """The completion as the tokenizer would write it, if the grammar takes it so."""
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+        ids = self._tok.encode(text)
+        return ids if matcher.validate_tokens(ids) == len(ids) else None
+
+
+def _scan(data: bytes, in_string: bool, escaped: bool) -> tuple[bool, bool]:
+    """Whether JSON text continued by ``data`` ends inside a string (and after a backslash)."""
+    for b in data:
+        if escaped:
+            escaped = False
+        elif in_string and b == 0x5C:
+            escaped = True
+        elif b == 0x22:
+            in_string = not in_string
+    return in_string, escaped
+
+
+_byte_cache: "weakref.WeakKeyDictionary[Tokenizer, dict[int, int]]" = weakref.WeakKeyDictionary()
+
+
+def _byte_tokens(tok: "Tokenizer") -> dict[int, int]:
+    """byte -> the id of a token that is exactly that byte (control tokens left out)."""
+    found = _byte_cache.get(tok)
+    if found is None:
+        found = {}
+        for i in range(tok.n_vocab):
+            b = tok.token_bytes(i)
+            if len(b) == 1 and not tok.is_control(i):
+                found.setdefault(b[0], i)
+        _byte_cache[tok] = found
+    return found

@@ -1,0 +1,93 @@
+"""JSON schemas bounded before they become grammars (text/json_bounds.py), and
+generations under them closed inside their budget (text/closing.py), on the
+real SmolLM2."""
+import json
+
+import jsonschema
+import pytest
+
+import ctxengine
+from ctxengine.text.closing import Closer
+from ctxengine.text.grammar import Constraint, Grammar, GrammarError
+from ctxengine.text.json_bounds import MAX_INT_DIGITS, MAX_ITEMS, MAX_STRING, bounded_schema
+from ctxengine.text.tools import ToolChoice, as_tools, forced_call_grammar, parse_tool_calls
+
+WEATHER = {"type": "object", "properties": {"city": {"type": "string"}, "unit": {"enum": ["c", "f"]}},
+           "required": ["city", "unit"]}
+
+
+@pytest.fixture(scope="module")
+def model(smollm2_path):
+    m = ctxengine.load(smollm2_path)
+    yield m
+    m.close()
+
+
+def takes(model, schema, text: str) -> bool:
+    """Whether the grammar of ``schema`` accepts ``text`` as a complete output."""
+    c = Constraint(Grammar.json_schema(schema), model.engine.tokenizer, 0)
+    try:
+        c.feed(model.tokenize(text))
+    except GrammarError:
+        return False
+    return c.accepting
+
+
+def test_bounds_are_added_only_where_the_schema_sets_none():
+    out = bounded_schema({"type": "object", "properties": {
+        "a": {"type": "string"}, "b": {"type": "string", "maxLength": 3}, "n": {"type": "integer", "minimum": 0},
+        "xs": {"type": "array", "items": {"type": "number"}, "maxItems": 2000}}})
+    assert out["additionalProperties"] is False
+    p = out["properties"]
+    assert p["a"]["maxLength"] == MAX_STRING and p["b"]["maxLength"] == 3
+    assert p["n"]["minimum"] == 0 and p["n"]["maximum"] == 10 ** MAX_INT_DIGITS - 1
+    assert p["xs"]["maxItems"] == 2000 and p["xs"]["items"]["multipleOf"] == 1e-6
+    assert bounded_schema({"type": "object", "properties": {}, "additionalProperties": True})["additionalProperties"]
+    assert bounded_schema({"type": "array"})["maxItems"] == MAX_ITEMS
+
+
+def test_the_grammar_refuses_runaway_values_and_takes_ordinary_ones(model):
+    num = {"type": "object", "properties": {"r": {"type": "number"}}, "required": ["r"]}
+    assert takes(model, num, '{"r": -3.25}') and takes(model, num, '{"r": 123456789012345}')
+    assert not takes(model, num, '{"r": 1234567890123456}')   # 16 integer digits
+    assert not takes(model, num, '{"r": 0.1234567}')          # 7 fraction digits
+    assert not takes(model, num, '{"r": 1, "extra": 2}')      # closed once required properties are there
+    big = {"type": "integer", "minimum": 0, "maximum": 10 ** 18}
+    assert takes(model, big, str(10 ** 17))                   # the schema's own bounds win
+    assert takes(model, {"type": "object"}, '{"any": [1, {"x": "y"}, null]}')
+    assert not takes(model, {"type": "string"}, json.dumps("a" * (MAX_STRING + 1)))
+
+
+def test_a_forced_call_closes_at_every_budget_from_the_shortest(model):
+    tools = as_tools([{"type": "function", "function": {"name": "get_weather", "parameters": WEATHER}}])
+    grammar = forced_call_grammar(tools, ToolChoice("required"), "fallback")
+    shortest = Closer(Constraint(grammar, model.engine.tokenizer, 0), model.engine.tokenizer).need
+    assert 20 <= shortest <= 40  # <tool_call>\n{"name":"get_weather","arguments":{"city":"","unit":"c"}}\n</tool_call>
+    for n in [shortest - 1, 3]:  # too few: "length", no call
+        ctx = model.context(None)
+        ctx.append(model.chat_prompt([{"role": "user", "content": "Weather?"}]), parse_special=True)
+        text = "".join(p.text for p in ctx.generate(n, grammar=grammar, temperature=0))
+        assert ctx.finish_reason == "length" and parse_tool_calls(text)[1] == [], text
+        ctx.delete()
+    ask = [{"role": "user", "content": "What is the weather in Paris? Tell me all about Paris in detail."}]
+    for n in [shortest, shortest + 1, shortest + 3, shortest + 9, shortest + 30]:
+        ctx = model.context(None)
+        n0 = ctx.append(model.chat_prompt(ask), parse_special=True)
+        text = "".join(p.text for p in ctx.generate(n, grammar=grammar, temperature=0.9, seed=n))
+        assert ctx.finish_reason == "stop" and ctx.n_tokens - n0 <= n, (n, text)
+        _, (call,) = parse_tool_calls(text)
+        jsonschema.validate(call.arguments, WEATHER)
+        ctx.delete()
+
+
+def test_a_reply_cut_below_its_shortest_form_is_finished_by_the_next_generation(model):
+    schema = {"type": "object", "properties": {"essay": {"type": "string"}}, "required": ["essay"]}
+    ctx = model.context(None)
+    ctx.append(model.chat_prompt([{"role": "user", "content": "A long essay on the sea, as JSON."}]),
+               parse_special=True)
+    first = "".join(p.text for p in ctx.generate(2, json_schema=schema, temperature=0))
+    assert ctx.finish_reason == "length"
+    rest = "".join(p.text for p in ctx.generate(40, temperature=0.9, seed=1))  # the grammar goes on, and closes
+    assert ctx.finish_reason == "stop"
+    jsonschema.validate(json.loads(first + rest), schema)
+    ctx.delete()
