@@ -1,0 +1,76 @@
+// The LoRA part of a matmul (models/lora.h): after the base product, each
+// row's adapters add s * B (A x) in the order its batch item lists them.
+#include <algorithm>
+#include <vector>
+
+#include "models/model.h"
+
+namespace ctx {
+
+// Runs of consecutive rows of this chunk that share an item with adapters
+// (an item's rows are contiguous, so a run is one item's rows).
+void Model::lora_runs(const std::vector<BatchItem>& items, const std::vector<Row>& rows, size_t r0, int n) {
+  lora_runs_.clear();
+  for (int r = 0; r < n;) {
+    const int item = rows[r0 + r].item;
+    int end = r + 1;
+    while (end < n && rows[r0 + end].item == item) ++end;
+    if (!items[item].loras.empty()) lora_runs_.push_back({r, end, &items[item].loras});
+    r = end;
+  }
+}
+
+void Model::lora_add(int layer, std::initializer_list<MatmulJob> jobs, const float* x, int n_rows) {
+  if (lora_runs_.empty()) return;
+  // One term per (job, run, adapter touching the job's matrix), in the order
+  // each row adds them: by job, then run, then the item's adapter order.
+  std::vector<LoraTerm>& terms = lora_terms_;
+  terms.clear();
+  size_t t_size = 0;
+  int job = 0, n_in = 0;
+  int64_t total = 0;
+  for (const MatmulJob& j : jobs) {
+    n_in = j.w->n_in;
+    for (const LoraRun& run : lora_runs_)
+      for (const LoraUse& use : *run.loras)
+        if (const LoraPair* p = use.adapter->get(layer, j.target)) {
+          terms.push_back({job, p, use.adapter->factor(*p, use.scale), run.r0, run.r1, t_size, total});
+          t_size += static_cast<size_t>(run.r1 - run.r0) * p->rank;
+        }
+    total += j.w->n_out;
+    ++job;
+  }
+  if (terms.empty()) return;
+  if (s_.lora_t.size() < t_size) s_.lora_t.resize(t_size);
+  if (s_.lora_d.size() < static_cast<size_t>(n_rows) * total) s_.lora_d.resize(static_cast<size_t>(n_rows) * total);
+  // t = A x for each term's rows: (rows, rank).
+  pool_.parallel_for(static_cast<int64_t>(terms.size()), 1, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      const LoraTerm& t = terms[i];
+      matmul_f(DType::F32, t.p->a.data(), n_in, 0, t.p->rank, x + static_cast<size_t>(t.r0) * n_in, t.r1 - t.r0,
+               s_.lora_t.data() + t.t_off, static_cast<size_t>(t.p->rank));
+    }
+  });
+  // y += factor * (B t), split across the output rows of all jobs together;
+  // each output element is finished by one thread, terms in order.
+  const MatmulJob* js = jobs.begin();
+  const int64_t grain = std::max<int64_t>(16, (total / (pool_.size() * 4) + 15) / 16 * 16);
+  pool_.parallel_for(total, grain, [&](int64_t begin, int64_t end) {
+    for (const LoraTerm& t : terms) {
+      const int64_t n_out = js[t.job].w->n_out;
+      const int64_t o0 = std::max<int64_t>(begin - t.base, 0), o1 = std::min<int64_t>(end - t.base, n_out);
+      if (o0 >= o1) continue;
+      float* d = s_.lora_d.data() + t.base;
+      matmul_f(DType::F32, t.p->b.data(), t.p->rank, static_cast<int>(o0), static_cast<int>(o1),
+               s_.lora_t.data() + t.t_off, t.r1 - t.r0, d + static_cast<size_t>(t.r0) * total,
+               static_cast<size_t>(total));
+      for (int r = t.r0; r < t.r1; ++r) {
+        float* y = js[t.job].y + static_cast<size_t>(r) * n_out;
+        const float* dr = d + static_cast<size_t>(r) * total;
+        for (int64_t o = o0; o < o1; ++o) y[o] = y[o] + t.factor * dr[o];
+      }
+    }
+  });
+}
+
+}  // namespace ctx

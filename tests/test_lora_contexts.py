@@ -1,0 +1,75 @@
+"""A context's adapters are part of its identity: it keeps them for life,
+its forks keep them, snapshots record them and restore refuses others."""
+import numpy as np
+import pytest
+
+import ctxengine as ce
+from ctxengine.errors import ContextError, WeightMismatchError
+from ctxengine.store import Store
+from lora_files import ALL, ATTN, random_lora, write_lora
+from test_lora import CFG, shapes
+from tiny_models import make_weights, write_gguf
+
+PROMPT = [72, 101, 108, 108, 111, 32, 119, 111, 114, 108, 100, 33, 10, 65, 66, 67, 1, 2, 3, 200] * 2
+
+
+@pytest.fixture
+def model(tmp_path):
+    write_gguf(tmp_path / "tiny.gguf", CFG, make_weights(CFG))
+    paths = {}
+    for name, seed, targets in (("one", 1, ALL), ("two", 2, ATTN)):
+        paths[name] = tmp_path / f"{name}.gguf"
+        write_lora(paths[name], CFG.arch, random_lora(shapes(CFG), CFG.n_layer, 4, targets, seed=seed, size=0.3))
+    m = ce.load(tmp_path / "tiny.gguf", threads=2, lora=paths)
+    yield m
+    m.close()
+
+
+def test_context_keeps_its_adapters(model):
+    base = model.context("base")
+    tuned = model.context("tuned", lora={"one": 1.0})
+    base.append(PROMPT)
+    tuned.append(PROMPT)
+    assert not np.array_equal(base._sync(), tuned._sync())
+    assert model.context("tuned") is tuned and model.context("tuned", lora={"one": 1.0}) is tuned
+    with pytest.raises(ContextError, match="context 'tuned' runs with one .* x 1; its adapters cannot change "
+                                           "to no adapters"):
+        model.context("tuned", lora={})
+    with pytest.raises(ContextError, match="cannot change to one .* x 0.5"):
+        model.context("tuned", lora={"one": 0.5})
+    branch = tuned.fork("branch")
+    assert branch.lora == tuned.lora
+    branch.append([5, 6, 7])
+    fresh = model.context("fresh", lora={"one": 1.0})
+    fresh.append(PROMPT + [5, 6, 7])
+    assert np.array_equal(branch._sync(), fresh._sync())
+    with pytest.raises(ValueError, match="unknown LoRA adapter 'nope'"):
+        model.context("x", lora={"nope": 1.0})
+    assert "x" not in model.contexts
+
+
+def test_snapshot_restore_with_adapters(model, tmp_path):
+    c = model.context("c", lora={"one": 0.5, "two": 1.5})
+    c.append(PROMPT)
+    logits = c._sync().copy()
+    with Store(tmp_path / "store") as store:
+        sid = c.snapshot(store, ref="tuned")
+        assert store.get_manifest(sid).arch["lora"] == c.lora.identity
+        with pytest.raises(WeightMismatchError, match=r"made with LoRA [0-9a-f]{12} x [01].5, [0-9a-f]{12} x "
+                                                      r"[01].5, but the restore asks for no adapters"):
+            model.restore(store, "tuned", name="r0")
+        with pytest.raises(WeightMismatchError, match=r"but the restore asks for one \([0-9a-f]{12}\) x 0.5;"):
+            model.restore(store, "tuned", name="r1", lora={"one": 0.5})
+        assert "r0" not in model.contexts and "r1" not in model.contexts
+        r = model.restore(store, "tuned", name="r", lora={"two": 1.5, "one": 0.5})
+        assert r.lora == c.lora
+        assert np.array_equal(r._sync(), logits)
+        c.append([9, 10, 11])
+        r.append([9, 10, 11])
+        assert np.array_equal(c._sync(), r._sync())
+        base = model.context("base")
+        base.append(PROMPT)
+        sid_base = base.snapshot(store)
+        assert "lora" not in store.get_manifest(sid_base).arch
+        with pytest.raises(WeightMismatchError, match="made with LoRA no adapters, but the restore asks for one"):
+            model.restore(store, sid_base, lora={"one": 0.5})
