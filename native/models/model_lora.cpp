@@ -7,6 +7,15 @@
 
 namespace ctx {
 
+namespace {
+
+// Below this many multiply-adds (a decode step's share) the products run on
+// the calling thread: two more wake-ups and barriers per matmul would cost
+// more than the work. Either way each element is computed the same way.
+constexpr int64_t kSerialWork = 1 << 18;
+
+}  // namespace
+
 // Runs of consecutive rows of this chunk that share an item with adapters
 // (an item's rows are contiguous, so a run is one item's rows).
 void Model::lora_runs(const std::vector<BatchItem>& items, const std::vector<Row>& rows, size_t r0, int n) {
@@ -28,7 +37,7 @@ void Model::lora_add(int layer, std::initializer_list<MatmulJob> jobs, const flo
   terms.clear();
   size_t t_size = 0;
   int job = 0, n_in = 0;
-  int64_t total = 0;
+  int64_t total = 0, work = 0;
   for (const MatmulJob& j : jobs) {
     n_in = j.w->n_in;
     for (const LoraRun& run : lora_runs_)
@@ -36,6 +45,7 @@ void Model::lora_add(int layer, std::initializer_list<MatmulJob> jobs, const flo
         if (const LoraPair* p = use.adapter->get(layer, j.target)) {
           terms.push_back({job, p, use.adapter->factor(*p, use.scale), run.r0, run.r1, t_size, total});
           t_size += static_cast<size_t>(run.r1 - run.r0) * p->rank;
+          work += static_cast<int64_t>(run.r1 - run.r0) * p->rank * (p->n_in + p->n_out);
         }
     total += j.w->n_out;
     ++job;
@@ -43,8 +53,15 @@ void Model::lora_add(int layer, std::initializer_list<MatmulJob> jobs, const flo
   if (terms.empty()) return;
   if (s_.lora_t.size() < t_size) s_.lora_t.resize(t_size);
   if (s_.lora_d.size() < static_cast<size_t>(n_rows) * total) s_.lora_d.resize(static_cast<size_t>(n_rows) * total);
+  const bool serial = work < kSerialWork;
+  auto split = [&](int64_t n, int64_t grain, const ThreadPool::RangeFn& fn) {
+    if (serial)
+      fn(0, n);
+    else
+      pool_.parallel_for(n, grain, fn);
+  };
   // t = A x for each term's rows: (rows, rank).
-  pool_.parallel_for(static_cast<int64_t>(terms.size()), 1, [&](int64_t i0, int64_t i1) {
+  split(static_cast<int64_t>(terms.size()), 1, [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) {
       const LoraTerm& t = terms[i];
       matmul_f(DType::F32, t.p->a.data(), n_in, 0, t.p->rank, x + static_cast<size_t>(t.r0) * n_in, t.r1 - t.r0,
@@ -55,7 +72,7 @@ void Model::lora_add(int layer, std::initializer_list<MatmulJob> jobs, const flo
   // each output element is finished by one thread, terms in order.
   const MatmulJob* js = jobs.begin();
   const int64_t grain = std::max<int64_t>(16, (total / (pool_.size() * 4) + 15) / 16 * 16);
-  pool_.parallel_for(total, grain, [&](int64_t begin, int64_t end) {
+  split(total, grain, [&](int64_t begin, int64_t end) {
     for (const LoraTerm& t : terms) {
       const int64_t n_out = js[t.job].w->n_out;
       const int64_t o0 = std::max<int64_t>(begin - t.base, 0), o1 = std::min<int64_t>(end - t.base, n_out);
