@@ -57,7 +57,7 @@ def test_snapshot_restore_with_adapters(model, tmp_path):
         assert store.get_manifest(sid).arch["lora"] == c.lora.identity
         with pytest.raises(WeightMismatchError, match=r"made with LoRA [0-9a-f]{12} x [01].5, [0-9a-f]{12} x "
                                                       r"[01].5, but the restore asks for no adapters"):
-            model.restore(store, "tuned", name="r0")
+            model.restore(store, "tuned", name="r0", lora={})
         with pytest.raises(WeightMismatchError, match=r"but the restore asks for one \([0-9a-f]{12}\) x 0.5;"):
             model.restore(store, "tuned", name="r1", lora={"one": 0.5})
         assert "r0" not in model.contexts and "r1" not in model.contexts
@@ -67,9 +67,20 @@ def test_snapshot_restore_with_adapters(model, tmp_path):
         c.append([9, 10, 11])
         r.append([9, 10, 11])
         assert np.array_equal(c._sync(), r._sync())
+        # Without lora=, a restore takes the adapters the snapshot records, if they are loaded.
+        same = model.restore(store, "tuned", name="same")
+        assert same.lora == c.lora and np.array_equal(same._sync(), logits)
+        bare = ce.load(model.path, threads=1, lora={"one": model.adapters["one"].path})
+        try:
+            with pytest.raises(WeightMismatchError, match=r"made with LoRA .*, but the model has not loaded them "
+                                                          r"\(loaded adapters: one \([0-9a-f]{12}\)\)"):
+                bare.restore(store, "tuned")
+        finally:
+            bare.close()
         base = model.context("base")
         base.append(PROMPT)
         sid_base = base.snapshot(store)
         assert "lora" not in store.get_manifest(sid_base).arch
+        assert not model.restore(store, sid_base).lora
         with pytest.raises(WeightMismatchError, match="made with LoRA no adapters, but the restore asks for one"):
             model.restore(store, sid_base, lora={"one": 0.5})

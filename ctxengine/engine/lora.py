@@ -22,7 +22,7 @@ import gguf
 import numpy as np
 
 from .. import _core
-from ..errors import ModelFileError
+from ..errors import ContextError, CorruptDataError, ModelFileError, WeightMismatchError
 from .gguf_file import GGUFFile, open_gguf
 
 TARGETS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
@@ -79,6 +79,16 @@ class LoraSet:
                 pairs.append((adapter, value))
         return cls(tuple(sorted(pairs, key=lambda p: p[0].id)))
 
+    @classmethod
+    def recorded(cls, adapters: Iterable[LoraAdapter], identity: list) -> "LoraSet":
+        """The set a snapshot records ([[id, scale], ...]) from these loaded adapters;
+        ContextError naming the first one that is not loaded."""
+        by_id = {a.id: a for a in adapters}
+        missing = [i for i, _ in identity if i not in by_id]
+        if missing:
+            raise ContextError(f"it was made with LoRA adapter {missing[0]}, which is not loaded here")
+        return cls.of((by_id[i], s) for i, s in identity)
+
     def __bool__(self) -> bool:
         return bool(self.uses)
 
@@ -105,6 +115,30 @@ NO_LORA = LoraSet()
 def describe_identity(identity: list) -> str:
     """A recorded [[id, scale], ...] in words, for errors."""
     return ", ".join(f"{i[:12]} x {s:g}" for i, s in identity) or "no adapters"
+
+
+def continuing_set(made_with: list, loaded: Iterable[LoraAdapter], lora: LoraSet | None, what: str) -> LoraSet:
+    """The adapters a restore of KV made with ``made_with`` continues with: ``lora`` if
+    it is that set, or (None) that set from the ``loaded`` adapters; else
+    WeightMismatchError naming both."""
+    loaded = list(loaded)
+    if not isinstance(made_with, list) or not all(
+            isinstance(p, list) and len(p) == 2 and isinstance(p[0], str) and isinstance(p[1], (int, float))
+            and not isinstance(p[1], bool) for p in made_with):
+        raise CorruptDataError(f"{what} records its LoRA adapters as {made_with!r}, not [[id, scale], ...]")
+    if lora is None:
+        try:
+            return LoraSet.recorded(loaded, made_with)
+        except ContextError:
+            have = ", ".join(f"{a.name} ({a.id[:12]})" for a in loaded) or "none"
+            raise WeightMismatchError(
+                f"{what} was made with LoRA {describe_identity(made_with)}, but the model has not loaded "
+                f"them (loaded adapters: {have}); refusing to continue its KV without them") from None
+    if made_with != lora.identity:
+        raise WeightMismatchError(
+            f"{what} was made with LoRA {describe_identity(made_with)}, but the restore asks for "
+            f"{lora.describe()}; refusing to continue its KV under other adapters")
+    return lora
 
 
 def file_id(path: Path) -> str:

@@ -80,8 +80,9 @@ class Model:
 
     def restore(self, store, ref: str, name: str | None = None, *, lora: LoraScales = None) -> Context:
         """A live context from a stored snapshot (ref, id or id prefix); refuses other
-        weights, and other adapters or scales than ``lora`` ({name: scale})."""
-        return restore(self, store, ref, name=name, lora=self.engine.lora_set(lora))
+        weights, and other adapters or scales than ``lora`` ({name: scale}; None: the
+        ones the snapshot records, which must be loaded)."""
+        return restore(self, store, ref, name=name, lora=None if lora is None else self.engine.lora_set(lora))
 
     @property
     def chat(self):

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Mapping
 
 from ..text.grammar import check_state as check_grammar_state
-from ..engine.lora import NO_LORA, LoraSet, describe_identity
+from ..engine.lora import LoraSet, continuing_set
 from ..engine.sampler import Sampler
 from ..errors import ContextError, CorruptDataError, CtxError, StoreError, WeightMismatchError
 from ..store import Manifest, Store, page_key, validate_name
@@ -251,12 +251,13 @@ def _write(store: Store, m: Manifest, seq, keys: list[str], exported: dict[str, 
 # -- restore -------------------------------------------------------------------
 
 def restore(model: "Model", store: Store, ref_or_id: str, name: str | None = None,
-            lora: LoraSet = NO_LORA) -> "Context":
+            lora: LoraSet | None = None) -> "Context":
     """A new live context holding a stored snapshot (a ref, an id or an id prefix).
 
     Refuses (WeightMismatchError) a snapshot made by other weights, or with
-    other LoRA adapters or scales than ``lora``, before reading any page; every
-    page is verified against its key.
+    other LoRA adapters or scales than ``lora`` (None: those it records, which
+    must be loaded), before reading any page; every page is verified against
+    its key.
     """
     table = model.contexts
     if name is not None:
@@ -265,7 +266,7 @@ def restore(model: "Model", store: Store, ref_or_id: str, name: str | None = Non
             raise ContextError(f"a context named '{name}' already exists")
     sid = store.resolve(ref_or_id)
     m = store.get_manifest(sid)
-    check_compatible(m, sid, model.engine, lora)
+    lora = check_compatible(m, sid, model.engine, lora)
     seq = load_sequence(table, store, m, sid)
     sampler_state = dict(m.sampler_state)
     grammar = sampler_state.pop("grammar", None)
@@ -273,19 +274,15 @@ def restore(model: "Model", store: Store, ref_or_id: str, name: str | None = Non
                        sampler_state=sampler_state or None, snapshot_id=sid, constraint=grammar, lora=lora)
 
 
-def check_compatible(m: Manifest, sid: str, engine: "Engine", lora: LoraSet = NO_LORA) -> None:
-    """Refuse a snapshot this model (with these adapters) cannot continue; the weights
-    are checked first."""
+def check_compatible(m: Manifest, sid: str, engine: "Engine", lora: LoraSet | None = None) -> LoraSet:
+    """Refuse a snapshot this model (with these adapters) cannot continue, the weights
+    checked first; the adapters it continues with."""
     what = f"snapshot {sid[:16]}"
     if m.weight_id != engine.weight_id:
         raise WeightMismatchError(
             f"{what} was made by weights {m.weight_id} ({m.model_name}), but the loaded model "
             f"has weights {engine.weight_id} ({engine.name}); refusing to restore it onto other weights")
-    made_with = m.arch.get("lora", [])
-    if made_with != lora.identity:
-        raise WeightMismatchError(
-            f"{what} was made with LoRA {describe_identity(made_with)}, but the restore asks for "
-            f"{lora.describe()}; refusing to continue its KV under other adapters")
+    lora = continuing_set(m.arch.get("lora", []), engine.adapters.values(), lora, what)
     if m.kv_dtype != engine.kv_dtype:
         raise StoreError(f"{what} holds its KV in {m.kv_dtype}, but the model is loaded with kv='{engine.kv_dtype}'; "
                          f"load the model with kv='{m.kv_dtype}' (ctx: --kv {m.kv_dtype}) to restore it")
@@ -319,6 +316,7 @@ def check_compatible(m: Manifest, sid: str, engine: "Engine", lora: LoraSet = NO
                     raise CtxError("its grammar starts past its last token")
         except CtxError as err:
             raise CorruptDataError(f"{what}: {err}") from None
+    return lora
 
 
 def load_sequence(table, store: Store, m: Manifest, sid: str):
