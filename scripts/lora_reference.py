@@ -1,7 +1,7 @@
 """llama.cpp's teacher-forced outputs on SmolLM2 with the test adapter
 (tests/lora_files.py smollm2_lora), for tests/test_lora_llama.py.
 
-    python scripts/lora_reference.py [--llama-python /opt/llamavenv/bin/python]
+    python scripts/lora_reference.py [--llama-python /opt/llamavenv/bin/python] [--reference FILE]
 
 writes tests/data/lora_smollm2_llama.json: for each reference text, the ids,
 and per position llama.cpp's top 5 next tokens and their log-probabilities,
@@ -52,9 +52,11 @@ def main() -> None:
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--llama-python", default="/opt/llamavenv/bin/python")
+    ap.add_argument("--reference", type=Path, default=REPO.parent / "shared" / "reference" / "smollm2-135m-q4_1.json",
+                    help="llama.cpp's SmolLM2 reference outputs, whose teacher-forced token ids are used")
     args = ap.parse_args()
     model = smollm2_file()
-    ref = json.loads((REPO.parent / "shared" / "reference" / "smollm2-135m-q4_1.json").read_text())
+    ref = json.loads(args.reference.read_text())
     ids = [t["ids"] for t in ref["teacher"]]
     with tempfile.TemporaryDirectory() as tmp:
         adapter = smollm2_lora(Path(tmp) / "lora.gguf", read_metadata(model))

@@ -80,7 +80,7 @@ def merged(weights: dict[str, np.ndarray], mats: dict, factor: float) -> dict[st
 
 # The adapter of the llama.cpp comparison (scripts/lora_reference.py, tests/test_lora_llama.py):
 # rank 16 on every attention and FFN matrix of SmolLM2, alpha 32 (factor 2 at scale 1).
-SMOLLM2_LORA = dict(rank=16, alpha=32.0, seed=22, size=0.01)
+SMOLLM2_LORA = dict(rank=16, alpha=32.0, seed=22, size=0.02)
 
 
 def smollm2_lora(path: Path, meta: dict, *, rank: int | None = None, strength: float = 1.0,

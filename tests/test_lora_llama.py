@@ -44,7 +44,7 @@ def test_adapter_matches_llama_cpp(tmp_path, engine, smollm2_meta, reference):
             if len(hit):
                 gaps.append(abs(float(ours.top_logprobs[row, hit[0]]) - tlp))
     top1, gap = float(np.mean(agree)), float(np.mean(gaps))
-    print(f"top-1 agreement {top1:.3f} over {len(agree)} positions; mean |d log p| {gap:.4f}; "
+    print(f"top-1 agreement {top1:.3f} over {len(agree)} positions; mean |d log p| {gap:.2e}; "
           f"the adapter changed llama.cpp's top-1 at {np.mean(moved):.2f} of positions")
     assert top1 >= 0.97 and gap < 0.05 and len(gaps) >= 0.95 * len(agree)
     assert np.mean(moved) > 0.05  # the adapter matters: the base model alone would not pass
