@@ -3,7 +3,9 @@ at start (``ctx serve --lora name=path[:scale]``) are loaded into each model
 they fit, numbered in that order; every request runs with the model's current
 scales (``GET`` / ``POST /lora-adapters``) unless it names its own in a
 ``lora`` field, ``[{"id": 0, "scale": 0.5}]`` or ``[{"name": "x", "scale": 1}]``,
-where adapters it does not list get scale 0.
+where adapters it does not list get scale 0. An Ollama model's ADAPTER layers
+come first, named "adapter" (or "adapter0", ...), at scale 1, as Ollama
+always applies them.
 """
 from __future__ import annotations
 
@@ -53,11 +55,16 @@ class LoraSpec:
 class ServedLoras:
     """One loaded model's adapters: numbered, with the scales requests get by default."""
 
-    def __init__(self, model: "Model", specs: Sequence[LoraSpec]):
+    def __init__(self, model: "Model", specs: Sequence[LoraSpec], own: Sequence[Path] = ()):
+        """``specs``: the server's adapters, each loaded if it fits the model; ``own``:
+        the model's own (Ollama ADAPTER layers), which must load, at scale 1."""
         self.adapters: list[LoraAdapter] = []
         self.scales: list[float] = []
         self.skipped: dict[str, str] = {}  # name -> why this model could not take it
         self._lock = threading.Lock()
+        for i, path in enumerate(own):
+            self.adapters.append(model.load_lora(f"adapter{i}" if len(own) > 1 else "adapter", path))
+            self.scales.append(1.0)
         for spec in specs:
             try:
                 self.adapters.append(model.load_lora(spec.name, spec.path))

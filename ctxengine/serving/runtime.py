@@ -108,7 +108,11 @@ class Runtime:
             model = self._load(entry)
             now = time.time()
             cache = PrefixCache(model, max_entries=self.prefix_cache_entries) if self.prefix_cache_entries else None
-            loras = ServedLoras(model, self.lora)
+            try:
+                loras = ServedLoras(model, self.lora, entry.adapters)
+            except BaseException:
+                model.close()  # an Ollama model without its own adapter is not the model asked for
+                raise
             with self._lock:
                 self._loaded[entry.name] = LoadedEntry(entry, model, now, now, prefix_cache=cache, loras=loras)
                 self._unload_over_budget(keep=entry.name)
