@@ -70,6 +70,7 @@ def test_lora_adapters_listed_and_rescaled(server, client, model, adapters):
     listed = server.get("/lora-adapters").json()
     assert [(a["id"], a["name"], a["scale"]) for a in listed] == [(0, "tuned", 0.0), (1, "other", 0.0)]
     assert listed[0]["path"] == str(adapters["tuned"]) and listed[0]["ranks"] == [16]
+    assert listed[0]["blake3"] == model.adapters["tuned"].id
     try:
         r = server.post("/lora-adapters", [{"id": 0, "scale": 1.0}])
         assert r.status_code == 200 and [a["scale"] for a in r.json()] == [1.0, 0.0]

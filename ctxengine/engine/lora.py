@@ -45,7 +45,7 @@ class LoraAdapter:
 
     def describe(self, scale: float = 1.0) -> dict:
         """As llama-server's /lora-adapters lists one."""
-        return {"name": self.name, "path": str(self.path), "id": self.id, "scale": scale,
+        return {"name": self.name, "path": str(self.path), "blake3": self.id, "scale": scale,
                 "alpha": self.alpha, "ranks": list(self.ranks), "matrices": self.n_matrices}
 
 
