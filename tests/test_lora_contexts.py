@@ -1,5 +1,10 @@
 """A context's adapters are part of its identity: it keeps them for life,
 its forks keep them, snapshots record them and restore refuses others."""
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 import pytest
 
@@ -84,3 +89,44 @@ def test_snapshot_restore_with_adapters(model, tmp_path):
         assert not model.restore(store, sid_base).lora
         with pytest.raises(WeightMismatchError, match="made with LoRA no adapters, but the restore asks for one"):
             model.restore(store, sid_base, lora={"one": 0.5})
+
+
+def test_concurrent_sequences_with_other_adapters_share_steps(model):
+    """Through the scheduler: streams with other adapters (or none) decode in the
+    same steps, and each stream's logits equal its run alone."""
+    sets = [None, {"one": 1.0}, {"one": 0.5, "two": 1.0}, {"two": 2.0}]
+
+    def run(i, lora):
+        c = model.context(f"s{i}", lora=lora)
+        c.append(PROMPT[: 8 + i])
+        out = []
+        for t in range(12):
+            out.append(c._sync().copy())
+            c.append([int(out[-1].argmax())])
+        c.delete()
+        return out
+
+    alone = [run(i, s) for i, s in enumerate(sets)]
+    steps = model.engine.scheduler.steps
+    with ThreadPoolExecutor(len(sets)) as pool:
+        together = list(pool.map(lambda a: run(*a), enumerate(sets)))
+    shared = sum(1 for d, p in list(model.engine.scheduler.history)[-(model.engine.scheduler.steps - steps):]
+                 if d + p > 1)
+    assert shared > 0  # some steps held rows of several streams
+    for a, b in zip(alone, together):
+        assert all(np.array_equal(x, y) for x, y in zip(a, b))
+
+
+def test_ctx_run_with_lora(tmp_path, model):
+    c = model.context("ref", lora={"one": 1.0})
+    c.append("Hi")
+    want = "".join(p.text for p in c.generate(6, temperature=0.0))
+    r = subprocess.run([sys.executable, "-m", "ctxengine.cli.main", "run", "-m", str(model.path), "--raw", "-n", "6",
+                        "--temperature", "0", "--lora", f"one={model.adapters['one'].path}:1", "Hi"],
+                       capture_output=True, text=True, env={**os.environ, "CTX_HOME": str(tmp_path)})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.rstrip("\n") == want
+    bad = subprocess.run([sys.executable, "-m", "ctxengine.cli.main", "run", "-m", str(model.path), "--raw",
+                          "--lora", f"x={tmp_path / 'nothing.gguf'}", "Hi"],
+                         capture_output=True, text=True, env={**os.environ, "CTX_HOME": str(tmp_path)})
+    assert bad.returncode == 1 and len(bad.stderr.strip().splitlines()) == 1 and "Traceback" not in bad.stderr
