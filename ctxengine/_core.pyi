@@ -112,6 +112,9 @@ class LoraAdapter:
     @property
     def n_matrices(self) -> int: ...
 
+def lora_up(bt: _F32, t: _F32, factor: float, y: _F32, o0: int, o1: int) -> npt.NDArray[np.float32]:
+    """y + factor * (t . bt) for outputs [o0, o1) by the active path's kernel (models/lora_kernels.h)."""
+
 class Model:
     """A decoder-only transformer over mapped GGUF weights."""
     def __init__(self, config: dict, tensors: dict[str, tuple[int, int, int, int]], n_threads: int) -> None:

@@ -180,3 +180,25 @@ def test_adapter_of_another_engine_refused(tmp_path, tiny):
             engine.forward(engine.new_sequence(), TOKENS, lora=LoraSet(((foreign, 1.0),)))
     finally:
         other.close()
+
+
+@pytest.mark.parametrize("rank", [1, 3, 8, 16, 17, 40])
+def test_lora_up_kernel_every_path_bit_identical(rank):
+    """lora_up on each SIMD path against the scalar one, bit for bit, and against
+    matmul_f's canonical order (B t) then a float32 multiply and add."""
+    rng = np.random.default_rng(rank)
+    n_out, n_x = 37, 3
+    bt = rng.standard_normal((rank, n_out)).astype(np.float32)
+    t = rng.standard_normal((n_x, rank)).astype(np.float32)
+    y0 = rng.standard_normal((n_x, n_out)).astype(np.float32)
+    d = _core.quant.matmul(0, np.ascontiguousarray(bt.T).view(np.uint8), rank, n_out, t)  # F32 weights: B rows
+    want = y0.copy()
+    want[:, 5:33] = y0[:, 5:33] + np.float32(0.75) * d[:, 5:33]
+    before = _core.active_isa()
+    try:
+        for isa in PATHS[: PATHS.index(_core.detect_isa()) + 1]:
+            _core.set_isa(isa)
+            got = _core.lora_up(bt, t, 0.75, y0.copy(), 5, 33)
+            assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), isa
+    finally:
+        _core.set_isa(before)

@@ -46,7 +46,9 @@ void LoraAdapter::set(int layer, LoraTarget t, std::vector<float> a, std::vector
                                 std::to_string(n_out) + "] for this model");
   LoraPair& p = pairs_[static_cast<size_t>(layer) * kTargets + ti];
   p.a = std::move(a);
-  p.b = std::move(b);
+  p.bt.resize(b.size());
+  for (int o = 0; o < n_out; ++o)
+    for (int j = 0; j < rank; ++j) p.bt[static_cast<size_t>(j) * n_out + o] = b[static_cast<size_t>(o) * rank + j];
   p.rank = rank;
   p.n_in = n_in;
   p.n_out = n_out;

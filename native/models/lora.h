@@ -1,11 +1,12 @@
 // LoRA adapters applied at run time, never merged into the base weights:
 //   y = W x + sum over the row's adapters a, in order, of  s_a * (B_a (A_a x))
 // with s_a = scale_a * alpha_a / rank (scale_a alone when the file's alpha is
-// 0, as llama.cpp does). A_a x and B_a t are float dot products with the
-// canonical order of matmul_f (quant/quant.h), computed per row and added to
-// the base row after the base matmul, adapter by adapter in the order the
-// batch item lists them: a row's result depends only on its own input and its
-// adapters, never on the thread count, the chunking or the other rows.
+// 0, as llama.cpp does). t = A_a x is matmul_f (quant/quant.h) and
+// y += s_a * (B_a t) is lora::up (models/lora_kernels.h), both in matmul_f's
+// canonical order, per row, after the base matmul, adapter by adapter in the
+// order the batch item lists them: a row's result depends only on its own
+// input and its adapters, never on the thread count, the chunking or the
+// other rows.
 #pragma once
 
 #include <cstdint>
@@ -21,7 +22,7 @@ enum class LoraTarget : int { q, k, v, o, gate, up, down, count };
 
 struct LoraPair {
   std::vector<float> a;  // (rank, n_in) A, row-major (GGUF lora_a: ne0 = n_in, ne1 = rank)
-  std::vector<float> b;  // (n_out, rank) B, row-major (GGUF lora_b: ne0 = rank, ne1 = n_out)
+  std::vector<float> bt; // (rank, n_out) B transposed (GGUF lora_b is (n_out, rank)), for lora::up
   int rank = 0, n_in = 0, n_out = 0;
 };
 
@@ -31,7 +32,7 @@ class LoraAdapter {
   // identifies that model, so a forward of another one refuses it.
   LoraAdapter(const ModelConfig& cfg, const void* owner, float alpha);
 
-  // Takes A (rank, n_in) and B (n_out, rank) for one matrix; throws
+  // Takes A (rank, n_in) and B (n_out, rank), row-major, for one matrix; throws
   // std::invalid_argument naming the matrix if the shapes do not fit.
   void set(int layer, LoraTarget t, std::vector<float> a, std::vector<float> b, int rank);
   const LoraPair* get(int layer, LoraTarget t) const {

@@ -168,7 +168,7 @@ void Model::matmul(std::initializer_list<MatmulJob> jobs, const float* x, int n_
       base += n_out;
     }
   });
-  if (layer >= 0) lora_add(layer, jobs, x, n_rows);
+  if (layer >= 0) lora_add(layer, jobs, x);
 }
 
 // Angles as ggml computes them (theta_i = pos * scale^i by repeated float

@@ -109,7 +109,6 @@ struct RunState {
   std::vector<float> logits;  // (rows, n_vocab) logits before they are copied out
   std::vector<float*> logit_dst;  // (rows) where each logits row goes
   std::vector<float> lora_t;  // (sum over LoRA terms of rows * rank) A x of each term
-  std::vector<float> lora_d;  // (rows, n_out of the fused jobs) B (A x) before it is scaled and added
 };
 
 class Model {
@@ -171,7 +170,7 @@ class Model {
     int64_t base;      // the job's first output row among the fused jobs
   };
   void lora_runs(const std::vector<BatchItem>& items, const std::vector<Row>& rows, size_t r0, int n);
-  void lora_add(int layer, std::initializer_list<MatmulJob> jobs, const float* x, int n_rows);  // model_lora.cpp
+  void lora_add(int layer, std::initializer_list<MatmulJob> jobs, const float* x);  // model_lora.cpp
   void quantize_rows(const float* x, int n_rows, int n_in, ActFormat format);
   // Store row r of s_.k / s_.v (this layer's new K and V) in slot `slot` of a page.
   void write_kv(int layer, int r, uint8_t* page, int slot);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "kernels/kernels.h"
 #include "models/model.h"
 
 namespace ctx {
@@ -29,7 +30,7 @@ void Model::lora_runs(const std::vector<BatchItem>& items, const std::vector<Row
   }
 }
 
-void Model::lora_add(int layer, std::initializer_list<MatmulJob> jobs, const float* x, int n_rows) {
+void Model::lora_add(int layer, std::initializer_list<MatmulJob> jobs, const float* x) {
   if (lora_runs_.empty()) return;
   // One term per (job, run, adapter touching the job's matrix), in the order
   // each row adds them: by job, then run, then the item's adapter order.
@@ -52,7 +53,6 @@ void Model::lora_add(int layer, std::initializer_list<MatmulJob> jobs, const flo
   }
   if (terms.empty()) return;
   if (s_.lora_t.size() < t_size) s_.lora_t.resize(t_size);
-  if (s_.lora_d.size() < static_cast<size_t>(n_rows) * total) s_.lora_d.resize(static_cast<size_t>(n_rows) * total);
   const bool serial = work < kSerialWork;
   auto split = [&](int64_t n, int64_t grain, const ThreadPool::RangeFn& fn) {
     if (serial)
@@ -72,20 +72,15 @@ void Model::lora_add(int layer, std::initializer_list<MatmulJob> jobs, const flo
   // each output element is finished by one thread, terms in order.
   const MatmulJob* js = jobs.begin();
   const int64_t grain = std::max<int64_t>(16, (total / (pool_.size() * 4) + 15) / 16 * 16);
+  const Kernels& kern = kernels();
   split(total, grain, [&](int64_t begin, int64_t end) {
     for (const LoraTerm& t : terms) {
       const int64_t n_out = js[t.job].w->n_out;
       const int64_t o0 = std::max<int64_t>(begin - t.base, 0), o1 = std::min<int64_t>(end - t.base, n_out);
-      if (o0 >= o1) continue;
-      float* d = s_.lora_d.data() + t.base;
-      matmul_f(DType::F32, t.p->b.data(), t.p->rank, static_cast<int>(o0), static_cast<int>(o1),
-               s_.lora_t.data() + t.t_off, t.r1 - t.r0, d + static_cast<size_t>(t.r0) * total,
-               static_cast<size_t>(total));
-      for (int r = t.r0; r < t.r1; ++r) {
-        float* y = js[t.job].y + static_cast<size_t>(r) * n_out;
-        const float* dr = d + static_cast<size_t>(r) * total;
-        for (int64_t o = o0; o < o1; ++o) y[o] = y[o] + t.factor * dr[o];
-      }
+      if (o0 < o1)
+        kern.lora_up(t.p->bt.data(), t.p->rank, static_cast<int>(n_out), static_cast<int>(o0), static_cast<int>(o1),
+                     s_.lora_t.data() + t.t_off, t.r1 - t.r0, t.factor,
+                     js[t.job].y + static_cast<size_t>(t.r0) * n_out, static_cast<size_t>(n_out));
     }
   });
 }

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/kernels.h"
 #include "models/lora.h"
 #include "models/model.h"
 
@@ -43,6 +44,21 @@ void register_lora(py::module_& m) {
           py::arg("layer"), py::arg("target"), py::arg("a"), py::arg("b"),
           "one matrix's A (rank, n_in) and B (n_out, rank), as float32")
       .def_property_readonly("n_matrices", &LoraAdapter::n_matrices);
+  m.def(
+      "lora_up",
+      [](const F32Array& bt, const F32Array& t, float factor, F32Array y, int o0, int o1) {
+        // Test-facing: y (n_x, n_out) += factor * t (n_x, rank) . bt (rank, n_out), outputs [o0, o1).
+        if (bt.ndim() != 2 || t.ndim() != 2 || y.ndim() != 2 || t.shape(1) != bt.shape(0) ||
+            y.shape(0) != t.shape(0) || y.shape(1) != bt.shape(1) || o0 < 0 || o1 > bt.shape(1) || o0 > o1)
+          throw std::invalid_argument("lora_up: bt (rank, n_out), t (n_x, rank), y (n_x, n_out), 0 <= o0 <= o1 <= n_out");
+        const int n_out = static_cast<int>(bt.shape(1));
+        kernels().lora_up(bt.data(), static_cast<int>(bt.shape(0)), n_out, o0, o1, t.data(),
+                          static_cast<int>(t.shape(0)), factor, y.mutable_data(), static_cast<size_t>(n_out));
+        return y;
+      },
+      py::arg("bt"), py::arg("t"), py::arg("factor"), py::arg("y"), py::arg("o0"), py::arg("o1"),
+      "y + factor * (t . bt) for outputs [o0, o1) with the active path's lora_up kernel (a copy of y if it "
+      "was not float32)");
 }
 
 }  // namespace ctx
