@@ -22,7 +22,9 @@ def adapters(tmp_path_factory, smollm2_path):
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, adapters):
-    args = ("--lora", f"tuned={adapters['tuned']}:0", "--lora", f"other={adapters['other']}:0")
+    missing = tmp_path_factory.mktemp("missing") / "gone.gguf"  # skipped, with its reason kept
+    args = ("--lora", f"tuned={adapters['tuned']}:0", "--lora", f"other={adapters['other']}:0",
+            "--lora", f"gone={missing}")
     with running(tmp_path_factory.mktemp("lora"), *args) as s:
         yield s
 
@@ -93,6 +95,7 @@ def test_anthropic_and_ollama_routes_take_lora(server, model):
 
 @pytest.mark.parametrize("lora,message", [
     ([{"name": "nope", "scale": 1.0}], "unknown LoRA adapter 'nope'"),
+    ([{"name": "gone", "scale": 1.0}], r"unknown LoRA adapter 'gone' \(.*gone.gguf.*\); loaded: tuned, other"),
     ([{"id": 5, "scale": 1.0}], "invalid adapter id 5"),
     ([{"name": "tuned", "scale": "NaN"}], "must be a finite number"),
     ({"tuned": 1.0}, "'lora' must be a list"),

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 import ctxengine as ce
-from ctxengine.errors import ContextError, WeightMismatchError
+from ctxengine.errors import ContextError, CtxError, WeightMismatchError
+from ctxengine.serving.lora import LoraSpec
 from ctxengine.store import Store
 from lora_files import ALL, ATTN, random_lora, write_lora
 from test_lora import CFG, shapes
@@ -130,3 +131,20 @@ def test_ctx_run_with_lora(tmp_path, model):
                           "--lora", f"x={tmp_path / 'nothing.gguf'}", "Hi"],
                          capture_output=True, text=True, env={**os.environ, "CTX_HOME": str(tmp_path)})
     assert bad.returncode == 1 and len(bad.stderr.strip().splitlines()) == 1 and "Traceback" not in bad.stderr
+
+
+@pytest.mark.parametrize("text,want", [
+    ("tuned=a/b.gguf", ("tuned", "a/b.gguf", 1.0)),
+    ("tuned=a/b.gguf:0.5", ("tuned", "a/b.gguf", 0.5)),
+    ("t=C:/x/b.gguf", ("t", "C:/x/b.gguf", 1.0)),   # a colon that is not a scale stays in the path
+    ("dir/b.gguf", ("b", "dir/b.gguf", 1.0)),        # llama-server's bare path, named after its file
+])
+def test_lora_spec_parse(text, want):
+    spec = LoraSpec.parse(text)
+    assert (spec.name, str(spec.path), spec.scale) == want
+
+
+@pytest.mark.parametrize("text", ["=x.gguf", "a=", "a=x.gguf:nan"])
+def test_lora_spec_refused(text):
+    with pytest.raises(CtxError, match="--lora"):
+        LoraSpec.parse(text)
