@@ -60,12 +60,22 @@ void Model::lora_add(int layer, std::initializer_list<MatmulJob> jobs, const flo
     else
       pool_.parallel_for(n, grain, fn);
   };
-  // t = A x for each term's rows: (rows, rank).
-  split(static_cast<int64_t>(terms.size()), 1, [&](int64_t i0, int64_t i1) {
+  // t = A x for each term's rows: (rows, rank), in tasks of up to kRowBlock
+  // rows of one term, so a lone term (wo, down) still keeps every thread busy.
+  constexpr int kRowBlock = 16;
+  int64_t n_tasks = 0;
+  for (const LoraTerm& t : terms) n_tasks += (t.r1 - t.r0 + kRowBlock - 1) / kRowBlock;
+  split(n_tasks, 1, [&](int64_t i0, int64_t i1) {
+    int64_t first = 0;  // the first task of term ti
+    size_t ti = 0;
     for (int64_t i = i0; i < i1; ++i) {
-      const LoraTerm& t = terms[i];
-      matmul_f(DType::F32, t.p->a.data(), n_in, 0, t.p->rank, x + static_cast<size_t>(t.r0) * n_in, t.r1 - t.r0,
-               s_.lora_t.data() + t.t_off, static_cast<size_t>(t.p->rank));
+      while (i >= first + (terms[ti].r1 - terms[ti].r0 + kRowBlock - 1) / kRowBlock)
+        first += (terms[ti].r1 - terms[ti].r0 + kRowBlock - 1) / kRowBlock, ++ti;
+      const LoraTerm& t = terms[ti];
+      const int b0 = t.r0 + static_cast<int>(i - first) * kRowBlock, b1 = std::min(t.r1, b0 + kRowBlock);
+      matmul_f(DType::F32, t.p->a.data(), n_in, 0, t.p->rank, x + static_cast<size_t>(b0) * n_in, b1 - b0,
+               s_.lora_t.data() + t.t_off + static_cast<size_t>(b0 - t.r0) * t.p->rank,
+               static_cast<size_t>(t.p->rank));
     }
   });
   // y += factor * (B t), split across the output rows of all jobs together;
