@@ -99,8 +99,21 @@ class KVSeq:
 
 # -- the model (native/models/register_model.cpp) ---------------------------------
 
-# (seq, tokens int32[n], logits float32[rows, n_vocab] | None, all_logits, hidden float32[n, n_embd] | None)
-_BatchItem = tuple[KVSeq, npt.ArrayLike, Optional[npt.NDArray[np.float32]], bool, Optional[npt.NDArray[np.float32]]]
+# (seq, tokens int32[n], logits float32[rows, n_vocab] | None, all_logits, hidden float32[n, n_embd] | None
+#  [, [(LoraAdapter, scale), ...] | None: the sequence's adapters, added in this order])
+_BatchItem = tuple  # of 5 or 6 as above
+
+class LoraAdapter:
+    """A LoRA adapter's A and B matrices for one Model (native/models/lora.h)."""
+    def __init__(self, model: Model, alpha: float) -> None: ...
+    def set(self, layer: int, target: str, a: _F32, b: _F32) -> None:
+        """target: attn_q, attn_k, attn_v, attn_output, ffn_gate, ffn_up or ffn_down;
+        a: (rank, n_in), b: (n_out, rank); ValueError naming the matrix if they do not fit."""
+    @property
+    def n_matrices(self) -> int: ...
+
+def lora_up(bt: _F32, t: _F32, factor: float, y: _F32, o0: int, o1: int) -> npt.NDArray[np.float32]:
+    """y + factor * (t . bt) for outputs [o0, o1) by the active path's kernel (models/lora_kernels.h)."""
 
 class Model:
     """A decoder-only transformer over mapped GGUF weights."""

@@ -9,6 +9,7 @@ void register_cpu(py::module_& m);
 void register_quant(py::module_& m);
 void register_kv(py::module_& m);
 void register_model(py::module_& m);
+void register_lora(py::module_& m);
 void register_kernels(py::module_& m);
 }  // namespace ctx
 
@@ -19,5 +20,6 @@ PYBIND11_MODULE(_core, m) {
   ctx::register_quant(quant);
   ctx::register_kv(m);
   ctx::register_model(m);
+  ctx::register_lora(m);
   ctx::register_kernels(m);  // test-facing kernel bindings
 }

@@ -162,11 +162,15 @@ def test_layers_are_read(catalog, store, smollm2_path):
     assert plain.path == e.path  # one blob, two manifests
 
 
+def test_adapter_layers_are_kept(catalog):
+    e = catalog.get("adapter")  # served with its ADAPTER layer (tests/test_lora_ollama.py loads real ones)
+    assert e.servable and len(e.adapters) == 1 and e.adapters[0].read_bytes() == b"lora"
+
+
 @pytest.mark.parametrize("name, reason", [
     ("mamba", "architecture 'mamba' is not supported"),
     ("iquant", "tensor type IQ4_NL is not supported"),
     ("safetensors", "safetensors"),
-    ("adapter", "adapter"),
     ("badparams", "params layer is not valid JSON"),
     ("gone", "is missing"),
     ("garbage", "manifest is not valid JSON"),

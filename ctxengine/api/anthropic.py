@@ -80,7 +80,7 @@ def routes(runtime, generations: Generations) -> APIRouter:
         tools = anthropic_tool_use(f)
         grammar = anthropic_grammar(f)
         req = GenerationRequest(model, messages_prompt(f, tools), sampling(f), context=f.str("context", None),
-                                grammar=grammar, tools=tools)
+                                grammar=grammar, tools=tools, lora=f.data.get("lora"))
         stream = f.bool("stream", False)
         gen = await generations.start(req)
         head = {"id": "msg_" + secrets.token_hex(12), "type": "message", "role": "assistant", "model": model}

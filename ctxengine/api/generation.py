@@ -50,6 +50,7 @@ class GenerationRequest:
     keep_alive: object = _UNSET       # Ollama: seconds to stay loaded afterwards (None: forever)
     grammar: "Grammar | None" = None  # constrains the reply (api/structured.py)
     tools: "ToolUse | None" = None    # tools offered; a forced choice is grammar-constrained (api/tools.py)
+    lora: list | None = None          # [{"id" | "name", "scale"}] (serving/lora.py); None: the model's scales
 
 
 @dataclass
@@ -207,16 +208,25 @@ class Generation:
         finally:
             self._owner._done(self)
 
+    def _lora(self):
+        """The adapters this request runs with (400 for a bad ``lora`` field)."""
+        try:
+            return self._runtime.loras(self.entry.name).for_request(self.request.lora)
+        except ValueError as err:
+            raise ApiError(400, str(err), param="lora") from None
+
     def _run_fresh(self, model, load_ns: int, t0: int) -> None:
         ids = prompt_ids(model, self.entry, self.request.prompt)
         limit = self._limit(model)
         if len(ids) >= limit:
             raise ContextError(f"the prompt is {len(ids)} tokens; the context length is {limit}")
+        lora = self._lora()
         cache = self._runtime.prefix_cache(self.entry.name)
         if cache is not None:
-            ctx, cached = cache.acquire(ids)
+            ctx, cached = cache.acquire(ids, lora)
         else:
-            ctx, cached = model.contexts.adopt(f"_request/{next(_request_names)}", model.engine.new_sequence(), ()), 0
+            ctx, cached = model.contexts.adopt(f"_request/{next(_request_names)}", model.engine.new_sequence(), (),
+                                               lora=lora), 0
         ok = False
         try:
             t = time.perf_counter_ns()
@@ -235,6 +245,9 @@ class Generation:
             if ctx.engine is not model.engine:
                 raise ApiError(400, f"context '{ctx.name}' belongs to model '{ctx.engine.name}', "
                                     f"not '{self.entry.name}'")
+            if self.request.lora is not None and self._lora() != ctx.lora:
+                raise ApiError(400, f"context '{ctx.name}' runs with {ctx.lora.describe()}; a request cannot "
+                                    f"change its adapters", param="lora")
             cached = ctx.n_cached
             text = continuation_text(model, self.entry, self.request.prompt, ctx.tokens)
             t = time.perf_counter_ns()

@@ -117,7 +117,7 @@ class _Ollama:
     async def run(self, f: Fields, name: str, prompt: Prompt, context: str | None, *, chat: bool,
                   client: Request, tools: ToolUse | None = None):
         req = GenerationRequest(name, prompt, _sampling(f), context=context, keep_alive=_keep_alive(f),
-                                grammar=ollama_grammar(f), tools=tools)
+                                grammar=ollama_grammar(f), tools=tools, lora=f.data.get("lora"))
         stream = f.bool("stream", True)
         gen = await self.generations.start(req)
         if stream:

@@ -107,7 +107,7 @@ def routes(runtime, generations: Generations, metrics) -> APIRouter:
         tools = openai_tool_use(f)
         prompt = Prompt(messages=chat_messages(f.list("messages")), tools=tools and tools.prompt_tools)
         req = GenerationRequest(f.str("model", None), prompt, sampling(f), context=f.str("context", None),
-                                grammar=openai_grammar(f), tools=tools)
+                                grammar=openai_grammar(f), tools=tools, lora=f.data.get("lora"))
         return await _respond(generations, f, req, chat=True, client=request)
 
     @router.post("/v1/completions")
@@ -120,7 +120,8 @@ def routes(runtime, generations: Generations, metrics) -> APIRouter:
             raise ApiError(400, "'best_of' must be 1", param="best_of")
         f.refuse("tools", "tools need /v1/chat/completions")
         req = GenerationRequest(f.str("model", None), _completion_prompt(f), sampling(f),
-                                context=f.str("context", None), grammar=openai_grammar(f))
+                                context=f.str("context", None), grammar=openai_grammar(f),
+                                lora=f.data.get("lora"))
         return await _respond(generations, f, req, chat=False, client=request)
 
     @router.post("/v1/embeddings")

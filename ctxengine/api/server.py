@@ -21,7 +21,7 @@ from starlette.exceptions import HTTPException
 
 from .. import __version__
 from ..errors import CtxError
-from . import anthropic, contexts, fleet, ollama, openai, ops
+from . import anthropic, contexts, fleet, lora, ollama, openai, ops
 from . import responses, studio
 from .arguments import DEFAULT_MAX_BODY
 from .errors import ApiError, as_api_error, dialect_of, error_response
@@ -44,6 +44,7 @@ def build_app(runtime, *, api_key: str | None = None, max_body: int = DEFAULT_MA
     app.include_router(contexts.routes(runtime))
     app.include_router(responses.routes(runtime, generations))
     app.include_router(fleet.routes(runtime))
+    app.include_router(lora.routes(runtime))
     studio.mount(app, runtime)  # the page at /studio and its /v1/studio routes
 
     def reply(request: Request, err: ApiError):

@@ -21,13 +21,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--system", default=None, help="system message (chat template only)")
     add_sampling_arguments(p, max_tokens=256, seed_help="RNG seed (default: random)")
     add_grammar_arguments(p)
+    p.add_argument("--lora", action="append", default=[], metavar="NAME=PATH[:SCALE]",
+                   help="run with this LoRA adapter file at SCALE (default 1; repeatable)")
 
 
 def main(args: argparse.Namespace) -> int:
+    from ..serving.lora import LoraSpec
+
     constraint = grammar_options(args)
+    specs = [LoraSpec.parse(text) for text in args.lora]
     model = load_model(args)
+    for spec in specs:
+        model.load_lora(spec.name, spec.path)
     use_template = not args.raw and model.chat_template is not None
-    ctx = model.context("run")
+    ctx = model.context("run", lora={spec.name: spec.scale for spec in specs})
     sampling = sampling_options(args)
     messages = [{"role": "system", "content": args.system}] if args.system and use_template else []
 

@@ -41,19 +41,24 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="unload least recently used models past this many GiB (default: half the RAM)")
     p.add_argument("--fleet", metavar="redis://HOST:PORT[,...]", default=None,
                    help="share contexts with other hosts through this Redis Cluster (docs/fleet.md)")
+    p.add_argument("--lora", action="append", default=[], metavar="NAME=PATH[:SCALE]",
+                   help="serve this LoRA adapter with every model it fits, at SCALE by default (default 1; "
+                        "repeatable; GET/POST /lora-adapters, a request's \"lora\" field)")
     add_http_arguments(p)
     add_grpc_arguments(p)
 
 
 def build_runtime(args: argparse.Namespace):
     from ..serving.catalog import catalog_from_args
+    from ..serving.lora import LoraSpec
     from ..serving.runtime import Runtime
     from ..store import Store
 
     args.model = [*args.model, *(hf_model(spec) for spec in args.hf)]  # pulled first when not cached
     budget = None if args.memory_budget is None else int(args.memory_budget * (1 << 30))
+    lora = [LoraSpec.parse(text) for text in args.lora]
     return Runtime(catalog_from_args(args), store=Store(args.store, fleet=args.fleet), threads=args.threads, kv=args.kv,
-                   memory_budget=budget, prefix_cache_entries=args.prefix_cache)
+                   memory_budget=budget, prefix_cache_entries=args.prefix_cache, lora=lora)
 
 
 def main(args: argparse.Namespace) -> int:

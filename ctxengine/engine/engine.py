@@ -14,13 +14,14 @@ from typing import Sequence
 import numpy as np
 
 from .. import _core
-from ..errors import ModelFileError, UnsupportedModelError
+from ..errors import CtxError, ModelFileError, UnsupportedModelError
 from ..text.chat import ChatRenderer
 from ..text.chat_template import ChatTemplate
 from ..text.tokenizer import Tokenizer
 from .config import ModelConfig, unsupported_reason
 from .cpu import physical_cores
 from .gguf_file import open_gguf
+from .lora import NO_LORA, LoraAdapter, LoraSet, load_adapter
 from .scheduler import Reserve, Scheduler
 from .weights import cached_weight_id
 
@@ -91,6 +92,7 @@ class Engine:
             trim_bytes = page_bytes * len(self.kept_layers) // cfg.n_layer
             self.trim_pool = _core.PagePool(len(self.kept_layers), PAGE_TOKENS, cfg.kv_dim, kv,
                                             max(16, kv_budget // max(trim_bytes, 1)))
+        self.adapters: dict[str, LoraAdapter] = {}  # LoRA adapters by name (load_lora)
         # Every forward goes through one loop that batches concurrent callers into shared steps.
         self.scheduler = Scheduler(self._core, n_ctx=cfg.n_ctx, n_vocab=cfg.n_vocab, page_tokens=PAGE_TOKENS)
 
@@ -101,6 +103,28 @@ class Engine:
     def detokenize(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(ids)
 
+    # -- LoRA adapters ----------------------------------------------------------
+    def load_lora(self, name: str, path: str | Path) -> LoraAdapter:
+        """Load an adapter file under a name (engine/lora.py); a file that does not
+        fit this model raises ModelFileError and nothing is kept."""
+        if not isinstance(name, str) or not name or name in self.adapters:
+            raise CtxError(f"LoRA adapter name {name!r} is empty or already taken")
+        adapter = load_adapter(self._core, self.config.arch, path, name)
+        self.adapters[name] = adapter
+        return adapter
+
+    def lora_set(self, scales: dict[str, float] | LoraSet | None) -> LoraSet:
+        """{adapter name: scale} as the LoraSet a context runs with; unknown names raise."""
+        if scales is None:
+            return NO_LORA
+        if isinstance(scales, LoraSet):
+            return scales
+        unknown = [n for n in scales if n not in self.adapters]
+        if unknown:
+            have = ", ".join(sorted(self.adapters)) or "none"
+            raise ValueError(f"unknown LoRA adapter {unknown[0]!r} (loaded: {have})")
+        return LoraSet.of((self.adapters[n], s) for n, s in scales.items())
+
     # -- forward --------------------------------------------------------------
     def new_sequence(self) -> "_core.KVSeq":
         if self.trim_pool is None:
@@ -108,14 +132,15 @@ class Engine:
         return _core.KVSeq(self.pool, self.trim_pool, self.config.swa_window, self.kept_layers)
 
     def forward(self, seq: "_core.KVSeq", tokens: Sequence[int], *, all_logits: bool = False,
-                reserve: Reserve | None = None) -> np.ndarray:
+                reserve: Reserve | None = None, lora: LoraSet = NO_LORA) -> np.ndarray:
         """Append tokens to seq's KV; logits of the last position (or of every new one).
         ``reserve(n_pages)``: called when the scheduler admits the request, to make room
-        in the page pool (a context table's reserve_pages)."""
+        in the page pool (a context table's reserve_pages). ``lora``: the adapters the
+        sequence runs with (always the same set for one sequence)."""
         toks = np.asarray(tokens, dtype=np.int32)
         rows = len(toks) if all_logits else 1
         logits = np.empty((rows, self.config.n_vocab), dtype=np.float32)
-        self.scheduler.submit(seq, toks, logits, all_logits, None, reserve)
+        self.scheduler.submit(seq, toks, logits, all_logits, None, reserve, lora=lora.native())
         return logits if all_logits else logits[0]
 
     def forward_hidden(self, seq: "_core.KVSeq", tokens: Sequence[int], *,
@@ -126,7 +151,8 @@ class Engine:
         self.scheduler.submit(seq, toks, None, False, hidden, reserve)
         return hidden
 
-    def logprobs(self, ids: Sequence[int], *, top: int = 40, chunk: int = 256) -> LogProbs:
+    def logprobs(self, ids: Sequence[int], *, top: int = 40, chunk: int = 256,
+                 lora: LoraSet = NO_LORA) -> LogProbs:
         """Teacher-forced top-k log-probabilities after every prefix of ids."""
         ids = [int(i) for i in ids]
         if not ids:
@@ -136,7 +162,7 @@ class Engine:
         top_ids, top_lp, next_lp = [], [], []
         for start in range(0, len(ids), chunk):
             part = ids[start:start + chunk]
-            logits = self.forward(seq, part, all_logits=True).astype(np.float64)
+            logits = self.forward(seq, part, all_logits=True, lora=lora).astype(np.float64)
             lse = np.logaddexp.reduce(logits, axis=1, keepdims=True)
             lp = logits - lse
             idx = np.argpartition(-lp, top - 1, axis=1)[:, :top]

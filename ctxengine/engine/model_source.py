@@ -33,6 +33,8 @@ class CatalogEntry:
     config: dict = field(default_factory=dict)
     parent_model: str = ""
     license: str | None = None
+    # Ollama ADAPTER layers (LoRA adapter GGUFs), applied to every request at scale 1.
+    adapters: tuple[Path, ...] = ()
 
     @property
     def size(self) -> int:

@@ -41,11 +41,12 @@ Reserve = Callable[[int], None]  # make room for this many more KV pages, or rai
 
 
 class _Request:
-    __slots__ = ("seq", "tokens", "logits", "all_logits", "hidden", "reserve", "start", "done", "error",
+    __slots__ = ("seq", "tokens", "logits", "all_logits", "hidden", "reserve", "lora", "start", "done", "error",
                  "finished", "_done")
 
-    def __init__(self, seq, tokens, logits, all_logits, hidden, reserve: Reserve | None):
+    def __init__(self, seq, tokens, logits, all_logits, hidden, reserve: Reserve | None, lora: list | None = None):
         self.seq, self.tokens, self.logits, self.all_logits, self.hidden = seq, tokens, logits, all_logits, hidden
+        self.lora = lora           # [(native adapter, scale)] of the sequence, or None
         self.reserve = reserve     # called once, at admission
         self.start = 0             # KV length before its first chunk, restored if it fails part way
         self.done = 0              # tokens already run
@@ -79,7 +80,7 @@ class _Request:
         else:
             logits = self.logits if b == len(self.tokens) else None  # only the last chunk's last row
         hidden = None if self.hidden is None else self.hidden[a:b]
-        return (self.seq, self.tokens[a:b], logits, self.all_logits, hidden)
+        return (self.seq, self.tokens[a:b], logits, self.all_logits, hidden, self.lora)
 
 
 class Scheduler:
@@ -112,12 +113,14 @@ class Scheduler:
 
     # -- callers --------------------------------------------------------------
     def submit(self, seq, tokens: np.ndarray, logits, all_logits: bool, hidden,
-               reserve: Reserve | None = None) -> None:
+               reserve: Reserve | None = None, *, lora: list | None = None) -> None:
         """Run tokens on seq in some coming step(s), filling logits / hidden; blocks until done.
-        ``reserve(n_pages)`` makes room in the page pool when the request is admitted."""
+        ``reserve(n_pages)`` makes room in the page pool when the request is admitted;
+        ``lora``: the sequence's [(native adapter, scale)], rows of other sequences
+        in the same step may have other adapters or none."""
         if len(tokens) > self.step_tokens:
             self._check(seq, tokens)  # before the first chunk, so a refused prompt leaves no KV behind
-        req = _Request(seq, tokens, logits, all_logits, hidden, reserve)
+        req = _Request(seq, tokens, logits, all_logits, hidden, reserve, lora)
         with self._cv:
             if self._closed:
                 raise RuntimeError("the model is closed")

@@ -36,10 +36,10 @@ DEFAULT_TAG = "latest"
 DIGEST = re.compile(r"^sha256[:-]([0-9a-fA-F]{64})$")
 
 MODEL = "application/vnd.ollama.image.model"
+ADAPTER = "application/vnd.ollama.image.adapter"  # a Modelfile's ADAPTER: a LoRA GGUF, served in place
 # Layers that carry weights we cannot use, and why.
 REFUSED_LAYERS = {
     "application/vnd.ollama.image.tensor": "safetensors tensor layers are not supported (GGUF only)",
-    "application/vnd.ollama.image.adapter": "LoRA adapter layers are not supported",
     "application/vnd.ollama.image.projector": "vision projector layers are not supported",
 }
 TEXT_LAYERS = {"application/vnd.ollama.image.template": "template", "application/vnd.ollama.image.prompt": "template",
@@ -247,6 +247,8 @@ def _read_layers(root: Path, layers: list, entry: CatalogEntry) -> Path:
                 raise _Refused("more than one model layer")
             model_path, _ = _blob(root, layer)
             entry.parent_model = layer.get("from") or ""
+        elif media == ADAPTER:
+            entry.adapters += (_blob(root, layer)[0],)
         elif media in TEXT_LAYERS:
             setattr(entry, TEXT_LAYERS[media], _blob(root, layer)[0].read_text("utf-8"))
         elif media == PARAMS:

@@ -12,6 +12,8 @@ pages here.
 
 Because the kernels are deterministic, the KV of a cached prefix is
 bit-identical to recomputing it, so output with reuse equals output without.
+Entries are keyed by the LoRA adapters and scales their KV was computed with
+as well as by tokens: a request only ever reuses KV of its own adapter set.
 
 Bounds: at most ``max_entries`` entries, least recently used dropped first,
 and entries are dropped while the model's page pool is more than
@@ -29,6 +31,7 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
+from ..engine.lora import NO_LORA, LoraSet
 from ..errors import CtxError
 
 if TYPE_CHECKING:
@@ -66,7 +69,8 @@ class PrefixCache:
         self.max_entries = max_entries
         self.max_pool_fraction = max_pool_fraction
         self.stats = PrefixStats()
-        self._entries: OrderedDict[str, np.ndarray] = OrderedDict()  # name -> tokens; oldest first
+        # name -> (tokens, the adapter set's key); oldest first
+        self._entries: OrderedDict[str, tuple[np.ndarray, tuple]] = OrderedDict()
         self._lock = threading.Lock()
         self._names = itertools.count(1)
 
@@ -75,18 +79,18 @@ class PrefixCache:
             return len(self._entries)
 
     # -- one request's life ----------------------------------------------------------
-    def acquire(self, prompt: Sequence[int]) -> tuple["Context", int]:
-        """A new internal context holding the longest cached prefix of ``prompt``, and
-        that prefix's length (at most len(prompt) - 1: the last token is always
-        run, for its logits). The caller appends ``prompt[n:]``, generates, and
-        hands the context to ``release``."""
+    def acquire(self, prompt: Sequence[int], lora: LoraSet = NO_LORA) -> tuple["Context", int]:
+        """A new internal context, running with the adapters ``lora``, holding the
+        longest cached prefix of ``prompt`` made with them, and that prefix's length
+        (at most len(prompt) - 1: the last token is always run, for its logits).
+        The caller appends ``prompt[n:]``, generates, and hands it to ``release``."""
         want = np.asarray(prompt, dtype=np.int64)
         table = self.model.contexts
         name = f"{NAME_PREFIX}{next(self._names)}"
         with self._lock:
             self.stats.lookups += 1
             self.stats.prompt_tokens += len(want)
-            for src_name, n in self._candidates(want):
+            for src_name, n in self._candidates(want, lora.key):
                 try:
                     src = table.get(src_name)
                     # Only tokens whose KV is computed count as cached (an entry
@@ -104,7 +108,7 @@ class PrefixCache:
                     self.stats.hits += 1
                     self.stats.cached_tokens += n
                 return ctx, n
-        return table.adopt(name, self.model.engine.new_sequence(), ()), 0
+        return table.adopt(name, self.model.engine.new_sequence(), (), lora=lora), 0
 
     def release(self, ctx: "Context", *, keep: bool = True) -> None:
         """The request is over: keep its context for later requests, or drop it."""
@@ -112,11 +116,12 @@ class PrefixCache:
         if not keep or len(tokens) == 0:
             self._delete(ctx.name)
             return
+        key = ctx.lora.key
         with self._lock:
-            for name, old in list(self._entries.items()):
-                if len(old) <= len(tokens) and common_prefix(old, tokens) == len(old):
+            for name, (old, old_key) in list(self._entries.items()):
+                if old_key == key and len(old) <= len(tokens) and common_prefix(old, tokens) == len(old):
                     self._drop(name)  # the new entry serves every request this one could
-            self._entries[ctx.name] = tokens
+            self._entries[ctx.name] = (tokens, key)
             self._trim()
 
     def clear(self) -> None:
@@ -125,9 +130,9 @@ class PrefixCache:
                 self._drop(name)
 
     # -- internals ---------------------------------------------------------------------
-    def _candidates(self, want: np.ndarray) -> list[tuple[str, int]]:
-        """Entries sharing a prefix with ``want``, longest shared prefix first."""
-        found = [(name, common_prefix(tokens, want)) for name, tokens in self._entries.items()]
+    def _candidates(self, want: np.ndarray, key: tuple) -> list[tuple[str, int]]:
+        """Entries of this adapter set sharing a prefix with ``want``, longest first."""
+        found = [(name, common_prefix(tokens, want)) for name, (tokens, k) in self._entries.items() if k == key]
         return sorted((f for f in found if f[1] > 0), key=lambda f: -f[1])
 
     def _trim(self) -> None:

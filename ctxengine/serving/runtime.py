@@ -17,7 +17,7 @@ import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Iterator, Sequence
 
 from ..engine.catalog import CatalogEntry, ModelCatalog
 from ..engine.registry import resolve_model
@@ -25,6 +25,7 @@ from ..engine.weights import cached_weight_id
 from ..errors import ContextError, ModelFileError, ModelNotFoundError, UnsupportedModelError
 from ..store.names import default_host_id
 from .fleet_host import FleetHost
+from .lora import LoraSpec, ServedLoras
 from .prefix_cache import DEFAULT_MAX_ENTRIES, PrefixCache
 
 if TYPE_CHECKING:
@@ -49,6 +50,7 @@ class LoadedEntry:
     leases: int = 0
     expires_at: float | None = None    # keep_alive: unload when idle past this (None: keep)
     prefix_cache: PrefixCache | None = None  # recent requests' contexts (None: reuse is off)
+    loras: ServedLoras | None = None  # the LoRA adapters served with it (serving/lora.py)
 
     @property
     def memory_bytes(self) -> int:
@@ -60,8 +62,9 @@ class LoadedEntry:
 class Runtime:
     def __init__(self, catalog: ModelCatalog, *, store: "Store | None" = None, threads: int | None = None,
                  kv: str = "f16", memory_budget: int | None = None,
-                 prefix_cache_entries: int | None = None):
+                 prefix_cache_entries: int | None = None, lora: Sequence[LoraSpec] = ()):
         self.catalog = catalog
+        self.lora = tuple(lora)  # adapters loaded into each model they fit
         self.store = store
         self.threads = threads
         self.kv = kv
@@ -106,8 +109,13 @@ class Runtime:
             model = self._load(entry)
             now = time.time()
             cache = PrefixCache(model, max_entries=self.prefix_cache_entries) if self.prefix_cache_entries else None
+            try:
+                loras = ServedLoras(model, self.lora, entry.adapters)
+            except BaseException:
+                model.close()  # an Ollama model without its own adapter is not the model asked for
+                raise
             with self._lock:
-                self._loaded[entry.name] = LoadedEntry(entry, model, now, now, prefix_cache=cache)
+                self._loaded[entry.name] = LoadedEntry(entry, model, now, now, prefix_cache=cache, loras=loras)
                 self._unload_over_budget(keep=entry.name)
             return model
 
@@ -142,6 +150,16 @@ class Runtime:
             loaded.expires_at = None if seconds is None or seconds < 0 else time.time() + seconds
             if loaded.leases == 0 and loaded.expires_at is not None and loaded.expires_at <= time.time():
                 self._maybe_unload(loaded)
+
+    def loras(self, name: str | None) -> ServedLoras:
+        """The LoRA adapters served with a model (loading it if needed)."""
+        entry = self.resolve(name)
+        while True:
+            self.model(entry.name)
+            with self._lock:
+                loaded = self._loaded.get(entry.name)
+                if loaded is not None:
+                    return loaded.loras
 
     def prefix_cache(self, name: str | None) -> PrefixCache | None:
         """The prefix cache of a loaded model (None when it is not loaded or reuse is off)."""

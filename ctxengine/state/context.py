@@ -23,6 +23,7 @@ from ..errors import ContextError
 from . import conversation
 from ..text.closing import Closer
 from ..text.grammar import Constraint, Grammar, as_grammar
+from ..engine.lora import NO_LORA, LoraSet
 from ..engine.sampler import Sampler, SamplerParams, StopMatcher
 from ..text.tokenizer import StreamDecoder
 
@@ -45,7 +46,7 @@ class Context:
     def __init__(self, table: "ContextTable", name: str, seq, tokens: Sequence[int] = (), *,
                  labels: dict[str, str] | None = None, sampler_state: dict | None = None,
                  last_logits: np.ndarray | None = None, snapshot_id: str | None = None,
-                 constraint: "Constraint | dict | None" = None):
+                 constraint: "Constraint | dict | None" = None, lora: LoraSet = NO_LORA):
         self._table = table
         self.name = name
         self._seq = seq
@@ -63,6 +64,9 @@ class Context:
         # The unfinished grammar of the last generation: live, or as a stored
         # state (a restore) that is replayed when a generation first needs it.
         self._constraint = constraint
+        # The LoRA adapters and scales its KV is computed with: fixed for its
+        # life (a context never holds KV made under two adapter sets).
+        self.lora = lora
         self._lock = threading.RLock()
 
     # -- what it is -----------------------------------------------------------
@@ -105,7 +109,8 @@ class Context:
         return self.engine.detokenize(self._tokens)
 
     def __repr__(self) -> str:
-        return f"Context({self.name!r}, {self.n_tokens} tokens)"
+        adapters = f", lora: {self.lora.describe()}" if self.lora else ""
+        return f"Context({self.name!r}, {self.n_tokens} tokens{adapters})"
 
     # -- growing it -----------------------------------------------------------
     def append(self, content: str | Sequence[int], *, parse_special: bool = False) -> int:
@@ -245,7 +250,8 @@ class Context:
                                      sampler_state=self.sampler_state,
                                      last_logits=self._last_logits.copy() if same_kv and self._last_logits is not None
                                      else None,
-                                     snapshot_id=self.snapshot_id, constraint=self._forked_constraint(keep))
+                                     snapshot_id=self.snapshot_id, constraint=self._forked_constraint(keep),
+                                     lora=self.lora)
 
     def rewind(self, n: int) -> None:
         """Drop the last n tokens (their pages are released or copied on write)."""
@@ -322,7 +328,8 @@ class Context:
             n_kv = self._seq.n_tokens
         # The scheduler makes room for the pages when it admits the forward (it may
         # evict idle contexts to the store then, never this one).
-        self._last_logits = self.engine.forward(self._seq, self._tokens[n_kv:], reserve=self._reserve_pages)
+        self._last_logits = self.engine.forward(self._seq, self._tokens[n_kv:], reserve=self._reserve_pages,
+                                                lora=self.lora)
         return self._last_logits
 
     def _reserve_pages(self, n: int) -> None:

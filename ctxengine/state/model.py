@@ -11,10 +11,13 @@ from typing import Sequence
 
 from .. import ollama  # noqa: F401  registers Ollama's store as a model source (ollama/__init__.py)
 from ..engine.engine import Engine, LogProbs
+from ..engine.lora import LoraAdapter, LoraSet
 from ..engine.registry import resolve_model
 from .context import Context
 from .snapshots import restore
 from .table import ContextTable
+
+LoraScales = dict[str, float] | LoraSet | None  # {adapter name: scale}
 
 
 class Model:
@@ -57,17 +60,29 @@ class Model:
     def detokenize(self, ids: Sequence[int]) -> str:
         return self.engine.detokenize(ids)
 
-    def logprobs(self, ids: Sequence[int], *, top: int = 40) -> LogProbs:
-        return self.engine.logprobs(ids, top=top)
+    def logprobs(self, ids: Sequence[int], *, top: int = 40, lora: LoraScales = None) -> LogProbs:
+        return self.engine.logprobs(ids, top=top, lora=self.engine.lora_set(lora))
+
+    # -- LoRA adapters ---------------------------------------------------------------
+    def load_lora(self, name: str, path: str | os.PathLike) -> LoraAdapter:
+        """Load a LoRA adapter file under a name; contexts then pick it by that name."""
+        return self.engine.load_lora(name, path)
+
+    @property
+    def adapters(self) -> dict[str, LoraAdapter]:
+        return dict(self.engine.adapters)
 
     # -- contexts ------------------------------------------------------------------
-    def context(self, name: str | None = None) -> Context:
-        """The live context with this name, created empty if it does not exist yet."""
-        return self.contexts.open(name)
+    def context(self, name: str | None = None, *, lora: LoraScales = None) -> Context:
+        """The live context with this name, created empty if it does not exist yet.
+        ``lora``: {adapter name: scale} a new context runs with, for its whole life."""
+        return self.contexts.open(name, None if lora is None else self.engine.lora_set(lora))
 
-    def restore(self, store, ref: str, name: str | None = None) -> Context:
-        """A live context from a stored snapshot (ref, id or id prefix); refuses other weights."""
-        return restore(self, store, ref, name=name)
+    def restore(self, store, ref: str, name: str | None = None, *, lora: LoraScales = None) -> Context:
+        """A live context from a stored snapshot (ref, id or id prefix); refuses other
+        weights, and other adapters or scales than ``lora`` ({name: scale}; None: the
+        ones the snapshot records, which must be loaded)."""
+        return restore(self, store, ref, name=name, lora=None if lora is None else self.engine.lora_set(lora))
 
     @property
     def chat(self):
@@ -88,10 +103,18 @@ class Model:
 
 
 def load(model: str | os.PathLike | None = None, *, threads: int | None = None, kv: str = "f16",
-         n_ctx: int | None = None) -> Model:
+         n_ctx: int | None = None, lora: dict[str, str | os.PathLike] | None = None) -> Model:
     """Load a model: the packaged default (None or "smollm2"), a .gguf path, or a known name.
 
     ``kv`` is the KV cache dtype: "f16", "q8" (K and V in 8-bit blocks) or
     "vq8" (V only); contexts restore only into a model loaded with theirs.
+    ``lora``: {name: adapter .gguf path} to load; a context picks them by name.
     """
-    return Model(Engine(resolve_model(model), threads=threads, kv=kv, n_ctx=n_ctx))
+    engine = Engine(resolve_model(model), threads=threads, kv=kv, n_ctx=n_ctx)
+    try:
+        for name, path in (lora or {}).items():
+            engine.load_lora(name, path)
+    except BaseException:
+        engine.close()
+        raise
+    return Model(engine)

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Mapping
 
 from ..text.grammar import check_state as check_grammar_state
+from ..engine.lora import LoraSet, continuing_set
 from ..engine.sampler import Sampler
 from ..errors import ContextError, CorruptDataError, CtxError, StoreError, WeightMismatchError
 from ..store import Manifest, Store, page_key, validate_name
@@ -199,8 +200,11 @@ def arch_summary(engine: "Engine") -> dict:
 
 def _manifest(ctx: "Context", keys: list[str], n_tokens: int, labels: dict[str, str]) -> Manifest:
     engine = ctx.engine
+    arch = arch_summary(engine)
+    if ctx.lora:  # the adapters that made the KV with the weights (docs/lora.md)
+        arch["lora"] = ctx.lora.identity
     return Manifest(
-        weight_id=engine.weight_id, model_name=engine.name, arch=arch_summary(engine),
+        weight_id=engine.weight_id, model_name=engine.name, arch=arch,
         kv_dtype=engine.kv_dtype, page_tokens=engine.pool.page_tokens,
         token_ids=list(ctx._tokens), page_keys=keys, page_size=engine.pool.page_bytes,
         n_tokens=n_tokens, sampler_state=_sampler_state(ctx),
@@ -246,11 +250,14 @@ def _write(store: Store, m: Manifest, seq, keys: list[str], exported: dict[str, 
 
 # -- restore -------------------------------------------------------------------
 
-def restore(model: "Model", store: Store, ref_or_id: str, name: str | None = None) -> "Context":
+def restore(model: "Model", store: Store, ref_or_id: str, name: str | None = None,
+            lora: LoraSet | None = None) -> "Context":
     """A new live context holding a stored snapshot (a ref, an id or an id prefix).
 
-    Refuses (WeightMismatchError) a snapshot made by other weights before
-    reading any page; every page is verified against its key.
+    Refuses (WeightMismatchError) a snapshot made by other weights, or with
+    other LoRA adapters or scales than ``lora`` (None: those it records, which
+    must be loaded), before reading any page; every page is verified against
+    its key.
     """
     table = model.contexts
     if name is not None:
@@ -259,21 +266,23 @@ def restore(model: "Model", store: Store, ref_or_id: str, name: str | None = Non
             raise ContextError(f"a context named '{name}' already exists")
     sid = store.resolve(ref_or_id)
     m = store.get_manifest(sid)
-    check_compatible(m, sid, model.engine)
+    lora = check_compatible(m, sid, model.engine, lora)
     seq = load_sequence(table, store, m, sid)
     sampler_state = dict(m.sampler_state)
     grammar = sampler_state.pop("grammar", None)
     return table.adopt(name, seq, m.token_ids, labels=m.labels,
-                       sampler_state=sampler_state or None, snapshot_id=sid, constraint=grammar)
+                       sampler_state=sampler_state or None, snapshot_id=sid, constraint=grammar, lora=lora)
 
 
-def check_compatible(m: Manifest, sid: str, engine: "Engine") -> None:
-    """Refuse a snapshot this model cannot continue; the weights are checked first."""
+def check_compatible(m: Manifest, sid: str, engine: "Engine", lora: LoraSet | None = None) -> LoraSet:
+    """Refuse a snapshot this model (with these adapters) cannot continue, the weights
+    checked first; the adapters it continues with."""
     what = f"snapshot {sid[:16]}"
     if m.weight_id != engine.weight_id:
         raise WeightMismatchError(
             f"{what} was made by weights {m.weight_id} ({m.model_name}), but the loaded model "
             f"has weights {engine.weight_id} ({engine.name}); refusing to restore it onto other weights")
+    lora = continuing_set(m.arch.get("lora", []), engine.adapters.values(), lora, what)
     if m.kv_dtype != engine.kv_dtype:
         raise StoreError(f"{what} holds its KV in {m.kv_dtype}, but the model is loaded with kv='{engine.kv_dtype}'; "
                          f"load the model with kv='{m.kv_dtype}' (ctx: --kv {m.kv_dtype}) to restore it")
@@ -307,6 +316,7 @@ def check_compatible(m: Manifest, sid: str, engine: "Engine") -> None:
                     raise CtxError("its grammar starts past its last token")
         except CtxError as err:
             raise CorruptDataError(f"{what}: {err}") from None
+    return lora
 
 
 def load_sequence(table, store: Store, m: Manifest, sid: str):

@@ -12,6 +12,7 @@ import itertools
 import threading
 from typing import TYPE_CHECKING, Sequence
 
+from ..engine.lora import NO_LORA, LoraSet
 from ..errors import ContextError, StoreError
 from ..store import page_key
 from ..store.names import MAX_NAME_LEN, validate_name
@@ -57,12 +58,18 @@ class ContextTable:
         with self._lock:
             return name in self._contexts
 
-    def open(self, name: str | None = None) -> Context:
-        """The context with this name, created empty if it does not exist."""
+    def open(self, name: str | None = None, lora: LoraSet | None = None) -> Context:
+        """The context with this name, created empty if it does not exist. ``lora``:
+        the adapters a new one runs with; an existing one must already run with
+        them (ContextError otherwise: a context's adapters never change)."""
         with self._lock:
-            if name is not None and name in self._contexts:
-                return self._contexts[name]
-        return self.adopt(name, self.engine.new_sequence(), ())
+            ctx = self._contexts.get(name) if name is not None else None
+        if ctx is not None:
+            if lora is not None and lora != ctx.lora:
+                raise ContextError(f"context '{name}' runs with {ctx.lora.describe()}; its adapters cannot "
+                                   f"change to {lora.describe()} (open a new context for them)")
+            return ctx
+        return self.adopt(name, self.engine.new_sequence(), (), lora=lora or NO_LORA)
 
     def adopt(self, name: str | None, seq, tokens: Sequence[int], **state) -> Context:
         """Register a new context around an existing page table."""

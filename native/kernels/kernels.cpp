@@ -8,6 +8,7 @@
 
 #include "models/activations_impl.h"
 #include "models/attention.h"
+#include "models/lora_kernels.h"
 #include "quant/quant_impl.h"
 
 namespace ctx {
@@ -36,6 +37,7 @@ const Kernels& scalar_table() {
     t.silu_mul = act::silu_mul_scalar;
     t.gelu_mul = act::gelu_mul_scalar;
     t.rope = act::rope_scalar;
+    t.lora_up = lora::up_scalar;
     return t;
   }();
   return k;
@@ -62,6 +64,7 @@ const Kernels& avx2_table() {
     t.silu_mul = act::silu_mul_avx2;
     t.gelu_mul = act::gelu_mul_avx2;
     t.rope = act::rope_avx2;
+    t.lora_up = lora::up_avx2;
     return t;  // quantize_row_q8k: the scalar one (no AVX2 version)
   }();
   return k;
@@ -87,6 +90,7 @@ const Kernels& avx512_table() {
     t.silu_mul = act::silu_mul_avx512;
     t.gelu_mul = act::gelu_mul_avx512;
     t.rope = act::rope_avx512;
+    t.lora_up = lora::up_avx512;
     return t;
   }();
   return k;

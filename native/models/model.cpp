@@ -133,7 +133,7 @@ void Model::quantize_rows(const float* x, int n_rows, int n_in, ActFormat format
 // y_j (n_rows, w_j.n_out) = x (n_rows, n_in) . W_j^T for every job j, split
 // across the output rows of all jobs together. Quantized weights share one
 // quantization of x per activation format (Q8A, Q8K).
-void Model::matmul(std::initializer_list<MatmulJob> jobs, const float* x, int n_rows) {
+void Model::matmul(std::initializer_list<MatmulJob> jobs, const float* x, int n_rows, int layer) {
   int n_in = -1;
   bool need_q8a = false, need_q8k = false;
   int64_t total = 0;
@@ -168,6 +168,7 @@ void Model::matmul(std::initializer_list<MatmulJob> jobs, const float* x, int n_
       base += n_out;
     }
   });
+  if (layer >= 0) lora_add(layer, jobs, x);
 }
 
 // Angles as ggml computes them (theta_i = pos * scale^i by repeated float
@@ -244,7 +245,9 @@ void Model::attention_block(int l, const std::vector<Row>& rows, size_t r0, int 
   const LayerWeights& L = w_.layers[l];
   const int QD = cfg_.q_dim(), KD = cfg_.kv_dim(), hd = cfg_.head_dim;
   norm_rows(L.attn_norm, n);
-  matmul({{&L.wq, s_.q.data()}, {&L.wk, s_.k.data()}, {&L.wv, s_.v.data()}}, s_.xb.data(), n);
+  matmul({{&L.wq, s_.q.data(), LoraTarget::q}, {&L.wk, s_.k.data(), LoraTarget::k},
+          {&L.wv, s_.v.data(), LoraTarget::v}},
+         s_.xb.data(), n, l);
   // Per row: biases, q/k norms, RoPE, then this step's K/V into the pages
   // (attention then reads every position, old and new, from the same bytes).
   for_rows(n, [&](int r) {
@@ -267,7 +270,7 @@ void Model::attention_block(int l, const std::vector<Row>& rows, size_t r0, int 
   });
   attention(l, rows, r0, n, pages);
 
-  matmul({{&L.wo, s_.xb.data()}}, s_.att.data(), n);
+  matmul({{&L.wo, s_.xb.data(), LoraTarget::o}}, s_.att.data(), n, l);
   residual_add(L.attn_post_norm, n);
 }
 
@@ -276,14 +279,14 @@ void Model::ffn_block(int l, int n) {
   const LayerWeights& L = w_.layers[l];
   const int F = cfg_.n_ff;
   norm_rows(L.ffn_norm, n);
-  matmul({{&L.gate, s_.hb.data()}, {&L.up, s_.hb2.data()}}, s_.xb.data(), n);
+  matmul({{&L.gate, s_.hb.data(), LoraTarget::gate}, {&L.up, s_.hb2.data(), LoraTarget::up}}, s_.xb.data(), n, l);
   for_rows(n, [&](int r) {
     if (cfg_.gelu_ffn)
       gelu_mul(&s_.hb[r * F], &s_.hb2[r * F], F);
     else
       silu_mul(&s_.hb[r * F], &s_.hb2[r * F], F);
   });
-  matmul({{&L.down, s_.xb.data()}}, s_.hb.data(), n);
+  matmul({{&L.down, s_.xb.data(), LoraTarget::down}}, s_.hb.data(), n, l);
   residual_add(L.ffn_post_norm, n);
 }
 
@@ -326,6 +329,7 @@ void Model::run_rows(std::vector<BatchItem>& items, const std::vector<Row>& rows
                      std::vector<std::vector<uint8_t*>>& pages) {
   const int n = static_cast<int>(r1 - r0);
   embed_rows(rows, r0, n);
+  lora_runs(items, rows, r0, n);
   for (int l = 0; l < cfg_.n_layer; ++l) {
     attention_block(l, rows, r0, n, pages);
     ffn_block(l, n);
@@ -351,6 +355,11 @@ void Model::forward(std::vector<BatchItem>& items) {
       if (cfg_.swa_window <= 0 || swa->window != cfg_.swa_window || swa->keep_layers != kept)
         throw std::invalid_argument("the sequence releases pages with another sliding window than this model's");
     }
+    for (const LoraUse& use : it.loras)
+      if (!use.adapter || use.adapter->owner() != this)
+        throw std::invalid_argument("a LoRA adapter loaded for another model");
+      else if (!std::isfinite(use.scale))
+        throw std::invalid_argument("a LoRA scale must be a finite number");
     if (it.seq->n_tokens() + it.n_tokens > cfg_.n_ctx)
       throw std::length_error("context length exceeded: " + std::to_string(it.seq->n_tokens() + it.n_tokens) +
                               " tokens > " + std::to_string(cfg_.n_ctx));

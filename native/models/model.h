@@ -14,6 +14,7 @@
 
 #include "core/threads.h"
 #include "kv/page_pool.h"
+#include "models/lora.h"
 #include "quant/quant.h"
 
 namespace ctx {
@@ -86,6 +87,7 @@ struct BatchItem {
   bool all_logits = false;  // logits for every new position, else only the last
   float* logits = nullptr;  // (all_logits ? n_tokens : 1, n_vocab), or null for none
   float* hidden = nullptr;  // (n_tokens, n_embd) final normed hidden states, or null (embeddings)
+  std::vector<LoraUse> loras;  // adapters of this sequence, added in this order (models/lora.h)
 };
 
 struct RunState {
@@ -106,6 +108,7 @@ struct RunState {
   std::vector<float> xlog;    // (rows, n_embd) rows that want logits or hidden states, normed
   std::vector<float> logits;  // (rows, n_vocab) logits before they are copied out
   std::vector<float*> logit_dst;  // (rows) where each logits row goes
+  std::vector<float> lora_t;  // (sum over LoRA terms of rows * rank) A x of each term
 };
 
 class Model {
@@ -147,11 +150,27 @@ class Model {
   struct MatmulJob {
     const Weight* w;
     float* y;  // (n_rows, w->n_out)
+    LoraTarget target = LoraTarget::count;  // which adapter matrices apply (count: none)
   };
   // Several matmuls over the same input x (n_rows, n_in) in one parallel
   // region: decode runs hundreds of them per token, and each region costs a
   // wake-up and a barrier.
-  void matmul(std::initializer_list<MatmulJob> jobs, const float* x, int n_rows);
+  // With a layer, each row's LoRA adapters are added after (lora_add).
+  void matmul(std::initializer_list<MatmulJob> jobs, const float* x, int n_rows, int layer = -1);
+  struct LoraRun {     // consecutive rows of one item that has adapters
+    int r0, r1;
+    const std::vector<LoraUse>* loras;
+  };
+  struct LoraTerm {    // one adapter's product for one run and one matmul job
+    int job;
+    const LoraPair* p;
+    float factor;
+    int r0, r1;
+    size_t t_off;      // its A x in s_.lora_t
+    int64_t base;      // the job's first output row among the fused jobs
+  };
+  void lora_runs(const std::vector<BatchItem>& items, const std::vector<Row>& rows, size_t r0, int n);
+  void lora_add(int layer, std::initializer_list<MatmulJob> jobs, const float* x);  // model_lora.cpp
   void quantize_rows(const float* x, int n_rows, int n_in, ActFormat format);
   // Store row r of s_.k / s_.v (this layer's new K and V) in slot `slot` of a page.
   void write_kv(int layer, int r, uint8_t* page, int slot);
@@ -171,6 +190,8 @@ class Model {
   float theta_scale_swa_ = 1.0f; // rope_base_swa^(-2 / rope_dim)
   std::vector<int> kept_index_;   // (n_layer) a full-attention layer's index in a released page, else -1
   std::vector<int64_t> released_; // (items) released leading pages of each item's sequence, this step
+  std::vector<LoraRun> lora_runs_;   // this chunk's rows with adapters
+  std::vector<LoraTerm> lora_terms_; // scratch of lora_add
   PageLayout layout_;             // of the sequences last seen (checked per forward)
   std::mutex mu_;
 };

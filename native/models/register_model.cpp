@@ -159,14 +159,16 @@ void register_model(py::module_& m) {
       .def(
           "forward",
           [](Model& model, py::list batch) {
-            // batch: [(seq, tokens int32[n], logits float32[rows, vocab] | None, all_logits, hidden | None)]
+            // batch: [(seq, tokens int32[n], logits float32[rows, vocab] | None, all_logits, hidden | None
+            //          [, [(LoraAdapter, scale), ...]])]
             std::vector<BatchItem> items;
             std::vector<I32Array> keep_tokens;
             std::vector<py::array> keep_out;
             const int V = model.config().n_vocab, E = model.config().n_embd;
             for (py::handle h : batch) {
               auto tup = h.cast<py::tuple>();
-              if (tup.size() != 5) throw std::invalid_argument("batch items are (seq, tokens, logits, all, hidden)");
+              if (tup.size() != 5 && tup.size() != 6)
+                throw std::invalid_argument("batch items are (seq, tokens, logits, all, hidden[, loras])");
               BatchItem it;
               it.seq = tup[0].cast<KVSeq*>();
               keep_tokens.emplace_back(I32Array::ensure(tup[1]));
@@ -188,10 +190,15 @@ void register_model(py::module_& m) {
                 it.hidden = a.mutable_data();
                 keep_out.push_back(a);
               }
+              if (tup.size() == 6 && !tup[5].is_none())
+                for (py::handle use : tup[5].cast<py::list>()) {
+                  auto pair = use.cast<py::tuple>();
+                  it.loras.push_back({pair[0].cast<const LoraAdapter*>(), pair[1].cast<float>()});
+                }
               items.push_back(it);
             }
             // Safe without the GIL: every buffer is held by keep_* above and the
-            // sequences by the caller's batch list; no Python object is touched.
+            // sequences and adapters by the caller's batch list; no Python object is touched.
             py::gil_scoped_release release;
             model.forward(items);
           },

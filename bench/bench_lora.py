@@ -1,0 +1,121 @@
+"""Prefill and decode with a LoRA adapter against the base model, ours and
+llama.cpp's, alternated in one run.
+
+    python bench/bench_lora.py [--threads 2] [--rounds 5] [--prompt 512] [--gen 64] [--rank 16]
+        [--llama-python /opt/llamavenv/bin/python]
+
+The adapter (tests/lora_files.py smollm2_lora): rank 16 on every attention
+and FFN matrix of the packaged SmolLM2 (7 matrices x 30 layers), f32, as
+llama.cpp's convert_lora_to_gguf.py writes them. Each round runs, each in a
+fresh process that warms up first: ours base, ours with the adapter, then
+llama.cpp base and with the adapter (loaded by ``Llama(lora_path=...)``).
+Prefill: a 512-token prompt into an empty context; decode: 64 single-token
+steps after a 16-token prompt. Medians over the rounds, ratios within the run.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+KEYS = ("prefill_tps", "decode_tps")
+
+
+def measure(engine: str, model: str, adapter: str, threads: int, n_prompt: int, n_gen: int) -> dict:
+    """One engine, with the adapter or without ("" ), in this process."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    ids = [int(i) for i in rng.integers(1000, 20000, n_prompt)]
+    if engine == "ours":
+        from ctxengine import _core
+        from ctxengine.engine.engine import Engine
+
+        e = Engine(model, threads=threads)
+        if adapter:
+            e.load_lora("a", adapter)
+        lora = e.lora_set({"a": 1.0} if adapter else None)
+        forward = lambda seq, toks: e.forward(seq, toks, lora=lora)  # noqa: E731
+        new_seq, isa = e.new_sequence, _core.active_isa()
+    else:
+        import llama_cpp
+
+        m = llama_cpp.Llama(model, lora_path=adapter or None, n_threads=threads, n_threads_batch=threads,
+                            n_batch=512, n_ubatch=512, n_ctx=n_prompt + n_gen + 64, logits_all=False, verbose=False)
+
+        def forward(seq, toks):
+            m.eval(toks)
+            return np.asarray(m.scores[m.n_tokens - 1])
+
+        def new_seq():
+            m.reset()
+        isa = llama_cpp.llama_print_system_info().decode()
+    forward(new_seq(), ids[:32])  # warm up
+    seq = new_seq()
+    t0 = time.perf_counter()
+    forward(seq, ids)
+    pp = n_prompt / (time.perf_counter() - t0)
+    seq = new_seq()
+    logits = forward(seq, ids[:16])
+    t0 = time.perf_counter()
+    for _ in range(n_gen):
+        logits = forward(seq, [int(np.argmax(logits))])
+    return {"prefill_tps": pp, "decode_tps": n_gen / (time.perf_counter() - t0), "isa": isa}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--prompt", type=int, default=512)
+    ap.add_argument("--gen", type=int, default=64)
+    ap.add_argument("--rank", type=int, default=16)
+    ap.add_argument("--llama-python", default=os.environ.get("CTX_LLAMA_PYTHON"))
+    ap.add_argument("--child", nargs=3, metavar=("ENGINE", "MODEL", "ADAPTER"), help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        print(json.dumps(measure(*args.child, args.threads, args.prompt, args.gen)))
+        return 0
+    sys.path.insert(0, os.path.join(REPO, "tests"))
+    from conftest import read_metadata, smollm2_file
+    from ctxengine.cli.bench_facts import describe_machine, machine_facts
+    from lora_files import smollm2_lora
+
+    model = str(smollm2_file())
+    facts = machine_facts(args.threads)
+    adapter = str(smollm2_lora(os.path.join(tempfile.mkdtemp(), "lora.gguf"), read_metadata(model), rank=args.rank))
+    runs = [("ours", sys.executable, ""), ("ours+lora", sys.executable, adapter)]
+    if args.llama_python:
+        runs += [("llama.cpp", args.llama_python, ""), ("llama.cpp+lora", args.llama_python, adapter)]
+    out: dict = {name: [] for name, _, _ in runs}
+    for r in range(args.rounds):
+        for name, python, ad in runs:
+            cmd = [python, os.path.abspath(__file__), "--child", name.split("+")[0], model, ad or "",
+                   "--threads", str(args.threads), "--prompt", str(args.prompt), "--gen", str(args.gen)]
+            done = subprocess.run(cmd, capture_output=True, text=True)
+            if done.returncode != 0:
+                sys.exit(f"bench_lora: {name} failed: {(done.stderr.strip().splitlines() or ['?'])[-1]}")
+            out[name].append(json.loads(done.stdout.strip().splitlines()[-1]))
+        print(f"round {r + 1}/{args.rounds} done", file=sys.stderr)
+    print(f"SmolLM2 Q4_1 + rank-{args.rank} f32 adapter on every attention and FFN matrix; "
+          f"{args.threads} threads; prompt {args.prompt}, gen {args.gen}; medians of {args.rounds} alternated rounds")
+    print(describe_machine(facts))
+    med = {name: {k: statistics.median(x[k] for x in rs) for k in KEYS} for name, rs in out.items()}
+    for k in KEYS:
+        line = f"{k:>12}: " + ", ".join(f"{name} {v[k]:.1f}" for name, v in med.items())
+        line += f"; ours lora/base {med['ours+lora'][k] / med['ours'][k]:.2f}x"
+        if "llama.cpp" in med:
+            line += (f", llama.cpp lora/base {med['llama.cpp+lora'][k] / med['llama.cpp'][k]:.2f}x"
+                     f", ours+lora / llama.cpp+lora {med['ours+lora'][k] / med['llama.cpp+lora'][k]:.2f}x")
+        print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,214 @@
+"""LoRA adapters: GGUF files as llama.cpp writes them (``general.type =
+adapter``, ``adapter.type = lora``, ``adapter.lora.alpha``, tensors
+``blk.N.<matrix>.weight.lora_a`` / ``.lora_b``), checked against the loaded
+model and handed to the native core, which adds ``scale * alpha / rank *
+B (A x)`` to each targeted matmul at run time (native/models/lora.h).
+
+An adapter's identity is the BLAKE3 of its file's bytes. What made a
+context's KV is the base's weight id plus a ``LoraSet``: the (adapter id,
+scale) pairs in one canonical order, which is also the order the core adds
+them in, so two sets that compare equal compute the same bits.
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable
+
+import blake3
+import gguf
+import numpy as np
+
+from .. import _core
+from ..errors import ContextError, CorruptDataError, ModelFileError, WeightMismatchError
+from .gguf_file import GGUFFile, open_gguf
+
+TARGETS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+_TENSOR = re.compile(r"blk\.(\d+)\.([a-z_]+)\.weight\.lora_([ab])")
+_T = gguf.GGMLQuantizationType
+_TYPES = {int(_T.F32), int(_T.F16), int(_T.BF16), int(_T.Q8_0)}
+
+
+@dataclass(frozen=True, eq=False)
+class LoraAdapter:
+    """One adapter file, loaded for one engine."""
+
+    name: str
+    path: Path
+    id: str             # hex BLAKE3 of the file's bytes
+    alpha: float        # adapter.lora.alpha; 0: the scale is used as it is
+    ranks: tuple[int, ...]
+    n_matrices: int
+    core: object = field(repr=False)
+
+    def describe(self, scale: float = 1.0) -> dict:
+        """As llama-server's /lora-adapters lists one."""
+        return {"name": self.name, "path": str(self.path), "blake3": self.id, "scale": scale,
+                "alpha": self.alpha, "ranks": list(self.ranks), "matrices": self.n_matrices}
+
+
+def check_scale(scale: object, what: str = "LoRA scale") -> float:
+    """A scale as the core uses it (float32), or a ValueError naming the bad one."""
+    try:
+        value = float(scale)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise ValueError(f"{what} must be a number, not {scale!r}") from None
+    if not math.isfinite(value) or not math.isfinite(float(np.float32(value))):
+        raise ValueError(f"{what} must be a finite number, not {scale!r}")
+    return float(np.float32(value))
+
+
+@dataclass(frozen=True)
+class LoraSet:
+    """The adapters a context runs with and their scales, in canonical order
+    (by adapter id): part of what made its KV."""
+
+    uses: tuple[tuple[LoraAdapter, float], ...] = ()
+
+    @classmethod
+    def of(cls, uses: Iterable[tuple[LoraAdapter, object]]) -> "LoraSet":
+        pairs, seen = [], set()
+        for adapter, scale in uses:
+            if adapter.id in seen:
+                raise ValueError(f"LoRA adapter {adapter.name!r} is listed twice")
+            seen.add(adapter.id)
+            value = check_scale(scale, f"scale of LoRA adapter {adapter.name!r}")
+            if value != 0.0:  # a zero scale adds exactly nothing: the same KV as without it
+                pairs.append((adapter, value))
+        return cls(tuple(sorted(pairs, key=lambda p: p[0].id)))
+
+    @classmethod
+    def recorded(cls, adapters: Iterable[LoraAdapter], identity: list) -> "LoraSet":
+        """The set a snapshot records ([[id, scale], ...]) from these loaded adapters;
+        ContextError naming the first one that is not loaded."""
+        by_id = {a.id: a for a in adapters}
+        missing = [i for i, _ in identity if i not in by_id]
+        if missing:
+            raise ContextError(f"it was made with LoRA adapter {missing[0]}, which is not loaded here")
+        return cls.of((by_id[i], s) for i, s in identity)
+
+    def __bool__(self) -> bool:
+        return bool(self.uses)
+
+    @property
+    def identity(self) -> list[list]:
+        """[[adapter id, scale], ...]: what a snapshot records and caches key by."""
+        return [[a.id, s] for a, s in self.uses]
+
+    @property
+    def key(self) -> tuple:
+        return tuple((a.id, s) for a, s in self.uses)
+
+    def native(self) -> list | None:
+        """The forward item's adapter list (None: none)."""
+        return [(a.core, s) for a, s in self.uses] or None
+
+    def describe(self) -> str:
+        return ", ".join(f"{a.name} ({a.id[:12]}) x {s:g}" for a, s in self.uses) or "no adapters"
+
+
+NO_LORA = LoraSet()
+
+
+def describe_identity(identity: list) -> str:
+    """A recorded [[id, scale], ...] in words, for errors."""
+    return ", ".join(f"{i[:12]} x {s:g}" for i, s in identity) or "no adapters"
+
+
+def continuing_set(made_with: list, loaded: Iterable[LoraAdapter], lora: LoraSet | None, what: str) -> LoraSet:
+    """The adapters a restore of KV made with ``made_with`` continues with: ``lora`` if
+    it is that set, or (None) that set from the ``loaded`` adapters; else
+    WeightMismatchError naming both."""
+    loaded = list(loaded)
+    if not isinstance(made_with, list) or not all(
+            isinstance(p, list) and len(p) == 2 and isinstance(p[0], str) and isinstance(p[1], (int, float))
+            and not isinstance(p[1], bool) for p in made_with):
+        raise CorruptDataError(f"{what} records its LoRA adapters as {made_with!r}, not [[id, scale], ...]")
+    if lora is None:
+        try:
+            return LoraSet.recorded(loaded, made_with)
+        except ContextError:
+            have = ", ".join(f"{a.name} ({a.id[:12]})" for a in loaded) or "none"
+            raise WeightMismatchError(
+                f"{what} was made with LoRA {describe_identity(made_with)}, but the model has not loaded "
+                f"them (loaded adapters: {have}); refusing to continue its KV without them") from None
+    if made_with != lora.identity:
+        raise WeightMismatchError(
+            f"{what} was made with LoRA {describe_identity(made_with)}, but the restore asks for "
+            f"{lora.describe()}; refusing to continue its KV under other adapters")
+    return lora
+
+
+def file_id(path: Path) -> str:
+    h = blake3.blake3()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def load_adapter(core_model, arch: str, path: str | Path, name: str) -> LoraAdapter:
+    """Read and check an adapter file for this model; nothing is kept if it fails."""
+    path = Path(path)
+    f = open_gguf(path)
+    try:
+        alpha, core, ranks = _build(core_model, arch, f, path.name)
+        return LoraAdapter(name=name, path=path, id=file_id(path), alpha=alpha, ranks=tuple(sorted(ranks)),
+                           n_matrices=core.n_matrices, core=core)
+    finally:
+        f.close()
+
+
+def _build(core_model, arch: str, f: GGUFFile, label: str):
+    def bad(message: str) -> ModelFileError:
+        return ModelFileError(f"{label}: {message}")
+
+    if f.get("general.type") != "adapter" or f.get("adapter.type") != "lora":
+        raise bad(f"not a LoRA adapter (general.type {f.get('general.type')!r}, "
+                  f"adapter.type {f.get('adapter.type')!r})")
+    if f.arch != arch:
+        raise bad(f"an adapter for architecture {f.arch!r}, and this model is {arch!r}")
+    alpha = f.get("adapter.lora.alpha", 0.0)
+    if not isinstance(alpha, (int, float)) or not math.isfinite(alpha):
+        raise bad(f"adapter.lora.alpha is {alpha!r}, not a finite number")
+    pairs: dict[tuple[int, str], dict[str, np.ndarray]] = {}
+    for t in f.tensors.values():
+        m = _TENSOR.fullmatch(t.name)
+        if m is None:
+            raise bad(f"tensor {t.name} is not a LoRA matrix this engine applies "
+                      f"(blk.N.<{'|'.join(TARGETS)}>.weight.lora_a/_b)")
+        if m[2] not in TARGETS:
+            raise bad(f"LoRA on {m[2]} ({t.name}) is not supported (only {', '.join(TARGETS)})")
+        pairs.setdefault((int(m[1]), m[2]), {})[m[3]] = _matrix(t, bad)
+    if not pairs:
+        raise bad("the adapter holds no LoRA matrices")
+    core = _core.LoraAdapter(core_model, float(alpha))
+    ranks = set()
+    for (layer, target), ab in sorted(pairs.items()):
+        what = f"blk.{layer}.{target}"
+        if set(ab) != {"a", "b"}:
+            raise bad(f"{what} has lora_{''.join(ab)} without its pair")
+        a, b = ab["a"], ab["b"]
+        if a.shape[0] != b.shape[1]:
+            raise bad(f"{what}: lora_a has rank {a.shape[0]} and lora_b rank {b.shape[1]}")
+        try:
+            core.set(layer, target, a, b)
+        except ValueError as err:
+            raise bad(f"not made for this model: {err}") from None
+        ranks.add(a.shape[0])
+    return float(alpha), core, ranks
+
+
+def _matrix(t, bad) -> np.ndarray:
+    """A tensor as a float32 (ne1, ne0) matrix."""
+    if len(t.shape) != 2:
+        raise bad(f"tensor {t.name} has {len(t.shape)} dimensions, a LoRA matrix has 2")
+    if t.ggml_type not in _TYPES:
+        raise bad(f"tensor {t.name} has type {t.type_name}; LoRA matrices may be F32, F16, BF16 or Q8_0")
+    n_in, n_out = t.shape  # never 0: the GGUF reader refuses empty dimensions (so a rank of 0)
+    m = np.asarray(gguf.quants.dequantize(t.data, _T(t.ggml_type)), dtype=np.float32).reshape(n_out, n_in)
+    if not np.isfinite(m).all():
+        raise bad(f"tensor {t.name} holds values that are not finite")
+    return m

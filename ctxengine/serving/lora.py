@@ -1,0 +1,122 @@
+"""LoRA adapters as a server offers them, after llama-server: adapters given
+at start (``ctx serve --lora name=path[:scale]``) are loaded into each model
+they fit, numbered in that order; every request runs with the model's current
+scales (``GET`` / ``POST /lora-adapters``) unless it names its own in a
+``lora`` field, ``[{"id": 0, "scale": 0.5}]`` or ``[{"name": "x", "scale": 1}]``,
+where adapters it does not list get scale 0. An Ollama model's ADAPTER layers
+come first, named "adapter" (or "adapter0", ...), at scale 1, as Ollama
+always applies them.
+"""
+from __future__ import annotations
+
+import math
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Sequence
+
+from ..engine.lora import LoraAdapter, LoraSet, check_scale
+from ..errors import CtxError
+
+if TYPE_CHECKING:
+    from ..state.model import Model
+
+
+@dataclass(frozen=True)
+class LoraSpec:
+    """One adapter to serve: a name, its file, its scale until changed."""
+
+    name: str
+    path: Path
+    scale: float = 1.0
+
+    @classmethod
+    def parse(cls, text: str) -> "LoraSpec":
+        """``name=path[:scale]`` (a path alone is named after its file)."""
+        name, eq, rest = text.partition("=")
+        if not eq:
+            name, rest = Path(text).stem, text
+        path, colon, tail = rest.rpartition(":")
+        scale = 1.0
+        if colon and path:
+            try:
+                scale = float(tail)
+            except ValueError:
+                path = rest  # a colon inside the path
+        else:
+            path = rest
+        if not name or not path:
+            raise CtxError(f"--lora {text!r}: expected name=path[:scale]")
+        if not math.isfinite(scale):
+            raise CtxError(f"--lora {text!r}: the scale must be a finite number")
+        return cls(name, Path(path), scale)
+
+
+class ServedLoras:
+    """One loaded model's adapters: numbered, with the scales requests get by default."""
+
+    def __init__(self, model: "Model", specs: Sequence[LoraSpec], own: Sequence[Path] = ()):
+        """``specs``: the server's adapters, each loaded if it fits the model; ``own``:
+        the model's own (Ollama ADAPTER layers), which must load, at scale 1."""
+        self.adapters: list[LoraAdapter] = []
+        self.scales: list[float] = []
+        self.skipped: dict[str, str] = {}  # name -> why this model could not take it
+        self._lock = threading.Lock()
+        for i, path in enumerate(own):
+            self.adapters.append(model.load_lora(f"adapter{i}" if len(own) > 1 else "adapter", path))
+            self.scales.append(1.0)
+        for spec in specs:
+            try:
+                self.adapters.append(model.load_lora(spec.name, spec.path))
+                self.scales.append(check_scale(spec.scale))
+            except (CtxError, OSError, ValueError) as err:
+                self.skipped[spec.name] = str(err)
+
+    def describe(self) -> list[dict]:
+        """GET /lora-adapters: llama-server's fields (id, path, scale) and ours."""
+        with self._lock:
+            return [dict(a.describe(s), id=i) for i, (a, s) in enumerate(zip(self.adapters, self.scales))]
+
+    def set_scales(self, entries: object) -> None:
+        """POST /lora-adapters: the listed adapters' scales; the others become 0."""
+        scales = self._parse(entries)
+        with self._lock:
+            self.scales = scales
+
+    def default(self) -> LoraSet:
+        with self._lock:
+            return LoraSet.of(zip(self.adapters, self.scales))
+
+    def for_request(self, entries: object | None) -> LoraSet:
+        """The adapters a request runs with: its own ``lora`` list, or the defaults."""
+        if entries is None:
+            return self.default()
+        return LoraSet.of(zip(self.adapters, self._parse(entries)))
+
+    def _parse(self, entries: object) -> list[float]:
+        """[{"id" | "name", "scale"}] as one scale per adapter; ValueError naming the bad entry."""
+        if not isinstance(entries, list):
+            raise ValueError("'lora' must be a list of {\"id\" or \"name\", \"scale\"} objects")
+        scales = [0.0] * len(self.adapters)
+        names = {a.name: i for i, a in enumerate(self.adapters)}
+        for n, entry in enumerate(entries):
+            where = f"lora[{n}]"
+            if not isinstance(entry, dict):
+                raise ValueError(f"{where} must be an object with \"id\" or \"name\" and \"scale\"")
+            i = self._index(entry, names, where)
+            scales[i] = check_scale(entry.get("scale", 1.0), f"{where}.scale")
+        return scales
+
+    def _index(self, entry: dict, names: dict[str, int], where: str) -> int:
+        if "name" in entry:
+            name = entry["name"]
+            if name in names:
+                return names[name]
+            why = f" ({self.skipped[name]})" if name in self.skipped else ""
+            raise ValueError(f"{where}: unknown LoRA adapter {name!r}{why}; loaded: "
+                             f"{', '.join(names) or 'none'}")
+        i = entry.get("id")
+        if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < len(self.adapters):
+            raise ValueError(f"{where}: invalid adapter id {i!r}; ids are 0..{len(self.adapters) - 1}"
+                             if self.adapters else f"{where}: no LoRA adapters are loaded for this model")
+        return i

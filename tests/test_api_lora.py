@@ -1,0 +1,106 @@
+"""LoRA adapters through `ctx serve --lora`: chosen per request by the real
+openai client (and on the Anthropic and Ollama routes), listed and rescaled
+at /lora-adapters as llama-server's, bad requests refused with the server up."""
+import openai
+import pytest
+
+import ctxengine
+from api_server import running
+from conftest import read_metadata
+from lora_files import smollm2_lora
+
+QUESTION = [{"role": "user", "content": "Name a large animal."}]
+
+
+@pytest.fixture(scope="module")
+def adapters(tmp_path_factory, smollm2_path):
+    d = tmp_path_factory.mktemp("adapters")
+    meta = read_metadata(smollm2_path)
+    return {"tuned": smollm2_lora(d / "tuned.gguf", meta, strength=5.0),
+            "other": smollm2_lora(d / "other.gguf", meta, rank=8, strength=5.0, seed=7)}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, adapters):
+    missing = tmp_path_factory.mktemp("missing") / "gone.gguf"  # skipped, with its reason kept
+    args = ("--lora", f"tuned={adapters['tuned']}:0", "--lora", f"other={adapters['other']}:0",
+            "--lora", f"gone={missing}")
+    with running(tmp_path_factory.mktemp("lora"), *args) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    with openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def model(smollm2_path, adapters):
+    m = ctxengine.load(smollm2_path, lora=adapters)
+    yield m
+    m.close()
+
+
+def greedy(model, lora=None, n=12):
+    ctx = model.context(None, lora=lora)
+    try:
+        ctx.append(model.chat_prompt(QUESTION), parse_special=True)
+        return "".join(p.text for p in ctx.generate(n, temperature=0.0))
+    finally:
+        ctx.delete()
+
+
+def chat(client, lora=None):
+    extra = {} if lora is None else {"lora": lora}
+    r = client.chat.completions.create(model="smollm2", messages=QUESTION, max_tokens=12, temperature=0,
+                                       extra_body=extra)
+    return r.choices[0].message.content
+
+
+def test_openai_client_picks_an_adapter_per_request(client, model):
+    base, tuned = greedy(model), greedy(model, {"tuned": 1.0})
+    both = greedy(model, {"tuned": 0.5, "other": 1.0})
+    assert len({base, tuned, both}) == 3
+    assert chat(client) == base  # both adapters are at scale 0 by default
+    assert chat(client, [{"name": "tuned", "scale": 1.0}]) == tuned
+    assert chat(client, [{"id": 0, "scale": 0.5}, {"id": 1, "scale": 1.0}]) == both
+    assert chat(client, []) == base
+
+
+def test_lora_adapters_listed_and_rescaled(server, client, model, adapters):
+    listed = server.get("/lora-adapters").json()
+    assert [(a["id"], a["name"], a["scale"]) for a in listed] == [(0, "tuned", 0.0), (1, "other", 0.0)]
+    assert listed[0]["path"] == str(adapters["tuned"]) and listed[0]["ranks"] == [16]
+    assert listed[0]["blake3"] == model.adapters["tuned"].id
+    try:
+        r = server.post("/lora-adapters", [{"id": 0, "scale": 1.0}])
+        assert r.status_code == 200 and [a["scale"] for a in r.json()] == [1.0, 0.0]
+        assert chat(client) == greedy(model, {"tuned": 1.0})
+    finally:
+        server.post("/lora-adapters", [])
+
+
+def test_anthropic_and_ollama_routes_take_lora(server, model):
+    tuned = greedy(model, {"tuned": 1.0})
+    body = {"model": "smollm2", "messages": QUESTION, "max_tokens": 12, "temperature": 0,
+            "lora": [{"name": "tuned", "scale": 1.0}]}
+    r = server.post("/v1/messages", body)
+    assert r.status_code == 200 and r.json()["content"][0]["text"] == tuned
+    body = {"model": "smollm2", "messages": QUESTION, "stream": False, "lora": [{"name": "tuned", "scale": 1.0}],
+            "options": {"temperature": 0, "num_predict": 12}}
+    r = server.post("/api/chat", body)
+    assert r.status_code == 200 and r.json()["message"]["content"] == tuned
+
+
+@pytest.mark.parametrize("lora,message", [
+    ([{"name": "nope", "scale": 1.0}], "unknown LoRA adapter 'nope'"),
+    ([{"name": "gone", "scale": 1.0}], r"unknown LoRA adapter 'gone' \(.*gone.gguf.*\); loaded: tuned, other"),
+    ([{"id": 5, "scale": 1.0}], "invalid adapter id 5"),
+    ([{"name": "tuned", "scale": "NaN"}], "must be a finite number"),
+    ({"tuned": 1.0}, "'lora' must be a list"),
+])
+def test_bad_lora_is_a_400_and_the_server_stays_up(client, model, lora, message):
+    with pytest.raises(openai.BadRequestError, match=message):
+        chat(client, lora)
+    assert chat(client) == greedy(model)

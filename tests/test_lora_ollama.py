@@ -1,0 +1,57 @@
+"""Ollama's ADAPTER layers, served in place: a model whose manifest carries a
+LoRA adapter runs with it at scale 1 (as Ollama does), and one whose adapter
+does not load is refused, never served as the bare base model."""
+import numpy as np
+import pytest
+
+import ctxengine as ce
+from ctxengine.engine.catalog import ModelCatalog
+from ctxengine.errors import ModelFileError
+from ctxengine.ollama.store import add_ollama_models
+from ctxengine.serving.runtime import Runtime
+from lora_files import ALL, random_lora, write_lora
+from ollama_layout import make_ollama_store
+from test_lora import CFG, TOKENS, shapes
+from tiny_models import make_weights, write_gguf
+
+ADAPTER = "application/vnd.ollama.image.adapter"
+
+
+@pytest.fixture
+def served(tmp_path):
+    write_gguf(tmp_path / "tiny.gguf", CFG, make_weights(CFG))
+    write_lora(tmp_path / "lora.gguf", CFG.arch, random_lora(shapes(CFG), CFG.n_layer, 4, ALL, size=0.3))
+    root = tmp_path / "ollama"
+    make_ollama_store(root, "tuned", tmp_path / "tiny.gguf",
+                      extra_layers=[(ADAPTER, (tmp_path / "lora.gguf").read_bytes())])
+    make_ollama_store(root, "broken", tmp_path / "tiny.gguf", extra_layers=[(ADAPTER, b"not a gguf")])
+    catalog = ModelCatalog([])
+    add_ollama_models(catalog, [root])
+    rt = Runtime(catalog, threads=1)
+    yield rt, tmp_path
+    rt.close()
+
+
+def test_adapter_layer_applies_to_every_request(served):
+    rt, tmp_path = served
+    loras = rt.loras("tuned")
+    assert [(a["name"], a["scale"]) for a in loras.describe()] == [("adapter", 1.0)]
+    model = rt.model("tuned")
+    ctx = model.context(None, lora=loras.for_request(None))
+    ctx.append(TOKENS)
+    ref = ce.load(tmp_path / "tiny.gguf", threads=1, lora={"x": tmp_path / "lora.gguf"})
+    try:
+        with_it, without = ref.context("a", lora={"x": 1.0}), ref.context("b")
+        with_it.append(TOKENS)
+        without.append(TOKENS)
+        assert np.array_equal(ctx._sync(), with_it._sync())
+        assert not np.array_equal(ctx._sync(), without._sync())
+    finally:
+        ref.close()
+
+
+def test_an_adapter_that_does_not_load_refuses_the_model(served):
+    rt, _ = served
+    with pytest.raises(ModelFileError, match="sha256-[0-9a-f]{64}: "):
+        rt.model("broken")
+    assert rt.model("tuned") is not None  # the runtime goes on serving the others
