@@ -22,6 +22,7 @@ from .config import ModelConfig, unsupported_reason
 from .cpu import physical_cores
 from .gguf_file import open_gguf
 from .scheduler import Reserve, Scheduler
+from .speculative import SpeculationStats
 from .weights import cached_weight_id
 
 # How KV pages store K and V (native/kv/page_pool.h, docs/design-notes.md):
@@ -93,6 +94,9 @@ class Engine:
                                             max(16, kv_budget // max(trim_bytes, 1)))
         # Every forward goes through one loop that batches concurrent callers into shared steps.
         self.scheduler = Scheduler(self._core, n_ctx=cfg.n_ctx, n_vocab=cfg.n_vocab, page_tokens=PAGE_TOKENS)
+        self.draft: Engine | None = None  # a draft model with our vocabulary (state.model.load)
+        self.speculative = True           # contexts draft by default (engine/speculative.py)
+        self.speculation = SpeculationStats()  # every generation's drafts, for /metrics
 
     # -- tokens ---------------------------------------------------------------
     def tokenize(self, text: str, *, add_bos: bool = False, parse_special: bool = False) -> list[int]:
@@ -117,6 +121,15 @@ class Engine:
         logits = np.empty((rows, self.config.n_vocab), dtype=np.float32)
         self.scheduler.submit(seq, toks, logits, all_logits, None, reserve)
         return logits if all_logits else logits[0]
+
+    def verify(self, seq: "_core.KVSeq", tokens: Sequence[int], *,
+               reserve: Reserve | None = None) -> np.ndarray:
+        """Append a sampled token and the drafts after it; the logits after each (n, n_vocab).
+        The scheduler runs these rows with the decode rows of its step."""
+        toks = np.asarray(tokens, dtype=np.int32)
+        logits = np.empty((len(toks), self.config.n_vocab), dtype=np.float32)
+        self.scheduler.submit(seq, toks, logits, True, None, reserve, decode=True)
+        return logits
 
     def forward_hidden(self, seq: "_core.KVSeq", tokens: Sequence[int], *,
                        reserve: Reserve | None = None) -> np.ndarray:
@@ -151,6 +164,8 @@ class Engine:
         return LogProbs(ids, np.concatenate(top_ids), np.concatenate(top_lp), np.asarray(next_lp, dtype=np.float32))
 
     def close(self) -> None:
+        if self.draft is not None and self.draft is not self:
+            self.draft.close()
         self.scheduler.close()
         self._core = None
         self.file.close()

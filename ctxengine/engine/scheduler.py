@@ -41,12 +41,14 @@ Reserve = Callable[[int], None]  # make room for this many more KV pages, or rai
 
 
 class _Request:
-    __slots__ = ("seq", "tokens", "logits", "all_logits", "hidden", "reserve", "start", "done", "error",
-                 "finished", "_done")
+    __slots__ = ("seq", "tokens", "logits", "all_logits", "hidden", "reserve", "decode", "start", "done",
+                 "error", "finished", "_done")
 
-    def __init__(self, seq, tokens, logits, all_logits, hidden, reserve: Reserve | None):
+    def __init__(self, seq, tokens, logits, all_logits, hidden, reserve: Reserve | None, decode: bool = False):
         self.seq, self.tokens, self.logits, self.all_logits, self.hidden = seq, tokens, logits, all_logits, hidden
         self.reserve = reserve     # called once, at admission
+        # A decode step of a stream: one token, or one and its drafts (speculative decoding).
+        self.decode = decode or len(tokens) == 1
         self.start = 0             # KV length before its first chunk, restored if it fails part way
         self.done = 0              # tokens already run
         self.error: BaseException | None = None
@@ -112,12 +114,13 @@ class Scheduler:
 
     # -- callers --------------------------------------------------------------
     def submit(self, seq, tokens: np.ndarray, logits, all_logits: bool, hidden,
-               reserve: Reserve | None = None) -> None:
+               reserve: Reserve | None = None, decode: bool = False) -> None:
         """Run tokens on seq in some coming step(s), filling logits / hidden; blocks until done.
-        ``reserve(n_pages)`` makes room in the page pool when the request is admitted."""
+        ``reserve(n_pages)`` makes room in the page pool when the request is admitted.
+        ``decode``: a stream's token and its drafts, scheduled as a decode row, not a prompt."""
         if len(tokens) > self.step_tokens:
             self._check(seq, tokens)  # before the first chunk, so a refused prompt leaves no KV behind
-        req = _Request(seq, tokens, logits, all_logits, hidden, reserve)
+        req = _Request(seq, tokens, logits, all_logits, hidden, reserve, decode)
         with self._cv:
             if self._closed:
                 raise RuntimeError("the model is closed")
@@ -220,9 +223,9 @@ class Scheduler:
             return
         self.steps += 1
         self._last_seqs = {id(r.seq) for r, _ in batch}
-        decodes = [r for r, n in batch if r.done == 0 and n == len(r.tokens) == 1]
+        decodes = [r for r, n in batch if r.done == 0 and n == len(r.tokens) and r.decode]
         self._decoded = {id(r.seq) for r in decodes}
-        n_decode = len(decodes)
+        n_decode = sum(len(r.tokens) for r in decodes)
         self.history.append((n_decode, sum(n for _, n in batch) - n_decode))
         for (r, n), err in zip(batch, errors):
             if err is not None:
@@ -251,11 +254,16 @@ class Scheduler:
             if id(r.seq) not in seen:
                 seen.add(id(r.seq))
                 heads.append(r)
-        decodes = [r for r in heads if r.remaining <= 1]
-        prefills = [r for r in heads if r.remaining > 1]
+        decodes = [r for r in heads if r.decode and r.done == 0]
+        prefills = [r for r in heads if not (r.decode and r.done == 0)]
         cap = self.step_tokens - (self._prefill_reserve if prefills else 0)
-        plan = [(r, r.remaining) for r in decodes[:max(1, cap)]]
-        left = self.step_tokens - sum(n for _, n in plan)
+        plan, rows = [], 0
+        for r in decodes:  # whole: a stream's token and its drafts run in one step
+            if plan and rows + r.remaining > cap:
+                break
+            plan.append((r, r.remaining))
+            rows += r.remaining
+        left = self.step_tokens - rows
         for r in prefills:
             if left <= 0:
                 break

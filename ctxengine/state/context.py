@@ -22,6 +22,8 @@ import numpy as np
 from ..errors import ContextError
 from ..text.grammar import Constraint, Grammar, as_grammar
 from ..engine.sampler import Sampler, SamplerParams, StopMatcher
+from ..engine.speculative import SpeculationStats
+from .speculation import Speculation, default_drafter
 from ..text.tokenizer import StreamDecoder
 
 if TYPE_CHECKING:
@@ -61,6 +63,10 @@ class Context:
         # The unfinished grammar of the last generation: live, or as a stored
         # state (a restore) that is replayed when a generation first needs it.
         self._constraint = constraint
+        # The running generation's speculation (its drafts' KV may lie past our
+        # tokens until it settles), and the drafted/accepted counts of the last one.
+        self._speculation: Speculation | None = None
+        self.speculation = SpeculationStats()
         self._lock = threading.RLock()
 
     # -- what it is -----------------------------------------------------------
@@ -140,7 +146,7 @@ class Context:
         return self.append(self.engine.chat.render(turn, generation_prompt=False), parse_special=True)
 
     def generate(self, max_tokens: int = 256, *, stop: Sequence[str] = (), grammar: "Grammar | str | None" = None,
-                 json_schema=None, **sampling) -> Iterator[Piece]:
+                 json_schema=None, speculative=None, **sampling) -> Iterator[Piece]:
         """Stream up to max_tokens sampled tokens as pieces of text.
 
         Sampling options are SamplerParams fields (temperature, top_k, top_p,
@@ -152,6 +158,11 @@ class Context:
         JSON text) constrain the output; it ends ("stop") when the grammar is
         complete, or ("length") unfinished, and then a later generate()
         without a grammar continues it.
+
+        ``speculative``: verify drafted tokens several to a forward (state/speculation.py);
+        the output is the same bits either way. None: the model's default (on); False: off;
+        or a draft source (an object with ``propose(tokens, k)``). ``self.speculation``
+        counts the drafted and accepted tokens.
         """
         with self._lock:
             self._check_live()
@@ -163,11 +174,12 @@ class Context:
             decoder = StreamDecoder(tok)
             matcher = StopMatcher(list(stop))
             self.finish_reason = "length"
+            spec = self._speculation = self._start_speculation(speculative)
             try:
                 for _ in range(max_tokens):
                     if len(self._tokens) >= self.engine.config.n_ctx:
                         break
-                    logits = self._sync()
+                    logits = self._sync() if spec is None else spec.next_logits()
                     if constraint is not None:
                         logits = constraint.mask(logits)
                     token = sampler.sample(logits, self._tokens)
@@ -189,6 +201,9 @@ class Context:
                 if rest:
                     yield Piece(rest, None)
             finally:
+                if spec is not None:
+                    spec.settle()
+                    self._speculation, self.speculation = None, spec.stats
                 self.sampler_state = sampler.state()
                 # A finished grammar is over; an unfinished one waits for the next generate().
                 if constraint is not None and self.finish_reason == "stop":
@@ -265,6 +280,14 @@ class Context:
             c = self._constraint = Constraint.from_state(c, self.engine.tokenizer, self._tokens)
         return c
 
+    def _start_speculation(self, speculative) -> Speculation | None:
+        if speculative is None:
+            speculative = self.engine.speculative
+        if speculative is False:
+            self.speculation = SpeculationStats()
+            return None
+        return Speculation(self, default_drafter(self) if speculative is True else speculative)
+
     def _forked_constraint(self, keep: int, share: bool = False) -> "Constraint | dict | None":
         """The constraint of the first ``keep`` tokens (``share``: this one, rolled back)."""
         c = self._constraint
@@ -325,6 +348,8 @@ class Context:
                                f"the model's context length is {n_ctx}")
 
     def _check_live(self) -> None:
+        if self._speculation is not None:  # a generation paused between pieces: its drafts go
+            self._speculation.settle()
         if self._seq is None and self._evicted is not None:
             self._table.bring_back(self)
         if self._seq is None:
