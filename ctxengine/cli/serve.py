@@ -40,6 +40,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="unload least recently used models past this many GiB (default: half the RAM)")
     p.add_argument("--fleet", metavar="redis://HOST:PORT[,...]", default=None,
                    help="share contexts with other hosts through this Redis Cluster (docs/fleet.md)")
+    p.add_argument("--draft", metavar="MODEL", default=None,
+                   help="a small model with the same vocabulary that drafts tokens for speculative decoding")
+    p.add_argument("--no-speculative", dest="speculative", action="store_false",
+                   help="decode one token per step unless a request asks for speculation "
+                        "(it never changes the output, only the speed)")
     add_http_arguments(p)
     add_grpc_arguments(p)
 
@@ -51,7 +56,8 @@ def build_runtime(args: argparse.Namespace):
 
     budget = None if args.memory_budget is None else int(args.memory_budget * (1 << 30))
     return Runtime(catalog_from_args(args), store=Store(args.store, fleet=args.fleet), threads=args.threads, kv=args.kv,
-                   memory_budget=budget, prefix_cache_entries=args.prefix_cache)
+                   memory_budget=budget, prefix_cache_entries=args.prefix_cache, draft=args.draft,
+                   speculative=args.speculative)
 
 
 def main(args: argparse.Namespace) -> int:
