@@ -252,9 +252,8 @@ def test_draft_length_grows_shrinks_and_pauses():
     assert n.k == 6
     n.update(6, 2)
     assert n.k == 3
-    for _ in range(DraftLength.OFF_AFTER):
-        n.update(3, 0)
-    assert not n.active
+    n.update(3, 0)  # the average falls below MIN_RATE
+    assert not n.active and n.k == 1
     for _ in range(DraftLength.COOLDOWN[0]):
         n.plain_step()
     assert n.active

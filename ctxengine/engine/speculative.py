@@ -135,16 +135,18 @@ def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
 
 class DraftLength:
     """How many tokens to draft next: more after a fully accepted draft, the accepted
-    length plus one after a partial one. After ``OFF_AFTER`` drafts in a row with
-    nothing accepted, drafting stops for ``cooldown`` tokens, doubled at each
-    repeat, so a sequence whose drafts keep failing pays for almost none."""
+    length plus one after a partial one. When the share of drafted tokens accepted
+    (a moving average) falls below ``MIN_RATE``, drafting stops for ``cooldown``
+    tokens, doubled at each repeat, so a sequence whose drafts keep failing pays
+    for almost none: a verified row that is thrown away costs a row of work."""
 
-    OFF_AFTER = 3
+    MIN_RATE = 0.3
+    KEEP = 0.5           # weight of the old average at each draft
     COOLDOWN = (8, 512)  # first and longest pause, in tokens
 
     def __init__(self, k: int = 4, k_max: int = MAX_DRAFT):
         self.k, self.k_max = min(k, k_max), k_max
-        self._failures = 0
+        self.rate = 0.5  # moving average of accepted / drafted
         self._cooldown = self.COOLDOWN[0]
         self._paused = 0  # tokens left to decode without drafting
 
@@ -161,12 +163,12 @@ class DraftLength:
             self.k = min(self.k_max, self.k + 2)
         else:
             self.k = max(1, min(self.k, accepted + 1))
-        if accepted:
-            self._failures, self._cooldown = 0, self.COOLDOWN[0]
-            return
-        self._failures += 1
-        if self._failures >= self.OFF_AFTER:
-            self._paused, self._failures = self._cooldown, 0
+        share = accepted / max(1, drafted)
+        self.rate = self.KEEP * self.rate + (1 - self.KEEP) * share
+        if share >= 0.5:
+            self._cooldown = self.COOLDOWN[0]
+        if self.rate < self.MIN_RATE:
+            self._paused, self.rate = self._cooldown, 0.5  # then try again, from neutral
             self._cooldown = min(2 * self._cooldown, self.COOLDOWN[1])
 
 
