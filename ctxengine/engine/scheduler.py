@@ -112,6 +112,11 @@ class Scheduler:
         with self._cv:
             return len(self._queue)
 
+    @property
+    def crowd(self) -> int:
+        """Sequences in the last step (speculation drafts less when rows are not free)."""
+        return len(self._last_seqs)
+
     # -- callers --------------------------------------------------------------
     def submit(self, seq, tokens: np.ndarray, logits, all_logits: bool, hidden,
                reserve: Reserve | None = None, decode: bool = False) -> None:

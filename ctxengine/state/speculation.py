@@ -29,6 +29,13 @@ if TYPE_CHECKING:
     from .context import Context
 
 MIN_SHARED = 16  # a relative shares at least this many leading tokens (or all of the shorter)
+# A step of a few rows costs about what one row does (it reads the weights once);
+# a step that is already many rows pays for each more. So among other streams a
+# sequence drafts at most its share of SHARED_ROWS, and only while at least
+# CROWDED_RATE of its drafts land (below that, a thrown-away row costs more than
+# an accepted one saves).
+SHARED_ROWS = 16
+CROWDED_RATE = 0.5
 
 
 class Speculation:
@@ -58,8 +65,8 @@ class Speculation:
         if not self.length.active or seq is None or seq.n_tokens != len(ctx._tokens) - 1:
             self.length.plain_step()
             return ctx._sync()
-        room = ctx.engine.config.n_ctx - len(ctx._tokens)
-        draft = self.drafter.propose(ctx._tokens, min(self.length.k, room))[:room] if room > 0 else []
+        k = min(self._budget(), ctx.engine.config.n_ctx - len(ctx._tokens))
+        draft = self.drafter.propose(ctx._tokens, k)[:k] if k > 0 else []
         if not draft:
             self.length.plain_step()
             return ctx._sync()
@@ -67,6 +74,13 @@ class Speculation:
         rows = ctx.engine.verify(seq, [ctx._tokens[-1], *draft], reserve=ctx._reserve_pages)
         self._base, self._draft, self._rows, self._used = base, draft, rows, 1
         return rows[0]
+
+    def _budget(self) -> int:
+        """How many tokens to draft now."""
+        crowd = self.ctx.engine.scheduler.crowd
+        if crowd <= 1:
+            return self.length.k
+        return min(self.length.k, SHARED_ROWS // crowd - 1) if self.length.rate >= CROWDED_RATE else 0
 
     def settle(self) -> None:
         """Drop the KV of drafts the generation did not emit: the context is left as plain
