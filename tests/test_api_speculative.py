@@ -46,3 +46,18 @@ def test_anthropic_and_ollama_report_drafts(server, anthropic_client, ollama_cli
 def test_speculative_must_be_a_boolean(server, bad):
     r = server.post("/v1/chat/completions", {"model": "smollm2", "messages": EDIT, "speculative": bad})
     assert r.status_code == 400 and "speculative" in r.json()["error"]["message"]
+
+
+def test_serve_with_a_draft_model_and_speculation_off_by_default(tmp_path, smollm2_path, model):
+    from api_server import running
+
+    with running(tmp_path, "--draft", str(smollm2_path), "--no-speculative") as s:
+        body = {"model": "smollm2", "messages": EDIT, "max_tokens": 24, "temperature": 0}
+        off = s.post("/v1/chat/completions", body).json()
+        on = s.post("/v1/chat/completions", {**body, "speculative": True}).json()
+    assert off["usage"]["completion_tokens_details"]["accepted_prediction_tokens"] == 0
+    # the model drafting for itself, greedy: every draft lands (the first token follows
+    # the prompt's prefill; no draft reaches past max_tokens)
+    assert on["usage"]["completion_tokens_details"]["accepted_prediction_tokens"] >= 18
+    assert on["usage"]["completion_tokens_details"]["rejected_prediction_tokens"] == 0
+    assert on["choices"][0]["message"]["content"] == off["choices"][0]["message"]["content"]

@@ -174,7 +174,7 @@ class Context:
             decoder = StreamDecoder(tok)
             matcher = StopMatcher(list(stop))
             self.finish_reason = "length"
-            spec = self._speculation = self._start_speculation(speculative)
+            spec = self._speculation = self._start_speculation(speculative, max_tokens)
             try:
                 for _ in range(max_tokens):
                     if len(self._tokens) >= self.engine.config.n_ctx:
@@ -280,13 +280,13 @@ class Context:
             c = self._constraint = Constraint.from_state(c, self.engine.tokenizer, self._tokens)
         return c
 
-    def _start_speculation(self, speculative) -> Speculation | None:
+    def _start_speculation(self, speculative, max_tokens: int) -> Speculation | None:
         if speculative is None:
             speculative = self.engine.speculative
         if speculative is False:
             self.speculation = SpeculationStats()
             return None
-        return Speculation(self, default_drafter(self) if speculative is True else speculative)
+        return Speculation(self, default_drafter(self) if speculative is True else speculative, max_tokens)
 
     def _forked_constraint(self, keep: int, share: bool = False) -> "Constraint | dict | None":
         """The constraint of the first ``keep`` tokens (``share``: this one, rolled back)."""

@@ -41,9 +41,10 @@ CROWDED_RATE = 0.5
 class Speculation:
     """One generation's drafts and verified rows over its context."""
 
-    def __init__(self, ctx: "Context", drafter: Drafter):
+    def __init__(self, ctx: "Context", drafter: Drafter, max_tokens: int):
         self.ctx = ctx
         self.drafter = drafter
+        self._end = len(ctx._tokens) + max_tokens  # no draft reaches past the generation's last token
         self.length = DraftLength()
         self.stats = SpeculationStats()
         self._base = 0                   # KV position of the first verified row's token
@@ -65,7 +66,8 @@ class Speculation:
         if not self.length.active or seq is None or seq.n_tokens != len(ctx._tokens) - 1:
             self.length.plain_step()
             return ctx._sync()
-        k = min(self._budget(), ctx.engine.config.n_ctx - len(ctx._tokens))
+        n = len(ctx._tokens)
+        k = min(self._budget(), ctx.engine.config.n_ctx - n, self._end - 1 - n)
         draft = self.drafter.propose(ctx._tokens, k)[:k] if k > 0 else []
         if not draft:
             self.length.plain_step()
