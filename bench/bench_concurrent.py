@@ -42,7 +42,9 @@ def main() -> int:
     def run(i, out, n_gen=args.gen):
         c = model.context(None)
         c.append(prompts[i])
-        out[i] = [p.token_id for p in c.generate(n_gen, temperature=0.0) if p.token_id is not None]
+        # Plain decoding: this measures batching (speculation drafts differently alone and in a crowd).
+        out[i] = [p.token_id for p in c.generate(n_gen, temperature=0.0, speculative=False)
+                  if p.token_id is not None]
         c.delete()
 
     def at_once(out, n_gen=args.gen):

@@ -76,8 +76,9 @@ def run(base, n_tokens: int, schema) -> tuple[int, float]:
     ctx = base.fork()
     try:
         # close_json off: the reply is cut at n_tokens, so every token is sampled under the mask
-        # (closing within the budget would write the schema's shortest completion instead).
-        pieces = ctx.generate(n_tokens, temperature=0.0, json_schema=schema, close_json=False)
+        # (closing within the budget would write the schema's shortest completion instead);
+        # speculation off: the mask's cost alone.
+        pieces = ctx.generate(n_tokens, temperature=0.0, json_schema=schema, close_json=False, speculative=False)
         stamps = [time.perf_counter() for p in pieces if p.token_id is not None]
         return len(stamps) - 1, stamps[-1] - stamps[0]
     finally:

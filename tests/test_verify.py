@@ -11,7 +11,8 @@ def test_ctx_verify_passes_and_prints_its_table(kv):
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     assert f" {kv} KV " in r.stdout.splitlines()[0]
-    for check in ("threads vs 1", "token by token", "uneven chunks", "batch of 8", "forked", "snapshot-restored"):
+    for check in ("threads vs 1", "token by token", "uneven chunks", "batch of 8", "forked", "snapshot-restored",
+                  "speculative vs plain"):
         line = next(l for l in r.stdout.splitlines() if check in l)
         assert "bit-identical" in line and "MISMATCH" not in line, line
     assert r.stdout.strip().endswith("all identical")

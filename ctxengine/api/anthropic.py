@@ -51,13 +51,15 @@ def sampling(f: Fields) -> Sampling:
     if "top_k" in f:
         params["top_k"] = f.int("top_k", min=0)
     return Sampling(max_tokens=f.int("max_tokens", min=1), stop=f.str_list("stop_sequences", None, one=False),
-                    params=params)
+                    params=params, speculative=f.bool("speculative", None))
 
 
 def usage(started: Started, finished: Finished | None) -> dict:
     return {"input_tokens": started.prompt_tokens - started.cached_tokens,
             "output_tokens": finished.completion_tokens if finished else 0,
-            "cache_creation_input_tokens": 0, "cache_read_input_tokens": started.cached_tokens}
+            "cache_creation_input_tokens": 0, "cache_read_input_tokens": started.cached_tokens,
+            "drafted_tokens": finished.drafted_tokens if finished else 0,  # speculation (our extension)
+            "accepted_draft_tokens": finished.accepted_tokens if finished else 0}
 
 
 def stop_reason(fin: Finished, calls=()) -> str:

@@ -70,6 +70,8 @@ class Finished:
     decode_ns: int
     total_ns: int
     tokens: list[int]        # the context's tokens afterwards (Ollama's context array)
+    drafted_tokens: int = 0  # speculative decoding: tokens drafted and verified,
+    accepted_tokens: int = 0  # and those the sampler chose too
 
 
 class Generations:
@@ -289,7 +291,8 @@ class Generation:
         max_tokens = room if s.max_tokens is None else min(s.max_tokens, room)
         t = time.perf_counter_ns()
         parts: list[str] = []
-        pieces = ctx.generate(max_tokens, stop=s.stop, grammar=self._grammar(model), **s.params)
+        pieces = ctx.generate(max_tokens, stop=s.stop, grammar=self._grammar(model), speculative=s.speculative,
+                              **s.params)
         sampled = self.metrics.sampled_tokens.labels(self.entry.name) if self.metrics is not None else None
         try:
             for piece in pieces:
@@ -307,7 +310,8 @@ class Generation:
         stop = None
         if ctx.finish_reason == "stop" and new and new[-1] not in model.tokenizer.eog_ids:
             stop = _which_stop(model.detokenize(new), "".join(parts), s.stop)
-        return Finished(ctx.finish_reason or "length", stop, len(new), now - t, now - t0, ctx.tokens)
+        return Finished(ctx.finish_reason or "length", stop, len(new), now - t, now - t0, ctx.tokens,
+                        ctx.speculation.drafted, ctx.speculation.accepted)
 
     def _grammar(self, model):
         """The request's grammar; for a forced tool call, one that makes the call parse."""

@@ -37,6 +37,10 @@ class Metrics:
                                   ["model"], registry=r)
         self.generations = Counter("ctx_generations", "Generations finished, by finish reason",
                                    ["model", "finish_reason"], registry=r)
+        self.drafted_tokens = Counter("ctx_speculative_drafted_tokens",
+                                      "Tokens drafted for speculative decoding and verified", ["model"], registry=r)
+        self.accepted_tokens = Counter("ctx_speculative_accepted_tokens",
+                                       "Drafted tokens the sampler chose too (emitted)", ["model"], registry=r)
         self.active_streams = Gauge("ctx_active_streams", "Streamed responses in progress", registry=r)
         r.register(_RuntimeCollector(runtime))
 
@@ -50,6 +54,8 @@ class Metrics:
         self.generated_tokens.labels(m).inc(finished.completion_tokens)
         self.decode_seconds.labels(m).inc(finished.decode_ns / 1e9)
         self.generations.labels(m, finished.finish_reason).inc()
+        self.drafted_tokens.labels(m).inc(finished.drafted_tokens)
+        self.accepted_tokens.labels(m).inc(finished.accepted_tokens)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

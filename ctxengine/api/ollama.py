@@ -243,7 +243,9 @@ def _keep_alive(f: Fields):
 
 
 def _sampling(f: Fields):
-    return ollama_sampling(f.data.get("options") or {})
+    s = ollama_sampling(f.data.get("options") or {})
+    s.speculative = f.bool("speculative", None)  # our extension: false turns drafting off
+    return s
 
 
 def _refuse_unsupported(f: Fields) -> None:
@@ -275,7 +277,8 @@ def _final(gen: Generation, model: str, fin: Finished, chat: bool, text: str = "
         out["message"]["tool_calls"] = ollama_calls(calls)
     out.update(done=True, done_reason=fin.finish_reason, total_duration=fin.total_ns, load_duration=s.load_ns,
                prompt_eval_count=s.prompt_tokens, prompt_eval_duration=s.prefill_ns,
-               eval_count=fin.completion_tokens, eval_duration=fin.decode_ns, prompt_cached_count=s.cached_tokens)
+               eval_count=fin.completion_tokens, eval_duration=fin.decode_ns, prompt_cached_count=s.cached_tokens,
+               draft_count=fin.drafted_tokens, draft_accepted_count=fin.accepted_tokens)
     if not chat:
         out["context"] = fin.tokens
     return out

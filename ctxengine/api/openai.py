@@ -45,7 +45,8 @@ def sampling(f: Fields) -> Sampling:
     max_tokens = f.int("max_completion_tokens", None, min=0)
     if max_tokens is None:
         max_tokens = f.int("max_tokens", None, min=0)
-    return Sampling(max_tokens=max_tokens, stop=f.str_list("stop", None), params=params)
+    return Sampling(max_tokens=max_tokens, stop=f.str_list("stop", None), params=params,
+                    speculative=f.bool("speculative", None))
 
 
 def _refuse_unsupported(f: Fields) -> None:
@@ -69,7 +70,11 @@ def chat_messages(raw: list) -> list[dict]:
 def usage(started: Started, finished: Finished) -> dict:
     return {"prompt_tokens": started.prompt_tokens, "completion_tokens": finished.completion_tokens,
             "total_tokens": started.prompt_tokens + finished.completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": started.cached_tokens}}
+            "prompt_tokens_details": {"cached_tokens": started.cached_tokens},
+            # OpenAI's names for its predicted outputs; here, the drafts speculation verified.
+            "completion_tokens_details": {"accepted_prediction_tokens": finished.accepted_tokens,
+                                          "rejected_prediction_tokens": finished.drafted_tokens
+                                          - finished.accepted_tokens}}
 
 
 def _completion_prompt(f: Fields) -> Prompt:

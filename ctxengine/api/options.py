@@ -26,13 +26,15 @@ class Sampling:
     stop: list[str] | None = None
     params: dict = field(default_factory=dict)     # SamplerParams fields
     num_ctx: int | None = None                     # Ollama: a smaller context length
+    speculative: bool | None = None                # False: no drafts (state/speculation.py); None: on
 
     def over(self, base: "Sampling") -> "Sampling":
         """These settings where set, else ``base``'s."""
         return Sampling(max_tokens=self.max_tokens if self.max_tokens is not None else base.max_tokens,
                         stop=self.stop if self.stop is not None else base.stop,
                         params={**base.params, **self.params},
-                        num_ctx=self.num_ctx if self.num_ctx is not None else base.num_ctx)
+                        num_ctx=self.num_ctx if self.num_ctx is not None else base.num_ctx,
+                        speculative=self.speculative if self.speculative is not None else base.speculative)
 
     def checked(self) -> "Sampling":
         """Refuse values the sampler would refuse, before any work is done."""

@@ -44,6 +44,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lora", action="append", default=[], metavar="NAME=PATH[:SCALE]",
                    help="serve this LoRA adapter with every model it fits, at SCALE by default (default 1; "
                         "repeatable; GET/POST /lora-adapters, a request's \"lora\" field)")
+    p.add_argument("--draft", metavar="MODEL", default=None,
+                   help="a small model with the same vocabulary that drafts tokens for speculative decoding")
+    p.add_argument("--no-speculative", dest="speculative", action="store_false",
+                   help="decode one token per step unless a request asks for speculation "
+                        "(it never changes the output, only the speed)")
     add_http_arguments(p)
     add_grpc_arguments(p)
 
@@ -58,7 +63,8 @@ def build_runtime(args: argparse.Namespace):
     budget = None if args.memory_budget is None else int(args.memory_budget * (1 << 30))
     lora = [LoraSpec.parse(text) for text in args.lora]
     return Runtime(catalog_from_args(args), store=Store(args.store, fleet=args.fleet), threads=args.threads, kv=args.kv,
-                   memory_budget=budget, prefix_cache_entries=args.prefix_cache, lora=lora)
+                   memory_budget=budget, prefix_cache_entries=args.prefix_cache, lora=lora, draft=args.draft,
+                   speculative=args.speculative)
 
 
 def main(args: argparse.Namespace) -> int:

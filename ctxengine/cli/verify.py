@@ -4,7 +4,8 @@ For a few prompts, the logits of every position and a greedy continuation are
 computed the plain way (one thread, the whole prompt at once) and then every
 other way the engine may compute them: with N threads, token by token, in
 uneven chunks, in one batch with 7 other sequences, after a fork, after a
-snapshot and restore, and on every SIMD path this CPU has. Each must match
+snapshot and restore, as speculative decoding verifies drafts (the greedy
+tokens too, drafted right and wrong), and on every SIMD path this CPU has. Each must match
 bit for bit, on every position: the fork and restore checks compute the rows
 before the fork or snapshot point too, on the context that is then forked or
 snapshotted. Exit status 1 on any mismatch.
@@ -39,7 +40,7 @@ def main(args: argparse.Namespace) -> int:
 
     from ..engine.cpu import physical_cores
     from ..errors import CtxError
-    from .verify_ways import Ways, all_logits, greedy
+    from .verify_ways import Replay, Ways, all_logits, greedy
 
     n_threads = args.threads or max(2, physical_cores())
     base = load_model(args, threads=1)
@@ -68,6 +69,9 @@ def main(args: argparse.Namespace) -> int:
             same_tokens = all(greedy(wide, ids, N_GEN) == t for ids, t in zip(prompts, ref_tokens))
         elif label.startswith("snapshot"):
             same_tokens = all(ways.restored_greedy(ids) == t for ids, t in zip(prompts, ref_tokens))
+        elif label.startswith("speculative"):
+            same_tokens = all(greedy(base, ids, N_GEN, Replay(len(ids), t, base.config.n_vocab)) == t
+                              for ids, t in zip(prompts, ref_tokens))
         logits_cell = "bit-identical" if same_logits else f"MISMATCH (max {worst:.3g})"
         tokens_cell = "-" if same_tokens is None else "identical" if same_tokens else "MISMATCH"
         print(f"{label:<30} {logits_cell:<22} {tokens_cell:<14}")

@@ -13,12 +13,27 @@ from ..store import Store
 ISAS = ("scalar", "avx2", "avx512")
 
 
-def greedy(model, ids: list[int], n: int) -> list[int]:
+def greedy(model, ids: list[int], n: int, speculative=False) -> list[int]:
     ctx = model.context(None)
     ctx.append(ids)
-    out = [p.token_id for p in ctx.generate(n, temperature=0.0) if p.token_id is not None]
+    out = [p.token_id for p in ctx.generate(n, temperature=0.0, speculative=speculative) if p.token_id is not None]
     ctx.delete()
     return out
+
+
+class Replay:
+    """Drafts for the speculative check: the plain decoding's own next tokens, the
+    last of every draft of two or more made wrong, so rows are both kept and dropped."""
+
+    def __init__(self, n_prompt: int, reply: list[int], n_vocab: int):
+        self.n_prompt, self.reply, self.n_vocab = n_prompt, reply, n_vocab
+
+    def propose(self, tokens, k):
+        at = len(tokens) - self.n_prompt
+        draft = list(self.reply[at:at + k])
+        if len(draft) > 1:
+            draft[-1] = (draft[-1] + 1) % self.n_vocab
+        return draft
 
 
 def all_logits(model, ids):
@@ -48,6 +63,7 @@ class Ways:
             ("in a batch of 8 vs alone", self.batched),
             ("forked vs fresh", self.forked),
             ("snapshot-restored vs fresh", self.restored),
+            ("speculative vs plain decode", self.speculative),
         ]
         prior = _core.active_isa()
         for isa in ISAS:
@@ -82,6 +98,19 @@ class Ways:
                 out = buf
         self.eng._core.forward(items)
         return out
+
+    def speculative(self, ids):
+        # The second half verified as drafts are: 4 true tokens and 3 wrong ones a
+        # forward, the wrong ones' KV then dropped (the page table's truncate).
+        half, eng = len(ids) // 2, self.eng
+        seq = eng.new_sequence()
+        rows = [eng.forward(seq, ids[:half], all_logits=True)]
+        for a in range(half, len(ids), 4):
+            true = ids[a:a + 4]
+            wrong = [(t + 1) % eng.config.n_vocab for t in true[:3]]
+            rows.append(eng.verify(seq, true + wrong)[:len(true)])
+            seq.truncate(a + len(true))
+        return np.concatenate(rows)
 
     def prefilled(self, ids):
         """A context holding ids whose every row of logits was kept: (context, rows)."""

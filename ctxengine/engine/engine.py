@@ -23,6 +23,7 @@ from .cpu import physical_cores
 from .gguf_file import open_gguf
 from .lora import NO_LORA, LoraAdapter, LoraSet, load_adapter
 from .scheduler import Reserve, Scheduler
+from .speculative import SpeculationStats
 from .weights import cached_weight_id
 
 # How KV pages store K and V (native/kv/page_pool.h, docs/design-notes.md):
@@ -95,6 +96,9 @@ class Engine:
         self.adapters: dict[str, LoraAdapter] = {}  # LoRA adapters by name (load_lora)
         # Every forward goes through one loop that batches concurrent callers into shared steps.
         self.scheduler = Scheduler(self._core, n_ctx=cfg.n_ctx, n_vocab=cfg.n_vocab, page_tokens=PAGE_TOKENS)
+        self.draft: Engine | None = None  # a draft model with our vocabulary (state.model.load)
+        self.speculative = True           # contexts draft by default (engine/speculative.py)
+        self.speculation = SpeculationStats()  # every generation's drafts, for /metrics
 
     # -- tokens ---------------------------------------------------------------
     def tokenize(self, text: str, *, add_bos: bool = False, parse_special: bool = False) -> list[int]:
@@ -143,6 +147,15 @@ class Engine:
         self.scheduler.submit(seq, toks, logits, all_logits, None, reserve, lora=lora.native())
         return logits if all_logits else logits[0]
 
+    def verify(self, seq: "_core.KVSeq", tokens: Sequence[int], *,
+               reserve: Reserve | None = None, lora: LoraSet = NO_LORA) -> np.ndarray:
+        """Append a sampled token and the drafts after it; the logits after each (n, n_vocab).
+        The scheduler runs these rows with the decode rows of its step."""
+        toks = np.asarray(tokens, dtype=np.int32)
+        logits = np.empty((len(toks), self.config.n_vocab), dtype=np.float32)
+        self.scheduler.submit(seq, toks, logits, True, None, reserve, lora=lora.native(), decode=True)
+        return logits
+
     def forward_hidden(self, seq: "_core.KVSeq", tokens: Sequence[int], *,
                        reserve: Reserve | None = None) -> np.ndarray:
         """Append tokens; final normed hidden state of every new position (n, n_embd)."""
@@ -177,6 +190,8 @@ class Engine:
         return LogProbs(ids, np.concatenate(top_ids), np.concatenate(top_lp), np.asarray(next_lp, dtype=np.float32))
 
     def close(self) -> None:
+        if self.draft is not None and self.draft is not self:
+            self.draft.close()
         self.scheduler.close()
         self._core = None
         self.file.close()

@@ -41,13 +41,16 @@ Reserve = Callable[[int], None]  # make room for this many more KV pages, or rai
 
 
 class _Request:
-    __slots__ = ("seq", "tokens", "logits", "all_logits", "hidden", "reserve", "lora", "start", "done", "error",
-                 "finished", "_done")
+    __slots__ = ("seq", "tokens", "logits", "all_logits", "hidden", "reserve", "lora", "decode", "start", "done",
+                 "error", "finished", "_done")
 
-    def __init__(self, seq, tokens, logits, all_logits, hidden, reserve: Reserve | None, lora: list | None = None):
+    def __init__(self, seq, tokens, logits, all_logits, hidden, reserve: Reserve | None, lora: list | None = None,
+                 decode: bool = False):
         self.seq, self.tokens, self.logits, self.all_logits, self.hidden = seq, tokens, logits, all_logits, hidden
         self.lora = lora           # [(native adapter, scale)] of the sequence, or None
         self.reserve = reserve     # called once, at admission
+        # A decode step of a stream: one token, or one and its drafts (speculative decoding).
+        self.decode = decode or len(tokens) == 1
         self.start = 0             # KV length before its first chunk, restored if it fails part way
         self.done = 0              # tokens already run
         self.error: BaseException | None = None
@@ -111,16 +114,22 @@ class Scheduler:
         with self._cv:
             return len(self._queue)
 
+    @property
+    def crowd(self) -> int:
+        """Sequences in the last step (speculation drafts less when rows are not free)."""
+        return len(self._last_seqs)
+
     # -- callers --------------------------------------------------------------
     def submit(self, seq, tokens: np.ndarray, logits, all_logits: bool, hidden,
-               reserve: Reserve | None = None, *, lora: list | None = None) -> None:
+               reserve: Reserve | None = None, *, lora: list | None = None, decode: bool = False) -> None:
         """Run tokens on seq in some coming step(s), filling logits / hidden; blocks until done.
         ``reserve(n_pages)`` makes room in the page pool when the request is admitted;
         ``lora``: the sequence's [(native adapter, scale)], rows of other sequences
-        in the same step may have other adapters or none."""
+        in the same step may have other adapters or none.
+        ``decode``: a stream's token and its drafts, scheduled as a decode row, not a prompt."""
         if len(tokens) > self.step_tokens:
             self._check(seq, tokens)  # before the first chunk, so a refused prompt leaves no KV behind
-        req = _Request(seq, tokens, logits, all_logits, hidden, reserve, lora)
+        req = _Request(seq, tokens, logits, all_logits, hidden, reserve, lora, decode)
         with self._cv:
             if self._closed:
                 raise RuntimeError("the model is closed")
@@ -223,9 +232,9 @@ class Scheduler:
             return
         self.steps += 1
         self._last_seqs = {id(r.seq) for r, _ in batch}
-        decodes = [r for r, n in batch if r.done == 0 and n == len(r.tokens) == 1]
+        decodes = [r for r, n in batch if r.done == 0 and n == len(r.tokens) and r.decode]
         self._decoded = {id(r.seq) for r in decodes}
-        n_decode = len(decodes)
+        n_decode = sum(len(r.tokens) for r in decodes)
         self.history.append((n_decode, sum(n for _, n in batch) - n_decode))
         for (r, n), err in zip(batch, errors):
             if err is not None:
@@ -254,11 +263,16 @@ class Scheduler:
             if id(r.seq) not in seen:
                 seen.add(id(r.seq))
                 heads.append(r)
-        decodes = [r for r in heads if r.remaining <= 1]
-        prefills = [r for r in heads if r.remaining > 1]
+        decodes = [r for r in heads if r.decode and r.done == 0]
+        prefills = [r for r in heads if not (r.decode and r.done == 0)]
         cap = self.step_tokens - (self._prefill_reserve if prefills else 0)
-        plan = [(r, r.remaining) for r in decodes[:max(1, cap)]]
-        left = self.step_tokens - sum(n for _, n in plan)
+        plan, rows = [], 0
+        for r in decodes:  # whole: a stream's token and its drafts run in one step
+            if plan and rows + r.remaining > cap:
+                break
+            plan.append((r, r.remaining))
+            rows += r.remaining
+        left = self.step_tokens - rows
         for r in prefills:
             if left <= 0:
                 break

@@ -62,9 +62,12 @@ class LoadedEntry:
 class Runtime:
     def __init__(self, catalog: ModelCatalog, *, store: "Store | None" = None, threads: int | None = None,
                  kv: str = "f16", memory_budget: int | None = None,
-                 prefix_cache_entries: int | None = None, lora: Sequence[LoraSpec] = ()):
+                 prefix_cache_entries: int | None = None, lora: Sequence[LoraSpec] = (),
+                 draft: str | None = None, speculative: bool = True):
         self.catalog = catalog
         self.lora = tuple(lora)  # adapters loaded into each model they fit
+        self.draft = draft              # a draft model for every model loaded (same vocabulary)
+        self.speculative = speculative  # False: generations draft only when a request asks
         self.store = store
         self.threads = threads
         self.kv = kv
@@ -263,12 +266,16 @@ class Runtime:
     # -- internals ------------------------------------------------------------------------
     def _load(self, entry: CatalogEntry) -> "Model":
         from ..engine.engine import Engine
-        from ..state.model import Model
+        from ..state.model import Model, attach_draft
 
         path = entry.path
         if entry.source == "packaged" and not path.is_file():  # an installed package not built yet
             path = resolve_model(entry.name)
-        model = Model(Engine(path, threads=self.threads, kv=self.kv))
+        engine = Engine(path, threads=self.threads, kv=self.kv)
+        engine.speculative = self.speculative
+        if self.draft is not None:
+            attach_draft(engine, self.draft)
+        model = Model(engine)
         model.contexts.store = self.store  # idle contexts are evicted there when pages run out
         return model
 

@@ -25,6 +25,8 @@ from ..text.closing import Closer
 from ..text.grammar import Constraint, Grammar, as_grammar
 from ..engine.lora import NO_LORA, LoraSet
 from ..engine.sampler import Sampler, SamplerParams, StopMatcher
+from ..engine.speculative import SpeculationStats
+from .speculation import Speculation, default_drafter
 from ..text.tokenizer import StreamDecoder
 
 if TYPE_CHECKING:
@@ -67,6 +69,10 @@ class Context:
         # The LoRA adapters and scales its KV is computed with: fixed for its
         # life (a context never holds KV made under two adapter sets).
         self.lora = lora
+        # The running generation's speculation (its drafts' KV may lie past our
+        # tokens until it settles), and the drafted/accepted counts of the last one.
+        self._speculation: Speculation | None = None
+        self.speculation = SpeculationStats()
         self._lock = threading.RLock()
 
     # -- what it is -----------------------------------------------------------
@@ -158,7 +164,7 @@ class Context:
         return self.append(self.engine.chat.render(turn, generation_prompt=False), parse_special=True)
 
     def generate(self, max_tokens: int = 256, *, stop: Sequence[str] = (), grammar: "Grammar | str | None" = None,
-                 json_schema=None, close_json: bool = True, **sampling) -> Iterator[Piece]:
+                 json_schema=None, close_json: bool = True, speculative=None, **sampling) -> Iterator[Piece]:
         """Stream up to max_tokens sampled tokens as pieces of text.
 
         Sampling options are SamplerParams fields (temperature, top_k, top_p,
@@ -173,6 +179,11 @@ class Context:
         forced tool call) ``close_json`` steers the output to close within
         max_tokens whenever its shortest completion fits (text/closing.py);
         ``close_json=False`` cuts it where max_tokens falls, to continue later.
+
+        ``speculative``: verify drafted tokens several to a forward (state/speculation.py);
+        the output is the same bits either way. None: the model's default (on); False: off;
+        or a draft source (an object with ``propose(tokens, k)``). ``self.speculation``
+        counts the drafted and accepted tokens.
         """
         with self._lock:
             self._check_live()
@@ -186,6 +197,7 @@ class Context:
             decoder = StreamDecoder(tok)
             matcher = StopMatcher(list(stop))
             self.finish_reason = "length"
+            spec = self._speculation = self._start_speculation(speculative, max_tokens)
             try:
                 for i in range(max_tokens):
                     if len(self._tokens) >= self.engine.config.n_ctx:
@@ -193,7 +205,7 @@ class Context:
                     left = min(max_tokens - i, self.engine.config.n_ctx - len(self._tokens))
                     token = closer.next_token(left) if closer is not None else None
                     if token is None:
-                        token = self._sample(sampler, constraint)
+                        token = self._sample(sampler, constraint, spec)
                         if closer is not None and not closer.keep(token, left):
                             token = closer.next_token(left)
                     if constraint is not None:
@@ -216,6 +228,9 @@ class Context:
                 if rest:
                     yield Piece(rest, None)
             finally:
+                if spec is not None:
+                    spec.settle()
+                    self._speculation, self.speculation = None, spec.stats
                 self.sampler_state = sampler.state()
                 # A finished grammar is over; an unfinished one waits for the next generate().
                 if constraint is not None and self.finish_reason == "stop":
@@ -223,10 +238,10 @@ class Context:
                 self._constraint = constraint
                 self._table.touch(self)
 
-    def _sample(self, sampler: Sampler, constraint: Constraint | None) -> int:
+    def _sample(self, sampler: Sampler, constraint: Constraint | None, spec: "Speculation | None") -> int:
         if constraint is not None:
             constraint.prefetch()  # the mask is computed while the forward pass runs
-        logits = self._sync()
+        logits = self._sync() if spec is None else spec.next_logits()
         if constraint is not None:
             logits = constraint.mask(logits)
         return sampler.sample(logits, self._tokens)
@@ -301,6 +316,14 @@ class Context:
             c = self._constraint = Constraint.from_state(c, self.engine.tokenizer, self._tokens)
         return c
 
+    def _start_speculation(self, speculative, max_tokens: int) -> Speculation | None:
+        if speculative is None:
+            speculative = self.engine.speculative
+        if speculative is False:
+            self.speculation = SpeculationStats()
+            return None
+        return Speculation(self, default_drafter(self) if speculative is True else speculative, max_tokens)
+
     def _forked_constraint(self, keep: int, share: bool = False) -> "Constraint | dict | None":
         """The constraint of the first ``keep`` tokens (``share``: this one, rolled back)."""
         c = self._constraint
@@ -362,6 +385,8 @@ class Context:
                                f"the model's context length is {n_ctx}")
 
     def _check_live(self) -> None:
+        if self._speculation is not None:  # a generation paused between pieces: its drafts go
+            self._speculation.settle()
         if self._seq is None and self._evicted is not None:
             self._table.bring_back(self)
         if self._seq is None:

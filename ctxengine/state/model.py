@@ -13,6 +13,7 @@ from .. import ollama  # noqa: F401  registers Ollama's store as a model source 
 from ..engine.engine import Engine, LogProbs
 from ..engine.lora import LoraAdapter, LoraSet
 from ..engine.registry import resolve_model
+from ..engine.speculative import check_same_vocabulary
 from .context import Context
 from .snapshots import restore
 from .table import ContextTable
@@ -103,12 +104,15 @@ class Model:
 
 
 def load(model: str | os.PathLike | None = None, *, threads: int | None = None, kv: str = "f16",
-         n_ctx: int | None = None, lora: dict[str, str | os.PathLike] | None = None) -> Model:
+         n_ctx: int | None = None, lora: dict[str, str | os.PathLike] | None = None,
+         draft: str | os.PathLike | None = None) -> Model:
     """Load a model: the packaged default (None or "smollm2"), a .gguf path, or a known name.
 
     ``kv`` is the KV cache dtype: "f16", "q8" (K and V in 8-bit blocks) or
     "vq8" (V only); contexts restore only into a model loaded with theirs.
     ``lora``: {name: adapter .gguf path} to load; a context picks them by name.
+    ``draft``: a smaller model with the same vocabulary that drafts tokens for
+    speculative decoding (refused, naming the first differing token, otherwise).
     """
     engine = Engine(resolve_model(model), threads=threads, kv=kv, n_ctx=n_ctx)
     try:
@@ -117,4 +121,19 @@ def load(model: str | os.PathLike | None = None, *, threads: int | None = None, 
     except BaseException:
         engine.close()
         raise
+    if draft is not None:
+        attach_draft(engine, draft)
     return Model(engine)
+
+
+def attach_draft(engine: Engine, draft: str | os.PathLike) -> None:
+    """Load ``draft`` as the engine's draft model, or refuse it (closing the engine)
+    when its vocabulary is not the engine's."""
+    try:
+        path = resolve_model(draft)
+        engine.draft = engine if path == engine.path else Engine(
+            path, threads=engine.threads, kv=engine.kv_dtype, n_ctx=engine.config.n_ctx)
+        check_same_vocabulary(engine, engine.draft)
+    except BaseException:
+        engine.close()
+        raise

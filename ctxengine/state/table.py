@@ -96,6 +96,11 @@ class ContextTable:
         ctx._release()
         self.page_keys.forget_unused(pages)  # give back what only the key cache still held
 
+    def others(self, ctx: Context) -> list[Context]:
+        """Every context but ctx (speculation drafts from its relatives among them)."""
+        with self._lock:
+            return [c for c in self._contexts.values() if c is not ctx]
+
     def touch(self, ctx: Context) -> None:
         with self._lock:
             if ctx.name in self._contexts:
@@ -155,6 +160,8 @@ class ContextTable:
 
     def _evict(self, ctx: Context) -> None:
         """Write ``ctx`` to the store as it is and release its pages (caller holds its lock)."""
+        if ctx._speculation is not None:  # its generation is paused (this thread's): drop its drafts
+            ctx._speculation.settle()
         result = take_snapshot(ctx, self.store, ref=self._evicted_ref(ctx.name), sync=False, record=False)
         ctx._evicted = result.snapshot_id
         pages = ctx._seq.pages

@@ -1,0 +1,138 @@
+"""Speculative decoding inside a context's generation, invisible in its output.
+
+``Context.generate`` asks for the logits of its next token and samples from
+them, one token at a time, exactly as without speculation. Speculation only
+changes where those logits come from. When the context's KV lags its tokens
+by the one token just sampled, ``t``, a drafter guesses ``d1..dk`` and one
+forward runs ``t, d1..dk`` (``k + 1`` rows, through the scheduler, in the same
+step as other sequences' rows). Row ``i`` is the logits after ``d_i``,
+bit-identical to decoding that position alone, because a row's logits do not
+depend on its place in a batch. So the generation samples from row 0; while
+the token it sampled equals the next draft, the next row is already the right
+logits; at the first token that differs (or after the last row) the rows past
+it are dropped, and their KV with them (``settle``: the page table's own
+truncate, which copies a shared page before zeroing its tail).
+
+Sampling is untouched: the same logits, the same penalties and grammar mask,
+one RNG draw per emitted token; so tokens, logits and the final KV bytes are
+those of plain decoding, whatever was drafted.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Sequence
+
+import numpy as np
+
+from ..engine.speculative import Drafter, DraftLength, LookupDrafter, ModelDrafter, SpeculationStats
+
+if TYPE_CHECKING:
+    from .context import Context
+
+MIN_SHARED = 16  # a relative shares at least this many leading tokens (or all of the shorter)
+# A step of a few rows costs about what one row does (it reads the weights once);
+# a step that is already many rows pays for each more. So among other streams a
+# sequence drafts at most its share of SHARED_ROWS, and only while at least
+# CROWDED_RATE of its drafts land (below that, a thrown-away row costs more than
+# an accepted one saves).
+SHARED_ROWS = 16
+CROWDED_RATE = 0.5
+
+
+class Speculation:
+    """One generation's drafts and verified rows over its context."""
+
+    def __init__(self, ctx: "Context", drafter: Drafter, max_tokens: int):
+        self.ctx = ctx
+        self.drafter = drafter
+        self._end = len(ctx._tokens) + max_tokens  # no draft reaches past the generation's last token
+        self.length = DraftLength()
+        self.stats = SpeculationStats()
+        self._base = 0                   # KV position of the first verified row's token
+        self._draft: list[int] = []      # the tokens after it, in the KV
+        self._rows: np.ndarray | None = None  # (k + 1, n_vocab): logits after each
+        self._used = 0                   # rows handed out
+
+    def next_logits(self) -> np.ndarray:
+        """The logits after the context's last token (the one the generation just sampled)."""
+        ctx = self.ctx
+        if self._rows is not None:
+            i = self._used
+            toks = ctx._tokens
+            if i <= len(self._draft) and len(toks) == self._base + i + 1 and toks[-1] == self._draft[i - 1]:
+                self._used += 1
+                return self._rows[i]
+            self.settle()
+        seq = ctx._seq
+        if not self.length.active or seq is None or seq.n_tokens != len(ctx._tokens) - 1:
+            self.length.plain_step()
+            return ctx._sync()
+        n = len(ctx._tokens)
+        k = min(self._budget(), ctx.engine.config.n_ctx - n, self._end - 1 - n)
+        draft = self.drafter.propose(ctx._tokens, k)[:k] if k > 0 else []
+        if not draft:
+            self.length.plain_step()
+            return ctx._sync()
+        base = seq.n_tokens
+        rows = ctx.engine.verify(seq, [ctx._tokens[-1], *draft], reserve=ctx._reserve_pages, lora=ctx.lora)
+        self._base, self._draft, self._rows, self._used = base, draft, rows, 1
+        return rows[0]
+
+    def _budget(self) -> int:
+        """How many tokens to draft now."""
+        crowd = self.ctx.engine.scheduler.crowd
+        if crowd <= 1:
+            return self.length.k
+        return min(self.length.k, SHARED_ROWS // crowd - 1) if self.length.rate >= CROWDED_RATE else 0
+
+    def settle(self) -> None:
+        """Drop the KV of drafts the generation did not emit: the context is left as plain
+        decoding leaves it (KV of every token but the last, and the logits after it)."""
+        if self._rows is None:
+            return
+        ctx, toks, draft = self.ctx, self.ctx._tokens, self._draft
+        accepted = 0
+        while (accepted < len(draft) and self._base + 1 + accepted < len(toks)
+               and toks[self._base + 1 + accepted] == draft[accepted]):
+            accepted += 1
+        self.stats.add(len(draft), accepted)
+        self.length.update(len(draft), accepted)
+        ctx.engine.speculation.add(len(draft), accepted)
+        keep = min(self._base + 1 + accepted, len(toks) - 1)
+        rows, self._rows = self._rows, None
+        if ctx._seq is None:
+            return
+        if ctx._seq.can_truncate(keep):
+            ctx._seq.truncate(keep)
+            if keep > self._base:  # else nothing was sampled from the rows: the old logits stand
+                ctx._last_logits = rows[keep - self._base - 1].copy()
+        else:  # a sliding-window release stepped past keep: recompute (bit-identical)
+            ctx._seq = ctx._truncated(ctx._seq, keep)
+            ctx._last_logits = None
+
+
+def default_drafter(ctx: "Context") -> Drafter:
+    """The draft model if one is loaded, else lookup over the context and its relatives."""
+    draft_engine = getattr(ctx.engine, "draft", None)
+    if draft_engine is not None:
+        return ModelDrafter(draft_engine)
+    return LookupDrafter(ctx._tokens, relatives(ctx, ctx._table.others(ctx)))
+
+
+def relatives(ctx: "Context", others: Sequence["Context"]) -> list[tuple[list[int], int]]:
+    """(live token list, shared leading tokens) of the contexts that share ctx's beginning
+    (its forks, siblings, the prefix cache's entries), the longest shared first."""
+    mine = ctx._tokens
+    found = []
+    for other in others:
+        theirs = other._tokens
+        need = min(MIN_SHARED, len(mine), len(theirs))
+        if need == 0 or theirs[:need] != mine[:need]:
+            continue
+        n = min(len(mine), len(theirs))
+        a, b = np.asarray(mine[:n]), np.asarray(theirs[:n])
+        diff = np.flatnonzero(a != b)
+        shared = int(diff[0]) if len(diff) else n
+        if shared < len(theirs):  # it holds something we do not
+            found.append((theirs, shared))
+    found.sort(key=lambda f: -f[1])
+    return found
