@@ -41,6 +41,12 @@ SINGLE = {"openai_chat", "anthropic_messages", "ollama_chat", "json_reply"}
 STORE_FIELDS = ("n_manifests", "n_refs", "n_pages", "stored_bytes")
 
 
+def child_env(root: Path) -> dict:
+    """A child `ctx`'s environment: its own CTX_HOME, none of the user's token, store or Ollama models."""
+    env = {k: v for k, v in os.environ.items() if k not in ("CTX_TOKEN", "CTX_STORE", "OLLAMA_MODELS")}
+    return {**env, "CTX_HOME": str(root / "home")}
+
+
 def memory(pid: int) -> dict[str, int]:
     """The process's VmRSS, RssAnon and RssFile in bytes."""
     out = {}
@@ -51,9 +57,9 @@ def memory(pid: int) -> dict[str, int]:
     return out
 
 
-def store_stats(store: Path, home: Path) -> dict:
-    out = subprocess.run([*CTX, "store", "stats", "--json", "--store", str(store)], capture_output=True,
-                         text=True, env={**os.environ, "CTX_HOME": str(home)}, check=True)
+def store_stats(root: Path) -> dict:
+    out = subprocess.run([*CTX, "store", "stats", "--json", "--store", str(root / "store")], capture_output=True,
+                         text=True, env=child_env(root), check=True)
     return json.loads(out.stdout)
 
 
@@ -126,7 +132,7 @@ def start_server(root: Path, threads: int) -> tuple[subprocess.Popen, str]:
     log = open(root / "serve.log", "w")
     proc = subprocess.Popen([*CTX, "serve", "--port", str(port), "--grpc-port", "0", "--no-ollama",
                              "--store", str(root / "store"), "-t", str(threads)],
-                            stdout=subprocess.DEVNULL, stderr=log, env={**os.environ, "CTX_HOME": str(root / "home")})
+                            stdout=subprocess.DEVNULL, stderr=log, env=child_env(root))
     wait_until(lambda: healthy(url), proc, "ctx serve")
     return proc, url
 
@@ -138,7 +144,7 @@ def soak(root: Path, *, seconds: float, clients: int, threads: int, every: float
     try:
         httpx.post(url + "/v1/chat/completions", timeout=300, json={  # loads the model before the clock starts
             "model": model, "max_tokens": 1, "messages": [{"role": "user", "content": "Hi."}]}).raise_for_status()
-        before = store_stats(root / "store", root / "home")
+        before = store_stats(root)
         tally, rows = Tally(), []
         start = time.monotonic()
         until = start + seconds
@@ -161,8 +167,8 @@ def soak(root: Path, *, seconds: float, clients: int, threads: int, every: float
         proc.send_signal(signal.SIGTERM)
         proc.wait(60)
     subprocess.run([*CTX, "gc", "--grace", "0", "--store", str(root / "store")], check=True, capture_output=True,
-                   env={**os.environ, "CTX_HOME": str(root / "home")})
-    after = store_stats(root / "store", root / "home")
+                   env=child_env(root))
+    after = store_stats(root)
     return summary(rows, tally, warmup, before, after)
 
 
