@@ -129,10 +129,10 @@ def print_row(row: dict) -> None:
 def start_server(root: Path, threads: int) -> tuple[subprocess.Popen, str]:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    log = open(root / "serve.log", "w")
-    proc = subprocess.Popen([*CTX, "serve", "--port", str(port), "--grpc-port", "0", "--no-ollama",
-                             "--store", str(root / "store"), "-t", str(threads)],
-                            stdout=subprocess.DEVNULL, stderr=log, env=child_env(root))
+    with open(root / "serve.log", "w") as log:  # the child keeps its own descriptor
+        proc = subprocess.Popen([*CTX, "serve", "--port", str(port), "--grpc-port", "0", "--no-ollama",
+                                 "--store", str(root / "store"), "-t", str(threads)],
+                                stdout=subprocess.DEVNULL, stderr=log, env=child_env(root))
     wait_until(lambda: healthy(url), proc, "ctx serve")
     return proc, url
 

@@ -42,6 +42,7 @@ class Client:
         self.http.close()
         self.openai.close()
         self.anthropic.close()
+        self.ollama.close()
 
     def ask(self) -> str:
         return f"Say one short sentence about {self.rng.choice(TOPICS)}."
