@@ -57,6 +57,18 @@ def memory(pid: int) -> dict[str, int]:
     return out
 
 
+def gauges(url: str) -> dict[str, float]:
+    """KV pages in use and backed by memory, named contexts and cached prefixes, from the server's /metrics."""
+    wanted = {"ctx_kv_pages_in_use": "kv_pages", "ctx_kv_pages_allocated": "kv_alloc", "ctx_contexts": "contexts",
+              "ctx_prefix_cache_entries": "prefixes"}
+    out = dict.fromkeys(wanted.values(), 0.0)
+    for line in httpx.get(url + "/metrics", timeout=60).text.splitlines():
+        name = line.split("{")[0].split(" ")[0]
+        if name in wanted:
+            out[wanted[name]] += float(line.rsplit(" ", 1)[1])
+    return out
+
+
 def store_stats(root: Path) -> dict:
     out = subprocess.run([*CTX, "store", "stats", "--json", "--store", str(root / "store")], capture_output=True,
                          text=True, env=child_env(root), check=True)
@@ -112,18 +124,19 @@ def percentile(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(q * len(xs)))]
 
 
-def report_row(t: float, tally: Tally, pid: int) -> dict:
+def report_row(t: float, tally: Tally, pid: int, url: str) -> dict:
     with tally.lock:
         window, tally.window = tally.window, []
         row = {"t_s": round(t), "requests": tally.requests, "errors": sum(tally.errors.values())}
-    row.update(p50_s=percentile(window, 0.5), p99_s=percentile(window, 0.99), **memory(pid))
+    row.update(p50_s=percentile(window, 0.5), p99_s=percentile(window, 0.99), **memory(pid), **gauges(url))
     return row
 
 
 def print_row(row: dict) -> None:
     mb = 1 << 20
     print(f"{row['t_s']:6d} {row['requests']:9d} {row['errors']:7d} {row['p50_s']:7.2f} {row['p99_s']:7.2f} "
-          f"{row['VmRSS'] / mb:8.0f} {row['RssAnon'] / mb:8.0f} {row['RssFile'] / mb:8.0f}", flush=True)
+          f"{row['VmRSS'] / mb:8.0f} {row['RssAnon'] / mb:8.0f} {row['RssFile'] / mb:8.0f} "
+          f"{row['kv_pages']:8.0f} {row['kv_alloc']:8.0f} {row['contexts']:8.0f} {row['prefixes']:8.0f}", flush=True)
 
 
 def start_server(root: Path, threads: int) -> tuple[subprocess.Popen, str]:
@@ -153,12 +166,12 @@ def soak(root: Path, *, seconds: float, clients: int, threads: int, every: float
         for w in workers:
             w.start()
         if not quiet:
-            print("   t_s  requests  errors  p50_s   p99_s   rss_MB  anon_MB  file_MB")
+            print("   t_s  requests  errors  p50_s   p99_s   rss_MB  anon_MB  file_MB kv_pages kv_alloc contexts prefixes")
         while any(w.is_alive() for w in workers):
             next_row = start + every * (len(rows) + 1)
             while time.monotonic() < next_row and any(w.is_alive() for w in workers):
                 time.sleep(0.2)
-            rows.append(report_row(time.monotonic() - start, tally, proc.pid))
+            rows.append(report_row(time.monotonic() - start, tally, proc.pid, url))
             if not quiet:
                 print_row(rows[-1])
         for w in workers:

@@ -87,6 +87,9 @@ def test_a_conversation_moves_across_hosts_bit_identically(hosts, fleet):
     assert r.headers["x-ctx-host"] == "a"
     assert get(a, "/v1/contexts/conv").json()["text"].startswith(card["text"])
 
+    snap = post(a, "/v1/contexts/conv/snapshot", {"ref": "conv"}).json()
+    assert snap["published"] is True  # on the fleet, the ref at it, acknowledged by a replica
+
     listing = get(b, "/v1/fleet").json()
     assert listing["online"] is True and listing["host"] == "b"
     by_host = {h["host"]: h for h in listing["hosts"]}
