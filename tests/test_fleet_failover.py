@@ -116,3 +116,29 @@ def test_a_cluster_down_refuses_named_contexts_and_is_noticed_back(cluster, tmp_
     finally:
         a.stop()
     assert a.log().count("warning: fleet") == 1 and "is reachable again" in a.log()
+
+
+def test_a_turn_the_fleet_missed_is_published_before_the_next_one(cluster, tmp_path):
+    a, b = serve(tmp_path, cluster, "a"), serve(tmp_path, cluster, "b")
+    try:
+        assert post(a, "/v1/contexts", {"name": "conv", "system": SYSTEM}).status_code == 201
+        reply(chat(a, [{"role": "user", "content": TURNS[0]}], "conv"))
+        body = {"model": "smollm2", "max_tokens": 120, "temperature": 0, "stream": True, "context": "conv",
+                "messages": [{"role": "user", "content": "Tell me a story about the sea."}]}
+        with httpx.stream("POST", a.url + "/v1/chat/completions", json=body, timeout=300) as r:
+            lines = r.iter_lines()
+            next(lines)
+            cluster.stop_all()          # the cluster goes while the turn is being generated
+            assert r.status_code == 200 and "[DONE]" in "".join(lines)  # the reply is whole; kept local
+        cluster.start_all()
+        started = time.monotonic()
+        while (r := chat(a, [{"role": "user", "content": TURNS[1]}], "conv")).status_code == 503:
+            assert time.monotonic() - started < BACK_WITHIN_S, r.text
+            time.sleep(0.2)
+        reply(r)   # the missed turn went to the fleet first (a fast-forward), then this one
+        on_a = httpx.get(a.url + "/v1/contexts/conv", timeout=60).json()
+        on_b = httpx.get(b.url + "/v1/contexts/conv", timeout=60).json()
+        assert "story" in on_b["text"] and on_b["text"] == on_a["text"]
+    finally:
+        a.stop()
+        b.stop()
