@@ -37,6 +37,13 @@ class StoreError(CtxError):
     """The snapshot store refused an operation."""
 
 
+class UnavailableError(StoreError):
+    """Something only another service can answer (the fleet) cannot be reached now;
+    the same request may succeed after ``retry_after_s``."""
+
+    retry_after_s: float = 1.0
+
+
 class CorruptDataError(StoreError):
     """Stored or transferred bytes failed verification."""
 

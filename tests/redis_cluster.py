@@ -13,7 +13,7 @@ import pytest
 
 from servers import free_port
 
-NODE_TIMEOUT_MS = 1000   # how long a silent master goes before its replica takes over
+NODE_TIMEOUT_MS = 2000   # how long a silent master goes before its replica takes over
 
 
 def _cli(port: int, *args: str, timeout: float = 10) -> str:
@@ -95,6 +95,34 @@ class RedisCluster:
             if len(parts) > 2 and "master" in parts[2] and "fail" not in parts[2]:
                 found.append(int(parts[1].split("@")[0].rsplit(":", 1)[1]))
         return found
+
+    def master_of(self, key: str) -> int:
+        """The port of the live master that owns ``key``'s slot."""
+        live = next(p for p, proc in self.procs.items() if proc.poll() is None)
+        slot = int(_cli(live, "cluster", "keyslot", key).strip())
+        for line in _cli(live, "cluster", "nodes").splitlines():
+            parts = line.split()
+            if len(parts) > 8 and "master" in parts[2] and "fail" not in parts[2]:
+                for span in parts[8:]:
+                    lo, _, hi = span.partition("-")
+                    if lo.isdigit() and int(lo) <= slot <= int(hi or lo):
+                        return int(parts[1].split("@")[0].rsplit(":", 1)[1])
+        raise RuntimeError(f"no live master owns {key!r} (slot {slot})")
+
+    def stop_all(self) -> None:
+        """Every node shut down, its data saved first (``SHUTDOWN SAVE``): the whole
+        cluster out of reach, as in an outage, and back whole by :meth:`start_all`."""
+        for port, proc in self.procs.items():
+            if proc.poll() is None:
+                _cli(port, "shutdown", "save")
+        for proc in self.procs.values():
+            proc.wait(30)
+
+    def start_all(self) -> None:
+        for port in self.ports:
+            self.start_node(port)
+        for port in self.ports:
+            self._wait(port, lambda p: _cli(p, "ping").strip() == "PONG")
 
     def kill(self, port: int) -> None:
         """SIGKILL one node (no chance to hand anything over)."""

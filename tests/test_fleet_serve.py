@@ -87,6 +87,9 @@ def test_a_conversation_moves_across_hosts_bit_identically(hosts, fleet):
     assert r.headers["x-ctx-host"] == "a"
     assert get(a, "/v1/contexts/conv").json()["text"].startswith(card["text"])
 
+    snap = post(a, "/v1/contexts/conv/snapshot", {"ref": "conv"}).json()
+    assert snap["published"] is True  # on the fleet, the ref at it, acknowledged by a replica
+
     listing = get(b, "/v1/fleet").json()
     assert listing["online"] is True and listing["host"] == "b"
     by_host = {h["host"]: h for h in listing["hosts"]}
@@ -169,14 +172,19 @@ def test_the_grpc_face_follows_the_fleet_too(fleet, tmp_path):
         b.stop()
 
 
-def test_a_host_whose_fleet_is_unreachable_serves_from_its_own_store(tmp_path):
+def test_a_host_whose_fleet_is_unreachable_serves_anonymous_requests_only(tmp_path):
     url = f"redis://127.0.0.1:{free_port()}"
     host = CtxServer(tmp_path / "alone", "--fleet", url, "-t", "1", http=True, env={"CTX_HOST_ID": "alone"})
     try:
+        r = post(host, "/v1/chat/completions", {"model": "smollm2", "max_tokens": 4, "temperature": 0,
+                                                 "messages": [{"role": "user", "content": TURNS[0]}]})
+        assert r.status_code == 200 and r.headers["x-ctx-host"] == "alone"
+        # A named context could be further along on the fleet: refused, not forked (docs/fleet.md)
         post(host, "/v1/contexts", {"name": "solo", "system": SYSTEM})
-        r = turn(host, "solo", TURNS[0])
-        assert r.headers["x-ctx-host"] == "alone"
-        assert post(host, "/v1/contexts/solo/snapshot", {"ref": "solo"}).status_code == 200
+        r = post(host, "/v1/chat/completions", {"model": "smollm2", "max_tokens": 4, "context": "solo",
+                                                 "messages": [{"role": "user", "content": TURNS[0]}]})
+        assert r.status_code == 503 and r.headers["retry-after"] == "1", r.text
+        assert r.json()["error"]["message"] == f"fleet {url} is unreachable"
         fleet_info = get(host, "/v1/fleet").json()
         assert fleet_info["online"] is False and fleet_info["hosts"] == []
     finally:

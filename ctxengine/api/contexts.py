@@ -164,9 +164,15 @@ def _snapshot_routes(router: APIRouter, ops: _Contexts) -> None:
         store = _store(runtime)
         ref = None if "ref" in f.data and f.data["ref"] is None else f.str("ref", name)
         labels = f.obj("labels").data
-        result = await _run(lambda: take_snapshot(ctx, store, ref=ref, labels=labels or None))
-        return {"snapshot_id": result.snapshot_id, "ref": ref, "n_pages": result.n_pages,
-                "pages_sent": result.pages_sent, "bytes_sent": result.bytes_sent}
+        def go():
+            result = take_snapshot(ctx, store, ref=ref, labels=labels or None)
+            # In a fleet: whether the fleet holds it (and the ref at it) as we reply, acknowledged
+            # by a replica; false: kept here only, published before the context's next use.
+            published = store.fleet.holds(result.snapshot_id, ref) if store.fleet is not None else None
+            return {"snapshot_id": result.snapshot_id, "ref": ref, "n_pages": result.n_pages,
+                    "pages_sent": result.pages_sent, "bytes_sent": result.bytes_sent, "published": published}
+
+        return await _run(go)
 
     @router.post("/v1/contexts/{name:path}/restore")
     async def restore(name: str, request: Request):
@@ -176,6 +182,8 @@ def _snapshot_routes(router: APIRouter, ops: _Contexts) -> None:
         ref = f.str("ref", name)
 
         def go():
+            if runtime.fleet is not None:
+                runtime.fleet.require_ref(ref)  # 503 rather than this host's older ref
             manifest = store.get_manifest(store.resolve(ref))
             model = runtime.model_for_weight_id(manifest.weight_id)
             return ops.card(model.restore(store, ref, name=name))

@@ -6,7 +6,8 @@
 
 Every error raised on purpose becomes an :class:`ApiError` with an HTTP
 status; a CtxError from below maps to one by its class (unknown model 404,
-refused input 400, ...). Anything else is a bug: 500, logged with its
+refused input 400, a service we depend on out of reach 503 with
+``Retry-After``, ...). Anything else is a bug: 500, logged with its
 traceback, shown to the client as one line.
 """
 from __future__ import annotations
@@ -14,27 +15,37 @@ from __future__ import annotations
 import json
 import logging
 
+import math
+
 from ..errors import (ContextError, CorruptDataError, CtxError, InvalidNameError, ModelFileError,
-                      ModelNotFoundError, RefConflictError, StoreError, UnsupportedModelError,
-                      WeightMismatchError)
+                      ModelNotFoundError, RefConflictError, StoreError, UnavailableError,
+                      UnsupportedModelError, WeightMismatchError)
 
 log = logging.getLogger("ctxengine.api")
 
 OPENAI, ANTHROPIC, OLLAMA = "openai", "anthropic", "ollama"
 
 _OPENAI_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-                 409: "conflict_error", 413: "invalid_request_error", 500: "server_error"}
+                 409: "conflict_error", 413: "invalid_request_error", 500: "server_error",
+                 503: "service_unavailable_error"}
 _ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
                     409: "invalid_request_error", 413: "request_too_large", 500: "api_error",
                     503: "overloaded_error"}
 
 
 class ApiError(Exception):
-    def __init__(self, status: int, message: str, *, param: str | None = None):
+    def __init__(self, status: int, message: str, *, param: str | None = None,
+                 retry_after_s: float | None = None):
         super().__init__(message)
         self.status = status
         self.message = message
         self.param = param
+        self.retry_after_s = retry_after_s  # sent as Retry-After (whole seconds, at least 1)
+
+    def headers(self) -> dict[str, str]:
+        if self.retry_after_s is None:
+            return {}
+        return {"retry-after": str(max(1, math.ceil(self.retry_after_s)))}
 
 
 def dialect_of(path: str) -> str:
@@ -53,6 +64,8 @@ def status_of(err: CtxError) -> int:
         return 409
     if isinstance(err, CorruptDataError):
         return 500
+    if isinstance(err, UnavailableError):
+        return 503
     if isinstance(err, StoreError) and str(err).startswith("no ref"):
         return 404
     if isinstance(err, ContextError) and str(err).startswith("no context named"):
@@ -69,6 +82,8 @@ def status_of(err: CtxError) -> int:
 def as_api_error(err: BaseException) -> ApiError:
     if isinstance(err, ApiError):
         return err
+    if isinstance(err, UnavailableError):
+        return ApiError(503, str(err), retry_after_s=err.retry_after_s)
     if isinstance(err, CtxError):
         return ApiError(status_of(err), str(err))
     log.error("internal error", exc_info=err)
@@ -88,7 +103,7 @@ def error_body(dialect: str, err: ApiError) -> dict:
 def error_response(dialect: str, err: ApiError):
     from starlette.responses import JSONResponse
 
-    return JSONResponse(error_body(dialect, err), status_code=err.status)
+    return JSONResponse(error_body(dialect, err), status_code=err.status, headers=err.headers())
 
 
 def error_bytes(dialect: str, err: ApiError) -> bytes:

@@ -71,6 +71,8 @@ class _RuntimeCollector:
     def collect(self):
         pages = GaugeMetricFamily("ctx_kv_pages_in_use", "KV pages in use", labels=["model"])
         capacity = GaugeMetricFamily("ctx_kv_pages_max", "KV pages the pool can hold", labels=["model"])
+        backed = GaugeMetricFamily("ctx_kv_pages_allocated", "KV pages backed by memory (in use or free to reuse)",
+                                   labels=["model"])
         contexts = GaugeMetricFamily("ctx_contexts", "Named contexts (the prefix cache's not counted)",
                                      labels=["model"])
         prefixes = GaugeMetricFamily("ctx_prefix_cache_entries", "Cached request contexts", labels=["model"])
@@ -81,8 +83,9 @@ class _RuntimeCollector:
             pool = e.model.engine.pool
             pages.add_metric([e.entry.name], pool.n_used)
             capacity.add_metric([e.entry.name], pool.max_pages)
+            backed.add_metric([e.entry.name], pool.n_allocated)
             contexts.add_metric([e.entry.name], sum(not n.startswith("_") for n in e.model.contexts.names()))
             prefixes.add_metric([e.entry.name], len(e.prefix_cache) if e.prefix_cache is not None else 0)
             queued.add_metric([e.entry.name], e.model.engine.scheduler.n_queued)
         models = GaugeMetricFamily("ctx_models_loaded", "Models loaded", value=len(loaded))
-        return [pages, capacity, contexts, prefixes, queued, models]
+        return [pages, capacity, backed, contexts, prefixes, queued, models]

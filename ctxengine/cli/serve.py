@@ -70,7 +70,9 @@ def build_runtime(args: argparse.Namespace):
 def main(args: argparse.Namespace) -> int:
     from ..api import serve_http
     from ..rpc import start_grpc
+    from ..serving.allocator import pin_mmap_threshold
 
+    pin_mmap_threshold()  # big per-request buffers go back to the system (serving/allocator.py)
     runtime = build_runtime(args)
     grpc_server = None
 

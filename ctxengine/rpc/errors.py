@@ -14,8 +14,8 @@ import inspect
 import grpc
 
 from ..errors import (ContextError, CorruptDataError, CtxError, InvalidNameError, ModelFileError,
-                      ModelNotFoundError, StoreError, TokenizerError, UnsupportedModelError,
-                      WeightMismatchError)
+                      ModelNotFoundError, StoreError, TokenizerError, UnavailableError,
+                      UnsupportedModelError, WeightMismatchError)
 
 Code = grpc.StatusCode
 
@@ -24,6 +24,7 @@ _BY_CLASS: tuple[tuple[type[CtxError], grpc.StatusCode], ...] = (
     (InvalidNameError, Code.INVALID_ARGUMENT),
     (WeightMismatchError, Code.FAILED_PRECONDITION),
     (CorruptDataError, Code.DATA_LOSS),
+    (UnavailableError, Code.UNAVAILABLE),    # the fleet is out of reach: try again shortly
     (ModelNotFoundError, Code.NOT_FOUND),
     (UnsupportedModelError, Code.FAILED_PRECONDITION),
     (ModelFileError, Code.FAILED_PRECONDITION),

@@ -13,6 +13,13 @@
 * **Each turn is published**: after a generation on a named context, it is
   snapshotted (locally, then only the pages the fleet lacks) and its ref moved
   by compare-and-set; a host that lost the race gets RefConflictError.
+* **Never a silent fork.** A request naming a context needs the fleet's ref
+  of that name; while the fleet cannot be read it is refused with
+  FleetUnavailable (HTTP 503, Retry-After) rather than answered from a copy
+  the fleet may have moved past. A turn whose publishing met an unreachable
+  fleet stays local and is published before the context's next use, by the
+  same compare-and-set: a fleet that moved on meanwhile makes that a
+  RefConflictError (409), never a silent overwrite either way.
 """
 from __future__ import annotations
 
@@ -82,7 +89,7 @@ class FleetHost:
                 return self.runtime.find_local_context(name)
             except ContextError:
                 pass
-            sid = self.fleet.get_ref(name)
+            sid = self.fleet.get_ref(name, or_local=False)
             if sid is None:
                 return None
             m = self.store.get_manifest(sid)
@@ -97,12 +104,16 @@ class FleetHost:
     def fresh(self, ctx: "Context") -> "Context":
         """``ctx``, or the fleet's newer state of it when another host moved its ref on
         and ``ctx`` holds nothing its last snapshot does not (else it is kept, and
-        publishing it will meet the conflict)."""
-        if ctx.snapshot_id is None:
-            return ctx  # made here and never published: nothing on the fleet to follow
-        sid = self.fleet.get_ref(ctx.name)
-        if sid is None or sid == ctx.snapshot_id:
+        publishing it will meet the conflict). FleetUnavailable while the fleet
+        cannot be read."""
+        sid = self.fleet.get_ref(ctx.name, or_local=False)
+        if ctx.snapshot_id is None or sid == ctx.snapshot_id:
+            return ctx  # made here and never published, or the fleet's latest
+        if not self.fleet.has_manifest(ctx.snapshot_id, or_local=False):
+            self._catch_up(ctx)
             return ctx
+        if sid is None:
+            return ctx  # the ref was deleted on the fleet: this host's copy is all there is
         with self._restoring:
             with ctx._lock:  # not while a request of ours is using it
                 if ctx._seq is None and ctx._evicted is None:
@@ -112,6 +123,17 @@ class FleetHost:
                 ctx.delete()
             m = self.store.get_manifest(sid)
             return self.runtime.model_for_weight_id(m.weight_id).restore(self.store, sid, name=ctx.name)
+
+    def _catch_up(self, ctx: "Context") -> None:
+        """Publish the snapshot a turn left local while the fleet was unreachable, moving
+        the ref from where this host last saw it (RefConflictError if it moved on)."""
+        sid = ctx.snapshot_id
+        self.fleet.publish(sid, self.store.get_local_manifest(sid), ctx.name, or_local=False)
+
+    def require_ref(self, name: str) -> None:
+        """FleetUnavailable unless the fleet's ref ``name`` can be read now (a restore by
+        name would otherwise fall back to this host's possibly older ref)."""
+        self.fleet.get_ref(name, or_local=False)
 
     def publish_turn(self, ctx: "Context") -> None:
         """Snapshot a named context after a turn and move its ref (caller holds its lock)."""

@@ -56,14 +56,18 @@ class FleetStats:
 
 
 def _or_local(default):
-    """While the fleet is unreachable, the method answers ``default`` (local-only work);
-    the cluster has already said so, once."""
+    """While the fleet is unreachable, the method answers ``default`` (local-only work;
+    the cluster has already said so, once), unless called with ``or_local=False``:
+    then FleetUnavailable reaches the caller (a server refuses what only the fleet
+    can answer rather than fork a conversation from a stale copy)."""
     def wrap(fn):
         @functools.wraps(fn)
-        def method(self, *args, **kwargs):
+        def method(self, *args, or_local: bool = True, **kwargs):
             try:
                 return fn(self, *args, **kwargs)
             except FleetUnavailable:
+                if not or_local:
+                    raise
                 return default() if callable(default) else default
         return method
     return wrap
@@ -161,6 +165,14 @@ class Fleet:
         if len(sid) != codec.KEY_HEX_LEN or not set(sid) <= set("0123456789abcdef"):
             return False
         return bool(self.cluster.on_key(MANIFEST + sid, lambda p, k: p.exists(k)))
+
+    @_or_local(False)
+    def holds(self, sid: str, ref: str | None = None) -> bool:
+        """Whether the fleet holds snapshot ``sid`` now, acknowledged by a replica (and
+        ``ref`` at it): what a caller may count on after a master fails over."""
+        if not self.has_manifest(sid, or_local=False):
+            return False
+        return ref is None or self.get_ref(ref, or_local=False) == sid
 
     # -- publishing ---------------------------------------------------------------------
     @_or_local(None)

@@ -9,14 +9,22 @@ Every fleet operation goes through :class:`Cluster`, which
   as done only once a replica has it too (a master killed right after cannot
   take it with it when its replica is promoted);
 * retries a group that met a failover (connection refused or reset, a
-  timeout, ``MOVED``, ``CLUSTERDOWN``, ``TRYAGAIN``) after refreshing the slot
-  map, until a bounded deadline; every write we make is idempotent (``SET
-  NX``, a compare-and-set that accepts its own value), so a retry of a write
-  that did land is harmless;
-* and, when the cluster cannot be reached at all, says so once and reports
-  :class:`FleetUnavailable`, which the store turns into local-only work.
+  timeout, ``MOVED``, ``CLUSTERDOWN``, ``TRYAGAIN``, any other error of the
+  redis client but a command's own refusal) after refreshing the slot map;
+  every write we make is idempotent (``SET NX``, a compare-and-set that
+  accepts its own value), so a retry of a write that did land is harmless;
+* tells a failover from an outage: while some node answers, a master that
+  does not is being replaced, and the group is retried until the promoted
+  replica takes it (at most ``RETRY_DEADLINE_S``); when no node answers at all
+  for ``UNREACHABLE_S``, the cluster is down;
+* and, when it is down, says so once and reports :class:`FleetUnavailable`
+  (the store works local-only; a server refuses named contexts with a 503,
+  docs/fleet.md), trying the cluster again at most every ``PROBE_S``.
 
-Socket timeouts are short, so an unreachable fleet costs seconds, never a hang.
+One client lives as long as the Cluster and is never closed under a thread
+that may be using it: after an outage its slot map is refreshed, not
+replaced. Socket timeouts are short, so an unreachable fleet costs seconds,
+never a hang.
 """
 from __future__ import annotations
 
@@ -33,13 +41,15 @@ from redis.exceptions import (AskError, BusyLoadingError, ClusterDownError, Mast
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from ..errors import StoreError
+from ..errors import StoreError, UnavailableError
 
 CONNECT_TIMEOUT_S = 1.0     # per node: an address nobody answers on costs this, not a hang
 SOCKET_TIMEOUT_S = 5.0      # per reply: a 16 MB pipeline of pages arrives well within it
 RETRY_DEADLINE_S = 20.0     # a failover (cluster-node-timeout plus election) fits in this
+UNREACHABLE_S = 3.0         # no node at all answers this long: the cluster is down, not failing over
+PROBE_S = 1.0               # a cluster found down is tried again at most this often
+RETRY_PAUSE_S = 0.1         # between a failed attempt and the next (after a slot map refresh)
 WAIT_TIMEOUT_MS = 2000      # how long a write waits for its replica's acknowledgement
-RECONNECT_S = 30.0          # an unreachable fleet is tried again after this long
 SAFE_POLICY = "noeviction"  # any other maxmemory-policy may evict pages a ref needs
 
 # Key layout (store/fleet.py's docstring): pages, manifests, publishing markers,
@@ -57,8 +67,22 @@ class FleetError(StoreError):
     """The fleet refused to start or an operation on it failed for good."""
 
 
-class FleetUnavailable(FleetError):
-    """The fleet cannot be reached now: callers fall back to the local store."""
+class FleetUnavailable(FleetError, UnavailableError):
+    """The fleet cannot be reached now: callers fall back to the local store, or
+    refuse what only the fleet can answer (a server: 503 with Retry-After)."""
+
+    retry_after_s = PROBE_S
+
+
+def _transient(err: BaseException) -> bool:
+    """Whether a failure is the cluster's (retried), not the command's (reported)."""
+    if isinstance(err, _TRANSIENT):
+        return True
+    if isinstance(err, ResponseError) or isinstance(err, FleetError):
+        return False
+    # Any other error of the redis client (a half-closed socket surfaces as
+    # ValueError "I/O operation on closed file") is a connection's, not ours.
+    return isinstance(err, (RedisError, RedisClusterException, ValueError))
 
 
 def parse_url(url: str) -> list[tuple[str, int]]:
@@ -86,8 +110,8 @@ class Cluster:
         self.deadline_s = deadline_s
         self.retries = 0                 # groups sent again after a failover (for stats and tests)
         self._rc: RedisCluster | None = None
-        self._down_since: float | None = None
-        self._warned = False
+        self._down_since: float | None = None   # when the cluster was found down (None: it is up)
+        self._probed = 0.0                      # when it was last tried while down
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(8, thread_name_prefix="ctx-fleet")
         try:
@@ -97,29 +121,38 @@ class Cluster:
 
     # -- connection ---------------------------------------------------------------------
     def client(self) -> RedisCluster:
-        """The cluster client; FleetUnavailable while the fleet cannot be reached."""
+        """The cluster client; FleetUnavailable while the cluster is down (tried again
+        at most every PROBE_S)."""
         with self._lock:
-            if self._rc is not None:
+            if self._rc is not None and self._down_since is None:
                 return self._rc
-            if self._down_since is not None and time.monotonic() - self._down_since < RECONNECT_S:
+            now = time.monotonic()
+            if self._down_since is not None and now - self._probed < PROBE_S:
                 raise FleetUnavailable(f"fleet {self.url} is unreachable")
+            self._probed = now
             try:
-                rc = RedisCluster(startup_nodes=[ClusterNode(h, p) for h, p in self.nodes],
-                                  socket_connect_timeout=CONNECT_TIMEOUT_S, socket_timeout=SOCKET_TIMEOUT_S,
-                                  require_full_coverage=True)
+                if self._rc is None:
+                    self._rc = self._connect()
+                else:
+                    self._rc.nodes_manager.initialize()  # the same client, its slot map refreshed
             except (RedisError, RedisClusterException, OSError) as e:
                 self._mark_down(e)
                 raise FleetUnavailable(f"fleet {self.url} is unreachable") from None
-            try:
-                _check_policy(rc, self.url)
-            except BaseException:
-                rc.close()
-                raise
-            self._rc, self._down_since = rc, None
-            if self._warned:
+            if self._down_since is not None:
                 print(f"ctx: fleet {self.url} is reachable again", file=sys.stderr, flush=True)
-                self._warned = False
-            return rc
+                self._down_since = None
+            return self._rc
+
+    def _connect(self) -> RedisCluster:
+        rc = RedisCluster(startup_nodes=[ClusterNode(h, p) for h, p in self.nodes],
+                          socket_connect_timeout=CONNECT_TIMEOUT_S, socket_timeout=SOCKET_TIMEOUT_S,
+                          require_full_coverage=True)
+        try:
+            _check_policy(rc, self.url)
+        except BaseException:
+            rc.close()  # nobody else has seen this client yet
+            raise
+        return rc
 
     @property
     def online(self) -> bool:
@@ -129,19 +162,14 @@ class Cluster:
             return False
         return True
 
-    def _mark_down(self, err: BaseException) -> None:
-        """Forget the client and warn, once until the fleet is back (caller holds the lock)."""
-        if self._rc is not None:
-            try:
-                self._rc.close()
-            except RedisError:
-                pass
-        self._rc, self._down_since = None, time.monotonic()
-        if not self._warned:
-            self._warned = True
-            reason = str(err).splitlines()[0] if str(err) else type(err).__name__
-            print(f"ctx: warning: fleet {self.url} is unreachable ({reason}); "
-                  f"working from the local store only", file=sys.stderr, flush=True)
+    def _mark_down(self, err: BaseException | None) -> None:
+        """The cluster is down: warn, once until it is back (caller holds the lock)."""
+        if self._down_since is not None:
+            return
+        self._down_since = self._probed = time.monotonic()
+        reason = (str(err).splitlines() or [""])[0] or type(err).__name__
+        print(f"ctx: warning: fleet {self.url} is unreachable ({reason}); "
+              f"working from the local store only", file=sys.stderr, flush=True)
 
     def close(self) -> None:
         with self._lock:
@@ -154,25 +182,30 @@ class Cluster:
     def grouped(self, keys: Sequence[str], queue: Callable, *, wait: bool = False) -> dict[str, object]:
         """Run ``queue(pipe, key)`` (one command per key) for every key, one pipeline per
         master, the masters in parallel; with ``wait``, each pipeline ends with WAIT.
-        Returns {key: reply}. Retries failovers until the deadline."""
-        keys = list(dict.fromkeys(keys))
+        Returns {key: reply}. Retries failovers (``_Retry``)."""
         out: dict[str, object] = {}
-        todo = keys
-        deadline = time.monotonic() + self.deadline_s
+        todo = list(dict.fromkeys(keys))
+        retry = _Retry(self)
         while todo:
-            groups = self._by_master(todo)
+            try:
+                groups = self._by_master(todo)
+            except Exception as e:
+                retry.after(e)
+                continue
             futures = [self._pool.submit(self._run_group, node, ks, queue, wait) for node, ks in groups]
             failed: list[str] = []
             last: BaseException | None = None
             for (node, ks), fut in zip(groups, futures):
                 try:
                     out.update(fut.result())
-                except _TRANSIENT as e:
+                except Exception as e:
+                    if not _transient(e):
+                        raise _reported(e, self.url, node.name) from None
                     failed.extend(ks)
                     last = e
             todo = failed
             if todo:
-                self._after_failure(last, deadline)
+                retry.after(last)
         return out
 
     def on_key(self, key: str, queue: Callable, *, wait: bool = False) -> object:
@@ -181,33 +214,31 @@ class Cluster:
 
     def scan(self, pattern: str) -> list[str]:
         """Every key matching ``pattern`` on every master (keys as str)."""
-        def go(rc):
-            found = []
-            for node in rc.get_primaries():
-                found.extend(_text(k) for k in rc.get_redis_connection(node).scan_iter(match=pattern, count=1000))
-            return found
-        return self._attempt(go)
-
-    def _attempt(self, fn):
-        deadline = time.monotonic() + self.deadline_s
+        retry = _Retry(self)
         while True:
             try:
-                return fn(self.client())
-            except _TRANSIENT as e:
-                self._after_failure(e, deadline)
+                rc = self.client()
+                found = []
+                for node in rc.get_primaries():
+                    conn = rc.get_redis_connection(node)
+                    found.extend(_text(k) for k in conn.scan_iter(match=pattern, count=1000))
+                return found
+            except Exception as e:
+                retry.after(e)
 
-    def _after_failure(self, err: BaseException | None, deadline: float) -> None:
-        """Refresh the slot map and wait a little before a retry; past the deadline, give up."""
-        self.retries += 1
-        if time.monotonic() >= deadline:
-            with self._lock:
-                self._mark_down(err or TimeoutError("no reply"))
-            raise FleetUnavailable(f"fleet {self.url} did not recover within {self.deadline_s:.0f} s") from None
-        time.sleep(0.2)
+    def refresh(self) -> bool:
+        """Refresh the slot map; whether any node answered (a failover) or none (down)."""
         try:
             self.client().nodes_manager.initialize()
-        except (RedisError, RedisClusterException, OSError):
-            pass  # the cluster is still electing; the next attempt tells
+        except (RedisError, RedisClusterException, OSError) as e:
+            cause = e.__cause__ if isinstance(e, RedisClusterException) else e
+            return not isinstance(cause, (RedisConnectionError, RedisTimeoutError, OSError))
+        return True
+
+    def give_up(self, err: BaseException | None, why: str) -> None:
+        with self._lock:
+            self._mark_down(err or TimeoutError("no reply"))
+        raise FleetUnavailable(f"fleet {self.url} {why}") from None
 
     def _by_master(self, keys: list[str]) -> list[tuple[object, list[str]]]:
         rc = self.client()
@@ -229,10 +260,8 @@ class Cluster:
             # Not on a replica yet: sent again (idempotent) until one has it, or the deadline.
             raise RedisTimeoutError(f"no replica of {node.name} acknowledged the write")
         for reply in replies:
-            if isinstance(reply, _TRANSIENT):
+            if isinstance(reply, Exception):
                 raise reply
-            if isinstance(reply, ResponseError):
-                raise FleetError(f"fleet {self.url}: {reply}")
         return dict(zip(keys, replies))
 
     def _replicas_of(self, key: str) -> int:
@@ -240,6 +269,40 @@ class Cluster:
         rc = self.client()
         owners = rc.nodes_manager.slots_cache.get(rc.keyslot(key), [])
         return min(1, max(0, len(owners) - 1))
+
+
+class _Retry:
+    """One operation's retries: a failover is waited out (the promoted replica is
+    found by refreshing the slot map), an outage is not."""
+
+    def __init__(self, cluster: Cluster):
+        self.cluster = cluster
+        self.deadline = time.monotonic() + cluster.deadline_s
+        self.silent_since: float | None = None   # since when no node has answered
+
+    def after(self, err: BaseException | None) -> None:
+        """Wait for the next attempt; FleetUnavailable if there should be none."""
+        if err is not None and not _transient(err):
+            raise _reported(err, self.cluster.url, "a node") from None
+        self.cluster.retries += 1
+        now = time.monotonic()
+        if now >= self.deadline:
+            self.cluster.give_up(err, f"did not recover within {self.cluster.deadline_s:.0f} s")
+        time.sleep(RETRY_PAUSE_S)
+        if self.cluster.refresh():
+            self.silent_since = None
+        elif self.silent_since is None:
+            self.silent_since = now
+        elif now - self.silent_since >= UNREACHABLE_S:
+            self.cluster.give_up(err, f"is unreachable (no node answered for {UNREACHABLE_S:.0f} s)")
+
+
+def _reported(err: BaseException, url: str, node: str) -> BaseException:
+    """A command's own refusal (OOM at maxmemory, a script error) as a one-line FleetError."""
+    if isinstance(err, FleetError):
+        return err
+    first = (str(err).splitlines() or [""])[0] or type(err).__name__
+    return FleetError(f"fleet {url}: {node} refused: {first}")
 
 
 def _check_policy(rc: RedisCluster, url: str) -> None:
