@@ -49,6 +49,7 @@ RETRY_DEADLINE_S = 20.0     # a failover (cluster-node-timeout plus election) fi
 UNREACHABLE_S = 3.0         # no node at all answers this long: the cluster is down, not failing over
 PROBE_S = 1.0               # a cluster found down is tried again at most this often
 RETRY_PAUSE_S = 0.1         # between a failed attempt and the next (after a slot map refresh)
+REPLICAS_TTL_S = 1.0        # how long a master's count of its replicas is trusted
 WAIT_TIMEOUT_MS = 2000      # how long a write waits for its replica's acknowledgement
 SAFE_POLICY = "noeviction"  # any other maxmemory-policy may evict pages a ref needs
 
@@ -114,6 +115,7 @@ class Cluster:
         self._probed = 0.0                      # when it was last tried while down
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(8, thread_name_prefix="ctx-fleet")
+        self._replicas: dict[str, tuple[int, float]] = {}  # master -> (replicas to WAIT for, when asked)
         try:
             self.client()  # connect now: a misconfigured cluster refuses at start, an absent one warns
         except FleetUnavailable:
@@ -252,7 +254,7 @@ class Cluster:
         pipe = self.client().get_redis_connection(node).pipeline(transaction=False)
         for key in keys:
             queue(pipe, key)
-        wanted = self._replicas_of(keys[0]) if wait else 0
+        wanted = self._replicas_of(node) if wait else 0
         if wait:
             pipe.execute_command("WAIT", wanted, WAIT_TIMEOUT_MS)
         replies = pipe.execute(raise_on_error=False)
@@ -264,12 +266,20 @@ class Cluster:
                 raise reply
         return dict(zip(keys, replies))
 
-    def _replicas_of(self, key: str) -> int:
-        """How many replicas a write to this key's master should wait for (at most 1)."""
-        rc = self.client()
-        owners = rc.nodes_manager.slots_cache.get(rc.keyslot(key), [])
-        return min(1, max(0, len(owners) - 1))
-
+    def _replicas_of(self, node) -> int:
+        """How many replicas a write to ``node`` waits for (at most 1), as the master
+        itself says (ROLE): the client's slot map can miss a replica that gossip has
+        not announced yet, and a write WAITed for by no one is lost with its master."""
+        now = time.monotonic()
+        known = self._replicas.get(node.name)
+        if known is not None and now - known[1] < REPLICAS_TTL_S:
+            return known[0]
+        role = self.client().get_redis_connection(node).execute_command("ROLE")
+        if _text(role[0]) != "master":
+            raise ReadOnlyError(f"{node.name} is no longer a master")  # a failover: retried
+        count = min(1, len(role[2]))
+        self._replicas[node.name] = (count, now)
+        return count
 
 class _Retry:
     """One operation's retries: a failover is waited out (the promoted replica is
