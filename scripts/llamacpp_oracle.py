@@ -30,10 +30,14 @@ import llama_cpp
 NO_OUTPUT = "llama.cpp's context keeps no logits"
 
 
-def log_softmax(x: np.ndarray) -> np.ndarray:
-    x = x.astype(np.float64)
-    m = x.max(axis=-1, keepdims=True)
-    return x - (m + np.log(np.exp(x - m).sum(axis=-1, keepdims=True)))
+def log_sum_exp(x: np.ndarray, rows: int = 64) -> np.ndarray:
+    """Per row, in float64, a few rows at a time (a row of Gemma's is 262,144 logits)."""
+    out = np.empty(len(x))
+    for r in range(0, len(x), rows):
+        part = x[r:r + rows].astype(np.float64)
+        m = part.max(axis=1)
+        out[r:r + rows] = m + np.log(np.exp(part - m[:, None]).sum(axis=1))
+    return out
 
 
 def info() -> dict:
@@ -80,10 +84,11 @@ def run_job(llm: llama_cpp.Llama, job: dict, out: Path, i: int) -> dict:
         k = job.get("k", 40)
         top_ids, top_lps = [], []
         for _, block in each_batch_logits(llm, ids):
-            lp = log_softmax(block)
-            order = np.argsort(-lp, axis=1, kind="stable")[:, :k]
-            top_ids.append(order.astype(np.int32))
-            top_lps.append(np.take_along_axis(lp, order, axis=1))
+            part = np.argpartition(-block, k - 1, axis=1)[:, :k]  # the k best, then only those sorted
+            vals = np.take_along_axis(block, part, axis=1).astype(np.float64)
+            order = np.lexsort((part, -vals), axis=1)
+            top_ids.append(np.take_along_axis(part, order, axis=1).astype(np.int32))
+            top_lps.append(np.take_along_axis(vals, order, axis=1) - log_sum_exp(block)[:, None])
         np.save(out / f"job{i}_top_ids.npy", np.concatenate(top_ids))
         np.save(out / f"job{i}_top_logprobs.npy", np.concatenate(top_lps))
         return {"top_ids": f"job{i}_top_ids.npy", "top_logprobs": f"job{i}_top_logprobs.npy"}
