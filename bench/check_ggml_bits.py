@@ -30,7 +30,7 @@ from gguf import quants
 from ctxengine import _core
 
 FOLLOWS_REPACK = {"Q4_K"}  # quant.h: llama.cpp's x86 repacked order, not vec_dot's
-REPACK_BOUND = 1e-6        # |ours - vec_dot| / (|w| |x|): a few float roundings of the sum
+REPACK_BOUND = 1e-7        # |ours - vec_dot| / (|w| |x|): a few float roundings of the sum
 TYPES = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8, "Q2_K": 10, "Q3_K": 11, "Q4_K": 12, "Q5_K": 13,
          "Q6_K": 14}
 
