@@ -38,12 +38,15 @@ def find_python() -> str | None:
     return sys.executable if importlib.util.find_spec("llama_cpp") is not None else None
 
 
-def crash_reason(code: int, stderr: str) -> str:
+def cpu_flags() -> set[str]:
+    return set(Path("/proc/cpuinfo").read_text().split()) if Path("/proc/cpuinfo").exists() else set()
+
+
+def crash_reason(code: int, stderr: str, flags: set[str] | None = None) -> str:
     """One line on why the child died; an AMX guest fault is named as such."""
     what = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit status {code}"
     line = f"llama.cpp's child process died ({what}): {stderr.strip().splitlines()[-1] if stderr.strip() else ''}"
-    flags = Path("/proc/cpuinfo").read_text().split() if Path("/proc/cpuinfo").exists() else []
-    amx = [f for f in AMX_FLAGS if f in flags]
+    amx = [f for f in AMX_FLAGS if f in (cpu_flags() if flags is None else flags)]
     if code < 0 and amx:
         line += (f"; this CPU lists {', '.join(amx)}, and a llama.cpp built with GGML_NATIVE=ON uses AMX, which "
                  "a guest that does not enable it answers with a general-protection fault: rebuild llama-cpp-python "
@@ -85,7 +88,10 @@ def open_llamacpp() -> LlamaCpp:
     if python is None:
         unavailable("llama.cpp is not importable here (pip install llama-cpp-python==0.3.36, "
                     "or set CTX_LLAMACPP_PYTHON to a python that has it)")
-    probe = subprocess.run([python, "-c", "import llama_cpp"], capture_output=True, text=True)
+    try:
+        probe = subprocess.run([python, "-c", "import llama_cpp"], capture_output=True, text=True)
+    except OSError as err:
+        unavailable(f"{python} cannot import llama_cpp: it does not run ({err.strerror})")
     if probe.returncode != 0:
         unavailable(f"{python} cannot import llama_cpp: {probe.stderr.strip().splitlines()[-1:]}")
     return LlamaCpp(python)
