@@ -1,4 +1,5 @@
-"""Shared fixtures: the two real models and llama.cpp's reference outputs."""
+"""Shared fixtures: the two real models and llama.cpp's reference outputs
+(tests/data/reference, written by scripts/make_reference.py)."""
 import importlib.util
 import json
 import os
@@ -7,7 +8,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-REFERENCE = REPO.parent / "shared" / "reference"
+REFERENCE = REPO / "tests" / "data" / "reference"
 CACHE = Path(os.environ.get("CTX_TEST_CACHE", Path.home() / ".cache" / "ctxengine-tests"))
 
 # Child processes the tests start (`python -m ctxengine.cli.main`, ...) must
@@ -85,20 +86,25 @@ def gemma3_ref() -> dict:
 
 
 def pytest_terminal_summary(terminalreporter):
-    """Say which SIMD paths' kernels this run tested: a path the CPU lacks is
-    not run at all (Debian ships no Intel SDE to emulate AVX-512), and that
-    must be visible, not a silent gap."""
-    from ctxengine import _core
-    from ctxengine.engine.cpu import cpu_flags
+    """Say which SIMD paths' kernels this run tested; each untested one is also a
+    counted skip of the tests parametrized over tests/simd_paths.EVERY_PATH."""
+    from simd_paths import AVAILABLE, PATHS, why_untested
 
-    paths = ["scalar", "avx2", "avx512"]
-    best = _core.detect_isa()
-    tested = paths[: paths.index(best) + 1]
-    line = f"SIMD kernels tested natively on this CPU: {', '.join(tested)}"
-    untested = paths[len(tested):]
-    if untested:
-        flags = cpu_flags()
-        lacks = {p: [cpu for _, cpu in _core.isa_features(p) if cpu not in flags] for p in untested}
-        line += "; NOT tested: " + "; ".join(f"{p} (CPU lacks {', '.join(m)})" for p, m in lacks.items())
-        line += " -- no Intel SDE in Debian to emulate them"
-    terminalreporter.write_line(line)
+    line = f"SIMD kernels tested natively on this CPU: {', '.join(AVAILABLE)}"
+    untested = [why_untested(p) for p in PATHS if p not in AVAILABLE]
+    terminalreporter.write_line("; ".join([line] + untested))
+
+
+@pytest.fixture(scope="session")
+def llamacpp(smollm2_path):
+    """llama.cpp, live (tests/llamacpp.py): skips, or fails under CTX_REQUIRE_LLAMACPP=1,
+    when there is none; probed once on a few tokens so that a build that dies on
+    this CPU is named here rather than in every test."""
+    from llamacpp import open_llamacpp, unavailable
+
+    oracle = open_llamacpp()
+    try:
+        oracle.info = oracle.run(smollm2_path, [{"kind": "info"}, {"kind": "top", "ids": [1, 2, 3], "k": 1}])[0]
+    except RuntimeError as err:
+        unavailable(str(err))
+    return oracle

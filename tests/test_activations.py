@@ -5,8 +5,7 @@ import pytest
 
 from ctxengine import _core
 
-ISAS = ["scalar", "avx2", "avx512"]
-AVAILABLE = ISAS[: ISAS.index(_core.detect_isa()) + 1]
+from simd_paths import EVERY_PATH
 
 
 @pytest.fixture
@@ -31,7 +30,7 @@ def test_exp_matches_numpy_closely():
     assert rel.max() < 4e-7
 
 
-@pytest.mark.parametrize("isa", AVAILABLE)
+@pytest.mark.parametrize("isa", EVERY_PATH)
 def test_paths_are_bit_identical(isa, restore_isa):
     for x in inputs():
         _core.set_isa("scalar")
@@ -44,7 +43,7 @@ def test_paths_are_bit_identical(isa, restore_isa):
         assert np.array_equal(_core.silu_mul(x, x[::-1].copy()).view(np.uint32), ref_silu.view(np.uint32))
 
 
-@pytest.mark.parametrize("isa", AVAILABLE)
+@pytest.mark.parametrize("isa", EVERY_PATH)
 def test_gelu_paths_are_bit_identical(isa, restore_isa):
     # Every f16 value (the table's whole domain: NaN, inf, subnormals), the
     # +-10 cut-offs and values between f16 steps, at lengths with ragged tails.
@@ -80,7 +79,7 @@ def test_silu_values():
     np.testing.assert_allclose(_core.silu_mul(g, u), ref, rtol=2e-6, atol=1e-30)
 
 
-@pytest.mark.parametrize("isa", AVAILABLE)
+@pytest.mark.parametrize("isa", EVERY_PATH)
 @pytest.mark.parametrize("hd,stride,n", [(64, 16, 16), (64, 16, 5), (16, 16, 1), (256, 16, 13), (8, 32, 31)])
 def test_attention_scores_paths_bit_identical(isa, hd, stride, n, restore_isa):
     rng = np.random.default_rng(hd * 100 + n)
@@ -95,7 +94,7 @@ def test_attention_scores_paths_bit_identical(isa, hd, stride, n, restore_isa):
     np.testing.assert_allclose(got, exact, rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("isa", AVAILABLE)
+@pytest.mark.parametrize("isa", EVERY_PATH)
 @pytest.mark.parametrize("n,hd", [(1, 64), (16, 64), (13, 256), (40, 48), (7, 20)])
 def test_attention_weighted_sum_paths_bit_identical(isa, n, hd, restore_isa):
     rng = np.random.default_rng(n * 1000 + hd)
@@ -113,7 +112,7 @@ def test_attention_weighted_sum_paths_bit_identical(isa, n, hd, restore_isa):
     np.testing.assert_allclose(got, exact, rtol=2e-3, atol=2e-3)
 
 
-@pytest.mark.parametrize("isa", AVAILABLE)
+@pytest.mark.parametrize("isa", EVERY_PATH)
 @pytest.mark.parametrize("kv", ["f16", "q8"])
 @pytest.mark.parametrize("hd,n", [(64, 16), (64, 5), (256, 13), (256, 37), (96, 1), (128, 48)])
 def test_grouped_heads_equal_each_head_alone(isa, kv, hd, n, restore_isa):
@@ -148,7 +147,7 @@ def test_grouped_heads_equal_each_head_alone(isa, kv, hd, n, restore_isa):
             assert np.array_equal(alone_o[0].view(np.uint32), got_o[h].view(np.uint32))
 
 
-@pytest.mark.parametrize("isa", AVAILABLE)
+@pytest.mark.parametrize("isa", EVERY_PATH)
 @pytest.mark.parametrize("neox", [True, False])
 def test_rope_paths_bit_identical(isa, neox, restore_isa):
     rng = np.random.default_rng(11)

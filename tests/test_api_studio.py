@@ -58,7 +58,8 @@ def test_tree_shows_forks_as_branches_sharing_pages(server):
 
     tree = server.get("/v1/studio/tree").json()
     (group,) = tree["models"]
-    assert group["model"] == "smollm2" and group["served"] and group["n_items"] == 4
+    assert group["model"] == "smollm2" and group["served"] and group["n_items"] >= 4  # others' items may be there
+    assert all(find(group["root"], lambda n, k=k: k in keys(n)) for k in ("trunk", "left", "right", "left-saved"))
     trunk = find(group["root"], lambda n: "trunk" in keys(n))
     assert trunk["n_tokens"] == n_trunk and len(trunk["children"]) >= 1
     # left and right share more than the trunk (their appended texts both start with " Then it")
@@ -99,13 +100,14 @@ def test_messages_are_the_turns_with_their_token_ranges(server, openai_client, m
 
 
 def test_models_store_gc_and_export(server, tmp_path):
+    # A context of its own first: the model is loaded and holds pages whatever ran before.
+    server.post("/v1/contexts", {"name": "keep", "text": "Something worth keeping, for a while."})
     models = server.get("/v1/studio/models").json()
     smol = next(m for m in models["data"] if m["name"] == "smollm2")
     assert smol["servable"] and smol["loaded"] and smol["kv"] == "f16"
     assert smol["memory_bytes"] > smol["file_bytes"] > 0 and 0 < smol["kv_pages_in_use"] <= smol["kv_pages_max"]
     assert models["memory_budget"] > 0
 
-    server.post("/v1/contexts", {"name": "keep", "text": "Something worth keeping, for a while."})
     sid = server.post("/v1/contexts/keep/snapshot", {"ref": "keep"}).json()["snapshot_id"]
     before = server.get("/v1/studio/store").json()
     assert before["n_refs"] >= 1 and before["n_manifests"] >= 1 and before["dedup_ratio"] >= 1.0

@@ -15,6 +15,7 @@ from gguf import GGMLQuantizationType as G
 from gguf import quants
 
 from ctxengine import _core
+from simd_paths import EVERY_PATH
 from test_kernels import AVAILABLE, activations, assert_same_bits, fma_f32, on_each_path
 
 Q = _core.quant
@@ -312,7 +313,7 @@ def test_dequantize_q8k():
     np.testing.assert_array_equal(got, (blocks["d"][:, None] * blocks["qs"].astype(np.float32)).reshape(-1))
 
 
-@pytest.mark.parametrize("path", AVAILABLE)
+@pytest.mark.parametrize("path", EVERY_PATH)
 def test_quantize_q8k_matches_ggml_definition(path):
     _core.set_isa(path)
     rng = np.random.default_rng(9)

@@ -19,10 +19,9 @@ from ctxengine.cli.common import KV_DTYPES as CLI_KV_DTYPES
 from ctxengine.engine.engine import KV_DTYPES, Engine
 from ctxengine.errors import StoreError, UnsupportedModelError
 from ctxengine.store import Store
+from simd_paths import AVAILABLE, EVERY_PATH
 from tiny_models import TinyConfig, kv8_quantize, make_weights, reference_logits, write_gguf
 
-PATHS = ["scalar", "avx2", "avx512"]
-AVAILABLE = PATHS[: PATHS.index(_core.detect_isa()) + 1]
 LOWER_PATHS = AVAILABLE[:-1]
 QUANTIZED = ("q8", "vq8")
 PROMPT = ("The quick brown fox jumps over the lazy dog. Snapshots keep a context alive across "
@@ -84,7 +83,7 @@ def test_q8_scores_paths_bit_identical(hd, stride, n):
     np.testing.assert_allclose(got["scalar"], exact, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("isa", AVAILABLE)
+@pytest.mark.parametrize("isa", EVERY_PATH)
 def test_q8_scores_follow_the_f16_kernels_order(isa):
     # With power-of-two scales every dequantized value is an f16 as well, so
     # the q8 kernel must give exactly the f16 kernel's bits on those values.
@@ -115,7 +114,7 @@ def test_q8_weighted_sum_paths_bit_identical(n, hd):
     np.testing.assert_allclose(got["scalar"][0], (w / w.sum()) @ v, rtol=2e-3, atol=2e-3)  # out only gives the size
 
 
-@pytest.mark.parametrize("isa", AVAILABLE)
+@pytest.mark.parametrize("isa", EVERY_PATH)
 def test_q8_weighted_sum_follows_the_f16_kernels_order(isa):
     _core.set_isa(isa)
     rng = np.random.default_rng(5)

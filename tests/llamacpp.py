@@ -1,0 +1,97 @@
+"""llama.cpp, live, for the anchor tests: runs scripts/llamacpp_oracle.py in a
+child process of an interpreter that has llama-cpp-python.
+
+Which interpreter: $CTX_LLAMACPP_PYTHON if set (.ci/run builds one in
+.venv-llamacpp), else this one if it can import llama_cpp. Without either the
+live tests skip with that reason, so the README's test command passes on a
+bare machine; with CTX_REQUIRE_LLAMACPP=1 (set by .ci/run) the skip is a
+failure instead, so CI cannot pass without having compared.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ORACLE = Path(__file__).resolve().parents[1] / "scripts" / "llamacpp_oracle.py"
+AMX_FLAGS = ("amx_tile", "amx_int8", "amx_bf16")
+
+
+def unavailable(reason: str):
+    if os.environ.get("CTX_REQUIRE_LLAMACPP") == "1":
+        pytest.fail(f"CTX_REQUIRE_LLAMACPP=1 but {reason}", pytrace=False)
+    pytest.skip(reason)
+
+
+def find_python() -> str | None:
+    explicit = os.environ.get("CTX_LLAMACPP_PYTHON")
+    if explicit:
+        return explicit
+    return sys.executable if importlib.util.find_spec("llama_cpp") is not None else None
+
+
+def cpu_flags() -> set[str]:
+    return set(Path("/proc/cpuinfo").read_text().split()) if Path("/proc/cpuinfo").exists() else set()
+
+
+def crash_reason(code: int, stderr: str, flags: set[str] | None = None) -> str:
+    """One line on why the child died; an AMX guest fault is named as such."""
+    what = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit status {code}"
+    line = f"llama.cpp's child process died ({what}): {stderr.strip().splitlines()[-1] if stderr.strip() else ''}"
+    amx = [f for f in AMX_FLAGS if f in (cpu_flags() if flags is None else flags)]
+    if code < 0 and amx:
+        line += (f"; this CPU lists {', '.join(amx)}, and a llama.cpp built with GGML_NATIVE=ON uses AMX, which "
+                 "a guest that does not enable it answers with a general-protection fault: rebuild llama-cpp-python "
+                 "with CMAKE_ARGS='-DGGML_NATIVE=OFF -DGGML_AVX512=ON ... -DGGML_AMX_TILE=OFF' (see .ci/run)")
+    return line
+
+
+class LlamaCpp:
+    """One llama-cpp-python interpreter; each run() is one child process."""
+
+    def __init__(self, python: str):
+        self.python = python
+
+    def ggml_cpu_library(self) -> Path:
+        """The libggml-cpu.so that this llama-cpp-python loads."""
+        where = subprocess.run([self.python, "-c", "import llama_cpp, pathlib; print(pathlib.Path(llama_cpp.__file__).parent)"],
+                               capture_output=True, text=True, check=True).stdout.strip()
+        return next(Path(where).glob("lib/libggml-cpu*.so"))
+
+    def run(self, model: Path, jobs: list[dict], *, threads: int = 2, n_batch: int = 512) -> list[dict]:
+        with tempfile.TemporaryDirectory(prefix="llamacpp-") as tmp:
+            out = Path(tmp)
+            request = {"model": str(model), "threads": threads, "n_batch": n_batch, "jobs": jobs}
+            (out / "request.json").write_text(json.dumps(request))
+            child = subprocess.run([self.python, str(ORACLE), str(out / "request.json"), str(out)],
+                                   capture_output=True, text=True, timeout=1800)
+            if child.returncode != 0:
+                raise RuntimeError(crash_reason(child.returncode, child.stderr))
+            results = json.loads((out / "result.json").read_text())
+            for r in results:
+                for key, value in list(r.items()):
+                    if isinstance(value, str) and value.endswith(".npy"):
+                        r[key] = np.load(out / value)
+            return results
+
+
+def open_llamacpp() -> LlamaCpp:
+    python = find_python()
+    if python is None:
+        unavailable("llama.cpp is not importable here (pip install llama-cpp-python==0.3.36, "
+                    "or set CTX_LLAMACPP_PYTHON to a python that has it)")
+    try:
+        probe = subprocess.run([python, "-c", "import llama_cpp"], capture_output=True, text=True)
+    except OSError as err:
+        unavailable(f"{python} cannot import llama_cpp: it does not run ({err.strerror})")
+    if probe.returncode != 0:
+        unavailable(f"{python} cannot import llama_cpp: {probe.stderr.strip().splitlines()[-1:]}")
+    return LlamaCpp(python)

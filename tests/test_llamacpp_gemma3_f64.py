@@ -1,0 +1,60 @@
+"""Which engine is right where ours and llama.cpp disagree on Gemma 3?
+
+A third reference decides: a float64 numpy forward pass over the same
+weights, dequantized by gguf (tests/gemma3_numpy.py), for the first POSITIONS
+positions of the long text. Both engines quantize activations to 8 bits for
+their integer matmuls, so neither equals it; the test measures each one's
+distance to it (top-1 agreement with its argmax, mean |Δ log p| at that
+token). Today llama.cpp is the closer one, by a little: that is asserted as
+a bound, and "ours is no farther" is a strict xfail until it holds.
+"""
+import numpy as np
+import pytest
+
+import ctxengine as ce
+from agreement import Agreement, log_softmax
+from gemma3_numpy import float64_logits
+
+POSITIONS = 320
+
+
+@pytest.fixture(scope="module")
+def ids(gemma3_ref) -> list[int]:
+    return gemma3_ref["long"][0]["ids"][:POSITIONS]
+
+
+@pytest.fixture(scope="module")
+def exact(gemma3_path, ids) -> dict:
+    lp = log_softmax(float64_logits(gemma3_path, ids))
+    return {"top1": lp.argmax(axis=1), "top1_lp": lp.max(axis=1)}
+
+
+def distance(logits: np.ndarray, exact: dict, label: str) -> Agreement:
+    a = Agreement()
+    a.add(label, 0, logits, exact["top1"], exact["top1_lp"])
+    return a
+
+
+@pytest.fixture(scope="module")
+def distances(gemma3_path, ids, exact, llamacpp) -> dict:
+    m = ce.load(gemma3_path, threads=2)
+    ours = distance(m.engine.forward(m.engine.new_sequence(), ids, all_logits=True), exact, "ours")
+    m.close()
+    theirs = distance(llamacpp.run(gemma3_path, [{"kind": "logits", "ids": ids}])[0]["logits"], exact, "llama.cpp")
+    for name, a in (("ours", ours), ("llama.cpp", theirs)):
+        print(f"Gemma 3 vs float64 numpy, {POSITIONS} positions: {name} {a.summary()}")
+    return {"ours": ours, "llama.cpp": theirs}
+
+
+def test_both_engines_distance_to_the_float64_forward_is_measured_and_close(distances):
+    """Measured: ours 0.956 / 0.0498, llama.cpp 0.963 / 0.0462 (docs/PERFORMANCE.md)."""
+    ours, theirs = distances["ours"], distances["llama.cpp"]
+    assert ours.mean_gap <= theirs.mean_gap + 0.005, f"ours {ours.summary()}; llama.cpp {theirs.summary()}"
+    assert ours.top1 >= theirs.top1 - 0.01, f"ours {ours.summary()}; llama.cpp {theirs.summary()}"
+
+
+@pytest.mark.xfail(strict=True, reason="issue 19: llama.cpp is the closer to the float64 forward today "
+                   "(mean |d log p| 0.0462 against ours 0.0498 over 320 positions)")
+def test_ours_is_no_farther_from_the_float64_forward_than_llama_cpp(distances):
+    ours, theirs = distances["ours"], distances["llama.cpp"]
+    assert ours.mean_gap <= theirs.mean_gap and ours.top1 >= theirs.top1
