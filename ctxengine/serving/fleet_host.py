@@ -48,6 +48,7 @@ class FleetHost:
         self.url: str | None = None
         self._restoring = threading.Lock()
         self._stop = threading.Event()
+        self._wake = threading.Event()  # what this host serves changed: beat now
         self._thread: threading.Thread | None = None
 
     # -- membership ---------------------------------------------------------------------
@@ -60,6 +61,7 @@ class FleetHost:
 
     def stop(self) -> None:
         self._stop.set()
+        self._wake.set()
         if self._thread is not None:
             self._thread.join(5)
 
@@ -74,8 +76,16 @@ class FleetHost:
         # Every servable model's weights, loaded or not: this host can restore onto any.
         self.fleet.heartbeat(self.info(), self.runtime.weight_ids(), HEARTBEAT_TTL_S)
 
+    def changed(self) -> None:
+        """A model was loaded or unloaded: the fleet hears of it now, not at the next beat."""
+        self._wake.set()
+
     def _beat_loop(self) -> None:
-        while not self._stop.wait(HEARTBEAT_S):
+        while True:
+            self._wake.wait(HEARTBEAT_S)
+            self._wake.clear()
+            if self._stop.is_set():
+                return
             try:
                 self.beat()
             except StoreError:

@@ -120,6 +120,8 @@ class Runtime:
             with self._lock:
                 self._loaded[entry.name] = LoadedEntry(entry, model, now, now, prefix_cache=cache, loras=loras)
                 self._unload_over_budget(keep=entry.name)
+            if self.fleet is not None:
+                self.fleet.changed()
             return model
 
     @contextmanager
@@ -299,6 +301,8 @@ class Runtime:
             return False
         self._loaded.pop(loaded.entry.name, None)
         loaded.model.close()
+        if self.fleet is not None:
+            self.fleet.changed()
         return True
 
 
