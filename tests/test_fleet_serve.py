@@ -93,7 +93,7 @@ def test_a_conversation_moves_across_hosts_bit_identically(hosts, fleet):
     listing = get(b, "/v1/fleet").json()
     assert listing["online"] is True and listing["host"] == "b"
     by_host = {h["host"]: h for h in listing["hosts"]}
-    assert set(by_host) == {"a", "b", "c"}  # each beat as it started, on every model load or unload, and every 2 s (10 s TTL)
+    assert set(by_host) == {"a", "b", "c"}  # beats: at start, on each model load or unload, every 2 s
     assert by_host["b"]["models"] == ["smollm2"] and by_host["b"]["weight_ids"] == [card["weight_id"]]
 
 
