@@ -57,7 +57,7 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
-    from ctxengine.cli.bench_facts import describe_machine, machine_facts
+    from ctxengine.bench.facts import describe_machine, machine_facts
 
     gemma, smol = gemma3_file(), smollm2_file()
     size = gemma.stat().st_size

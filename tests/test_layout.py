@@ -25,6 +25,7 @@ LAYERS = [
     ("cli",),                        # the ctx command
     ("api", "rpc"),                  # the HTTP and gRPC faces
     ("serving",),                    # runtime, prefix cache, fleet host, the served catalog
+    ("bench",),                      # ctx bench / ctx verify's library, which bench/*.py imports too
     ("ctxengine",),                  # the public face: ctxengine/__init__.py (load, Model, Store)
     ("state",),                      # Model, Context, ContextTable, snapshots, eviction
     ("ollama",),                     # Ollama's store and Go templates; registers as a model source

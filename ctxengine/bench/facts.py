@@ -1,7 +1,7 @@
 """What a speed figure needs beside it to mean anything: the machine, the SIMD
 path each engine ran, the date, and how fast this machine can read memory.
 
-Shared by ``ctx bench`` and bench/bench_core.py. Decode of a small model reads
+Shared by ``ctx bench`` (speed.py) and the scripts in bench/. Decode of a small model reads
 every weight once per token, so bytes of weights per token x tokens per second
 is the read rate decode reached; next to the probe's rate it says how close
 to the memory ceiling an engine runs (or that the weights partly sat in cache).
