@@ -32,7 +32,7 @@ LAYERS = [
     ("engine",),                     # GGUF, weights identity, the Engine, scheduler, sampler, catalog
     ("text",),                       # tokenizers, chat rendering, tool-call text, grammars
     ("store",),                      # the snapshot store: imports errors only
-    ("errors", "paths", "_core"),    # the ground everything stands on
+    ("errors", "paths", "version", "_core"),  # the ground everything stands on
 ]
 RANK = {unit: i for i, units in enumerate(LAYERS) for unit in units}
 STORE_MAY_IMPORT = {"store", "errors"}  # it keeps bytes and knows no model
