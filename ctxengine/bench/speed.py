@@ -19,6 +19,9 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
+
+from ..state.model import load
 from .facts import machine_facts, read_bandwidth, weight_bytes_per_token
 from .llama import measure_llama, prompt_ids
 
@@ -37,10 +40,6 @@ def bench(path: Path, threads: int, *, reps: int = 3, kv: str = "f16", llama_pyt
 
 def measure_ours(path, threads: int, n_prompt: int = 512, n_gen: int = 128, reps: int = 3,
                  batches=(1, 4, 8), batch_prompt: int = 128, batch_gen: int = 64, kv: str = "f16") -> dict:
-    import numpy as np
-
-    from ..state.model import load
-
     model = load(path, threads=threads, kv=kv)
     eng = model.engine
     kv_bytes_per_token = eng.pool.page_bytes / eng.pool.page_tokens
@@ -75,8 +74,6 @@ def measure_batched(eng, n_seq: int, n_prompt: int = 128, n_gen: int = 64) -> fl
     """Aggregate decode tok/s of n_seq sequences (own n_prompt-token prompts)
     decoding together, one native forward step per token for all of them, so
     each weight is read once per step (like llama-batched-bench)."""
-    import numpy as np
-
     ids = prompt_ids(eng.tokenize, n_prompt + n_seq)
     seqs = [eng.new_sequence() for _ in range(n_seq)]
     last = [int(np.argmax(eng.forward(s, ids[k:k + n_prompt]))) for k, s in enumerate(seqs)]
