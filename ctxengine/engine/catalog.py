@@ -3,9 +3,9 @@
 A catalog is built from what the user pointed at (``-m PATH`` files, a
 ``--models-dir``) plus the packaged default; other model sources (Ollama's
 store) add their entries to it, and the catalog asks the sources it is given
-about names it does not know (engine/model_source.py). Each entry either has a GGUF file to
-load or a reason it cannot be served; the catalog never loads a model itself
-(that is the runtime's job, on first use).
+about names it does not know (engine/model_source.py). Each entry either has
+a GGUF file to load or a reason it cannot be served; the catalog never loads
+a model itself (that is the runtime's job, on first use).
 """
 from __future__ import annotations
 
