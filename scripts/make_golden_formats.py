@@ -69,7 +69,7 @@ def main() -> int:
             q8 = ce.load(None, threads=1, kv="q8")
             export = snapshot_of(q8, store, g.EXPORT_TEXT, "smollm2-q8")
             q8.close()
-            store.export("smollm2-q8", g.EXPORT if out == g.DIR else out / g.EXPORT.name)
+            store.export("smollm2-q8", out / g.EXPORT.name)
     commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True).stdout
     written = {"by": f"ctxengine {ce.__version__}, commit {commit.strip()}",
                "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")}
