@@ -36,7 +36,7 @@ class ContextServicer(context_pb2_grpc.ContextServiceServicer):
 
     @guarded
     def Append(self, request, context):
-        ctx = self._find(request.name)
+        ctx = self.sessions.find(request.name)
         which = request.WhichOneof("content")
         if which is None:
             raise Refused(Code.INVALID_ARGUMENT, "append needs text or ids")
@@ -46,7 +46,7 @@ class ContextServicer(context_pb2_grpc.ContextServiceServicer):
 
     @guarded
     def Generate(self, request, context):
-        ctx = self._find(request.name)
+        ctx = self.sessions.find(request.name)
         sampling = {f: getattr(request.sampling, f) for f in _SAMPLING if request.sampling.HasField(f)}
         max_tokens = request.max_tokens if request.HasField("max_tokens") else DEFAULT_MAX_TOKENS
         cancelled = threading.Event()
@@ -67,18 +67,18 @@ class ContextServicer(context_pb2_grpc.ContextServiceServicer):
 
     @guarded
     def Fork(self, request, context):
-        src = self._find(request.name)
+        src = self.sessions.find(request.name)
         return self._info(self.sessions.fork(src, request.new_name))
 
     @guarded
     def Rewind(self, request, context):
-        ctx = self._find(request.name)
+        ctx = self.sessions.find(request.name)
         ctx.rewind(request.n)
         return self._info(ctx)
 
     @guarded
     def Snapshot(self, request, context):
-        ctx = self._find(request.name)
+        ctx = self.sessions.find(request.name)
         s = self.sessions.snapshot(ctx, request.ref or ctx.name, dict(request.labels))
         return pb.SnapshotResponse(snapshot_id=s.snapshot_id, n_pages=s.n_pages, pages_written=s.pages_sent,
                                    ref=s.ref)
@@ -89,7 +89,7 @@ class ContextServicer(context_pb2_grpc.ContextServiceServicer):
 
     @guarded
     def Delete(self, request, context):
-        self._find(request.name).delete()
+        self.sessions.find(request.name).delete()
         return pb.DeleteResponse()
 
     @guarded
@@ -100,12 +100,9 @@ class ContextServicer(context_pb2_grpc.ContextServiceServicer):
 
     @guarded
     def Get(self, request, context):
-        return self._info(self._find(request.name), tokens=request.include_tokens)
+        return self._info(self.sessions.find(request.name), tokens=request.include_tokens)
 
     # -- helpers ----------------------------------------------------------------------
-    def _find(self, name: str) -> "Context":
-        return self.sessions.find(name)
-
     def _model_names(self) -> dict[int, str]:
         """id(Engine) -> catalog name, for the models loaded now."""
         return {id(e.model.engine): e.entry.name for e in self.runtime.loaded()}
