@@ -67,7 +67,7 @@ class ServedModels:
         self.lora = tuple(lora)  # adapters loaded into each model they fit
         self.draft = draft              # a draft model for every model loaded (same vocabulary)
         self.speculative = speculative  # False: generations draft only when a request asks
-        self.store = store
+        self.store = store  # where idle contexts are evicted to when pages run out, and snapshots kept
         self.threads = threads
         self.kv = kv
         self.memory_budget = memory_budget if memory_budget is not None else _physical_memory() // 2
