@@ -62,6 +62,8 @@ def client_name(name: str, what: str = "context") -> str:
 
 
 class Sessions:
+    """The named contexts of one serving process (``runtime.sessions``)."""
+
     def __init__(self, models: "ServedModels", store: "Store | None", fleet: "FleetHost | None"):
         self.models = models
         self._store = store
@@ -117,7 +119,7 @@ class Sessions:
         """A named context held for one request: no other request appends to or
         generates from it until the block ends (requests on it queue up)."""
         ctx = self.find(name, client=client)
-        # Context.hold() (state24) replaces these two private reads.
+        # Private until Context.hold() (issue 24, item 2).
         with ctx._lock:
             ctx._check_live()  # deleted meanwhile: a clear error; evicted: read back
             yield ctx
@@ -211,7 +213,7 @@ class Sessions:
             return ctx  # the ref was deleted on the fleet: this host's copy is all there is
         store = self.store()
         with self._restoring:
-            # Context.hold() and Context.residency (state24) replace these private reads.
+            # Private until Context.hold(resident=False) and Context.residency (issue 24, item 2).
             with ctx._lock:  # not while a request of ours is using it
                 if ctx._seq is None and ctx._evicted is None:
                     return self.models.find_local_context(ctx.name)  # deleted meanwhile
