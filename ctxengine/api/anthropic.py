@@ -27,7 +27,7 @@ from .errors import ANTHROPIC, ApiError, error_body
 from .fields import Fields, json_body, text_content
 from .generation import Finished, Generation, GenerationRequest, Generations, Started
 from .options import Sampling
-from .prompts import Prompt, prompt_ids
+from ..serving.prompts import Prompt, prompt_ids
 from .streaming import GenerationStream, sse
 from .structured import anthropic_grammar
 from .tools import ToolUse, anthropic_blocks, anthropic_messages, anthropic_tool_use, reply_events

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, AsyncIterator
 from ..errors import ContextError, CtxError
 from .errors import ApiError, as_api_error
 from .options import Sampling, entry_sampling
-from .prompts import Prompt, continuation_text, prompt_ids
+from ..serving.prompts import Prompt, continuation_text, prompt_ids
 
 if TYPE_CHECKING:
     from starlette.requests import Request

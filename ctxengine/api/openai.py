@@ -25,7 +25,7 @@ from .errors import OPENAI, ApiError, error_body
 from .fields import Fields, json_body
 from .generation import Finished, Generation, GenerationRequest, Generations, Started
 from .options import Sampling
-from .prompts import Prompt
+from ..serving.prompts import Prompt
 from .streaming import GenerationStream, sse
 from .structured import openai_grammar
 from .tools import ToolUse, openai_calls, openai_message, openai_tool_use, reply_events

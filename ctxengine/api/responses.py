@@ -33,7 +33,7 @@ from .fields import Fields, json_body, text_content
 from .generation import Finished, Generation, GenerationRequest, Generations
 from .openai import ROLES
 from .options import Sampling
-from .prompts import Prompt
+from ..serving.prompts import Prompt
 from .response_store import ResponseStore, context_name, new_id
 from .streaming import GenerationStream, sse
 from .structured import responses_grammar

@@ -24,7 +24,7 @@ from . import exportfile, maintenance, pages as codec, records as records_, refs
 from .lmdbenv import Env, check_format
 from .manifest import Manifest
 from .maintenance import GCResult, StoreStats
-from .names import validate_name
+from .names import is_host_local, validate_name
 from .refs import RefLogEntry
 
 Progress = Callable[[int, int], None] | None
@@ -234,7 +234,7 @@ class Store:
                 refs_.set_ref(txn, self.dbs, ref, bytes.fromhex(sid), now)
 
         self.env.write(write, size_hint=sum(map(len, records.values())) + len(record))
-        if self.fleet is not None and not (ref or "").startswith("_"):  # "_" refs are this host's own
+        if self.fleet is not None and not is_host_local(ref or ""):  # a host's own refs stay here
             self.fleet.publish(sid, m, ref)
         return sid
 
@@ -259,7 +259,7 @@ class Store:
             return True
 
         here = self.env.write(write)
-        if self.fleet is not None and not name.startswith("_") and self.fleet.set_ref(name, sid.hex(), here):
+        if self.fleet is not None and not is_host_local(name) and self.fleet.set_ref(name, sid.hex(), here):
             return
         if not here:
             raise StoreError(f"cannot point ref {name!r} at {snapshot_id}: no such snapshot")
@@ -306,7 +306,7 @@ class Store:
         validate_name(name, "ref")
 
         here = self.env.write(lambda txn: refs_.delete_ref(txn, self.dbs, name))
-        there = self.fleet is not None and not name.startswith("_") and self.fleet.delete_ref(name)
+        there = self.fleet is not None and not is_host_local(name) and self.fleet.delete_ref(name)
         if not (here or there):
             raise StoreError(f"no ref named {name!r}")
 
