@@ -20,7 +20,7 @@ from datetime import datetime, timezone
 from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, PlainTextResponse
 
-from ..version import __version__
+from ..serving.exports import __version__
 from .embeddings import embed
 from .errors import OLLAMA, ApiError, error_body
 from .fields import Fields, json_body

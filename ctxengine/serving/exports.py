@@ -4,7 +4,7 @@ the structures they build or hand on, and the version they report.
 """
 from __future__ import annotations
 
-from .. import __version__
+from ..version import __version__
 from ..engine.model_source import CatalogEntry
 from ..engine.sampler import SamplerParams
 from ..state import Context, Piece
