@@ -13,7 +13,6 @@ import hashlib
 import http.client
 import os
 import queue
-import threading
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
@@ -21,10 +20,11 @@ from pathlib import Path
 from typing import Callable
 
 from ..engine.disk import storage_error
+from ..engine.hashed_writer import HashedWriter, hash_partial
 from ..errors import CorruptDataError, CtxError
 
 CHUNK = 4 << 20          # bytes a read asks for; large reads keep loopback near memcpy speed
-BUFFERS = 3              # in flight between receiving and hashing/writing
+BUFFERS = 6              # one being received, the others queued for (or in) the writer
 TIMEOUT = 60.0           # seconds without a byte before the transfer counts as stalled
 
 
@@ -47,7 +47,7 @@ def fetch_blob(url: str, final: Path, sha256_hex: str, size: int | None, *, head
         progress(final.stat().st_size)
         return Fetched(final, 0, 0)
     partial = partial_path(final)
-    h, have = _hash_existing(partial, size)
+    h, have = hash_partial(partial, size)
     progress(have)
     received = 0
     if size is None or have < size:
@@ -74,68 +74,23 @@ def fetch_blob(url: str, final: Path, sha256_hex: str, size: int | None, *, head
     return Fetched(final, have, received)
 
 
-def _hash_existing(partial: Path, size: int | None):
-    """The sha256 of an earlier pull's partial bytes, and how many there were (a
-    partial longer than the blob cannot be right and is dropped)."""
-    h, have = hashlib.sha256(), 0
-    try:
-        with open(partial, "rb") as f:
-            while chunk := f.read(CHUNK):
-                h.update(chunk)
-                have += len(chunk)
-    except FileNotFoundError:
-        return h, 0
-    if size is not None and have > size:
-        partial.unlink()
-        return hashlib.sha256(), 0
-    return h, have
-
-
 def _stream(response, partial: Path, have: int, h: "hashlib._Hash", progress: Callable[[int], None]) -> int:
     """Append the response body to the partial file (truncated to ``have``); bytes received.
 
-    Two stages overlap: this thread receives into one of BUFFERS buffers while
-    another hashes and writes the one before (socket reads, sha256 of large
-    buffers and file writes all release the GIL), so a fast link is not slowed
-    to the sum of the three."""
+    This thread receives into one of BUFFERS reused buffers (no allocation per
+    read) while a HashedWriter hashes and writes the ones before it."""
     free: queue.Queue = queue.Queue()
-    full: queue.Queue = queue.Queue()
     for _ in range(BUFFERS):
         free.put(memoryview(bytearray(CHUNK)))
-    failed: list[OSError] = []
     received = 0
-
-    def hash_and_write(out) -> None:
-        while (item := full.get()) is not None:
-            view, n = item
-            if not failed:
-                try:
-                    h.update(view[:n])
-                    out.write(view[:n])
-                    progress(n)
-                except OSError as err:
-                    failed.append(err)
-            free.put(view)
-
     try:
         with open(partial, "r+b" if have else "wb") as out:
             out.truncate(have)
             out.seek(have)
-            writer = threading.Thread(target=hash_and_write, args=(out,), name="blob-write", daemon=True)
-            writer.start()
-            try:
-                while not failed:
-                    view = free.get()
-                    n = response.readinto(view)
-                    if not n:
-                        break
-                    full.put((view, n))
+            with HashedWriter(out, h, progress) as writer:
+                while n := response.readinto(view := free.get()):
+                    writer.write(view[:n], release=lambda view=view: free.put(view))
                     received += n
-            finally:
-                full.put(None)
-                writer.join()
-            if failed:
-                raise failed[0]
     except OSError as err:
         if isinstance(err, (ConnectionError, TimeoutError)):
             raise
