@@ -1,9 +1,12 @@
 """Pull throughput from loopback servers against curl of the same file, same run (issue 23).
 
-    python bench/bench_pull.py [--rounds 3] [--json]
+    python bench/bench_pull.py [--rounds 3] [--pad-mb 512] [--json]
 
 The loopback Hub and Ollama registry of the tests (tests/hub_servers.py)
-serve the packaged Gemma 3 270M Q4_K_M (253 MB). Each round, alternated:
+serve the packaged Gemma 3 270M Q4_K_M (253 MB) followed by --pad-mb MiB of
+random bytes, which GGUF readers never reach (they read the tensors the
+header places, all before it): a file large enough that the transfer, not
+the start of a Python process, sets the end-to-end time. Each round, alternated:
 `curl -L` of the registry's blob URL, `ctx pull ollama://gemma3:270m` (the
 registry protocol, sha256 checked as the bytes arrive, into a fresh store),
 `curl -L` of the Hub's resolve/ URL, `ctx pull hf://...:Q4_K_M` (through
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import re
 import shutil
 import statistics
@@ -33,6 +37,16 @@ sys.path[:0] = [str(HERE.parent / "tests")]  # the loopback servers and the pull
 
 from conftest import gemma3_file, smollm2_file  # noqa: E402
 from pull_fixtures import GEMMA_REPO, kill_halfway, make_hub, make_registry, pull  # noqa: E402
+
+
+def padded(model: Path, out: Path, pad: int) -> Path:
+    """A copy of model with pad random bytes after it (1 MiB of them, repeated)."""
+    shutil.copyfile(model, out)
+    block = random.Random(23).randbytes(1 << 20)
+    with open(out, "ab") as f:
+        for start in range(0, pad, len(block)):
+            f.write(block[:pad - start])
+    return out
 
 
 def timed_run(cmd: list[str]) -> float:
@@ -55,14 +69,16 @@ def timed_pull(spec: str, home: Path, env: dict) -> tuple[float, float]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--pad-mb", type=int, default=512, help="MiB of trailing bytes after the model (0: the model alone)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     from ctxengine.cli.bench_facts import describe_machine, machine_facts
 
-    gemma, smol = gemma3_file(), smollm2_file()
-    size = gemma.stat().st_size
+    smol = smollm2_file()
     with tempfile.TemporaryDirectory(prefix="bench-pull-") as tmp:
         tmp = Path(tmp)
+        gemma = padded(gemma3_file(), tmp / "gemma-3-270m-it-Q4_K_M.gguf", args.pad_mb << 20)
+        size = gemma.stat().st_size
         (tmp / "README.md").write_text("# models\n")
         hub = make_hub(smol, gemma, [], tmp / "README.md")
         registry = make_registry(tmp / "registry", smol, gemma)
@@ -89,7 +105,7 @@ def main() -> int:
         hub.close()
         registry.close()
     med = {k: statistics.median(v) for k, v in times.items()}
-    out = {"machine": machine_facts(threads=2), "bytes": size, "rounds": args.rounds,
+    out = {"machine": machine_facts(threads=2), "bytes": size, "pad_bytes": args.pad_mb << 20, "rounds": args.rounds,
            "seconds": times, "median_mb_s": {k: size / v / 1e6 for k, v in med.items()},
            "ratio_ollama_to_curl": med["curl registry"] / med["ctx pull ollama://"],
            "ratio_ollama_transfer_to_curl": med["curl registry"] / med["  its transfer"],
@@ -99,7 +115,8 @@ def main() -> int:
         print(json.dumps(out, indent=1))
         return 0
     print(describe_machine(out["machine"]))
-    print(f"{size / 1e6:.1f} MB, {args.rounds} rounds alternated; median MB/s (min-max s):")
+    print(f"{size / 1e6:.1f} MB (the model and {args.pad_mb} MiB after it), {args.rounds} rounds alternated; "
+          "median MB/s (min-max s):")
     for k, v in times.items():
         print(f"  {k:<20} {out['median_mb_s'][k]:8.0f} MB/s  ({min(v):.2f}-{max(v):.2f} s)")
     print(f"  ollama:// / curl  {out['ratio_ollama_to_curl']:.2f}x (transfer {out['ratio_ollama_transfer_to_curl']:.2f}x)"

@@ -17,7 +17,7 @@ import threading
 from pathlib import Path
 from typing import BinaryIO, Callable
 
-DEPTH = 4        # buffers queued for the writer before write() waits: bounds the memory held
+DEPTH = 16       # buffers queued for the writer before write() waits (a few MiB): bounds the memory held
 READ = 8 << 20   # bytes a read of an earlier pull's partial file asks for
 
 
