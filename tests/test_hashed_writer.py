@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from ctxengine.engine.hashed_writer import DEPTH, HashedWriter, hash_partial
+from ctxengine.engine.hashed_writer import LIMIT, HashedWriter, hash_partial
 
 
 def test_buffers_are_written_in_order_hashed_counted_and_released(tmp_path):
@@ -42,10 +42,10 @@ def test_a_full_disk_is_raised_to_the_receiver_and_buffers_still_come_back():
 def test_leaving_by_an_exception_keeps_what_was_received(tmp_path):
     with pytest.raises(ConnectionResetError):
         with open(tmp_path / "f", "wb") as out, HashedWriter(out, hashlib.sha256()) as writer:
-            for _ in range(DEPTH * 3):
-                writer.write(b"a" * 100_000)
+            for _ in range(3 * LIMIT // (1 << 20)):
+                writer.write(b"a" * (1 << 20))
             raise ConnectionResetError("the server went away")
-    assert (tmp_path / "f").read_bytes() == b"a" * 100_000 * DEPTH * 3
+    assert (tmp_path / "f").read_bytes() == b"a" * 3 * LIMIT
 
 
 def test_rewind_starts_file_and_hash_over(tmp_path):

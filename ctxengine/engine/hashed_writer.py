@@ -12,13 +12,13 @@ ollama/blob_download.py for registries).
 from __future__ import annotations
 
 import hashlib
-import queue
 import threading
+from collections import deque
 from pathlib import Path
 from typing import BinaryIO, Callable
 
-DEPTH = 16       # buffers queued for the writer before write() waits (a few MiB): bounds the memory held
-READ = 8 << 20   # bytes a read of an earlier pull's partial file asks for
+LIMIT = 16 << 20  # bytes handed to the writer and not yet written before write() waits
+READ = 8 << 20    # bytes a read of an earlier pull's partial file asks for
 
 
 def hash_partial(partial: Path, size: int | None) -> tuple["hashlib._Hash", int]:
@@ -40,28 +40,40 @@ def hash_partial(partial: Path, size: int | None) -> tuple["hashlib._Hash", int]
 
 
 class HashedWriter:
-    """``write(data)`` queues data and returns; the writer thread appends it to ``out``
+    """``write(data)`` hands data over and returns; the writer thread appends it to ``out``
     (at its position), hashes it into ``sha256`` and calls ``progress(len(data))``, then
-    ``release()`` if one was given (to reuse the buffer). ``wait()`` returns once all that
-    was queued is written; the first write error (a full disk) is raised by the next
-    ``write``, ``wait`` or ``close``, and nothing after it is written. Use it as a context
-    manager: leaving it (even by an exception) writes what was queued and stops the thread,
-    so a broken-off download keeps every byte it received."""
+    ``release()`` if one was given (to reuse the buffer). At most LIMIT bytes wait for the
+    writer: slack enough that neither thread often sleeps on the other, which on a busy
+    machine costs a wake-up each time. ``wait()`` returns once all that was handed over is
+    written; the first write error (a full disk) is raised by the next ``write``, ``wait``
+    or ``close``, and nothing after it is written (buffers are still released). Use it as
+    a context manager: leaving it (even by an exception) writes what was handed over and
+    stops the thread, so a broken-off download keeps every byte it received."""
 
     def __init__(self, out: BinaryIO, sha256: "hashlib._Hash", progress: Callable[[int], None] | None = None):
         self.out, self.sha256, self.progress = out, sha256, progress
-        self._queue: queue.Queue = queue.Queue(maxsize=DEPTH)
+        self._pending: deque = deque()   # (data, release) handed over and not yet taken by the writer
+        self._held = 0                   # bytes handed over and not yet written
+        self._closing = False
         self._failed: OSError | None = None
+        self._cond = threading.Condition()
         self._thread = threading.Thread(target=self._run, name="hashed-writer", daemon=True)
         self._thread.start()
 
     def write(self, data, release: Callable[[], None] | None = None) -> int:
-        self._raise_failed()
-        self._queue.put((data, release))
+        with self._cond:
+            while self._held >= LIMIT:
+                self._cond.wait()
+            self._raise_failed()
+            self._pending.append((data, release))
+            self._held += len(data)
+            self._cond.notify_all()
         return len(data)
 
     def wait(self) -> None:
-        self._queue.join()
+        with self._cond:
+            while self._held:
+                self._cond.wait()
         self._raise_failed()
 
     def rewind(self) -> None:
@@ -72,9 +84,10 @@ class HashedWriter:
         self.sha256 = hashlib.sha256()
 
     def close(self) -> None:
-        if self._thread.is_alive():
-            self._queue.put(None)
-            self._thread.join()
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
+        self._thread.join()
         self._raise_failed()
 
     def __enter__(self) -> HashedWriter:
@@ -95,20 +108,28 @@ class HashedWriter:
 
     def _run(self) -> None:
         while True:
-            item = self._queue.get()
-            if item is None:
-                self._queue.task_done()
-                return
-            data, release = item
-            try:
-                if self._failed is None:
-                    self.sha256.update(data)
-                    self.out.write(data)
-                    if self.progress is not None:
-                        self.progress(len(data))
-            except OSError as err:
-                self._failed = err
-            finally:
-                if release is not None:
-                    release()
-                self._queue.task_done()
+            with self._cond:
+                while not self._pending and not self._closing:
+                    self._cond.wait()
+                if not self._pending:
+                    return  # closing, and everything handed over is written
+                batch = list(self._pending)  # all there is: one wake-up for many buffers
+                self._pending.clear()
+            for data, release in batch:
+                self._put(data, release)
+
+    def _put(self, data, release: Callable[[], None] | None) -> None:
+        try:
+            if self._failed is None:
+                self.sha256.update(data)
+                self.out.write(data)
+                if self.progress is not None:
+                    self.progress(len(data))
+        except OSError as err:
+            self._failed = err
+        finally:
+            if release is not None:
+                release()
+            with self._cond:
+                self._held -= len(data)
+                self._cond.notify_all()

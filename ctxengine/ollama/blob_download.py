@@ -20,11 +20,11 @@ from pathlib import Path
 from typing import Callable
 
 from ..engine.disk import storage_error
-from ..engine.hashed_writer import DEPTH, HashedWriter, hash_partial
+from ..engine.hashed_writer import LIMIT, HashedWriter, hash_partial
 from ..errors import CorruptDataError, CtxError
 
 CHUNK = 256 << 10        # bytes a read asks for: few reads, each still in cache when hashed (4 MiB ran at 0.7x curl)
-BUFFERS = DEPTH + 2      # one being received, one being written, the rest queued for the writer
+BUFFERS = LIMIT // CHUNK + 2  # the writer's slack, one being received, one being written
 TIMEOUT = 60.0           # seconds without a byte before the transfer counts as stalled
 
 
