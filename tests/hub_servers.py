@@ -18,8 +18,8 @@ Both count the body bytes they send (``sent``), can be slowed down
 (``rate``, bytes a second, so a test can kill a pull halfway), can be
 told to corrupt a blob (``tamper``: its sha256s), to ignore range requests
 (``ranges = False``: 200 and the whole file, as some CDNs answer) and to
-break the next body off after some bytes (``break_at``: the connection
-closes, once).
+break a body off after some bytes (``break_at``: the next body longer than
+that stops there and the connection closes, once).
 """
 from __future__ import annotations
 
@@ -54,6 +54,7 @@ class _Server(ThreadingHTTPServer):
         self.tamper: set[str] = set()
         self.ranges = True
         self.break_at: int | None = None
+        self.requests: list[tuple[str, str | None]] = []   # (path, Authorization header) of each request
         self.lock = threading.Lock()
         self.thread = threading.Thread(target=self.serve_forever, daemon=True)
         self.thread.start()
@@ -108,9 +109,10 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _body(self, path: Path, start: int, stop: int, tamper: bool) -> None:
         with self.server.lock:
-            cut, self.server.break_at = self.server.break_at, None
-        if cut is not None:
-            stop, self.close_connection = min(stop, start + cut), True
+            cut = self.server.break_at
+            if cut is not None and stop - start > cut:
+                self.server.break_at = None
+                stop, self.close_connection = start + cut, True
         with open(path, "rb") as f:
             f.seek(start)
             pos = start
@@ -135,6 +137,7 @@ class HubHandler(_Handler):
 
     def do_GET(self) -> None:
         path = unquote(urlsplit(self.path).path)
+        self.server.requests.append((path, self.headers.get("Authorization")))
         m = re.fullmatch(r"/api/models/([^/]+/[^/]+)(?:/revision/([^/]+))?", path)
         if m:
             return self.model_info(m[1])

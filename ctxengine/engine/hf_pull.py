@@ -4,8 +4,8 @@ it; ``HF_ENDPOINT``, ``HF_TOKEN``, ``HF_HOME``/``HF_HUB_CACHE`` and
 ``HF_HUB_OFFLINE`` mean what they mean there).
 
 Which file: hf_files.py. How it arrives: ``model_info`` pins the repo's
-commit, so every part of a split model comes from one commit; each file's
-bytes go through huggingface_hub's HTTP session (hf_transfer.py) into
+commit, so every part of a split model comes from one commit; the bytes of
+each file, from the URL huggingface_hub resolves, go (hf_transfer.py) into
 ``blobs/<etag>.incomplete`` (the name huggingface_hub itself long resumed
 from), so a pull killed or interrupted resumes with a range request instead
 of starting over, which huggingface_hub's own download no longer does. A
@@ -114,9 +114,10 @@ def _download(repo: str, filename: str, commit: str, hub: HubSettings) -> tuple[
         blob.parent.mkdir(parents=True, exist_ok=True)
         # The token goes only to the Hub itself, never to the CDN a file redirects to.
         same_host = meta.location.startswith(hub.endpoint + "/")
-        resumed, received, digest = download(meta.location, partial, size=meta.size, name=filename.rsplit("/", 1)[-1],
-                                             headers=build_hf_headers() if same_host else {})
-        _verify(partial, meta.etag, filename, digest)
+        got = download(meta.location, partial, size=meta.size, name=filename.rsplit("/", 1)[-1],
+                       headers=build_hf_headers() if same_host else {})
+        resumed, received = got.kept, got.received
+        _verify(partial, meta.etag, filename, got.sha256)
         os.replace(partial, blob)
     path = hf_hub_download(repo, filename, revision=commit, cache_dir=hub.cache_dir, endpoint=hub.endpoint)
     return Path(path), received, resumed
