@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..engine.hashed_writer import hash_partial
-from ..engine.http_fetch import TIMEOUT, fetch
+from ..engine.http_fetch import fetch
 from ..errors import CorruptDataError, CtxError
 
 
