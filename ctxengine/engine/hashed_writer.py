@@ -6,8 +6,7 @@ speed of their sum; here the receiving thread only hands each buffer over
 and reads on, while a writer thread hashes and writes the buffers before it,
 so the download runs at the speed of the slowest of the three. Socket reads,
 ``hashlib`` on buffers over 2 KiB and file writes all release the GIL, so the
-two threads do run at once. Both pulls use it (hf_transfer.py for the Hub,
-ollama/blob_download.py for registries).
+two threads do run at once. http_fetch.py, the loop both pulls share, uses it.
 """
 from __future__ import annotations
 
