@@ -30,10 +30,13 @@ from .http_fetch import Fetched, fetch
 
 def download(url: str, partial: Path, *, size: int | None, headers: dict[str, str], name: str) -> Fetched:
     """Fetch url into partial, after the bytes an earlier pull left there."""
+    from huggingface_hub import constants
+
     sha, kept = hash_partial(partial, size)
     with _bar(size, kept, name) as bar:
-        try:
-            return fetch(url, partial, sha, kept, size=size, headers=headers, progress=bar.update)
+        try:  # HF_HUB_DOWNLOAD_TIMEOUT: seconds without a byte, as for huggingface_hub's own downloads
+            return fetch(url, partial, sha, kept, size=size, headers=headers, progress=bar.update,
+                         timeout=constants.HF_HUB_DOWNLOAD_TIMEOUT)
         except urllib.error.HTTPError as err:
             host = urllib.parse.urlsplit(url).netloc
             raise CtxError(f"{host} answered HTTP {err.code} {err.reason} for {name} (resolved by the Hub to "

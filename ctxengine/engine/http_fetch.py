@@ -54,12 +54,12 @@ _OPENER = urllib.request.build_opener(_TokenStaysHome)  # with the default handl
 
 
 def fetch(url: str, partial: Path, sha256, kept: int, *, size: int | None, headers: dict[str, str],
-          progress: Callable[[int], None], retries: int = RETRIES) -> Fetched:
+          progress: Callable[[int], None], retries: int = RETRIES, timeout: float = TIMEOUT) -> Fetched:
     """GET url into partial, which holds ``kept`` bytes whose hash is sha256 (hashed_writer.
     hash_partial); ``progress(n)`` after every n bytes written (negative when a server that
     ignored the range made us start over). A body that breaks off is asked for again from
     where it stopped, ``retries`` times running without a byte in between; then, or on a
-    network error, a CtxError says how much is kept. HTTP errors are raised as
+    network error or ``timeout`` seconds without a byte, a CtxError says how much is kept. HTTP errors are raised as
     urllib.error.HTTPError, for the caller to word; disk errors are named."""
     free: queue.Queue = queue.Queue()
     for _ in range(BUFFERS):
@@ -73,7 +73,7 @@ def fetch(url: str, partial: Path, sha256, kept: int, *, size: int | None, heade
                 while size is None or pos < size:
                     ranged = {**headers, "Range": f"bytes={pos}-"} if pos else headers
                     try:
-                        with _OPENER.open(urllib.request.Request(url, headers=ranged), timeout=TIMEOUT) as response:
+                        with _OPENER.open(urllib.request.Request(url, headers=ranged), timeout=timeout) as response:
                             if pos and response.status != 206:  # the server ignored the range: start over
                                 writer.rewind()
                                 progress(-pos)
@@ -81,7 +81,7 @@ def fetch(url: str, partial: Path, sha256, kept: int, *, size: int | None, heade
                             while n := response.readinto(view := free.get()):
                                 writer.write(view[:n], release=lambda view=view: free.put(view))
                                 pos, received, tries = pos + n, received + n, retries
-                            if response.length:  # closed before its Content-Length (http.client returns 0, not an error)
+                            if response.length:  # closed short of its Content-Length: http.client just ends
                                 raise http.client.IncompleteRead(b"", response.length)
                         break
                     except urllib.error.HTTPError as err:
