@@ -59,49 +59,71 @@ def fetch(url: str, partial: Path, sha256, kept: int, *, size: int | None, heade
     hash_partial); ``progress(n)`` after every n bytes written (negative when a server that
     ignored the range made us start over). A body that breaks off is asked for again from
     where it stopped, ``retries`` times running without a byte in between; then, or on a
-    network error or ``timeout`` seconds without a byte, a CtxError says how much is kept. HTTP errors are raised as
-    urllib.error.HTTPError, for the caller to word; disk errors are named."""
-    free: queue.Queue = queue.Queue()
-    for _ in range(BUFFERS):
-        free.put(memoryview(bytearray(CHUNK)))
-    pos, received, tries = kept, 0, retries
+    network error or ``timeout`` seconds without a byte, a CtxError says how much is kept.
+    HTTP errors are raised as urllib.error.HTTPError, for the caller to word; disk errors
+    are named."""
     try:
         with open(partial, "r+b" if kept else "wb") as out:
             out.truncate(kept)
             out.seek(kept)
             with HashedWriter(out, sha256, progress) as writer:
-                while size is None or pos < size:
-                    ranged = {**headers, "Range": f"bytes={pos}-"} if pos else headers
+                body = _Body(url, headers, timeout, writer, kept)
+                tries = retries
+                while size is None or body.pos < size:
                     try:
-                        with _OPENER.open(urllib.request.Request(url, headers=ranged), timeout=timeout) as response:
-                            if pos and response.status != 206:  # the server ignored the range: start over
-                                writer.rewind()
-                                progress(-pos)
-                                pos = kept = 0
-                            while n := response.readinto(view := free.get()):
-                                writer.write(view[:n], release=lambda view=view: free.put(view))
-                                pos, received, tries = pos + n, received + n, retries
-                            if response.length:  # closed short of its Content-Length: http.client just ends
-                                raise http.client.IncompleteRead(b"", response.length)
+                        body.get()
                         break
-                    except urllib.error.HTTPError as err:
-                        err.close()  # its status and reason stay; its socket is not left for the GC
-                        raise
                     except (urllib.error.URLError, http.client.HTTPException, TimeoutError, ConnectionError) as err:
-                        reason = getattr(err, "reason", None) or err.__class__.__name__
-                        if tries <= 0:
-                            raise CtxError(f"download from {url} broke off ({reason}); {pos} bytes kept in "
-                                           f"{partial}: run the pull again to resume") from None
-                        logging.getLogger(__name__).warning("download from %s broke off (%s); asking for the "
-                                                            "rest, from byte %d", url, reason, pos)
-                        tries -= 1
-                        time.sleep(1)
+                        if isinstance(err, urllib.error.HTTPError):
+                            err.close()  # its status and reason stay; its socket is not left for the GC
+                            raise
+                        tries = (retries if body.moved else tries) - 1
+                        body.broke_off(err, partial, last=tries < 0)
                 writer.wait()
                 digest = writer.sha256.hexdigest()
     except OSError as err:
         if isinstance(err, (urllib.error.URLError, ConnectionError, TimeoutError)):
             raise
         raise storage_error(err, partial.parent) from None
-    if size is not None and pos != size:
-        raise CtxError(f"{url} sent {pos} bytes of {size}; {pos} bytes kept in {partial}: run the pull again")
-    return Fetched(kept, received, digest)
+    if size is not None and body.pos != size:
+        raise CtxError(f"{url} sent {body.pos} bytes of {size}; they are kept in {partial}: run the pull again")
+    return Fetched(body.kept, body.received, digest)
+
+
+class _Body:
+    """The response body as it arrives, over as many requests as it takes: where it is
+    (``pos``), how much came from the network, and the reused buffers it is read into."""
+
+    def __init__(self, url: str, headers: dict[str, str], timeout: float, writer: HashedWriter, kept: int):
+        self.url, self.headers, self.timeout, self.writer = url, headers, timeout, writer
+        self.pos = self.kept = kept
+        self.received = 0
+        self.moved = False   # whether the last request brought a byte
+        self.free: queue.Queue = queue.Queue()
+        for _ in range(BUFFERS):
+            self.free.put(memoryview(bytearray(CHUNK)))
+
+    def get(self) -> None:
+        """One request, from pos to the end."""
+        self.moved = False
+        ranged = {**self.headers, "Range": f"bytes={self.pos}-"} if self.pos else self.headers
+        with _OPENER.open(urllib.request.Request(self.url, headers=ranged), timeout=self.timeout) as response:
+            if self.pos and response.status != 206:  # the server ignored the range: start over
+                self.writer.rewind()
+                self.writer.progress(-self.pos)
+                self.pos = self.kept = 0
+            while n := response.readinto(view := self.free.get()):
+                self.writer.write(view[:n], release=lambda view=view: self.free.put(view))
+                self.pos, self.received, self.moved = self.pos + n, self.received + n, True
+            if response.length:  # closed short of its Content-Length: http.client just ends
+                raise http.client.IncompleteRead(b"", response.length)
+
+    def broke_off(self, err: Exception, partial: Path, *, last: bool) -> None:
+        """Say so, and wait a moment before the next request (or give up)."""
+        reason = getattr(err, "reason", None) or err.__class__.__name__
+        if last:
+            raise CtxError(f"download from {self.url} broke off ({reason}); {self.pos} bytes kept in "
+                           f"{partial}: run the pull again to resume") from None
+        logging.getLogger(__name__).warning("download from %s broke off (%s); asking for the rest, from byte %d",
+                                            self.url, reason, self.pos)
+        time.sleep(1)
