@@ -86,12 +86,13 @@ def rounds(n: int, tmp: Path, hub, registry, blob_url: str, hub_url: str) -> tup
         work.mkdir()
         env = {"CTX_OLLAMA_REGISTRY": registry.url, "HF_ENDPOINT": hub.url, "HF_HOME": str(work / "hf"),
                "HF_TOKEN": ""}
-        for curl, url, out in (("curl registry", blob_url, "c1"), ("curl hub", hub_url, "c2")):
-            wall, used = timed_run(["curl", "-sfL", "-o", str(work / out), url])
+        # (curl's row, its URL, the pull's row, the pull's transfer row, what it pulls), in this order each round
+        for curl, url, name, moved, spec in (
+                ("curl registry", blob_url, "ctx pull ollama://", "  its transfer", "ollama://gemma3:270m"),
+                ("curl hub", hub_url, "ctx pull hf://", "  its transfer ", f"hf://{GEMMA_REPO}:Q4_K_M")):
+            wall, used = timed_run(["curl", "-sfL", "-o", str(work / curl.replace(" ", "-")), url])
             times[curl].append(wall)
             cpu[curl].append(used)
-            spec, name, moved = (("ollama://gemma3:270m", "ctx pull ollama://", "  its transfer") if out == "c1" else
-                                 (f"hf://{GEMMA_REPO}:Q4_K_M", "ctx pull hf://", "  its transfer "))
             wall, used, moving = timed_pull(spec, work / "home", env)
             times[name].append(wall)
             cpu[name].append(used)
