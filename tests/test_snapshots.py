@@ -95,7 +95,7 @@ def test_manifest_records_what_made_it(model, base, store):
     assert m.page_keys == page_hashes(c)
     assert m.arch["n_layer"] == 30 and m.arch["kv_layout"] == 1
     assert m.labels == {"purpose": "test", "extra": "yes"}
-    assert m.parent is None
+    assert m.parent == base.snapshot_id  # a fork's first names its origin's last (None if never)
     # The next snapshot names this one as its parent, and so does a fork's.
     c.append([198])
     child = store.get_manifest(c.snapshot(store))

@@ -38,9 +38,6 @@ def server(tmp_path_factory, smollm2_path):
         yield s
 
 
-opened: dict[str, str] = {}  # what one test made that the next goes on with
-
-
 @pytest.fixture(scope="module")
 def browser(tmp_path_factory):
     chromium, driver = shutil.which("chromium"), shutil.which("chromedriver")
@@ -121,6 +118,17 @@ def open_title(d) -> str:
     return d.find_element(By.ID, "chat-title").text
 
 
+def made_chat(server, name: str) -> str:
+    """A context holding one chat turn (system, user, assistant), made through the API
+    so that a test does not lean on what an earlier one left behind."""
+    assert server.post("/v1/contexts", {"name": name, "system": "You are terse."}, headers=AUTH).status_code == 201
+    r = server.post("/v1/chat/completions", {"model": "smollm2", "context": name, "max_tokens": 12,
+                                             "temperature": 0, "messages": [{"role": "user", "content": "Name a colour."}]},
+                    headers=AUTH)
+    assert r.status_code == 200, r.text
+    return name
+
+
 def test_without_the_key_only_the_login_prompt_shows(server, browser):
     d = browser
     assert server.post("/v1/contexts", {"name": "secret-notes", "text": "the launch code is 1234"},
@@ -157,13 +165,13 @@ def test_chat_streams_a_reply_with_its_settings(server, browser, model):
     stat = css(d, ".msg[data-role=assistant] .stat")[-1].text
     assert "tok/s" in stat and "temperature 0" in stat and "KV f16" in stat
     assert [m.get_attribute("data-role") for m in css(d, ".msg")] == ["system", "user", "assistant"]
-    name = opened["chat"] = open_title(d)
+    name = open_title(d)
     assert server.get(f"/v1/studio/contexts/{name}/messages", headers=AUTH).json()["messages"][2]["text"] == reply
 
 
 def test_branch_from_the_second_message_makes_two_branches(server, browser):
+    chat = made_chat(server, "to-branch")
     d = logged_in(browser, server)
-    chat = opened["chat"]
     tree_row(d, f"context:{chat}").click()
     wait(d, lambda: open_title(d) == chat and len(css(d, ".msg")) == 3, "the chat to open")
     second = css(d, ".msg")[1]
@@ -186,9 +194,10 @@ def test_branch_from_the_second_message_makes_two_branches(server, browser):
 
 
 def test_snapshot_restore_export_and_delete(server, browser):
+    made_chat(server, "to-save")
     d = logged_in(browser, server)
-    tree_row(d, "context:other").click()
-    wait(d, lambda: open_title(d) == "other", "the branch to open")
+    tree_row(d, "context:to-save").click()
+    wait(d, lambda: open_title(d) == "to-save", "the context to open")
     d.find_element(By.CSS_SELECTOR, "#chat-actions [data-act=snapshot]").click()
     confirm_dialog(d, "saved")
     tree_row(d, "snapshot:saved").click()
@@ -201,7 +210,7 @@ def test_snapshot_restore_export_and_delete(server, browser):
     confirm_dialog(d, "restored")
     wait(d, lambda: open_title(d) == "restored", "the restored context to open")
     got = server.get("/v1/contexts/restored", params={"tokens": "true"}, headers=AUTH).json()
-    want = server.get("/v1/contexts/other", params={"tokens": "true"}, headers=AUTH).json()
+    want = server.get("/v1/contexts/to-save", params={"tokens": "true"}, headers=AUTH).json()
     assert got["tokens"] == want["tokens"]
     d.find_element(By.CSS_SELECTOR, "#chat-actions [data-act=delete]").click()
     confirm_dialog(d)
