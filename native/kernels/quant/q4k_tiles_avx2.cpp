@@ -1,30 +1,18 @@
-// Q4_K matmul for 2 or more activation rows on AVX2, with the weight rows as lanes:
-// q4k_tiles_avx512.cpp on 8 rows a ymm, without vpdpbusd. A tile of 8 weight
-// rows is unpacked once, then each activation row meets all 8 at once and the
-// canonical float steps of quant.h run on 8 pairs per instruction.
+// Q4_K tiles (q4k_tiles_simd.h) on AVX2: 8 weight rows a ymm, without vpdpbusd.
 //
 // Exactness: vpmaddubsw gives int16 sums of two u8 x s8 products, at most
 // 2 * 15 * 127 = 3810 in size (|y| <= 127), so a sub-block's 8 of them add
 // up (vpaddw) to at most 30480 < 32767 per int16; vpmaddwd against the scale
 // in both halves of the lane then gives sc * (the 32-value sum) as int32.
-// The mins are as in the AVX-512 file (vpmaddwd, no saturation).
-#include <immintrin.h>
-
-#include <algorithm>
-#include <cstddef>
-#include <cstring>
-#include <vector>
-
-#include "kernels/quant/quant_impl.h"
+// The mins are as on AVX-512 (vpmaddwd, no saturation).
+#include "kernels/quant/q4k_tiles_simd.h"
 
 namespace ctx::qk {
 
 namespace {
 
-constexpr int kRows = 8;  // weight rows per tile: one per int32 lane
-
 // One super-block of a tile, lane j = weight row j of the tile.
-struct alignas(32) TileBlock {
+struct alignas(32) TileBlock256 {
   __m256i q[8][8];  // sub-block s, group g: row j's nibbles 32s + 4g .. 32s + 4g + 3, one per byte
   __m256i sc[8];    // sub-block s's 6-bit scale in both int16 halves
   __m256i mins[4];  // m[2k] | m[2k + 1] << 16, for vpmaddwd against the activation's q8s pair
@@ -63,7 +51,7 @@ inline __m256 halves_to_ps(__m256i v) {
 
 // Unpacks super-block i of the tile's rows (row j at w + j * row_bytes);
 // rows past n_rows repeat the last one (their lanes are never stored).
-void unpack_tile_block(const uint8_t* w, int row_bytes, int n_rows, int i, TileBlock& t) {
+void unpack_tile_block(const uint8_t* w, int row_bytes, int n_rows, int i, TileBlock256& t) {
   const uint8_t* b = w + static_cast<size_t>(i) * sizeof(BlockQ4_K);
   const auto row = [&](int j) { return b + static_cast<size_t>(std::min(j, n_rows - 1)) * row_bytes; };
   for (int quarter = 0; quarter < 4; ++quarter) {
@@ -99,83 +87,37 @@ void unpack_tile_block(const uint8_t* w, int row_bytes, int n_rows, int i, TileB
   t.dmin = halves_to_ps(_mm256_srli_epi32(dd, 16));
 }
 
-// The 4 activation bytes at p in every lane.
-inline __m256i bcast4(const int8_t* p) {
-  int32_t v;
-  std::memcpy(&v, p, sizeof(v));
-  return _mm256_set1_epi32(v);
-}
-
-// The tile's 8 rows against NX activation rows x (rows of nb blocks; q8s:
-// their q8s pairs, 4 per block), in the canonical Q4_K order of quant.h.
-template <int NX>
-void tile_rows(const TileBlock* tb, int nb, const BlockQ8K* x, const int32_t* q8s, float* Y, size_t y_stride,
-               int n_rows) {
-  __m256 acc1[NX], accm[NX];
-  for (int r = 0; r < NX; ++r) acc1[r] = accm[r] = _mm256_setzero_ps();
-  for (int i = 0; i < nb; ++i) {
-    const TileBlock& t = tb[i];
-    for (int k = 0; k < 4; ++k) {
-      __m256i isum[NX];
-      for (int h = 0; h < 2; ++h) {
-        const int s = 2 * k + h;
-        __m256i sum16[NX];
-        for (int r = 0; r < NX; ++r) sum16[r] = _mm256_setzero_si256();
-        for (int g = 0; g < 8; ++g) {
-          const __m256i wq = t.q[s][g];
-          for (int r = 0; r < NX; ++r)
-            sum16[r] = _mm256_add_epi16(sum16[r], _mm256_maddubs_epi16(wq, bcast4(x[static_cast<size_t>(r) * nb + i].qs + 32 * s + 4 * g)));
-        }
-        for (int r = 0; r < NX; ++r) {
-          const __m256i scaled = _mm256_madd_epi16(sum16[r], t.sc[s]);
-          isum[r] = h ? _mm256_add_epi32(isum[r], scaled) : scaled;
-        }
-      }
-      for (int r = 0; r < NX; ++r) {
-        const size_t ri = static_cast<size_t>(r) * nb + i;
-        const __m256 yd = _mm256_set1_ps(x[ri].d);
-        acc1[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), _mm256_mul_ps(t.d, yd), acc1[r]);
-        const __m256i mk = _mm256_madd_epi16(t.mins[k], _mm256_set1_epi32(q8s[4 * ri + k]));
-        accm[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(mk), _mm256_mul_ps(t.dmin, yd), accm[r]);
-      }
-    }
+struct Avx2 {
+  static constexpr int kRows = 8;  // weight rows per tile: one per int32 lane
+  static constexpr int kNX = 2;    // activation rows per pass (measured fastest; 16 ymm registers)
+  using F = __m256;
+  using I = __m256i;
+  using Raw = __m256i;  // vpmaddubsw's int16 pair sums, added up by vpaddw
+  using Mask = __m256i;
+  using TileBlock = TileBlock256;
+  static constexpr auto unpack = unpack_tile_block;
+  static F zero() { return _mm256_setzero_ps(); }
+  static Raw zero_raw() { return _mm256_setzero_si256(); }
+  static Raw dot4(Raw raw, I wq, const int8_t* x) {
+    return _mm256_add_epi16(raw, _mm256_maddubs_epi16(wq, _mm256_set1_epi32(load4(x))));
   }
-  const __m256i store = _mm256_cmpgt_epi32(_mm256_set1_epi32(n_rows), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-  for (int r = 0; r < NX; ++r) _mm256_maskstore_ps(Y + r * y_stride, store, _mm256_sub_ps(acc1[r], accm[r]));
-}
-
-constexpr int kNX = 2;  // activation rows per pass over a tile's buffer (measured fastest; 16 ymm registers)
-
-using TileRowsFn = void (*)(const TileBlock*, int, const BlockQ8K*, const int32_t*, float*, size_t, int);
-
-template <int... NX>
-TileRowsFn tile_rows_for(int nx, std::integer_sequence<int, NX...>) {
-  static constexpr TileRowsFn fns[] = {tile_rows<NX + 1>...};
-  return fns[nx - 1];
-}
+  static I scaled(Raw raw, I sc) { return _mm256_madd_epi16(raw, sc); }
+  static I add_i(I a, I b) { return _mm256_add_epi32(a, b); }
+  static I mins(I m, int32_t pair) { return _mm256_madd_epi16(m, _mm256_set1_epi32(pair)); }
+  static F cvt(I v) { return _mm256_cvtepi32_ps(v); }
+  static F set1(float v) { return _mm256_set1_ps(v); }
+  static F mul(F a, F b) { return _mm256_mul_ps(a, b); }
+  static F sub(F a, F b) { return _mm256_sub_ps(a, b); }
+  static F fma(F a, F b, F c) { return _mm256_fmadd_ps(a, b, c); }
+  static Mask rows(int n) { return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)); }
+  static void store(float* p, Mask m, F v) { _mm256_maskstore_ps(p, m, v); }
+};
 
 }  // namespace
 
 void matmul_q4k_tiles_avx2(const void* W, int n_in, int o0, int o1, const BlockQ8K* Xk, int n_x, float* Y,
                            size_t y_stride) {
-  const int nb = n_in / QK_K;
-  const int row_bytes = nb * static_cast<int>(sizeof(BlockQ4_K));
-  const auto* wbase = static_cast<const uint8_t*>(W);
-  thread_local std::vector<int32_t> q8s;
-  q8s.resize(static_cast<size_t>(n_x) * nb * 4);
-  q8s_pairs(Xk, static_cast<size_t>(n_x) * nb, q8s.data());
-  thread_local std::vector<TileBlock> tile;
-  tile.resize(nb);
-  constexpr auto seq = std::make_integer_sequence<int, kNX>{};
-  for (int o = o0; o < o1; o += kRows) {
-    const int n_rows = std::min(kRows, o1 - o);
-    for (int i = 0; i < nb; ++i) unpack_tile_block(wbase + static_cast<size_t>(o) * row_bytes, row_bytes, n_rows, i, tile[i]);
-    for (int r = 0; r < n_x; r += kNX) {
-      const int nx = std::min(kNX, n_x - r);
-      tile_rows_for(nx, seq)(tile.data(), nb, Xk + static_cast<size_t>(r) * nb, q8s.data() + static_cast<size_t>(r) * nb * 4,
-                             Y + r * y_stride + o, y_stride, n_rows);
-    }
-  }
+  matmul_q4k_tiles<Avx2>(W, n_in, o0, o1, Xk, n_x, Y, y_stride);
 }
 
 }  // namespace ctx::qk

@@ -1,32 +1,19 @@
-// Q4_K matmul for 2 or more activation rows (prefill, batched decode) on
-// AVX-512 VNNI, with the weight rows as lanes: a tile of 16 weight rows is
-// unpacked once into a buffer laid out for vpdpbusd, then each activation row
-// meets all 16 rows at once. The per-pair sums are then whole int32 lanes, so the canonical float
-// steps of quant.h (one fma per 64 values, one per pair of mins) are done for
-// 16 pairs by one vector instruction instead of after a horizontal sum each.
+// Q4_K tiles (q4k_tiles_simd.h) on AVX-512 VNNI: 16 weight rows a zmm,
+// unpacked into a buffer laid out for vpdpbusd.
 //
 // Exactness: vpdpbusd adds four u8 x s8 products to an int32 without
 // saturation; a sub-block's raw sum is at most 32 * 15 * 127 = 60960, times
 // its 6-bit scale plus the other sub-block's stays below 2^23. The mins go
 // through vpmaddwd: m <= 63 and |q8s| <= 32 * 127 fit int16, and the product
 // pairs never reach the one case vpmaddwd saturates (both -32768).
-#include <immintrin.h>
-
-#include <algorithm>
-#include <cstddef>
-#include <cstring>
-#include <vector>
-
-#include "kernels/quant/quant_impl.h"
+#include "kernels/quant/q4k_tiles_simd.h"
 
 namespace ctx::qk {
 
 namespace {
 
-constexpr int kRows = 16;  // weight rows per tile: one per int32 lane
-
 // One super-block of a tile, lane j = weight row j of the tile.
-struct alignas(64) TileBlock {
+struct alignas(64) TileBlock512 {
   __m512i q[8][8];  // sub-block s, group g: row j's nibbles 32s + 4g .. 32s + 4g + 3, one per byte
   __m512i sc[8];    // sub-block s's 6-bit scale
   __m512i mins[4];  // m[2k] | m[2k + 1] << 16, for vpmaddwd against the activation's q8s pair
@@ -65,7 +52,7 @@ void transpose16(__m512i r[16]) {
 // Unpacks super-block i of the tile's rows (row j at w + j * row_bytes);
 // rows past n_rows repeat the last one (their lanes are never stored).
 // Transposed with shuffles: a gather is several times slower.
-void unpack_tile_block(const uint8_t* w, int row_bytes, int n_rows, int i, TileBlock& t) {
+void unpack_tile_block(const uint8_t* w, int row_bytes, int n_rows, int i, TileBlock512& t) {
   const uint8_t* b = w + static_cast<size_t>(i) * sizeof(BlockQ4_K);
   for (int half = 0; half < 2; ++half) {
     __m512i r[16];
@@ -107,83 +94,35 @@ void unpack_tile_block(const uint8_t* w, int row_bytes, int n_rows, int i, TileB
   t.dmin = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(dd, 16)));
 }
 
-// The 4 activation bytes at p in every lane.
-inline __m512i bcast4(const int8_t* p) {
-  int32_t v;
-  std::memcpy(&v, p, sizeof(v));
-  return _mm512_set1_epi32(v);
-}
-
-// The tile's 16 rows against NX activation rows x (rows of nb blocks; q8s:
-// their q8s pairs, 4 per block), in the canonical Q4_K order of quant.h.
-template <int NX>
-void tile_rows(const TileBlock* tb, int nb, const BlockQ8K* x, const int32_t* q8s, float* Y, size_t y_stride,
-               __mmask16 store) {
-  __m512 acc1[NX], accm[NX];
-  for (int r = 0; r < NX; ++r) acc1[r] = accm[r] = _mm512_setzero_ps();
-  for (int i = 0; i < nb; ++i) {
-    const TileBlock& t = tb[i];
-    for (int k = 0; k < 4; ++k) {
-      __m512i isum[NX];
-      for (int h = 0; h < 2; ++h) {
-        const int s = 2 * k + h;
-        __m512i raw[NX];
-        for (int r = 0; r < NX; ++r) raw[r] = _mm512_setzero_si512();
-        for (int g = 0; g < 8; ++g) {
-          const __m512i wq = t.q[s][g];
-          for (int r = 0; r < NX; ++r)
-            raw[r] = _mm512_dpbusd_epi32(raw[r], wq, bcast4(x[static_cast<size_t>(r) * nb + i].qs + 32 * s + 4 * g));
-        }
-        for (int r = 0; r < NX; ++r) {
-          const __m512i scaled = _mm512_mullo_epi32(raw[r], t.sc[s]);
-          isum[r] = h ? _mm512_add_epi32(isum[r], scaled) : scaled;
-        }
-      }
-      for (int r = 0; r < NX; ++r) {
-        const size_t ri = static_cast<size_t>(r) * nb + i;
-        const __m512 yd = _mm512_set1_ps(x[ri].d);
-        acc1[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[r]), _mm512_mul_ps(t.d, yd), acc1[r]);
-        const __m512i mk = _mm512_madd_epi16(t.mins[k], _mm512_set1_epi32(q8s[4 * ri + k]));
-        accm[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(mk), _mm512_mul_ps(t.dmin, yd), accm[r]);
-      }
-    }
-  }
-  for (int r = 0; r < NX; ++r) _mm512_mask_storeu_ps(Y + r * y_stride, store, _mm512_sub_ps(acc1[r], accm[r]));
-}
-
-constexpr int kNX = 6;  // activation rows per pass over a tile's buffer
-
-using TileRowsFn = void (*)(const TileBlock*, int, const BlockQ8K*, const int32_t*, float*, size_t, __mmask16);
-
-template <int... NX>
-TileRowsFn tile_rows_for(int nx, std::integer_sequence<int, NX...>) {
-  static constexpr TileRowsFn fns[] = {tile_rows<NX + 1>...};
-  return fns[nx - 1];
-}
+struct Avx512 {
+  static constexpr int kRows = 16;  // weight rows per tile: one per int32 lane
+  static constexpr int kNX = 6;     // activation rows per pass over a tile's buffer
+  using F = __m512;
+  using I = __m512i;
+  using Raw = __m512i;  // vpdpbusd's int32 sums
+  using Mask = __mmask16;
+  using TileBlock = TileBlock512;
+  static constexpr auto unpack = unpack_tile_block;
+  static F zero() { return _mm512_setzero_ps(); }
+  static Raw zero_raw() { return _mm512_setzero_si512(); }
+  static Raw dot4(Raw raw, I wq, const int8_t* x) { return _mm512_dpbusd_epi32(raw, wq, _mm512_set1_epi32(load4(x))); }
+  static I scaled(Raw raw, I sc) { return _mm512_mullo_epi32(raw, sc); }
+  static I add_i(I a, I b) { return _mm512_add_epi32(a, b); }
+  static I mins(I m, int32_t pair) { return _mm512_madd_epi16(m, _mm512_set1_epi32(pair)); }
+  static F cvt(I v) { return _mm512_cvtepi32_ps(v); }
+  static F set1(float v) { return _mm512_set1_ps(v); }
+  static F mul(F a, F b) { return _mm512_mul_ps(a, b); }
+  static F sub(F a, F b) { return _mm512_sub_ps(a, b); }
+  static F fma(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
+  static Mask rows(int n) { return static_cast<Mask>((1u << n) - 1); }
+  static void store(float* p, Mask m, F v) { _mm512_mask_storeu_ps(p, m, v); }
+};
 
 }  // namespace
 
 void matmul_q4k_tiles_avx512(const void* W, int n_in, int o0, int o1, const BlockQ8K* Xk, int n_x, float* Y,
                              size_t y_stride) {
-  const int nb = n_in / QK_K;
-  const int row_bytes = nb * static_cast<int>(sizeof(BlockQ4_K));
-  const auto* wbase = static_cast<const uint8_t*>(W);
-  thread_local std::vector<int32_t> q8s;
-  q8s.resize(static_cast<size_t>(n_x) * nb * 4);
-  q8s_pairs(Xk, static_cast<size_t>(n_x) * nb, q8s.data());
-  thread_local std::vector<TileBlock> tile;
-  tile.resize(nb);
-  constexpr auto seq = std::make_integer_sequence<int, kNX>{};
-  for (int o = o0; o < o1; o += kRows) {
-    const int n_rows = std::min(kRows, o1 - o);
-    for (int i = 0; i < nb; ++i) unpack_tile_block(wbase + static_cast<size_t>(o) * row_bytes, row_bytes, n_rows, i, tile[i]);
-    const auto store = static_cast<__mmask16>((1u << n_rows) - 1);
-    for (int r = 0; r < n_x; r += kNX) {
-      const int nx = std::min(kNX, n_x - r);
-      tile_rows_for(nx, seq)(tile.data(), nb, Xk + static_cast<size_t>(r) * nb, q8s.data() + static_cast<size_t>(r) * nb * 4,
-                             Y + r * y_stride + o, y_stride, store);
-    }
-  }
+  matmul_q4k_tiles<Avx512>(W, n_in, o0, o1, Xk, n_x, Y, y_stride);
 }
 
 }  // namespace ctx::qk
