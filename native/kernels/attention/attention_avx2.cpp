@@ -7,40 +7,14 @@
 #include <cstring>
 
 #include "kernels/attention/attention_simd.h"
+#include "kernels/simd_f32.h"
 
 namespace ctx::attn {
 
 namespace {
 
-struct Avx2 {
-  static constexpr int kLanes = 8, kAcc = 8, kMaxGroup = 1;
-  using F = __m256;
-  using Mask = int;  // lanes from the first
-  static Mask first(int lanes) { return lanes; }
-  static F load_f16(const uint16_t* p, Mask lanes) {
-    if (lanes >= 8) return load_f16(p);
-    alignas(16) uint16_t tmp[8] = {0};
-    std::memcpy(tmp, p, sizeof(uint16_t) * lanes);
-    return _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(tmp)));
-  }
-  static F load_f16(const uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
-  static F load_i8(const int8_t* p, Mask lanes) {
-    int64_t raw = 0;
-    std::memcpy(&raw, p, lanes >= 8 ? 8 : lanes);
-    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_cvtsi64_si128(raw)));
-  }
-  static F load_i8(const int8_t* p) { return load_i8(p, 8); }
-  static F zero() { return _mm256_setzero_ps(); }
-  static F set1(float v) { return _mm256_set1_ps(v); }
-  static F add(F a, F b) { return _mm256_add_ps(a, b); }
-  static F mul(F a, F b) { return _mm256_mul_ps(a, b); }
-  static F fma(F a, F b, F c) { return _mm256_fmadd_ps(a, b, c); }
-  static void store(float* dst, Mask lanes, F v) {
-    alignas(32) float out[8];
-    _mm256_store_ps(out, v);
-    std::memcpy(dst, out, sizeof(float) * (lanes >= 8 ? 8 : lanes));
-  }
-  static void storeu(float* p, F v) { _mm256_storeu_ps(p, v); }
+struct Avx2 : F32x8 {
+  static constexpr int kAcc = 8, kMaxGroup = 1;  // 16 registers: one head's 16 sums, as two sets of 8
 };
 
 }  // namespace

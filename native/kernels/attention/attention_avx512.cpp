@@ -5,29 +5,14 @@
 #include <cmath>
 
 #include "kernels/attention/attention_simd.h"
+#include "kernels/simd_f32.h"
 
 namespace ctx::attn {
 
 namespace {
 
-struct Avx512 {
-  static constexpr int kLanes = 16, kAcc = 16, kMaxGroup = 4;
-  using F = __m512;
-  using Mask = __mmask16;
-  static Mask first(int lanes) { return lanes >= 16 ? static_cast<Mask>(0xFFFF) : static_cast<Mask>((1u << lanes) - 1); }
-  static F load_f16(const uint16_t* p, Mask m) { return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p)); }
-  static F load_f16(const uint16_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
-  static F load_i8(const int8_t* p, Mask m) { return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(m, p))); }
-  static F load_i8(const int8_t* p) {
-    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
-  }
-  static F zero() { return _mm512_setzero_ps(); }
-  static F set1(float v) { return _mm512_set1_ps(v); }
-  static F add(F a, F b) { return _mm512_add_ps(a, b); }
-  static F mul(F a, F b) { return _mm512_mul_ps(a, b); }
-  static F fma(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
-  static void store(float* p, Mask m, F v) { _mm512_mask_storeu_ps(p, m, v); }
-  static void storeu(float* p, F v) { _mm512_storeu_ps(p, v); }
+struct Avx512 : F32x16 {
+  static constexpr int kAcc = 16, kMaxGroup = 4;  // 32 registers: a group's sums, R = 16 / G a head at a time
 };
 
 }  // namespace

@@ -2,12 +2,8 @@
 // attention.h: included by attention_avx2.cpp (8 keys or values a ymm) and
 // attention_avx512.cpp (16 a zmm), each built with its own flags; everything
 // here is in an anonymous namespace, so each translation unit keeps its own
-// copy. A path V gives:
-//   kLanes, kAcc, kMaxGroup  floats a register, accumulators it keeps live, heads a pass
-//   F, Mask                  a float vector, the lanes a partial one covers
-//   first(n)                 the first min(n, kLanes) lanes
-//   load_f16, load_i8      kLanes f16 or int8 values as floats (lanes outside m zero)
-//   zero, set1, add, mul, fma, store(p, m, v), storeu(p, v)
+// copy. A path V is a float vector of simd_f32.h (F32x8, F32x16) with
+//   kAcc, kMaxGroup          the accumulators it keeps live, the heads a pass
 //
 // G heads that share one KV head (grouped-query attention) go through K and V
 // together: head g's register (g, r) holds its partial sums over d = r (mod
