@@ -1,5 +1,6 @@
 // Float vectors of both widths, for the kernels' width-templated bodies
-// (attention/attention_simd.h, lora/lora_kernels_simd.h): F32x8 (AVX2, ymm)
+// (attention/attention_simd.h, activations/activations_simd.h,
+// lora/lora_kernels_simd.h): F32x8 (AVX2, ymm)
 // and F32x16 (AVX-512, zmm) give the same names, so one body written over a
 // path V compiles to either. A partial vector covers the first `Mask` lanes:
 // AVX-512 masks them; AVX2 has no masked float loads of every kind, so it
@@ -25,11 +26,17 @@ struct F32x8 {
   static constexpr int kLanes = 8;
   using F = __m256;
   using Mask = int;  // lanes from the first
-  static Mask first(int lanes) { return lanes; }
+  static Mask first(int lanes) { return lanes < 0 ? 0 : lanes; }
   static F zero() { return _mm256_setzero_ps(); }
   static F set1(float v) { return _mm256_set1_ps(v); }
   static F add(F a, F b) { return _mm256_add_ps(a, b); }
+  static F sub(F a, F b) { return _mm256_sub_ps(a, b); }
   static F mul(F a, F b) { return _mm256_mul_ps(a, b); }
+  static F div(F a, F b) { return _mm256_div_ps(a, b); }
+  static F zero_past(Mask lanes, F v) {  // lanes past the mask set to zero
+    return _mm256_and_ps(v, _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(lanes),
+                                                                   _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7))));
+  }
   static F fma(F a, F b, F c) { return _mm256_fmadd_ps(a, b, c); }
   static F loadu(const float* p) { return _mm256_loadu_ps(p); }
   static F load(const float* p, Mask lanes) {
@@ -71,7 +78,10 @@ struct F32x16 {
   static F zero() { return _mm512_setzero_ps(); }
   static F set1(float v) { return _mm512_set1_ps(v); }
   static F add(F a, F b) { return _mm512_add_ps(a, b); }
+  static F sub(F a, F b) { return _mm512_sub_ps(a, b); }
   static F mul(F a, F b) { return _mm512_mul_ps(a, b); }
+  static F div(F a, F b) { return _mm512_div_ps(a, b); }
+  static F zero_past(Mask m, F v) { return _mm512_maskz_mov_ps(m, v); }
   static F fma(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
   static F loadu(const float* p) { return _mm512_loadu_ps(p); }
   static F load(const float* p, Mask m) { return _mm512_maskz_loadu_ps(m, p); }

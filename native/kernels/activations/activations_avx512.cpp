@@ -1,86 +1,53 @@
+// Elementwise kernels on AVX-512 (activations_simd.h): 16 lanes a zmm; the
+// exp is ggml_v_expf's AVX-512 form, scalef included.
 #include <immintrin.h>
 
 #include <algorithm>
 #include <cmath>
 
-#include "kernels/activations/activations_impl.h"
+#include "kernels/activations/activations_simd.h"
 
 namespace ctx::act {
 
 namespace {
 
-// 16 lanes of exp_canonical: the same operations, lane by lane (this is
-// ggml_v_expf's AVX-512 form, scalef included).
-inline __m512 exp16(__m512 x) {
-  const __m512 r = _mm512_set1_ps(kShift);
-  const __m512 z = _mm512_fmadd_ps(x, _mm512_set1_ps(kLog2e), r);
-  const __m512 n = _mm512_sub_ps(z, r);
-  const __m512 b = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Lo), _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Hi), x));
-  const __mmask16 d = _mm512_cmp_ps_mask(_mm512_abs_ps(n), _mm512_set1_ps(192), _CMP_GT_OQ);
-  const __m512 u = _mm512_mul_ps(b, b);
-  const __m512 j = _mm512_fmadd_ps(
-      _mm512_fmadd_ps(_mm512_fmadd_ps(_mm512_set1_ps(kC5), b, _mm512_set1_ps(kC4)), u,
-                      _mm512_fmadd_ps(_mm512_set1_ps(kC3), b, _mm512_set1_ps(kC2))),
-      u, _mm512_fmadd_ps(_mm512_set1_ps(kC1), b, _mm512_set1_ps(1.0f)));
-  const __m512 res = _mm512_scalef_ps(j, n);
-  const __m512 alt = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(n, _mm512_setzero_ps(), _CMP_LE_OQ),
-                                          _mm512_set1_ps(INFINITY), _mm512_setzero_ps());
-  return _mm512_mask_blend_ps(d, res, alt);
-}
+struct Avx512 : F32x16 {
+  // 16 lanes of exp_canonical: the same operations, lane by lane.
+  static __m512 exp(__m512 x) {
+    const __m512 r = _mm512_set1_ps(kShift);
+    const __m512 z = _mm512_fmadd_ps(x, _mm512_set1_ps(kLog2e), r);
+    const __m512 n = _mm512_sub_ps(z, r);
+    const __m512 b = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Lo), _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Hi), x));
+    const __mmask16 d = _mm512_cmp_ps_mask(_mm512_abs_ps(n), _mm512_set1_ps(192), _CMP_GT_OQ);
+    const __m512 u = _mm512_mul_ps(b, b);
+    const __m512 j = _mm512_fmadd_ps(
+        _mm512_fmadd_ps(_mm512_fmadd_ps(_mm512_set1_ps(kC5), b, _mm512_set1_ps(kC4)), u,
+                        _mm512_fmadd_ps(_mm512_set1_ps(kC3), b, _mm512_set1_ps(kC2))),
+        u, _mm512_fmadd_ps(_mm512_set1_ps(kC1), b, _mm512_set1_ps(1.0f)));
+    const __m512 res = _mm512_scalef_ps(j, n);
+    const __m512 alt = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(n, _mm512_setzero_ps(), _CMP_LE_OQ),
+                                            _mm512_set1_ps(INFINITY), _mm512_setzero_ps());
+    return _mm512_mask_blend_ps(d, res, alt);
+  }
 
-float hsum16(__m512 v) {
-  alignas(64) float a[16];
-  _mm512_store_ps(a, v);
-  for (int w = 8; w >= 1; w /= 2)
-    for (int i = 0; i < w; ++i) a[i] = a[i] + a[i + w];
-  return a[0];
-}
+  // table[f16(x)]: 32 bits gathered at each entry (the table is padded), the
+  // low 16 kept; x >= 10 gives x, x <= -10 gives 0 (NaN takes the table's
+  // entry, as the scalar path does).
+  static __m512 gelu(__m512 x, const uint16_t* table) {
+    const __m512i h = _mm512_cvtepu16_epi32(_mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT));
+    const __m512 t = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_i32gather_epi32(h, table, 2)));
+    return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(-10.0f), _CMP_NLE_UQ),
+                               _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(10.0f), _CMP_GE_OQ), t, x));
+  }
+};
 
 }  // namespace
 
-double exp_shift_sum_avx512(float* x, int n, float shift) {
-  const __m512 s = _mm512_set1_ps(shift);
-  double sum = 0.0;
-  for (int i = 0; i < n; i += 16) {
-    const __mmask16 m = n - i >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (n - i)) - 1);
-    // Lanes past n are zero in the chunk's sum, as llama.cpp's masked padding is.
-    const __m512 e = _mm512_maskz_mov_ps(m, exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, x + i), s)));
-    _mm512_mask_storeu_ps(x + i, m, e);
-    sum += static_cast<double>(hsum16(e));
-  }
-  return sum;
-}
+double exp_shift_sum_avx512(float* x, int n, float shift) { return exp_shift_sum_simd<Avx512>(x, n, shift); }
 
-void silu_mul_avx512(float* g, const float* u, int n) {
-  const __m512 one = _mm512_set1_ps(1.0f);
-  int i = 0;
-  for (; i + 16 <= n; i += 16) {
-    const __m512 x = _mm512_loadu_ps(g + i);
-    const __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), x));
-    _mm512_storeu_ps(g + i, _mm512_mul_ps(_mm512_div_ps(x, _mm512_add_ps(one, e)), _mm512_loadu_ps(u + i)));
-  }
-  if (i < n) {
-    const __mmask16 m = static_cast<__mmask16>((1u << (n - i)) - 1);
-    const __m512 x = _mm512_maskz_loadu_ps(m, g + i);
-    const __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), x));
-    _mm512_mask_storeu_ps(g + i, m, _mm512_mul_ps(_mm512_div_ps(x, _mm512_add_ps(one, e)), _mm512_maskz_loadu_ps(m, u + i)));
-  }
-}
+void silu_mul_avx512(float* g, const float* u, int n) { silu_mul_simd<Avx512>(g, u, n); }
 
-void gelu_mul_avx512(float* g, const float* u, int n, const uint16_t* table) {
-  const __m512 lo = _mm512_set1_ps(-10.0f), hi = _mm512_set1_ps(10.0f);
-  for (int i = 0; i < n; i += 16) {
-    const __mmask16 m = n - i >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (n - i)) - 1);
-    const __m512 x = _mm512_maskz_loadu_ps(m, g + i);
-    // table[f16(x)]: 32 bits gathered at each entry (the table is padded), the low 16 kept.
-    const __m512i h = _mm512_cvtepu16_epi32(_mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT));
-    const __m512 t = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_i32gather_epi32(h, table, 2)));
-    // x >= 10 gives x, x <= -10 gives 0 (NaN takes the table's entry, as the scalar path does).
-    const __m512 y = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, lo, _CMP_NLE_UQ),
-                                         _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, hi, _CMP_GE_OQ), t, x));
-    _mm512_mask_storeu_ps(g + i, m, _mm512_mul_ps(y, _mm512_maskz_loadu_ps(m, u + i)));
-  }
-}
+void gelu_mul_avx512(float* g, const float* u, int n, const uint16_t* table) { gelu_mul_simd<Avx512>(g, u, n, table); }
 
 void rope_avx512(float* v, int n_heads, int hd, int half, bool neox, const float* cs) {
   // Interleaved pairs: the even lanes of two registers are x0, the odd ones x1.
