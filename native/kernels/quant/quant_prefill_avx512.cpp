@@ -1,10 +1,6 @@
-// AVX-512 prefill (n_x >= 16) for the blocks-of-32 integer types.
-//
-// Per (weight row, activation row) pair, one ymm accumulator holds the 8
-// canonical lanes of quant.h, and block b adds
-//   acc = fma(sc, (float)isum, acc),   sc = f16(d_w[b]) * d_x[b]  (a float product)
-// where isum is one 256-bit vpdpbusd (lane l: elements 4l..4l+3, exactly
-// canonical lane l). The scale is a scalar per pair, so it comes as a
+// AVX-512 prefill (n_x >= 16; quant_prefill_simd.h): groups of 16 activation
+// rows, tiles of 4 weight rows. A pair's isum is one 256-bit vpdpbusd (lane
+// l: elements 4l..4l+3, exactly canonical lane l). The scale is a scalar per pair, so it comes as a
 // broadcast memory operand of the fma: the inner loop is vpdpbusd, cvt and
 // fma per 32 MACs, nothing else. (The decode kernel's zmm holds two pairs
 // whose scales differ per half; it needs a vector multiply per pair and block.)
@@ -17,49 +13,27 @@
 // the bias back exactly in int32. The bias sits on the weight side so that an
 // activation block is 32 bytes (the activation rows stream past each tile of
 // weights; a tile's weights stay in L1).
-//
-// What the inner loop would otherwise redo per tile is done once per call:
-//   * weights: a block of rows is unpacked into 32 bytes per block (and the
-//     start vector), f16(d) and f16(m) as floats;
-//   * activations: the (biased) int8 rows, d_x and s_x by groups of 16 rows;
-//   * scales: per tile of weight rows and group of 16 activation rows, the
-//     products f16(d_w) * d_x in one 16-lane multiply per (row, block), and
-//     Q4_1 / Q5_1's min sums summ = fma(f16(m_w[b]), s_x[b], summ) in one
-//     16-lane fma per (row, block), blocks in order.
-// Every pair's lanes still get their blocks in canonical order, so neither
-// tiling nor batching changes a result.
-#include <immintrin.h>
-
-#include <algorithm>
-#include <cstring>
-#include <vector>
-
-#include "kernels/quant/quant_impl.h"
+#include "kernels/quant/quant_prefill_simd.h"
 #include "kernels/quant/simd_common.h"
 
 namespace ctx::qk {
 
 namespace {
 
-constexpr int kGroup = 16;  // activation rows per scale vector (zmm lanes)
-constexpr int kNK = 4;      // weight rows per tile
-constexpr int kNX = 4;      // activation rows per tile (sub-tiles of a group)
-
-// Cache blocking: a batch of prepared activation rows stays in L2 and streams
-// past each tile of weights (kNK rows, unpacked in L1).
-constexpr size_t kXBudget = 256 * 1024;
-
-struct Bytes32 { __m256i v; };                // one prepared activation block
-struct WBlock { __m256i q; __m256i start; };  // one unpacked weight block and its vpdpbusd start
-struct Lanes16 { __m512 v; };                 // one float per row of a group
-
-struct Scratch {
-  std::vector<Bytes32> x;       // [group][block][row in group]
-  std::vector<Lanes16> xd, xs;  // [group][block]: d_x, s_x of the group's rows
-  std::vector<WBlock> wq;       // [tile row][block]
-  std::vector<float> wd, wm;    // [tile row][block]: f16(d_w), f16(m_w)
-  std::vector<Lanes16> sc;      // [block][k]: f16(d_w) * d_x for tile row k, the group's rows
-  std::vector<Lanes16> summ;    // [k]: the min sums of tile row k, the group's rows
+struct Avx512 : F32x16 {
+  static constexpr int kGroup = kLanes;  // activation rows per scale vector
+  static constexpr int kNK = 4;          // weight rows per tile
+  static constexpr int kNX = 4;          // activation rows per tile (sub-tiles of a group)
+  static constexpr int kAhead = 2;       // tiles whose rows are prefetched ahead
+  struct XBlock { __m256i v; };              // one prepared activation block
+  struct WBlock { __m256i q; __m256i start; };  // one unpacked weight block and its vpdpbusd start
+  template <DType T>
+  static void prep_x(const BlockQ8A* X, int nb, int rows, Scratch<Avx512>& s);
+  template <DType T>
+  static void unpack_w(const uint8_t* w, size_t row_bytes, int nk, int nb, Scratch<Avx512>& s);
+  template <DType T, int NK, int NX>
+  static void tile(const WBlock* wq, const XBlock* x, const float* sc, const float* summ, int nb, float* Y,
+                   size_t y_stride);
 };
 
 // hsum8 of four accumulators at once: lane k is hsum8(a[k]), by hsum8's own
@@ -77,7 +51,7 @@ __m128 hsum8x4(const __m256* a) {
 
 // Activation rows X[0, rows) (nb blocks each) into groups of kGroup rows.
 template <DType T>
-void prep_x(const BlockQ8A* X, int nb, int rows, Scratch& s) {
+void Avx512::prep_x(const BlockQ8A* X, int nb, int rows, Scratch<Avx512>& s) {
   const int ng = (rows + kGroup - 1) / kGroup;
   if (s.x.size() < static_cast<size_t>(ng) * nb * kGroup) s.x.resize(static_cast<size_t>(ng) * nb * kGroup);
   if (s.xd.size() < static_cast<size_t>(ng) * nb) {
@@ -90,7 +64,7 @@ void prep_x(const BlockQ8A* X, int nb, int rows, Scratch& s) {
     const int g_rows = std::min(kGroup, rows - g * kGroup);
     for (int b = 0; b < nb; ++b) {
       alignas(64) float d[kGroup] = {}, sx[kGroup] = {};
-      Bytes32* out = &s.x[(static_cast<size_t>(g) * nb + b) * kGroup];
+      XBlock* out = &s.x[(static_cast<size_t>(g) * nb + b) * kGroup];
       for (int j = 0; j < g_rows; ++j) {
         const BlockQ8A& xb = X[static_cast<size_t>(g * kGroup + j) * nb + b];
         out[j].v = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb.qs)), flip);
@@ -107,7 +81,7 @@ void prep_x(const BlockQ8A* X, int nb, int rows, Scratch& s) {
 // s.wd / s.wm (kNK rows; the scales of a short tile's missing rows are made
 // from stale values and never read).
 template <DType T>
-void unpack_w(const uint8_t* w, size_t row_bytes, int nk, int nb, Scratch& s) {
+void Avx512::unpack_w(const uint8_t* w, size_t row_bytes, int nk, int nb, Scratch<Avx512>& s) {
   constexpr size_t bb = block_bytes_q(T);
   constexpr bool q5 = T == DType::Q5_0 || T == DType::Q5_1;
   constexpr size_t qs_offset = (has_min(T) ? 4 : 2) + (q5 ? 4 : 0);
@@ -138,30 +112,11 @@ void unpack_w(const uint8_t* w, size_t row_bytes, int nk, int nb, Scratch& s) {
   }
 }
 
-// The scales (and min sums) of the unpacked tile against activation group g.
-template <DType T>
-void tile_scales(Scratch& s, int g, int nb) {
-  // One pass: the table's stores and the min sums' fma chains overlap.
-  const float* wd = s.wd.data();
-  const float* wm = s.wm.data();
-  const Lanes16* xd = &s.xd[static_cast<size_t>(g) * nb];
-  const Lanes16* xs = &s.xs[static_cast<size_t>(g) * nb];
-  __m512 summ[kNK];
-  for (auto& v : summ) v = _mm512_setzero_ps();
-  for (int b = 0; b < nb; ++b)
-    for (int k = 0; k < kNK; ++k) {
-      s.sc[b * kNK + k].v = _mm512_mul_ps(_mm512_set1_ps(wd[k * nb + b]), xd[b].v);
-      if (has_min(T)) summ[k] = _mm512_fmadd_ps(_mm512_set1_ps(wm[k * nb + b]), xs[b].v, summ[k]);
-    }
-  if (has_min(T))
-    for (int k = 0; k < kNK; ++k) s.summ[k].v = summ[k];
-}
-
 // One tile: NK weight rows (wq, nb blocks a row) x NX activation rows (x:
 // row j of the group's block b at x[b * kGroup + j]); sc and summ are the
 // tile's scale table and min sums as floats, offset to the tile's first row.
 template <DType T, int NK, int NX>
-void tile(const WBlock* wq, const Bytes32* x, const float* sc, const float* summ, int nb, float* Y, size_t y_stride) {
+void Avx512::tile(const WBlock* wq, const XBlock* x, const float* sc, const float* summ, int nb, float* Y, size_t y_stride) {
   __m256 acc[NK][NX];
   for (auto& row : acc)
     for (auto& a : row) a = _mm256_setzero_ps();
@@ -171,7 +126,7 @@ void tile(const WBlock* wq, const Bytes32* x, const float* sc, const float* summ
       w[k] = wq[k * nb + b].q;
       start[k] = has_min(T) ? _mm256_setzero_si256() : wq[k * nb + b].start;
     }
-    const Bytes32* xb = x + b * kGroup;
+    const XBlock* xb = x + b * kGroup;
     const float* scb = sc + b * kNK * kGroup;
     for (int j = 0; j < NX; ++j) {
       const __m256i q = xb[j].v;
@@ -198,94 +153,11 @@ void tile(const WBlock* wq, const Bytes32* x, const float* sc, const float* summ
   }
 }
 
-using TileFn = void (*)(const WBlock*, const Bytes32*, const float*, const float*, int, float*, size_t);
-
-template <DType T, int NK, int NX = kNX>
-TileFn pick_nx(int nx) {
-  if constexpr (NX == 1) {
-    return tile<T, NK, 1>;
-  } else {
-    return nx >= NX ? tile<T, NK, NX> : pick_nx<T, NK, NX - 1>(nx);
-  }
-}
-
-template <DType T, int NK = kNK>
-TileFn pick(int nk, int nx) {
-  if constexpr (NK == 1) {
-    return pick_nx<T, 1>(nx);
-  } else {
-    return nk >= NK ? pick_nx<T, NK>(nx) : pick<T, NK - 1>(nk, nx);
-  }
-}
-
-// The activation batch (rows) against unpacked weight rows [0, n) of s,
-// which are W rows o..o + n - 1: Y is offset to (batch row 0, column o).
-// The unpacked tile (nk rows) against activation group g (g_rows rows); Y is
-// offset to (batch row 0, the tile's first row).
-template <DType T>
-void run_tile(Scratch& s, int nk, int g, int g_rows, int nb, float* Y, size_t y_stride) {
-  const auto* sc = reinterpret_cast<const float*>(s.sc.data());
-  const auto* summ = reinterpret_cast<const float*>(s.summ.data());
-  tile_scales<T>(s, g, nb);
-  const Bytes32* xg = &s.x[static_cast<size_t>(g) * nb * kGroup];
-  for (int j = 0; j < g_rows; j += kNX) {
-    const int nx = std::min(kNX, g_rows - j);
-    pick<T>(nk, nx)(s.wq.data(), xg + j, sc + j, summ + j, nb, Y + (static_cast<size_t>(g) * kGroup + j) * y_stride,
-                    y_stride);
-  }
-}
-
-// Weights are read once per batch of activation rows, in the model from
-// memory (each layer's weights are long out of cache by the next chunk of
-// rows): the rows of the tile kAhead tiles on are asked for while this tile
-// computes.
-constexpr int kAhead = 2;
-
-template <DType T>
-void matmul_prefill(const void* W, int n_in, int o0, int o1, const BlockQ8A* Xq, int n_x, float* Y, size_t y_stride) {
-  thread_local Scratch s;
-  const int nb = n_in / QK;
-  const size_t row_bytes = nb * block_bytes_q(T);
-  const auto* wbase = static_cast<const uint8_t*>(W);
-  const size_t x_row_bytes = nb * (sizeof(Bytes32) + 2 * sizeof(float));
-  const int batch = std::max<int>(kGroup, static_cast<int>(kXBudget / x_row_bytes) / kGroup * kGroup);
-  const size_t tile_blocks = static_cast<size_t>(kNK) * nb;
-  if (s.wq.size() < tile_blocks) {
-    s.wq.resize(tile_blocks);
-    s.wd.resize(tile_blocks);
-    s.wm.resize(tile_blocks);
-    s.sc.resize(tile_blocks);
-  }
-  s.summ.resize(kNK);
-  for (int r0 = 0; r0 < n_x; r0 += batch) {
-    const int rows = std::min(batch, n_x - r0);
-    prep_x<T>(Xq + static_cast<size_t>(r0) * nb, nb, rows, s);
-    for (int o = o0; o < o1; o += kNK) {
-      const int nk = std::min(kNK, o1 - o);
-      const int ahead = o + kAhead * kNK;
-      if (ahead < o1) {
-        const uint8_t* p = wbase + ahead * row_bytes;
-        const size_t bytes = std::min(kNK, o1 - ahead) * row_bytes;
-        for (size_t i = 0; i < bytes; i += 64) _mm_prefetch(reinterpret_cast<const char*>(p + i), _MM_HINT_T0);
-      }
-      unpack_w<T>(wbase + o * row_bytes, row_bytes, nk, nb, s);
-      for (int g = 0; g * kGroup < rows; ++g)
-        run_tile<T>(s, nk, g, std::min(kGroup, rows - g * kGroup), nb, Y + r0 * y_stride + o, y_stride);
-    }
-  }
-}
-
 }  // namespace
 
 void matmul_q_prefill_avx512(DType t, const void* W, int n_in, int o0, int o1, const BlockQ8A* Xq, int n_x, float* Y,
                              size_t y_stride) {
-  switch (t) {
-    case DType::Q4_0: return matmul_prefill<DType::Q4_0>(W, n_in, o0, o1, Xq, n_x, Y, y_stride);
-    case DType::Q4_1: return matmul_prefill<DType::Q4_1>(W, n_in, o0, o1, Xq, n_x, Y, y_stride);
-    case DType::Q5_0: return matmul_prefill<DType::Q5_0>(W, n_in, o0, o1, Xq, n_x, Y, y_stride);
-    case DType::Q5_1: return matmul_prefill<DType::Q5_1>(W, n_in, o0, o1, Xq, n_x, Y, y_stride);
-    default: return matmul_prefill<DType::Q8_0>(W, n_in, o0, o1, Xq, n_x, Y, y_stride);
-  }
+  matmul_q_prefill_simd<Avx512>(t, W, n_in, o0, o1, Xq, n_x, Y, y_stride);
 }
 
 }  // namespace ctx::qk
