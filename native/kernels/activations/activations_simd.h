@@ -6,9 +6,12 @@
 //   gelu(x, table)    the table's GELU, lane by lane (activations.h)
 #pragma once
 
+#include <immintrin.h>
+
 #include <cstdint>
 
 #include "kernels/activations/activations_impl.h"
+#include "kernels/quant/simd_common.h"
 #include "kernels/simd_f32.h"
 
 namespace ctx::act {
@@ -24,15 +27,15 @@ double exp_shift_sum_simd(float* x, int n, float shift) {
   double sum = 0.0;
   for (int i = 0; i < n; i += 16) {
     alignas(64) float c[16];
+#pragma GCC unroll 2
     for (int k = 0; k < 16; k += V::kLanes) {
       const typename V::Mask m = V::first(n - i - k);
       const typename V::F e = V::zero_past(m, V::exp(V::sub(V::load(x + i + k, m), s)));
       V::store(x + i + k, m, e);
       V::storeu(c + k, e);
     }
-    for (int w = 8; w >= 1; w /= 2)
-      for (int k = 0; k < w; ++k) c[k] = c[k] + c[k + w];
-    sum += static_cast<double>(c[0]);
+    // hsum16: lanes i + 8, then hsum8's steps (i + 4, i + 2, i + 1).
+    sum += static_cast<double>(qk::hsum8_ps(_mm256_add_ps(_mm256_load_ps(c), _mm256_load_ps(c + 8))));
   }
   return sum;
 }
