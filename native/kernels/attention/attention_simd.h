@@ -57,35 +57,43 @@ void by_groups(int g, Fn f) {
   }
 }
 
-// Scores of G heads (q: G rows of hd) against one K block, kLanes keys a
-// register; key(d, j0, m) gives dimension d of keys j0.. (lanes outside m zero).
-template <typename V, int G, typename Key>
-__attribute__((noinline)) void score_keys(const float* q, int hd, int n, float scale, float* scores, int score_stride, Key key) {
+// Scores of G heads (q: G rows of hd) against kLanes keys from j0 (full:
+// all of them, so a path's partial-vector handling drops out of the loop);
+// key(d, j0, m) gives dimension d of keys j0.. (lanes outside m zero).
+template <typename V, int G, bool kFull, typename Key>
+inline void score_block(const float* q, int hd, int n, int j0, float scale, float* scores, int score_stride, Key key) {
   using F = typename V::F;
   constexpr int R = V::kAcc / G;
-  for (int j0 = 0; j0 < n; j0 += V::kLanes) {
-    const typename V::Mask m = V::first(n - j0);
-    alignas(64) F part[G][16];
-    for (int rb = 0; rb < 16; rb += R) {
-      const int nr = 16 % R == 0 ? R : std::min(R, 16 - rb);
-      F acc[G][R];
+  const typename V::Mask m = V::first(kFull ? V::kLanes : n - j0);
+  alignas(64) F part[G][16];
+  for (int rb = 0; rb < 16; rb += R) {
+    const int nr = 16 % R == 0 ? R : std::min(R, 16 - rb);
+    F acc[G][R];
 #pragma GCC unroll 16
-      for (int i = 0; i < G * R; ++i) acc[i / R][i % R] = V::zero();
-      for (int d0 = rb; d0 < hd; d0 += 16)
+    for (int i = 0; i < G * R; ++i) acc[i / R][i % R] = V::zero();
+    for (int d0 = rb; d0 < hd; d0 += 16)
 #pragma GCC unroll 16
-        for (int r = 0; r < R; ++r) {
-          if (r >= nr) break;
-          const F k = key(d0 + r, j0, m);
+      for (int r = 0; r < R; ++r) {
+        if (r >= nr) break;
+        const F k = key(d0 + r, j0, m);
 #pragma GCC unroll 4
-          for (int g = 0; g < G; ++g) acc[g][r] = V::fma(V::set1(q[g * hd + d0 + r]), k, acc[g][r]);
-        }
+        for (int g = 0; g < G; ++g) acc[g][r] = V::fma(V::set1(q[g * hd + d0 + r]), k, acc[g][r]);
+      }
 #pragma GCC unroll 16
-      for (int i = 0; i < G * R; ++i)
-        if (i % R < nr) part[i / R][rb + i % R] = acc[i / R][i % R];
-    }
-#pragma GCC unroll 4
-    for (int g = 0; g < G; ++g) V::store(scores + g * score_stride + j0, m, V::mul(fold16<V>(part[g]), V::set1(scale)));
+    for (int i = 0; i < G * R; ++i)
+      if (i % R < nr) part[i / R][rb + i % R] = acc[i / R][i % R];
   }
+#pragma GCC unroll 4
+  for (int g = 0; g < G; ++g) V::store(scores + g * score_stride + j0, m, V::mul(fold16<V>(part[g]), V::set1(scale)));
+}
+
+// Scores of G heads against one K block, kLanes keys a register.
+template <typename V, int G, typename Key>
+__attribute__((noinline)) void score_keys(const float* q, int hd, int n, float scale, float* scores, int score_stride,
+                                          Key key) {
+  int j0 = 0;
+  for (; j0 + V::kLanes <= n; j0 += V::kLanes) score_block<V, G, true>(q, hd, n, j0, scale, scores, score_stride, key);
+  if (j0 < n) score_block<V, G, false>(q, hd, n, j0, scale, scores, score_stride, key);
 }
 
 template <typename V, typename Key>
