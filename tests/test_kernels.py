@@ -1,4 +1,4 @@
-"""The dot-product kernels of ctxengine._core.quant (native/quant/).
+"""The dot-product kernels of ctxengine._core.quant (native/kernels/quant/).
 
 Two kinds of checks:
   * determinism: every SIMD path gives results bit-identical to the scalar

@@ -1,5 +1,5 @@
 // What this CPU can run. Every SIMD path computes bit-identical results (see
-// quant/quant.h for the canonical reduction orders), so the choice only
+// kernels/quant/quant.h for the canonical reduction orders), so the choice only
 // changes speed; tests force each path in turn and compare against scalar.
 #pragma once
 

@@ -6,10 +6,10 @@
 #include <stdexcept>
 #include <string>
 
-#include "models/activations_impl.h"
-#include "models/attention.h"
-#include "models/lora_kernels.h"
-#include "quant/quant_impl.h"
+#include "kernels/activations/activations_impl.h"
+#include "kernels/attention/attention.h"
+#include "kernels/lora/lora_kernels.h"
+#include "kernels/quant/quant_impl.h"
 
 namespace ctx {
 

@@ -3,7 +3,8 @@
 // chosen once, from CPUID at the first call or by set_isa (the tests force
 // each path in turn), and call sites take kernels() and never ask which ISA
 // they run on. Every table computes the same bits: the orders are written in
-// quant/quant.h, models/attention.h and models/activations.h.
+// the families' headers, quant/quant.h, attention/attention.h,
+// activations/activations.h and lora/lora_kernels.h (all under kernels/).
 #pragma once
 
 #include <cstddef>
@@ -19,7 +20,7 @@ struct BlockQ8K;
 
 struct Kernels {
   Isa isa;
-  // quant/quant.h
+  // kernels/quant/quant.h
   float (*f16_to_f32)(uint16_t h);
   uint16_t (*f32_to_f16)(float f);
   void (*f32_to_f16_row)(const float* x, uint16_t* y, int n);
@@ -31,7 +32,7 @@ struct Kernels {
                    size_t y_stride);
   void (*matmul_f)(DType t, const void* W, int n_in, int o0, int o1, const float* Xf, int n_x, float* Y,
                    size_t y_stride);
-  // models/attention.h. The SIMD entries take head_dim % 16 == 0, and to
+  // kernels/attention/attention.h. The SIMD entries take head_dim % 16 == 0, and to
   // accumulate, pages of 16 keys; attention.cpp sends other shapes to scalar.
   void (*attn_scores_f16)(const float* q, int g, const uint16_t* kt, int hd, int stride, int n, float scale,
                           float* scores, int score_stride);
@@ -44,12 +45,12 @@ struct Kernels {
                              float* out);
   float (*max_f32)(const float* x, int n);
   void (*scale_round_f16)(float* x, int n, float scale);
-  // models/activations.h
+  // kernels/activations/activations.h
   double (*exp_shift_sum)(float* x, int n, float shift);
   void (*silu_mul)(float* g, const float* u, int n);
   void (*gelu_mul)(float* g, const float* u, int n, const uint16_t* table);
   void (*rope)(float* v, int n_heads, int hd, int half, bool neox, const float* cs);
-  // models/lora_kernels.h
+  // kernels/lora/lora_kernels.h
   void (*lora_up)(const float* bt, int rank, int n_out, int o0, int o1, const float* t, int n_x, float factor,
                   float* y, size_t y_stride);
 };

@@ -1,8 +1,8 @@
 // LoRA adapters applied at run time, never merged into the base weights:
 //   y = W x + sum over the row's adapters a, in order, of  s_a * (B_a (A_a x))
 // with s_a = scale_a * alpha_a / rank (scale_a alone when the file's alpha is
-// 0, as llama.cpp does). t = A_a x is matmul_f (quant/quant.h) and
-// y += s_a * (B_a t) is lora::up (models/lora_kernels.h), both in matmul_f's
+// 0, as llama.cpp does). t = A_a x is matmul_f (kernels/quant/quant.h) and
+// y += s_a * (B_a t) is lora::up (kernels/lora/lora_kernels.h), both in matmul_f's
 // canonical order, per row, after the base matmul, adapter by adapter in the
 // order the batch item lists them: a row's result depends only on its own
 // input and its adapters, never on the thread count, the chunking or the

@@ -5,15 +5,15 @@
 // weights are present.
 //
 // Determinism: every output element is computed whole by one thread with a
-// fixed reduction order (quant/quant.h), rows never interact except through
+// fixed reduction order (kernels/quant/quant.h), rows never interact except through
 // the KV they have written, and attention reads K/V back from the pages, f16
 // or 8-bit (also for positions written in this very step). So a token's
 // logits do not depend on the thread count, on how the prompt was chunked, or
 // on which other sequences share the step.
 #include "models/model.h"
 
-#include "models/activations.h"
-#include "models/attention.h"
+#include "kernels/activations/activations.h"
+#include "kernels/attention/attention.h"
 
 #include <algorithm>
 #include <cmath>

@@ -15,7 +15,7 @@
 #include "core/threads.h"
 #include "kv/page_pool.h"
 #include "models/lora.h"
-#include "quant/quant.h"
+#include "kernels/quant/quant.h"
 
 namespace ctx {
 

@@ -1,11 +1,11 @@
-// Attention of one layer over the paged KV (models/attention.h has the
+// Attention of one layer over the paged KV (kernels/attention/attention.h has the
 // kernels and their orders), and the KV writes it reads back.
 #include <algorithm>
 #include <cmath>
 #include <vector>
 
-#include "models/activations.h"
-#include "models/attention.h"
+#include "kernels/activations/activations.h"
+#include "kernels/attention/attention.h"
 #include "models/model.h"
 
 namespace ctx {

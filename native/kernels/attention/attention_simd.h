@@ -1,0 +1,188 @@
+// The attention kernels' one body for both widths, in the orders of
+// attention.h: included by attention_avx2.cpp (8 keys or values a ymm) and
+// attention_avx512.cpp (16 a zmm), each built with its own flags; everything
+// here is in an anonymous namespace, so each translation unit keeps its own
+// copy. A path V is a float vector of simd_f32.h (F32x8, F32x16) with
+//   kAcc, kMaxGroup          the accumulators it keeps live, the heads a pass
+//
+// G heads that share one KV head (grouped-query attention) go through K and V
+// together: head g's register (g, r) holds its partial sums over d = r (mod
+// 16) (scores) or over the keys in slot r of every page (values), in the
+// order of attention.h, made R = kAcc / G registers at a time so each K or V
+// row is loaded and widened once for all G heads; 16 sums of a head are then
+// folded by hsum16's steps, lane by lane. A head gets the same bits alone or
+// in a group.
+#pragma once
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+
+#include "kernels/attention/attention.h"
+
+namespace ctx::attn {
+
+namespace {
+
+// acc[0] = hsum16 of the 16 registers, lane by lane: for w in 8, 4, 2, 1: acc[i] += acc[i + w].
+template <typename V>
+inline typename V::F fold16(typename V::F* acc) {
+#pragma GCC unroll 4
+  for (int w = 8; w >= 1; w /= 2)
+#pragma GCC unroll 8
+    for (int i = 0; i < w; ++i) acc[i] = V::add(acc[i], acc[i + w]);
+  return acc[0];
+}
+
+// f(std::integral_constant<int, G>{}, h0) for the heads h0 .. h0 + G - 1 of a
+// group of g, at most V::kMaxGroup a call.
+template <typename V, typename Fn>
+void by_groups(int g, Fn f) {
+  for (int h0 = 0; h0 < g; h0 += V::kMaxGroup) {
+    const int n = std::min(V::kMaxGroup, g - h0);
+    if constexpr (V::kMaxGroup == 1) {
+      f(std::integral_constant<int, 1>{}, h0);
+    } else {
+      static_assert(V::kMaxGroup == 4, "groups of 1 to 4 heads");
+      switch (n) {
+        case 1: f(std::integral_constant<int, 1>{}, h0); break;
+        case 2: f(std::integral_constant<int, 2>{}, h0); break;
+        case 3: f(std::integral_constant<int, 3>{}, h0); break;
+        default: f(std::integral_constant<int, 4>{}, h0); break;
+      }
+    }
+  }
+}
+
+// Scores of G heads (q: G rows of hd) against kLanes keys from j0 (full:
+// all of them, so a path's partial-vector handling drops out of the loop);
+// key(d, j0, m) gives dimension d of keys j0.. (lanes outside m zero).
+template <typename V, int G, bool kFull, typename Key>
+inline void score_block(const float* q, int hd, int n, int j0, float scale, float* scores, int score_stride, Key key) {
+  using F = typename V::F;
+  constexpr int R = V::kAcc / G;
+  const typename V::Mask m = V::first(kFull ? V::kLanes : n - j0);
+  alignas(64) F part[G][16];
+  for (int rb = 0; rb < 16; rb += R) {
+    const int nr = 16 % R == 0 ? R : std::min(R, 16 - rb);
+    F acc[G][R];
+#pragma GCC unroll 16
+    for (int i = 0; i < G * R; ++i) acc[i / R][i % R] = V::zero();
+    for (int d0 = rb; d0 < hd; d0 += 16)
+#pragma GCC unroll 16
+      for (int r = 0; r < R; ++r) {
+        if (r >= nr) break;
+        const F k = key(d0 + r, j0, m);
+#pragma GCC unroll 4
+        for (int g = 0; g < G; ++g) acc[g][r] = V::fma(V::set1(q[g * hd + d0 + r]), k, acc[g][r]);
+      }
+#pragma GCC unroll 16
+    for (int i = 0; i < G * R; ++i)
+      if (i % R < nr) part[i / R][rb + i % R] = acc[i / R][i % R];
+  }
+#pragma GCC unroll 4
+  for (int g = 0; g < G; ++g) V::store(scores + g * score_stride + j0, m, V::mul(fold16<V>(part[g]), V::set1(scale)));
+}
+
+// Scores of G heads against one K block, kLanes keys a register.
+template <typename V, int G, typename Key>
+__attribute__((noinline)) void score_keys(const float* q, int hd, int n, float scale, float* scores, int score_stride,
+                                          Key key) {
+  int j0 = 0;
+  for (; j0 + V::kLanes <= n; j0 += V::kLanes) score_block<V, G, true>(q, hd, n, j0, scale, scores, score_stride, key);
+  if (j0 < n) score_block<V, G, false>(q, hd, n, j0, scale, scores, score_stride, key);
+}
+
+template <typename V, typename Key>
+void score_heads(const float* q, int g, int hd, int n, float scale, float* scores, int score_stride, Key key) {
+  by_groups<V>(g, [&](auto G, int h0) {
+    score_keys<V, decltype(G)::value>(q + h0 * hd, hd, n, scale, scores + h0 * score_stride, score_stride, key);
+  });
+}
+
+// The weighted sum of V for G heads (out: G rows of hd), kLanes values of the
+// output a register, over pages of 16 keys (slot = key % 16). value(i, j, d0)
+// gives values d0.. of slot j of page i; weight(g, i, j, d0) the weight that meets them.
+template <typename V, int G, typename Value, typename Weight>
+void accumulate_heads(int n, int hd, float* out, Value value, Weight weight) {
+  using F = typename V::F;
+  constexpr int R = V::kAcc / G;
+  for (int d0 = 0; d0 < hd; d0 += V::kLanes) {
+    alignas(64) F part[G][16];
+    for (int jb = 0; jb < 16; jb += R) {
+      const int nr = 16 % R == 0 ? R : std::min(R, 16 - jb);
+      F acc[G][R];
+#pragma GCC unroll 16
+      for (int i = 0; i < G * R; ++i) acc[i / R][i % R] = V::zero();
+      for (int i = 0; i * 16 < n; ++i) {
+        const int nj = n - i * 16;
+#pragma GCC unroll 16
+        for (int r = 0; r < R; ++r) {
+          const int j = jb + r;
+          if (r >= nr || j >= nj) break;
+          const F v = value(i, j, d0);
+#pragma GCC unroll 4
+          for (int g = 0; g < G; ++g) acc[g][r] = V::fma(V::set1(weight(g, i, j, d0)), v, acc[g][r]);
+        }
+      }
+#pragma GCC unroll 16
+      for (int i = 0; i < G * R; ++i)
+        if (i % R < nr) part[i / R][jb + i % R] = acc[i / R][i % R];
+    }
+#pragma GCC unroll 4
+    for (int g = 0; g < G; ++g) V::storeu(out + g * hd + d0, fold16<V>(part[g]));
+  }
+}
+
+template <typename V, typename Value, typename Weight>
+void accumulate_group(const float* p, int p_stride, int g, int n, int hd, float* out, Value value, Weight weight) {
+  by_groups<V>(g, [&](auto G, int h0) {
+    accumulate_heads<V, decltype(G)::value>(n, hd, out + h0 * hd, value, [&](int h, int i, int j, int d0) {
+      return weight(p + static_cast<size_t>(h0 + h) * p_stride, i, j, d0);
+    });
+  });
+}
+
+// The four entry points of a path, by the table's signatures (attention.h).
+template <typename V>
+void path_scores(const float* q, int g, const uint16_t* kt, int hd, int stride, int n, float scale, float* out,
+            int score_stride) {
+  score_heads<V>(q, g, hd, n, scale, out, score_stride, [&](int d, int j0, typename V::Mask m) {
+    return V::load_f16(kt + static_cast<size_t>(d) * stride + j0, m);
+  });
+}
+
+template <typename V>
+void path_scores_q8(const float* q, int g, const int8_t* kq, const uint16_t* ks, int hd, int stride, int n, float scale,
+               float* out, int score_stride) {
+  score_heads<V>(q, g, hd, n, scale, out, score_stride, [&](int d, int j0, typename V::Mask m) {
+    const typename V::F s = V::load_f16(ks + static_cast<size_t>(d / 32) * stride + j0, m);
+    return V::mul(s, V::load_i8(kq + static_cast<size_t>(d) * stride + j0, m));
+  });
+}
+
+template <typename V>
+void path_accumulate(const float* p, int p_stride, int g, const uint16_t* const* pages, int v_stride, int n, int hd,
+                float* out) {
+  accumulate_group<V>(
+      p, p_stride, g, n, hd, out, [&](int i, int j, int d0) { return V::load_f16(pages[i] + d0 + j * v_stride); },
+      [](const float* ph, int i, int j, int) { return ph[i * 16 + j]; });
+}
+
+template <typename V>
+void path_accumulate_q8(const float* p, int p_stride, int g, const int8_t* const* pages, const uint16_t* const* scales,
+                   int v_stride, int s_stride, int n, int hd, float* out) {
+  // The q8 weight is p times the scale of the value's block of 32 (attention.h).
+  accumulate_group<V>(
+      p, p_stride, g, n, hd, out, [&](int i, int j, int d0) { return V::load_i8(pages[i] + d0 + j * v_stride); },
+      [&](const float* ph, int i, int j, int d0) {
+        return ph[i * 16 + j] * _cvtsh_ss(scales[i][j * s_stride + d0 / 32]);
+      });
+}
+
+}  // namespace
+
+}  // namespace ctx::attn

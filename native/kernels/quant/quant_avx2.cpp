@@ -1,0 +1,270 @@
+// AVX2 kernels.
+//
+// Integer types: one ymm accumulator per (weight row, activation row) pair
+// holds the 8 canonical lanes of quant.h. Per block, int32 lane l of the
+// 4-sums is elements 4l..4l+3 of the block, i.e. exactly canonical lane l,
+// and it goes into the accumulator with one fma by the block's scale; the end
+// is hsum8, whose steps are the 128-bit halves, movehl and movehdup.
+//
+// The 4-sums come from vpmaddubsw (u8 x s8 -> pairs of products in int16)
+// then vpmaddwd with ones (adjacent int16 pairs -> int32). vpmaddubsw
+// saturates at +-32767, which these operands never reach:
+//   Q4_1, Q5_1: q in 0..31, |x| <= 127: 2 * 31 * 127 = 7874
+//   Q4_0, Q5_0, Q8_0 (sign trick: |w| as unsigned, x negated where w < 0, |w| <= 8, 16 or 128):
+//         2 * 128 * 127 = 32512 < 32767
+// so the int32 lanes are the exact canonical isum.
+//
+// Tiling: a tile is NW weight rows x NX activation rows, each pair with its
+// own accumulator fed in canonical order, so tiling never changes a result.
+// (From 4 activation rows on, integer prefill goes to quant_prefill_avx2.cpp.)
+//
+// Float types: the 16 canonical lanes of matmul_f live in two ymm per
+// accumulator, "lo" = lanes 0-7, "hi" = lanes 8-15.
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "kernels/quant/quant_impl.h"
+#include "kernels/quant/simd_common.h"
+
+namespace ctx::qk {
+
+namespace {
+
+// hsum16 of lanes (lo, hi): the w = 8 step is exactly lo + hi, the rest is hsum8.
+float hsum16_ps(__m256 lo, __m256 hi) { return hsum8_ps(_mm256_add_ps(lo, hi)); }
+
+// ---------------------------------------------------------------------------
+// Integer matmul
+
+constexpr size_t block_bytes(DType t) { return block_bytes_q(t); }
+
+
+// One weight block, unpacked: `u` is what goes into vpmaddubsw's unsigned
+// operand (Q4_1, Q5_1: q; Q4_0, Q5_0, Q8_0: |w|), `sign` the signed weights
+// whose signs are moved onto x (unused for Q4_1, Q5_1).
+struct WBlock {
+  __m256i u, sign;
+  __m256 d;
+  float m;  // Q4_1, Q5_1 only
+};
+
+template <DType T>
+WBlock load_block(const uint8_t* p) {
+  WBlock w;
+  w.d = _mm256_set1_ps(_cvtsh_ss(load_u16(p)));
+  if constexpr (T == DType::Q8_0) {
+    w.sign = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 2));
+    w.u = _mm256_abs_epi8(w.sign);
+  } else {
+    constexpr bool q5 = T == DType::Q5_0 || T == DType::Q5_1;
+    constexpr size_t qs_offset = (has_min(T) ? 4 : 2) + (q5 ? 4 : 0);
+    const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + qs_offset));
+    // Bytes 0-15: low nibbles (elements 0-15), bytes 16-31: high nibbles (elements 16-31).
+    __m256i nib = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), _mm256_set1_epi8(0x0F));
+    if constexpr (q5) nib = _mm256_or_si256(nib, _mm256_and_si256(bytes_from_bits(p + qs_offset - 4), _mm256_set1_epi8(0x10)));
+    if constexpr (has_min(T)) {
+      w.u = nib;
+      w.m = _cvtsh_ss(load_u16(p + 2));
+    } else {
+      w.sign = _mm256_sub_epi8(nib, _mm256_set1_epi8(T == DType::Q4_0 ? 8 : 16));
+      w.u = _mm256_abs_epi8(w.sign);
+    }
+  }
+  return w;
+}
+
+// One block b for every pair of the tile.
+template <DType T, int NW, int NX>
+inline void block_step(const uint8_t* const* wrow, size_t offset, const BlockQ8A* const* xrow, int b,
+                       __m256 (&acc)[NW][NX], float (&summ)[NW][NX]) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  for (int i = 0; i < NW; ++i) {
+    const WBlock w = load_block<T>(wrow[i] + offset);
+    for (int j = 0; j < NX; ++j) {
+      const BlockQ8A& x = xrow[j][b];
+      const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.qs));
+      const __m256i pairs = has_min(T) ? _mm256_maddubs_epi16(w.u, xq)
+                                             : _mm256_maddubs_epi16(w.u, _mm256_sign_epi8(xq, w.sign));
+      const __m256 isum = _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, ones));
+      const __m256 scale = _mm256_mul_ps(w.d, _mm256_set1_ps(x.d));
+      acc[i][j] = _mm256_fmadd_ps(scale, isum, acc[i][j]);
+      if (has_min(T)) summ[i][j] = std::fma(w.m, x.s, summ[i][j]);
+    }
+  }
+}
+
+template <DType T, int NW, int NX>
+void tile_q(const uint8_t* w0, size_t row_bytes, int nb, const BlockQ8A* x0, float* Y, size_t y_stride) {
+  constexpr size_t bb = block_bytes(T);
+  const uint8_t* wrow[NW];
+  for (int i = 0; i < NW; ++i) wrow[i] = w0 + i * row_bytes;
+  const BlockQ8A* xrow[NX];
+  for (int j = 0; j < NX; ++j) xrow[j] = x0 + static_cast<size_t>(j) * nb;
+  __m256 acc[NW][NX];
+  float summ[NW][NX];
+  for (int i = 0; i < NW; ++i)
+    for (int j = 0; j < NX; ++j) {
+      acc[i][j] = _mm256_setzero_ps();
+      summ[i][j] = 0.0f;
+    }
+  // The single dependency chain per pair stalls behind each weight miss, so
+  // ask for the next tile's rows (same offsets) while this one computes.
+  const size_t ahead = NW * row_bytes;
+  for (int b = 0; b < nb; ++b) {
+    for (int i = 0; i < NW; ++i) _mm_prefetch(reinterpret_cast<const char*>(wrow[i] + b * bb + ahead), _MM_HINT_T0);
+    block_step<T, NW, NX>(wrow, b * bb, xrow, b, acc, summ);
+  }
+  for (int i = 0; i < NW; ++i)
+    for (int j = 0; j < NX; ++j) {
+      float dot = hsum8_ps(acc[i][j]);
+      if (has_min(T)) dot = dot + summ[i][j];
+      Y[j * y_stride + i] = dot;
+    }
+}
+
+using TileQFn = void (*)(const uint8_t*, size_t, int, const BlockQ8A*, float*, size_t);
+
+// Tile shapes: 4 weight rows for a single activation row (decode: four
+// weight streams in flight), 2 x 2 otherwise (weights reused from registers).
+template <DType T>
+void matmul_q_impl(const void* W, int n_in, int o0, int o1, const BlockQ8A* Xq, int n_x, float* Y, size_t y_stride) {
+  const int nb = n_in / QK;
+  const size_t row_bytes = nb * block_bytes(T);
+  const auto* wbase = static_cast<const uint8_t*>(W);
+  static constexpr TileQFn by_nw_1x[4] = {tile_q<T, 1, 1>, tile_q<T, 2, 1>, tile_q<T, 3, 1>, tile_q<T, 4, 1>};
+  static constexpr TileQFn by_nw_nx[2][2] = {{tile_q<T, 1, 1>, tile_q<T, 1, 2>}, {tile_q<T, 2, 1>, tile_q<T, 2, 2>}};
+  const int step_w = n_x == 1 ? 4 : 2;
+  for (int o = o0; o < o1; o += step_w) {
+    const int nw = std::min(step_w, o1 - o);
+    const uint8_t* w0 = wbase + o * row_bytes;
+    if (n_x == 1) {
+      by_nw_1x[nw - 1](w0, row_bytes, nb, Xq, Y + o, y_stride);
+      continue;
+    }
+    for (int r = 0; r < n_x; r += 2)
+      by_nw_nx[nw - 1][std::min(2, n_x - r) - 1](w0, row_bytes, nb, Xq + static_cast<size_t>(r) * nb,
+                                                 Y + r * y_stride + o, y_stride);
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Float matmul: acc[i % 16] = fma(w[i], x[i], acc[i % 16]); elements 16e..16e+7
+// go to lo, 16e+8..16e+15 to hi. The n_in % 16 tail is finished in scalar on
+// the spilled lanes (std::fma is the same single rounding).
+
+template <DType T>
+__m256 load_w8(const void* row, int i) {
+  if constexpr (T == DType::F32) {
+    return _mm256_loadu_ps(static_cast<const float*>(row) + i);
+  } else {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(row) + i));
+    if constexpr (T == DType::F16) return _mm256_cvtph_ps(h);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));  // bf16: exact widening
+  }
+}
+
+template <DType T>
+float load_w1(const void* row, int i) {
+  if constexpr (T == DType::F32) return static_cast<const float*>(row)[i];
+  const uint16_t h = static_cast<const uint16_t*>(row)[i];
+  if constexpr (T == DType::F16) return _cvtsh_ss(h);
+  return bf16_to_f32(h);
+}
+
+template <DType T, int NW, int NX>
+void tile_f(const uint8_t* w0, size_t row_bytes, int n_in, const float* x0, float* Y, size_t y_stride) {
+  __m256 lo[NW][NX], hi[NW][NX];
+  for (int i = 0; i < NW; ++i)
+    for (int j = 0; j < NX; ++j) lo[i][j] = hi[i][j] = _mm256_setzero_ps();
+  const int n16 = n_in / 16 * 16;
+  for (int e = 0; e < n16; e += 16) {
+    __m256 wl[NW], wh[NW];
+    for (int i = 0; i < NW; ++i) {
+      wl[i] = load_w8<T>(w0 + i * row_bytes, e);
+      wh[i] = load_w8<T>(w0 + i * row_bytes, e + 8);
+    }
+    for (int j = 0; j < NX; ++j) {
+      const float* x = x0 + static_cast<size_t>(j) * n_in + e;
+      const __m256 xl = _mm256_loadu_ps(x), xh = _mm256_loadu_ps(x + 8);
+      for (int i = 0; i < NW; ++i) {
+        lo[i][j] = _mm256_fmadd_ps(wl[i], xl, lo[i][j]);
+        hi[i][j] = _mm256_fmadd_ps(wh[i], xh, hi[i][j]);
+      }
+    }
+  }
+  for (int i = 0; i < NW; ++i)
+    for (int j = 0; j < NX; ++j) {
+      if (n16 == n_in) {
+        Y[j * y_stride + i] = hsum16_ps(lo[i][j], hi[i][j]);
+        continue;
+      }
+      alignas(32) float a[16];
+      _mm256_store_ps(a, lo[i][j]);
+      _mm256_store_ps(a + 8, hi[i][j]);
+      const float* x = x0 + static_cast<size_t>(j) * n_in;
+      for (int e = n16; e < n_in; ++e) a[e % 16] = std::fma(load_w1<T>(w0 + i * row_bytes, e), x[e], a[e % 16]);
+      Y[j * y_stride + i] = hsum16(a);
+    }
+}
+
+using TileFFn = void (*)(const uint8_t*, size_t, int, const float*, float*, size_t);
+
+template <DType T>
+void matmul_f_impl(const void* W, int n_in, int o0, int o1, const float* Xf, int n_x, float* Y, size_t y_stride) {
+  const size_t row_bytes = static_cast<size_t>(n_in) * (T == DType::F32 ? 4 : 2);
+  const auto* wbase = static_cast<const uint8_t*>(W);
+  static constexpr TileFFn by_nw_1x[4] = {tile_f<T, 1, 1>, tile_f<T, 2, 1>, tile_f<T, 3, 1>, tile_f<T, 4, 1>};
+  static constexpr TileFFn by_nw_nx[2][2] = {{tile_f<T, 1, 1>, tile_f<T, 1, 2>}, {tile_f<T, 2, 1>, tile_f<T, 2, 2>}};
+  const int step_w = n_x == 1 ? 4 : 2;
+  for (int o = o0; o < o1; o += step_w) {
+    const int nw = std::min(step_w, o1 - o);
+    const uint8_t* w0 = wbase + o * row_bytes;
+    if (n_x == 1) {
+      by_nw_1x[nw - 1](w0, row_bytes, n_in, Xf, Y + o, y_stride);
+      continue;
+    }
+    for (int r = 0; r < n_x; r += 2)
+      by_nw_nx[nw - 1][std::min(2, n_x - r) - 1](w0, row_bytes, n_in, Xf + static_cast<size_t>(r) * n_in,
+                                                 Y + r * y_stride + o, y_stride);
+  }
+}
+
+}  // namespace
+
+void matmul_q_avx2(DType t, const void* W, int n_in, int o0, int o1, const BlockQ8A* Xq, int n_x, float* Y,
+                   size_t y_stride) {
+  // From 4 activation rows on, unpacking each weight tile once (to memory)
+  // beats unpacking it per tile of 2 x 2 pairs (quant_prefill_avx2.cpp).
+  if (n_x >= 4) return matmul_q_prefill_avx2(t, W, n_in, o0, o1, Xq, n_x, Y, y_stride);
+  switch (t) {
+    case DType::Q4_0: return matmul_q_impl<DType::Q4_0>(W, n_in, o0, o1, Xq, n_x, Y, y_stride);
+    case DType::Q4_1: return matmul_q_impl<DType::Q4_1>(W, n_in, o0, o1, Xq, n_x, Y, y_stride);
+    case DType::Q5_0: return matmul_q_impl<DType::Q5_0>(W, n_in, o0, o1, Xq, n_x, Y, y_stride);
+    case DType::Q5_1: return matmul_q_impl<DType::Q5_1>(W, n_in, o0, o1, Xq, n_x, Y, y_stride);
+    default: return matmul_q_impl<DType::Q8_0>(W, n_in, o0, o1, Xq, n_x, Y, y_stride);
+  }
+}
+
+void matmul_f_avx2(DType t, const void* W, int n_in, int o0, int o1, const float* Xf, int n_x, float* Y,
+                   size_t y_stride) {
+  switch (t) {
+    case DType::F32: return matmul_f_impl<DType::F32>(W, n_in, o0, o1, Xf, n_x, Y, y_stride);
+    case DType::F16: return matmul_f_impl<DType::F16>(W, n_in, o0, o1, Xf, n_x, Y, y_stride);
+    default: return matmul_f_impl<DType::BF16>(W, n_in, o0, o1, Xf, n_x, Y, y_stride);
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Attention helpers
+
+void f32_to_f16_row_avx2(const float* x, uint16_t* y, int n) {
+  int i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(y + i), _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
+  for (; i < n; ++i) y[i] = f32_to_f16(x[i]);  // scalar rounding is bit-identical to F16C's
+}
+
+}  // namespace ctx::qk

@@ -1,0 +1,165 @@
+// The prefill matmul (many activation rows) for the blocks-of-32 integer
+// types, its driver written once for both widths: included by
+// quant_prefill_avx2.cpp and quant_prefill_avx512.cpp, each built with its
+// own flags (everything is in an anonymous namespace).
+//
+// Per (weight row, activation row) pair one 8-lane accumulator holds the
+// canonical lanes of quant.h, and block b adds acc = fma(sc, (float)isum, acc)
+// with sc = f16(d_w[b]) * d_x[b] (a float product). What the inner loop would
+// otherwise redo per tile is done once per call: weight tiles (kNK rows) are
+// unpacked once per batch of activation rows; the activation rows are
+// prepared once per batch, by groups of kGroup rows (a float vector's lanes);
+// the scale table f16(d_w) * d_x and Q4_1 / Q5_1's min sums
+// summ = fma(f16(m_w[b]), s_x[b], summ) are made per tile and group by one
+// vector operation per (row, block), blocks in order. Every pair's lanes get
+// their blocks in canonical order, so neither tiling nor batching changes a result.
+//
+// A path V is a float vector of simd_f32.h (kGroup = its lanes) with
+//   kNK, kNX, kAhead        weight rows a tile, activation rows a sub-tile, tiles prefetched ahead (0: none)
+//   XBlock, WBlock          a prepared activation block, an unpacked weight block
+//   prep_x<T>, unpack_w<T>  into the Scratch below
+//   tile<T, NK, NX>         NK weight rows x NX activation rows into Y
+#pragma once
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <vector>
+
+#include "kernels/quant/quant_impl.h"
+#include "kernels/simd_f32.h"
+
+namespace ctx::qk {
+
+namespace {
+
+// Cache blocking: a batch of prepared activation rows stays in L2 and streams
+// past each tile of weights (unpacked in L1).
+constexpr size_t kXBudget = 256 * 1024;
+
+template <typename V>
+struct Lanes {  // one float per row of a group
+  typename V::F v;
+};
+
+template <typename V>
+struct Scratch {
+  std::vector<typename V::XBlock> x;  // [group][block][row in group]
+  std::vector<Lanes<V>> xd, xs;       // [group][block]: d_x, s_x of the group's rows
+  std::vector<typename V::WBlock> wq;  // [tile row][block]
+  std::vector<float> wd, wm;           // [tile row][block]: f16(d_w), f16(m_w)
+  std::vector<Lanes<V>> sc;            // [block][k]: f16(d_w) * d_x for tile row k, the group's rows
+  std::vector<Lanes<V>> summ;          // [k]: the min sums of tile row k, the group's rows
+};
+
+// The scales (and min sums) of the unpacked tile against activation group g.
+template <typename V, DType T>
+void tile_scales(Scratch<V>& s, int g, int nb) {
+  // One pass: the table's stores and the min sums' fma chains overlap.
+  const float* wd = s.wd.data();
+  const float* wm = s.wm.data();
+  const Lanes<V>* xd = &s.xd[static_cast<size_t>(g) * nb];
+  const Lanes<V>* xs = &s.xs[static_cast<size_t>(g) * nb];
+  typename V::F summ[V::kNK];
+  for (auto& v : summ) v = V::zero();
+  for (int b = 0; b < nb; ++b)
+    for (int k = 0; k < V::kNK; ++k) {
+      s.sc[b * V::kNK + k].v = V::mul(V::set1(wd[k * nb + b]), xd[b].v);
+      if (has_min(T)) summ[k] = V::fma(V::set1(wm[k * nb + b]), xs[b].v, summ[k]);
+    }
+  if (has_min(T))
+    for (int k = 0; k < V::kNK; ++k) s.summ[k].v = summ[k];
+}
+
+template <typename V>
+using TileFn = void (*)(const typename V::WBlock*, const typename V::XBlock*, const float*, const float*, int, float*,
+                        size_t);
+
+template <typename V, DType T, int NK, int NX = V::kNX>
+TileFn<V> pick_nx(int nx) {
+  if constexpr (NX == 1) {
+    return V::template tile<T, NK, 1>;
+  } else {
+    return nx >= NX ? V::template tile<T, NK, NX> : pick_nx<V, T, NK, NX - 1>(nx);
+  }
+}
+
+template <typename V, DType T, int NK = V::kNK>
+TileFn<V> pick(int nk, int nx) {
+  if constexpr (NK == 1) {
+    return pick_nx<V, T, 1>(nx);
+  } else {
+    return nk >= NK ? pick_nx<V, T, NK>(nx) : pick<V, T, NK - 1>(nk, nx);
+  }
+}
+
+// The unpacked tile (nk rows) against activation group g (g_rows rows); Y is
+// offset to (batch row 0, the tile's first row).
+template <typename V, DType T>
+void run_tile(Scratch<V>& s, int nk, int g, int g_rows, int nb, float* Y, size_t y_stride) {
+  const auto* sc = reinterpret_cast<const float*>(s.sc.data());
+  const auto* summ = reinterpret_cast<const float*>(s.summ.data());
+  tile_scales<V, T>(s, g, nb);
+  const typename V::XBlock* xg = &s.x[static_cast<size_t>(g) * nb * V::kGroup];
+  for (int j = 0; j < g_rows; j += V::kNX) {
+    const int nx = std::min(V::kNX, g_rows - j);
+    pick<V, T>(nk, nx)(s.wq.data(), xg + j, sc + j, summ + j, nb,
+                       Y + (static_cast<size_t>(g) * V::kGroup + j) * y_stride, y_stride);
+  }
+}
+
+template <typename V, DType T>
+void matmul_prefill(const void* W, int n_in, int o0, int o1, const BlockQ8A* Xq, int n_x, float* Y, size_t y_stride) {
+  thread_local Scratch<V> s;
+  constexpr int kNK = V::kNK, kGroup = V::kGroup;
+  const int nb = n_in / QK;
+  const size_t row_bytes = nb * block_bytes_q(T);
+  const auto* wbase = static_cast<const uint8_t*>(W);
+  const size_t x_row_bytes = nb * (sizeof(typename V::XBlock) + 2 * sizeof(float));
+  const int batch = std::max<int>(kGroup, static_cast<int>(kXBudget / x_row_bytes) / kGroup * kGroup);
+  const size_t tile_blocks = static_cast<size_t>(kNK) * nb;
+  if (s.wq.size() < tile_blocks) {
+    s.wq.resize(tile_blocks);
+    s.wd.resize(tile_blocks);
+    s.wm.resize(tile_blocks);
+    s.sc.resize(tile_blocks);
+  }
+  s.summ.resize(kNK);
+  for (int r0 = 0; r0 < n_x; r0 += batch) {
+    const int rows = std::min(batch, n_x - r0);
+    V::template prep_x<T>(Xq + static_cast<size_t>(r0) * nb, nb, rows, s);
+    for (int o = o0; o < o1; o += kNK) {
+      const int nk = std::min(kNK, o1 - o);
+      // Weights are read once per batch of activation rows, in the model from
+      // memory: the rows of the tile kAhead tiles on are asked for while this one computes.
+      if constexpr (V::kAhead > 0) {
+        const int ahead = o + V::kAhead * kNK;
+        if (ahead < o1) {
+          const uint8_t* p = wbase + ahead * row_bytes;
+          const size_t bytes = std::min(kNK, o1 - ahead) * row_bytes;
+          for (size_t i = 0; i < bytes; i += 64) _mm_prefetch(reinterpret_cast<const char*>(p + i), _MM_HINT_T0);
+        }
+      }
+      V::template unpack_w<T>(wbase + o * row_bytes, row_bytes, nk, nb, s);
+      for (int g = 0; g * kGroup < rows; ++g)
+        run_tile<V, T>(s, nk, g, std::min(kGroup, rows - g * kGroup), nb, Y + r0 * y_stride + o, y_stride);
+    }
+  }
+}
+
+template <typename V>
+void matmul_q_prefill_simd(DType t, const void* W, int n_in, int o0, int o1, const BlockQ8A* Xq, int n_x, float* Y,
+                           size_t y_stride) {
+  switch (t) {
+    case DType::Q4_0: return matmul_prefill<V, DType::Q4_0>(W, n_in, o0, o1, Xq, n_x, Y, y_stride);
+    case DType::Q4_1: return matmul_prefill<V, DType::Q4_1>(W, n_in, o0, o1, Xq, n_x, Y, y_stride);
+    case DType::Q5_0: return matmul_prefill<V, DType::Q5_0>(W, n_in, o0, o1, Xq, n_x, Y, y_stride);
+    case DType::Q5_1: return matmul_prefill<V, DType::Q5_1>(W, n_in, o0, o1, Xq, n_x, Y, y_stride);
+    default: return matmul_prefill<V, DType::Q8_0>(W, n_in, o0, o1, Xq, n_x, Y, y_stride);
+  }
+}
+
+}  // namespace
+
+}  // namespace ctx::qk

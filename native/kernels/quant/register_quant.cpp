@@ -1,0 +1,153 @@
+// ctxengine._core.quant: the weight formats and kernels with numpy arrays in
+// and out, for tests and tools. The kernels run on whatever path
+// ctxengine._core.set_isa chose.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "kernels/quant/quant.h"
+
+namespace py = pybind11;
+
+namespace ctx {
+
+namespace {
+
+template <class T>
+using Array = py::array_t<T, py::array::c_style | py::array::forcecast>;
+
+DType checked_type(int ggml_type) {
+  if (!dtype_supported(ggml_type)) throw py::value_error(std::string("unsupported tensor type ") + dtype_name(ggml_type));
+  return static_cast<DType>(ggml_type);
+}
+
+// Output rows [0, n_out) in calls of `chunk` rows (0: one call), as
+// Model::matmul splits them across threads: the kernels see o0 > 0.
+template <class Fn>
+void for_chunks(int o0, int o1, int chunk, Fn fn) {
+  if (chunk == 0) return fn(o0, o1);
+  for (int o = o0; o < o1; o += chunk) fn(o, std::min(o1, o + chunk));
+}
+
+void check_row_length(DType t, int64_t n) {
+  if (n < 0 || n % dtype_block_elems(t) != 0)
+    throw py::value_error(std::string(dtype_name(static_cast<int>(t))) + " rows need a multiple of " +
+                          std::to_string(dtype_block_elems(t)) + " elements, got " + std::to_string(n));
+}
+
+py::array_t<float> matmul(int ggml_type, const Array<uint8_t>& W, int n_in, int n_out, const Array<float>& X, int o0,
+                          int o1, int chunk) {
+  const DType t = checked_type(ggml_type);
+  check_row_length(t, n_in);
+  if (n_out < 0) throw py::value_error("n_out must be >= 0");
+  if (o1 < 0) o1 = n_out;
+  if (o0 < 0 || o0 > o1 || o1 > n_out) throw py::value_error("need 0 <= o0 <= o1 <= n_out");
+  if (chunk < 0) throw py::value_error("chunk must be >= 0");
+  if (X.ndim() != 2 || X.shape(1) != n_in)
+    throw py::value_error("X must have shape (n_x, " + std::to_string(n_in) + ")");
+  const size_t row_bytes = dtype_row_bytes(t, n_in);
+  if (static_cast<size_t>(W.size()) != row_bytes * static_cast<size_t>(n_out))
+    throw py::value_error("W has " + std::to_string(W.size()) + " bytes, expected " +
+                          std::to_string(row_bytes * static_cast<size_t>(n_out)));
+  const auto n_x = static_cast<int>(X.shape(0));
+  py::array_t<float> Y({static_cast<py::ssize_t>(n_x), static_cast<py::ssize_t>(n_out)});
+  const uint8_t* w = W.data();
+  const float* x = X.data();
+  float* y = Y.mutable_data();
+  std::fill(y, y + static_cast<size_t>(n_x) * n_out, 0.0f);  // outside [o0, o1)
+  {
+    // Safe without the GIL: W and X are C-contiguous buffers (forcecast copies
+    // when needed) owned or referenced by the py::array arguments this frame
+    // holds until it returns, Y is a fresh array nobody else sees yet, and
+    // nothing below touches a Python object.
+    py::gil_scoped_release no_gil;
+    if (dtype_is_quantized(t)) {
+      const int nb = n_in / QK;
+      std::vector<BlockQ8A> xq(static_cast<size_t>(n_x) * nb);
+      for (int r = 0; r < n_x; ++r) quantize_row_q8a(x + static_cast<size_t>(r) * n_in, &xq[static_cast<size_t>(r) * nb], n_in);
+      for_chunks(o0, o1, chunk, [&](int a, int b) { matmul_q(t, w, n_in, a, b, xq.data(), n_x, y, static_cast<size_t>(n_out)); });
+    } else if (dtype_is_kquant(t)) {
+      const int nb = n_in / QK_K;
+      std::vector<BlockQ8K> xk(static_cast<size_t>(n_x) * nb);
+      for (int r = 0; r < n_x; ++r) quantize_row_q8k(x + static_cast<size_t>(r) * n_in, &xk[static_cast<size_t>(r) * nb], n_in);
+      for_chunks(o0, o1, chunk, [&](int a, int b) { matmul_k(t, w, n_in, a, b, xk.data(), n_x, y, static_cast<size_t>(n_out)); });
+    } else {
+      for_chunks(o0, o1, chunk, [&](int a, int b) { matmul_f(t, w, n_in, a, b, x, n_x, y, static_cast<size_t>(n_out)); });
+    }
+  }
+  return Y;
+}
+
+py::bytes quantize_q8a(const Array<float>& x) {
+  if (x.ndim() != 1 || x.shape(0) % QK != 0) throw py::value_error("x must be 1-D with a multiple of 32 elements");
+  std::vector<BlockQ8A> blocks(static_cast<size_t>(x.shape(0) / QK));
+  quantize_row_q8a(x.data(), blocks.data(), static_cast<int>(x.shape(0)));
+  return py::bytes(reinterpret_cast<const char*>(blocks.data()), blocks.size() * sizeof(BlockQ8A));
+}
+
+py::array_t<float> dequantize(int ggml_type, const Array<uint8_t>& data, int n) {
+  const DType t = checked_type(ggml_type);
+  check_row_length(t, n);
+  if (static_cast<size_t>(data.size()) != dtype_row_bytes(t, n))
+    throw py::value_error("data has " + std::to_string(data.size()) + " bytes, expected " +
+                          std::to_string(dtype_row_bytes(t, n)));
+  py::array_t<float> out(n);
+  dequantize_row(t, data.data(), out.mutable_data(), n);
+  return out;
+}
+
+py::bytes quantize_q8k(const Array<float>& x) {
+  if (x.ndim() != 1 || x.shape(0) % QK_K != 0) throw py::value_error("x must be 1-D with a multiple of 256 elements");
+  std::vector<BlockQ8K> blocks(static_cast<size_t>(x.shape(0) / QK_K));
+  quantize_row_q8k(x.data(), blocks.data(), static_cast<int>(x.shape(0)));
+  return py::bytes(reinterpret_cast<const char*>(blocks.data()), blocks.size() * sizeof(BlockQ8K));
+}
+
+py::tuple quantize_kv8(const Array<float>& x) {
+  if (x.ndim() != 1 || x.shape(0) % QK != 0) throw py::value_error("x must be 1-D with a multiple of 32 elements");
+  py::array_t<int8_t> qs(x.shape(0));
+  py::array_t<uint16_t> d(x.shape(0) / QK);
+  quantize_row_kv8(x.data(), qs.mutable_data(), d.mutable_data(), static_cast<int>(x.shape(0)));
+  return py::make_tuple(qs, d);
+}
+
+py::array_t<uint16_t> to_f16(const Array<float>& x) {
+  py::array_t<uint16_t> out(std::vector<py::ssize_t>(x.shape(), x.shape() + x.ndim()));
+  f32_to_f16_row(x.data(), out.mutable_data(), static_cast<int>(x.size()));
+  return out;
+}
+
+}  // namespace
+
+void register_quant(py::module_& m) {
+  m.def("supported_types", [] {
+    std::vector<int> out;
+    for (int t = 0; t < 64; ++t)
+      if (dtype_supported(t)) out.push_back(t);
+    return out;
+  }, "GGML type ids the kernels handle");
+  m.def("dtype_name", [](int t) { return std::string(dtype_name(t)); }, py::arg("ggml_type"));
+  m.def("row_bytes", [](int t, int64_t n) {
+    const DType d = checked_type(t);
+    check_row_length(d, n);
+    return dtype_row_bytes(d, n);
+  }, py::arg("ggml_type"), py::arg("n"), "bytes of one row of n elements");
+  m.def("matmul", &matmul, py::arg("ggml_type"), py::arg("W"), py::arg("n_in"), py::arg("n_out"), py::arg("X"),
+        py::arg("o0") = 0, py::arg("o1") = -1, py::arg("chunk") = 0,
+        "Y (n_x, n_out) = X . W^T; W: raw row-major weight bytes. Quantized types quantize X to Q8A "
+        "(blocks of 32) or Q8K (K-quants) first. Only output columns [o0, o1) are computed (o1 = -1: "
+        "n_out), as one thread of the model's split does; the rest are 0. chunk > 0: the kernel is called "
+        "per `chunk` output rows of that range, as the model's threads split them.");
+  m.def("quantize_q8k", &quantize_q8k, py::arg("x"), "one activation row -> raw BlockQ8K bytes (292 per 256 elements)");
+  m.def("quantize_q8a", &quantize_q8a, py::arg("x"), "one activation row -> raw BlockQ8A bytes (40 per 32 elements)");
+  m.def("quantize_kv8", &quantize_kv8, py::arg("x"),
+        "one K or V row -> (int8 values, f16 scale bits per 32), as q8 KV pages store it");
+  m.def("dequantize", &dequantize, py::arg("ggml_type"), py::arg("data"), py::arg("n"), "one row -> float32");
+  m.def("f32_to_f16", &to_f16, py::arg("x"), "round to f16 bits (round to nearest even), same shape");
+}
+
+}  // namespace ctx
