@@ -44,8 +44,8 @@ class Agreement:
 
     def summary(self) -> str:
         worst = int(np.argmax(self.gaps))
-        return (f"top-1 agreement {self.top1:.4f} over {self.n} positions; mean |d log p| {self.mean_gap:.4f}; "
-                f"max {self.gaps[worst]:.4f} at {self.where[worst]}")
+        return (f"top-1 agreement {self.top1:.4f} over {self.n} positions; mean |d log p| {self.mean_gap:.3g}; "
+                f"max {self.gaps[worst]:.3g} at {self.where[worst]}")
 
 
 def first_parting(ours: list[int], theirs: list[int]) -> int | None:

@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 
 ORACLE = Path(__file__).resolve().parents[1] / "scripts" / "llamacpp_oracle.py"
+MATMULS = ORACLE.with_name("llamacpp_matmuls.py")
 AMX_FLAGS = ("amx_tile", "amx_int8", "amx_bf16")
 
 
@@ -66,15 +67,27 @@ class LlamaCpp:
                                capture_output=True, text=True, check=True).stdout.strip()
         return next(Path(where).glob("lib/libggml-cpu*.so"))
 
+    def child(self, script: Path, request: dict, out: Path) -> None:
+        """Run one of the scripts/llamacpp_*.py on request, writing into out."""
+        (out / "request.json").write_text(json.dumps(request))
+        child = subprocess.run([self.python, str(script), str(out / "request.json"), str(out)],
+                               capture_output=True, text=True, timeout=1800)
+        if child.returncode != 0:
+            raise RuntimeError(crash_reason(child.returncode, child.stderr))
+
+    def matmuls(self, model: Path, ids: list[int], *, threads: int = 2) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+        """{weight name: (x, y)}: each quantized matmul llama.cpp runs on ids as one batch
+        (scripts/llamacpp_matmuls.py), its float input and its output."""
+        with tempfile.TemporaryDirectory(prefix="llamacpp-") as tmp:
+            out = Path(tmp)
+            self.child(MATMULS, {"model": str(model), "ids": ids, "threads": threads}, out)
+            with np.load(out / "matmuls.npz") as z:
+                return {k[:-2]: (z[k], z[k[:-2] + ":y"]) for k in z.files if k.endswith(":x")}
+
     def run(self, model: Path, jobs: list[dict], *, threads: int = 2, n_batch: int = 512) -> list[dict]:
         with tempfile.TemporaryDirectory(prefix="llamacpp-") as tmp:
             out = Path(tmp)
-            request = {"model": str(model), "threads": threads, "n_batch": n_batch, "jobs": jobs}
-            (out / "request.json").write_text(json.dumps(request))
-            child = subprocess.run([self.python, str(ORACLE), str(out / "request.json"), str(out)],
-                                   capture_output=True, text=True, timeout=1800)
-            if child.returncode != 0:
-                raise RuntimeError(crash_reason(child.returncode, child.stderr))
+            self.child(ORACLE, {"model": str(model), "threads": threads, "n_batch": n_batch, "jobs": jobs}, out)
             results = json.loads((out / "result.json").read_text())
             for r in results:
                 for key, value in list(r.items()):

@@ -132,6 +132,11 @@ def canonical_matmul_k(t, w, n_in, x):
     L = np.arange(8)
     if t == G.Q6_K:
         isum -= 32 * (sc[:, None, :, 2 * L] * bs[None, :, :, 2 * L] + sc[:, None, :, 2 * L + 1] * bs[None, :, :, 2 * L + 1])
+    if t == G.Q6_K:  # llama.cpp's x86 tiled gemm: one exact sum a super-block, then d_w, then fma with d_y
+        acc1 = np.zeros((n_out, x.shape[0]), np.float32)
+        for i in range(nb):
+            acc1 = fma_f32(isum[:, :, i].sum(-1).astype(np.float32) * d[:, None, i], ya["d"][None, :, i], acc1)
+        return np.ascontiguousarray(acc1.T)
     acc = np.zeros((n_out, x.shape[0], 8), np.float32)
     summ = np.zeros((n_out, x.shape[0]), np.float32)
     K = np.arange(4)

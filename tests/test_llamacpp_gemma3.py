@@ -1,12 +1,18 @@
 """Gemma 3 270M Q4_K_M past its 512-token sliding window, against llama.cpp.
 
 The text (texts.json's "long": plain English prose) runs to 1,749 tokens,
-so the window slides past more than twice. The bar, teacher-forced top-1
-agreement >= 0.97 and mean |Δ log p(llama.cpp's top-1)| < 0.05, is not met
-on this text (0.954 / 0.056): a strict xfail says so, and the measured floor
-is asserted instead, straight and through a fork and a snapshot/restore
-taken at position 640, which give bit-identical logits to the straight run.
-Greedy 32 tokens after the text equal llama.cpp's or part at a near-tie.
+so the window slides past more than twice. Teacher-forced, ours agrees with
+llama.cpp at every position (top-1 1.0, mean |Δ log p(llama.cpp's top-1)|
+under 1e-5) since our Q6_K follows llama.cpp's tiled gemm (issue 19,
+test_llamacpp_gemma3_matmuls.py); the one position that differs at all is
+the last, which llama.cpp's batch of 213 rows leaves to its one-row Q4_K gemv
+(ours takes the batched order everywhere, quant.h). Against the stored
+reference (an AVX-512 VNNI build of llama.cpp) that is asserted as measured;
+against llama.cpp live, whose bits depend on its build's SIMD flags, the
+issue's bar (top-1 >= 0.97, mean |Δ log p| < 0.05). The same holds through a
+fork and a snapshot/restore taken at position 640, which give bit-identical
+logits to the straight run. Greedy 32 tokens after the text equal llama.cpp's
+or part at a near-tie.
 
 Against the stored reference (its top 5 a position), so a bare machine still
 checks it, and against llama.cpp live where it is installed.
@@ -21,7 +27,8 @@ from agreement import NEAR_TIE, Agreement, first_parting, tie_gap
 
 FORK_AT = 640  # past the first window, not on a page boundary
 CHUNK = 256    # positions per forward: bounds the (CHUNK, 262144) logits we hold at once
-MEASURED_TOP1, MEASURED_GAP = 0.95, 0.06  # what holds today (0.954 / 0.056): a floor against regressions
+BAR_TOP1, BAR_GAP = 0.97, 0.05  # issue 19's bar, for any llama.cpp build
+STORED_GAP = 1e-3  # measured 4.9e-6 (2.4e-6 live: the last position's 0.0042 alone; the stored values are rounded)
 
 
 @pytest.fixture(scope="module")
@@ -75,20 +82,18 @@ def straight(gemma, long_case, references):
     return teacher_forced(gemma, gemma.engine.new_sequence(), long_case["ids"], 0, references)
 
 
-def test_past_the_window_within_the_measured_bound(straight, long_case):
-    """What holds on this text today (measured 0.9537 / 0.0557, docs/PERFORMANCE.md);
-    the bar below it is not met yet."""
+def test_past_the_window_meets_the_bar(straight, long_case):
     for name, agreement in straight[0].items():
         print(f"Gemma 3 vs {name} llama.cpp, {len(long_case['ids'])} positions: {agreement.summary()}")
-        assert agreement.top1 >= MEASURED_TOP1 and agreement.mean_gap < MEASURED_GAP, f"{name}: {agreement.summary()}"
+        assert agreement.top1 >= BAR_TOP1 and agreement.mean_gap < BAR_GAP, f"{name}: {agreement.summary()}"
 
 
-@pytest.mark.xfail(strict=True, reason="issue 19: on 1,749 tokens of prose ours agrees with llama.cpp at top-1 0.954, "
-                   "mean |d log p| 0.056 (0.97 / 0.05 on the short texts), and llama.cpp is the closer of the two to "
-                   "a float64 forward (test_llamacpp_gemma3_f64.py)")
-def test_past_the_window_meets_the_bar(straight):
+def test_past_the_window_agrees_with_the_stored_reference_at_every_position(straight):
+    """Ours is the same on every CPU (every SIMD path gives the same bits), so
+    against the stored reference this holds anywhere, as measured."""
     agreement = straight[0]["stored"]
-    assert agreement.top1 >= 0.97 and agreement.mean_gap < 0.05, agreement.summary()
+    assert agreement.top1 == 1.0 and agreement.mean_gap < STORED_GAP, agreement.summary()
+    assert sum(gap > 1e-3 for gap in agreement.gaps) <= 1, agreement.summary()
 
 
 def test_fork_and_restore_past_600_give_the_straight_runs_logits(gemma, long_case, references, straight, tmp_path):
@@ -105,7 +110,7 @@ def test_fork_and_restore_past_600_give_the_straight_runs_logits(gemma, long_cas
         assert rows == straight[1][FORK_AT:], f"{ctx.name}: logits differ from the straight run's"
         for name, agreement in agreements.items():
             print(f"Gemma 3 {ctx.name} at {FORK_AT} vs {name} llama.cpp: {agreement.summary()}")
-            assert agreement.top1 >= MEASURED_TOP1 and agreement.mean_gap < MEASURED_GAP, agreement.summary()
+            assert agreement.top1 >= BAR_TOP1 and agreement.mean_gap < BAR_GAP, agreement.summary()
     for ctx in (trunk, branch, restored):
         ctx.delete()
 

@@ -3,10 +3,13 @@
 A third reference decides: a float64 numpy forward pass over the same
 weights, dequantized by gguf (tests/gemma3_numpy.py), for the first POSITIONS
 positions of the long text. Both engines quantize activations to 8 bits for
-their integer matmuls, so neither equals it; the test measures each one's
-distance to it (top-1 agreement with its argmax, mean |Δ log p| at that
-token). Today llama.cpp is the closer one, by a little: that is asserted as
-a bound, and "ours is no farther" is a strict xfail until it holds.
+their integer matmuls and round attention's operands to f16, so neither
+equals it; the test measures each one's distance to it (top-1 agreement with
+its argmax, mean |Δ log p| at that token). Since our Q6_K follows llama.cpp's
+tiled gemm (issue 19) the two engines give the same logits here, so the same
+distance (measured: top-1 0.963, mean |Δ log p| 0.0462 each): ours is no
+farther, within a hair (a llama.cpp built for other SIMD flags rounds a
+little differently from the one measured).
 """
 import numpy as np
 import pytest
@@ -47,14 +50,13 @@ def distances(gemma3_path, ids, exact, llamacpp) -> dict:
 
 
 def test_both_engines_distance_to_the_float64_forward_is_measured_and_close(distances):
-    """Measured: ours 0.956 / 0.0498, llama.cpp 0.963 / 0.0462 (docs/PERFORMANCE.md)."""
+    """Measured: ours and llama.cpp both 0.963 / 0.0462 (docs/PERFORMANCE.md)."""
     ours, theirs = distances["ours"], distances["llama.cpp"]
     assert ours.mean_gap <= theirs.mean_gap + 0.005, f"ours {ours.summary()}; llama.cpp {theirs.summary()}"
     assert ours.top1 >= theirs.top1 - 0.01, f"ours {ours.summary()}; llama.cpp {theirs.summary()}"
 
 
-@pytest.mark.xfail(strict=True, reason="issue 19: llama.cpp is the closer to the float64 forward today "
-                   "(mean |d log p| 0.0462 against ours 0.0498 over 320 positions)")
 def test_ours_is_no_farther_from_the_float64_forward_than_llama_cpp(distances):
     ours, theirs = distances["ours"], distances["llama.cpp"]
-    assert ours.mean_gap <= theirs.mean_gap and ours.top1 >= theirs.top1
+    assert ours.mean_gap <= theirs.mean_gap + 1e-4, f"ours {ours.summary()}; llama.cpp {theirs.summary()}"
+    assert ours.top1 >= theirs.top1 - 1 / POSITIONS, f"ours {ours.summary()}; llama.cpp {theirs.summary()}"

@@ -132,8 +132,12 @@ float dot_k_scalar(DType t, const uint8_t* w, const BlockQ8K* x, int nb) {
     const int16_t* bs = y.bsums;
     int32_t isum[8] = {};
     for (int e = 0; e < QK_K; ++e) isum[(e % 32) / 4] += k.sc[e / 16] * k.q[e] * y.qs[e];
-    if (t == DType::Q6_K)
-      for (int l = 0; l < 8; ++l) isum[l] -= 32 * (k.sc[2 * l] * bs[2 * l] + k.sc[2 * l + 1] * bs[2 * l + 1]);
+    if (t == DType::Q6_K) {  // llama.cpp's x86 tiled gemm: one exact sum a super-block
+      int32_t total = 0;
+      for (int l = 0; l < 8; ++l) total += isum[l] - 32 * (k.sc[2 * l] * bs[2 * l] + k.sc[2 * l + 1] * bs[2 * l + 1]);
+      acc1 = std::fma(static_cast<float>(total) * k.d, y.d, acc1);
+      continue;
+    }
     if (t == DType::Q4_K) {  // llama.cpp's x86 (repacked) order: a sum per 64 values
       for (int j = 0; j < 4; ++j) {
         int32_t pair = 0;
@@ -158,6 +162,7 @@ float dot_k_scalar(DType t, const uint8_t* w, const BlockQ8K* x, int nb) {
     }
   }
   if (t == DType::Q4_K) return acc1 - summ;
+  if (t == DType::Q6_K) return acc1;
   float dot = hsum8(acc);
   if (t == DType::Q5_K) dot = dot + summ;
   return dot;

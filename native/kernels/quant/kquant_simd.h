@@ -222,7 +222,12 @@ inline void pair_step(const SuperBlock& s, const BlockQ8K& y, PairAcc& a) {
   __m256i sumi = pair_ints<T>(s, y);
 #endif
   const __m256i bsums = load256(y.bsums);
-  if constexpr (T == DType::Q6_K) sumi = _mm256_sub_epi32(sumi, _mm256_slli_epi32(_mm256_madd_epi16(bsums, s.sc16), 5));
+  if constexpr (T == DType::Q6_K) {  // llama.cpp's x86 tiled gemm: one exact sum a super-block (quant.h)
+    sumi = _mm256_sub_epi32(sumi, _mm256_slli_epi32(_mm256_madd_epi16(bsums, s.sc16), 5));
+    const int isum = hsum_i32_4(_mm_add_epi32(_mm256_castsi256_si128(sumi), _mm256_extracti128_si256(sumi, 1)));
+    a.acc1 = std::fma(static_cast<float>(isum) * s.d, y.d, a.acc1);
+    return;
+  }
   const float d = y.d * s.d;
   const float dmin = -(y.d * s.dmin);
   if constexpr (T == DType::Q2_K)
@@ -237,6 +242,7 @@ inline void pair_step(const SuperBlock& s, const BlockQ8K& y, PairAcc& a) {
 template <DType T>
 inline float pair_result(const PairAcc& a) {
   if constexpr (T == DType::Q4_K) return a.acc1 - a.summ;
+  if constexpr (T == DType::Q6_K) return a.acc1;
   float dot = hsum8_ps(a.acc);
   if constexpr (T == DType::Q5_K) dot = dot + a.summ;
   return dot;

@@ -126,7 +126,10 @@ void dequantize_row(DType t, const void* src, float* dst, int n);
 //   acc = fma((float)(sum over e in [64k, 64k + 64) of sc(e) q(e) y.qs[e]), f16(w.d) * y.d, acc)
 //   accm = fma((float)mk[k], f16(w.dmin) * y.d, accm);   dot = acc - accm
 // (its one-row gemv sums whole super-blocks instead; llama.cpp's results
-// depend on the batch there, ours cannot, so we follow the batched path)
+// depend on the batch there, ours cannot, so we follow the batched path),
+// and Q6_K, which follows llama.cpp's x86 tiled K-quant gemm (ggml-cpu/tiled,
+// taken for 8 or more activation rows; fewer go to vec_dot): per super-block
+//   acc = fma((float)(isum[0] + .. + isum[7]) * f16(w.d), y.d, acc);   dot = acc
 // with q(e) the integer weight, sc(e) its sub-block scale, m[s] the sub-block min,
 // corr = 0 except Q6_K:
 //   Q2_K: q 0..3,   sc = scales[e/16] & 15, m[s] = scales[s] >> 4 (s < 16)
