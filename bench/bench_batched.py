@@ -25,7 +25,7 @@ def main() -> int:
     args = ap.parse_args()
 
     import ctxengine as ce
-    from ctxengine.cli.bench import measure_batched
+    from ctxengine.bench.speed import measure_batched
 
     eng = ce.load(args.model, threads=args.threads).engine
     print(f"{eng.name}: {args.threads} threads, {args.prompt}-token prompts, {args.gen} generated, median of {args.reps}")

@@ -32,7 +32,7 @@ def main() -> int:
     args = ap.parse_args()
 
     import ctxengine as ce
-    from ctxengine.cli.bench_facts import describe_machine, machine_facts
+    from ctxengine.bench.facts import describe_machine, machine_facts
 
     model = ce.load(args.model, threads=args.threads)
     prompts = [f"Story number {i}: once upon a time, in a land of {w}," for i, w in

@@ -134,7 +134,7 @@ def branch_figures(model, trunk, ids, store) -> dict:
 
 def run(args) -> dict:
     import ctxengine as ce
-    from ctxengine.cli.bench_facts import machine_facts
+    from ctxengine.bench.facts import machine_facts
 
     model = ce.load(args.model, threads=args.threads)
     long_ctx, prefill_s = long_context(model)
@@ -174,7 +174,7 @@ def print_table(r: dict) -> None:
         ("10 branches x 100 on a 2,000 trunk", f"{r['branches_over_trunk']:.3f}x trunk",
          f"goal < 1.3x; slot files ~{r['slot_files_over_trunk']:.1f}x"),
     ]
-    from ctxengine.cli.bench_facts import describe_machine
+    from ctxengine.bench.facts import describe_machine
 
     print(f"{r['model']}, {r['threads']} threads, {r['kv_dtype']} KV ({r['kv_bytes_per_token'] / 1e3:.1f} KB/token)")
     print(describe_machine(r["machine"]))

@@ -8,7 +8,7 @@ Decode: 128 single-token steps after a short prompt (like tg128).
 
 Each round measures, for every thread count, ours, then llama.cpp, then
 ik_llama.cpp, then this machine's memory read bandwidth
-(bench_facts.read_bandwidth), each engine in a fresh process that warms up
+(ctxengine.bench.facts.read_bandwidth), each engine in a fresh process that warms up
 before it measures; the rounds alternate (ours, llama.cpp, ik_llama.cpp, ours,
 ...) so a load that comes and goes on a shared machine falls on all of them.
 Medians over the rounds are reported, with their spread, and ratios only
@@ -39,7 +39,7 @@ KEYS = ("prefill_tps", "decode_tps")
 
 def ours(path: str, threads: int, n_prompt: int, n_gen: int, isa: str | None = None) -> dict:
     from ctxengine import _core
-    from ctxengine.cli.bench import measure_ours
+    from ctxengine.bench.speed import measure_ours
 
     if isa:
         _core.set_isa(isa)  # e.g. the AVX2 path on an AVX-512 machine
@@ -54,7 +54,7 @@ def llama(path: str, threads: int, n_prompt: int, n_gen: int) -> dict:
     import importlib.util
 
     spec = importlib.util.spec_from_file_location(
-        "bench_llama", os.path.join(REPO, "ctxengine", "cli", "bench_llama.py"))
+        "bench_llama", os.path.join(REPO, "ctxengine", "bench", "llama.py"))
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     r = mod.measure_llama(path, threads, n_prompt, n_gen, reps=1, batches=())
@@ -89,7 +89,7 @@ def peer_python(args, name: str) -> str | None:
 
 def run_rounds(args, threads: list[int], peers: dict[str, str]) -> dict:
     """{engine: {threads: [per-round result]}} and {"bandwidth": {threads: [bytes/s]}}."""
-    from ctxengine.cli.bench_facts import read_bandwidth
+    from ctxengine.bench.facts import read_bandwidth
 
     def child(python: str, engine: str, t: int) -> dict:
         cmd = [python, os.path.abspath(__file__), "--engine", engine, "-m", args.model, "--threads", str(t),
@@ -132,7 +132,7 @@ def spread(values: list[float]) -> dict:
 
 
 def print_report(args, s: dict, threads: list[int], weight_bytes: int, facts: dict) -> None:
-    from ctxengine.cli.bench_facts import describe_decode, describe_machine
+    from ctxengine.bench.facts import describe_decode, describe_machine
 
     print(f"model {os.path.basename(args.model)} ({weight_bytes / 1e6:.1f} MB of weights read per decode token); "
           f"prompt {args.prompt}, gen {args.gen}; medians of {args.rounds} alternated rounds (min-max)")
@@ -181,7 +181,7 @@ def main() -> int:
         print(json.dumps(fn(args.model, threads[0], args.prompt, args.gen)))
         return 0
 
-    from ctxengine.cli.bench_facts import machine_facts, weight_bytes_per_token
+    from ctxengine.bench.facts import machine_facts, weight_bytes_per_token
     from ctxengine.engine.registry import resolve_model
 
     args.model = str(resolve_model(args.model))

@@ -2,9 +2,9 @@
 C API of ``ik-llama-cpp-python`` (module ``ik_llama_cpp``).
 
 Self-contained on purpose (no ctxengine, numpy only inside functions), like
-ctxengine/cli/bench_llama.py: bench_core.py loads this file by path in a venv
+ctxengine/bench/llama.py: bench_core.py loads this file by path in a venv
 that has ik-llama-cpp-python and nothing of ours. The prompt is the one
-bench_llama.py builds, tokenized by ik_llama.cpp itself.
+llama.py builds, tokenized by ik_llama.cpp itself.
 
 ik_llama.cpp runs at its fastest CPU settings here: the weights repacked at
 load into its interleaved-row layouts (``repack_tensors``, llama-bench's

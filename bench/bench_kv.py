@@ -25,7 +25,7 @@ DTYPES = ("f16", "q8", "vq8")
 def prefilled(path, kv: str, threads: int, n_context: int):
     """(model, its engine's sequence holding n_context tokens, last logits, prefill tok/s)."""
     import ctxengine as ce
-    from ctxengine.cli.bench import prompt_ids
+    from ctxengine.bench.llama import prompt_ids
 
     model = ce.load(path, threads=threads, kv=kv)
     eng = model.engine
@@ -77,7 +77,7 @@ def main() -> int:
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
 
-    from ctxengine.cli.bench_facts import describe_machine, machine_facts
+    from ctxengine.bench.facts import describe_machine, machine_facts
     from ctxengine.engine.registry import resolve_model
 
     path = resolve_model(args.model)

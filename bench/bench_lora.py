@@ -84,7 +84,7 @@ def main() -> int:
         return 0
     sys.path.insert(0, os.path.join(REPO, "tests"))
     from conftest import read_metadata, smollm2_file
-    from ctxengine.cli.bench_facts import describe_machine, machine_facts
+    from ctxengine.bench.facts import describe_machine, machine_facts
     from lora_files import smollm2_lora
 
     model = str(smollm2_file())

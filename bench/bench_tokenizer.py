@@ -17,7 +17,7 @@ import statistics
 import time
 from pathlib import Path
 
-from ctxengine.cli.bench_facts import describe_machine, machine_facts
+from ctxengine.bench.facts import describe_machine, machine_facts
 from ctxengine.engine.gguf_file import open_gguf
 from ctxengine.text.tokenizer import Tokenizer
 

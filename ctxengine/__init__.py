@@ -8,8 +8,8 @@
         print(piece.text, end="")
 """
 from .errors import CtxError
+from .version import __version__
 
-__version__ = "0.1.0"
 __all__ = ["CtxError", "Model", "Store", "load", "__version__"]
 
 

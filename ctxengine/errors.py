@@ -21,6 +21,10 @@ class ModelNotFoundError(CtxError):
     """A model name or path resolves to nothing."""
 
 
+class WeightsNotServedError(ModelNotFoundError):
+    """No model this host serves has a snapshot's weights (so it cannot restore it)."""
+
+
 class TokenizerError(CtxError):
     """The tokenizer metadata is missing or malformed."""
 

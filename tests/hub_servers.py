@@ -15,8 +15,11 @@ The registry (Docker distribution, as Ollama's server/images.go pulls):
     GET /v2/NS/NAME/blobs/sha256:HEX           307 to /store/sha256-HEX, which serves the bytes with Range
 
 Both count the body bytes they send (``sent``), can be slowed down
-(``rate``, bytes a second, so a test can kill a pull halfway) and can be
-told to corrupt a blob (``tamper``: its sha256s).
+(``rate``, bytes a second, so a test can kill a pull halfway), can be
+told to corrupt a blob (``tamper``: its sha256s), to ignore range requests
+(``ranges = False``: 200 and the whole file, as some CDNs answer) and to
+break a body off after some bytes (``break_at``: the next body longer than
+that stops there and the connection closes, once).
 """
 from __future__ import annotations
 
@@ -49,6 +52,9 @@ class _Server(ThreadingHTTPServer):
         self.sent = 0
         self.rate: float | None = None
         self.tamper: set[str] = set()
+        self.ranges = True
+        self.break_at: int | None = None
+        self.requests: list[tuple[str, str | None]] = []   # (path, Authorization header) of each request
         self.lock = threading.Lock()
         self.thread = threading.Thread(target=self.serve_forever, daemon=True)
         self.thread.start()
@@ -82,7 +88,7 @@ class _Handler(BaseHTTPRequestHandler):
         """The file's bytes, honouring ``Range: bytes=A-[B]`` (206) as servers do."""
         size = path.stat().st_size
         start, end = 0, size - 1
-        m = re.fullmatch(r"bytes=(\d+)-(\d*)", self.headers.get("Range", ""))
+        m = re.fullmatch(r"bytes=(\d+)-(\d*)", self.headers.get("Range", "")) if self.server.ranges else None
         status = 200
         if m:
             start, end = int(m[1]), min(int(m[2]) if m[2] else size - 1, size - 1)
@@ -102,6 +108,11 @@ class _Handler(BaseHTTPRequestHandler):
             self._body(path, start, end + 1, sha256 in self.server.tamper)
 
     def _body(self, path: Path, start: int, stop: int, tamper: bool) -> None:
+        with self.server.lock:
+            cut = self.server.break_at
+            if cut is not None and stop - start > cut:
+                self.server.break_at = None
+                stop, self.close_connection = start + cut, True
         with open(path, "rb") as f:
             f.seek(start)
             pos = start
@@ -126,6 +137,7 @@ class HubHandler(_Handler):
 
     def do_GET(self) -> None:
         path = unquote(urlsplit(self.path).path)
+        self.server.requests.append((path, self.headers.get("Authorization")))
         m = re.fullmatch(r"/api/models/([^/]+/[^/]+)(?:/revision/([^/]+))?", path)
         if m:
             return self.model_info(m[1])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 from hub_servers import FakeHub, FakeRegistry
@@ -59,3 +60,16 @@ def kill_halfway(spec: str, partial_glob: str, where: Path, *, home: Path, env: 
     found = list(where.glob(partial_glob))
     assert len(found) == 1, found
     return found[0].stat().st_size
+
+
+@contextmanager
+def server_set(server, **settings):
+    """A loopback server's settings (rate, ranges, break_at) changed for the block, then restored."""
+    before = {k: getattr(server, k) for k in settings}
+    for k, v in settings.items():
+        setattr(server, k, v)
+    try:
+        yield server
+    finally:
+        for k, v in before.items():
+            setattr(server, k, v)

@@ -1,7 +1,7 @@
 """bench_facts: bytes of weights a decode step reads, and the read-bandwidth probe."""
 from tiny_models import TinyConfig, make_weights, write_gguf
 
-from ctxengine.cli.bench_facts import read_bandwidth, weight_bytes_per_token
+from ctxengine.bench.facts import read_bandwidth, weight_bytes_per_token
 
 
 def test_weight_bytes_count_one_embedding_row_unless_the_embeddings_are_the_output(tmp_path):

@@ -11,7 +11,7 @@ import ctxengine as ce
 from ctxengine.engine.catalog import ModelCatalog
 from ctxengine.serving.catalog import build_catalog
 from ctxengine.ollama.store import add_ollama_models, ollama_roots, parse_model_name
-from ctxengine.engine.registry import resolve_model
+from ctxengine.state.model import resolve_model
 from ctxengine.errors import CtxError, InvalidNameError, ModelNotFoundError, UnsupportedModelError
 from ollama_layout import DEFAULT_HOST, blob_path, go_json, make_ollama_store, manifest_path
 from tiny_models import TinyConfig, make_weights, write_gguf
@@ -268,8 +268,21 @@ def test_load_an_ollama_model_and_generate(ollama_env, smollm2_path):
 
 
 def test_a_model_argument_may_name_an_ollama_model(ollama_env):
-    cat = ModelCatalog.build(["someone/smol:q4", "mamba", "smollm2:135m"], packaged=False)
+    cat = build_catalog(["someone/smol:q4", "mamba", "smollm2:135m"], packaged=False)
     smol, mamba, known = cat.entries()
     assert (smol.name, smol.source, smol.servable) == ("someone/smol:q4", "ollama", True)
     assert (mamba.name, mamba.servable) == ("mamba:latest", False) and "architecture 'mamba'" in mamba.error
     assert (known.name, known.source) == ("smollm2:135m", "file")  # a known name comes first
+
+
+def test_the_engine_asks_only_the_sources_it_is_given(ollama_env):
+    """No import registers Ollama's store anywhere: the registry and catalog of
+    engine/ know its names only when handed the source, as ce.load hands it."""
+    import ctxengine.ollama  # noqa: F401  (importing it changes nothing)
+    from ctxengine.engine import registry
+    from ctxengine.ollama.store import OllamaSource
+
+    with pytest.raises(ModelNotFoundError):
+        registry.resolve_model("someone/smol:q4")
+    assert registry.resolve_model("someone/smol:q4", sources=[OllamaSource()]) == resolve_model("someone/smol:q4")
+    assert ModelCatalog().lookup("registry.ollama.ai/someone/smol:q4") is None

@@ -5,7 +5,7 @@ offline use from the cache."""
 import pytest
 
 from ctxengine.engine.gguf_file import open_gguf
-from pull_fixtures import GEMMA_REPO, SMOL_REPO, SPLIT_REPO, kill_halfway, make_hub, pull
+from pull_fixtures import GEMMA_REPO, SMOL_REPO, SPLIT_REPO, kill_halfway, make_hub, pull, server_set
 from gguf_splits import write_split
 
 
@@ -109,3 +109,26 @@ def test_tampered_download_is_refused_and_deleted(hub, tmp_path, smollm2_path):
     error = r.stderr.strip().splitlines()[-1]
     assert r.returncode == 1 and error.startswith("ctx pull: error: ") and "partial download was deleted" in error
     assert not list((tmp_path / "hf").rglob("*.incomplete")) and not list((tmp_path / "hf").rglob("*.gguf"))
+
+
+def test_body_broken_off_is_asked_again_from_where_it_stopped(hub, tmp_path, smollm2_path):
+    size = smollm2_path.stat().st_size
+    before = hub.sent
+    with server_set(hub, break_at=size // 3):  # the connection closes a third of the way through, once
+        r = pull(f"hf://{SMOL_REPO}:Q4_1", home=tmp_path, env=hub_env(hub, tmp_path))
+    assert r.returncode == 0, r.stderr
+    assert "broke off" in r.stderr and hub.sent - before == size  # broken off once, and no byte sent twice
+    assert (tmp_path / r.stdout.strip()).read_bytes() == smollm2_path.read_bytes()
+
+
+def test_server_ignoring_the_range_gets_the_file_started_over(hub, tmp_path, smollm2_path):
+    from hub_servers import sha256_of
+    blobs = tmp_path / "hf" / "hub" / f"models--{SMOL_REPO.replace('/', '--')}" / "blobs"
+    blobs.mkdir(parents=True)
+    (blobs / f"{sha256_of(smollm2_path)}.incomplete").write_bytes(b"\0" * 123_456)  # not the file's first bytes
+    before = hub.sent
+    with server_set(hub, ranges=False):
+        r = pull(f"hf://{SMOL_REPO}:Q4_1", home=tmp_path, env=hub_env(hub, tmp_path))
+    assert r.returncode == 0, r.stderr
+    assert hub.sent - before == smollm2_path.stat().st_size and "resumed" not in r.stderr
+    assert (tmp_path / r.stdout.strip()).read_bytes() == smollm2_path.read_bytes()

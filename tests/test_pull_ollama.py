@@ -7,7 +7,7 @@ import os
 import pytest
 
 from ctxengine.ollama.store import find_ollama_model
-from pull_fixtures import kill_halfway, make_registry, pull
+from pull_fixtures import kill_halfway, make_registry, pull, server_set
 
 
 @pytest.fixture(scope="module")
@@ -70,6 +70,16 @@ def test_killed_pull_resumes_where_it_stopped(registry, tmp_path, gemma3_path):
     assert "resumed from an earlier pull" in r.stderr
     entry = find_ollama_model("gemma3:270m", [tmp_path / "ollama"])
     assert entry.servable and entry.path.stat().st_size == size
+
+
+def test_blob_broken_off_is_asked_again_from_where_it_stopped(registry, tmp_path, smollm2_path):
+    size = smollm2_path.stat().st_size
+    before = registry.sent
+    with server_set(registry, break_at=size // 3):  # the model blob breaks off once, a third of the way
+        r = pull("ollama://smollm2:135m", home=tmp_path, env=env_for(registry))
+    assert r.returncode == 0, r.stderr
+    assert "broke off" in r.stderr and registry.sent - before < size + (1 << 20)  # the small layers, no byte twice
+    assert find_ollama_model("smollm2:135m", [tmp_path / "ollama"]).path.read_bytes() == smollm2_path.read_bytes()
 
 
 def test_tampered_blob_is_refused_and_deleted(registry, tmp_path, smollm2_path):

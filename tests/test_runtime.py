@@ -7,19 +7,12 @@ import pytest
 from ctxengine.engine.catalog import CatalogEntry, ModelCatalog
 from ctxengine.errors import ContextError, ModelNotFoundError, UnsupportedModelError
 from ctxengine.serving.runtime import Runtime
-from tiny_models import TinyConfig, make_weights, write_gguf
+from tiny_models import write_tiny_models
 
 
 @pytest.fixture(scope="module")
 def tiny_paths(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("models")
-    paths = []
-    for seed in (1, 2):
-        cfg = TinyConfig()
-        path = folder / f"tiny-{seed}.gguf"
-        write_gguf(path, cfg, make_weights(cfg, seed=seed))
-        paths.append(path)
-    return paths
+    return write_tiny_models(tmp_path_factory.mktemp("models"))
 
 
 def runtime_for(paths, **kw) -> Runtime:

@@ -188,6 +188,17 @@ def write_gguf(path: Path, cfg: TinyConfig, weights: dict[str, np.ndarray],
     return stored
 
 
+def write_tiny_models(folder: Path, seeds=(1, 2)) -> list[Path]:
+    """One tiny model per seed, ``tiny-<seed>.gguf``: same shapes, other weights."""
+    paths = []
+    for seed in seeds:
+        cfg = TinyConfig()
+        path = folder / f"tiny-{seed}.gguf"
+        write_gguf(path, cfg, make_weights(cfg, seed=seed))
+        paths.append(path)
+    return paths
+
+
 def kv8_quantize(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """x (..., n) as a q8 KV page holds it (quant.h quantize_row_kv8, in float32 like
     the engine): int8 values (..., n) and one f16 scale per 32 along the last axis (..., n / 32)."""

@@ -1,10 +1,13 @@
 """HTTP face of ``ctx serve``: OpenAI, Anthropic, Ollama and contexts routes
-on one port (docs/http-api.md).
+on one port (docs/http-api.md). Each route translates its wire format to
+calls of ``ctxengine.serving`` and back; this package imports only serving,
+text and errors of ours (tests/test_layout.py).
 
     server.py      the app and how it runs (graceful SIGTERM); arguments.py its options
-    openai.py  anthropic.py  ollama.py  contexts.py    one dialect each
+    openai.py  anthropic.py  ollama.py  contexts.py    one dialect each (contexts: over serving/sessions.py)
+    responses.py  response_store.py   the Responses API, its turns kept as snapshots
     generation.py  the one generation path they share (prompt -> prefix reuse -> pieces -> usage)
-    prompts.py  options.py  fields.py  embeddings.py  streaming.py   what that path is made of
+    options.py  fields.py  embeddings.py  streaming.py   what that path is made of (prompts: serving/prompts.py)
     ops.py  metrics.py  errors.py    health, metrics, API key, size limits, CORS, error shapes
     studio.py  studio_tree.py  static/studio/   the studio page at /studio and its JSON routes
 """

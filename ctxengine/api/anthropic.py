@@ -22,12 +22,12 @@ import anyio.to_thread
 from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse
 
+from ..serving.prompts import Prompt, prompt_ids
 from .errors import ANTHROPIC, ApiError, error_body
 from .events import Finished, Started
 from .fields import Fields, json_body, text_content
 from .generation import GenerationRequest, Generations
 from .options import Sampling
-from .prompts import Prompt, prompt_ids
 from .streaming import GenerationStream, Writer, sse
 from .structured import anthropic_grammar
 from .tools import ToolUse, anthropic_blocks, anthropic_messages, anthropic_tool_use

@@ -20,52 +20,40 @@ import anyio.to_thread
 from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse
 
-from ..state.snapshots import take_snapshot
+from ..serving.prompts import chat_text
 from .errors import ApiError
 from .fields import Fields, json_body
 from .openai import chat_messages
-from .prompts import chat_text
 
 
 class _Contexts:
-    """What the routes share: the runtime, and how a context is found, shown and filled."""
+    """What the routes share: the runtime's sessions (serving/sessions.py), and how a
+    context is shown and filled from a request's body."""
 
     def __init__(self, runtime):
         self.runtime = runtime
-
-    def entry_of(self, ctx):
-        for e in self.runtime.loaded():
-            if e.model.engine is ctx.engine:
-                return e.entry
-        raise ApiError(404, f"context '{ctx.name}' belongs to a model that is no longer loaded")
+        self.sessions = runtime.sessions
 
     def card(self, ctx, *, text: bool = False, tokens: bool = False) -> dict:
-        out = {"object": "context", "name": ctx.name, "model": self.entry_of(ctx).name, "weight_id": ctx.weight_id,
-               "n_tokens": ctx.n_tokens, "n_cached": ctx.n_cached, "labels": ctx.labels,
-               "snapshot_id": ctx.snapshot_id, "host": self.runtime.host_id}
+        out = {"object": "context", "name": ctx.name, "model": self.sessions.loaded_entry(ctx).entry.name,
+               "weight_id": ctx.weight_id, "n_tokens": ctx.n_tokens, "n_cached": ctx.n_cached,
+               "labels": ctx.labels, "snapshot_id": ctx.snapshot_id, "host": self.runtime.host_id}
         if text:
             out["text"] = ctx.text
         if tokens:
             out["tokens"] = ctx.tokens
         return out
 
-    def named(self, name: str):
-        return self.runtime.find_context(_client_name(name))
-
-    def require_absent(self, name: str) -> None:
-        if any(c.name == name for c in self.runtime.contexts()):
-            raise ApiError(409, f"a context named '{name}' already exists; delete it or choose another name")
-
     def add_content(self, ctx, f: Fields) -> int:
         """Append what the body carries: a system prompt, messages, text or token ids."""
-        entry = self.entry_of(ctx)
-        model = self.runtime.model(entry.name)
+        loaded = self.sessions.loaded_entry(ctx)
         n = 0
         if "system" in f or "messages" in f:
             messages = ([{"role": "system", "content": f.str("system")}] if "system" in f else [])
             messages += chat_messages(f.list("messages", []))
-            n += ctx.append(chat_text(model, entry, messages, add_generation_prompt=f.bool("generation_prompt", False),
-                                      layer_template=False), parse_special=True)
+            n += ctx.append(chat_text(loaded.model, loaded.entry, messages, layer_template=False,
+                                      add_generation_prompt=f.bool("generation_prompt", False)),
+                            parse_special=True)
         if "text" in f:
             n += ctx.append(f.str("text"), parse_special=f.bool("special", False))
         if "tokens" in f:
@@ -86,7 +74,7 @@ def routes(runtime) -> APIRouter:
 
 
 def _context_routes(router: APIRouter, ops: _Contexts) -> None:
-    runtime = ops.runtime
+    runtime, sessions = ops.runtime, ops.sessions
 
     @router.get("/v1/contexts")
     async def list_contexts():
@@ -96,20 +84,12 @@ def _context_routes(router: APIRouter, ops: _Contexts) -> None:
     async def create(request: Request):
         f = Fields(await json_body(request))
         name = f.str("name", None)
-        if name is not None:
-            _client_name(name)
         labels = f.obj("labels").data
         if not all(isinstance(v, str) for v in labels.values()):
             raise ApiError(400, "'labels' must map strings to strings", param="labels")
 
         def make():
-            ctx = runtime.create_context(name, f.str("model", None))
-            ctx.labels.update(labels)
-            try:
-                ops.add_content(ctx, f)
-            except BaseException:
-                ctx.delete()  # refused content leaves no half-made context behind
-                raise
+            ctx = sessions.create(name, f.str("model", None), labels=labels, fill=lambda c: ops.add_content(c, f))
             return ops.card(ctx)
 
         return JSONResponse(await _run(make), status_code=201)
@@ -117,10 +97,9 @@ def _context_routes(router: APIRouter, ops: _Contexts) -> None:
     @router.post("/v1/contexts/{name:path}/append")
     async def append(name: str, request: Request):
         f = Fields(await json_body(request))
-        ctx = ops.named(name)
 
         def go():
-            with runtime.hold_context(ctx.name):
+            with sessions.hold(name) as ctx:
                 n = ops.add_content(ctx, f)
             return {**ops.card(ctx), "n_appended": n}
 
@@ -129,7 +108,7 @@ def _context_routes(router: APIRouter, ops: _Contexts) -> None:
     @router.post("/v1/contexts/{name:path}/rewind")
     async def rewind(name: str, request: Request):
         f = Fields(await json_body(request))
-        ctx = ops.named(name)
+        ctx = sessions.find(name)
         n = f.int("n", min=0)
         await _run(lambda: ctx.rewind(n))
         return ops.card(ctx)
@@ -137,67 +116,43 @@ def _context_routes(router: APIRouter, ops: _Contexts) -> None:
     @router.post("/v1/contexts/{name:path}/fork")
     async def fork(name: str, request: Request):
         f = Fields(await json_body(request))
-        ctx = ops.named(name)
+        ctx = sessions.find(name)
         new = f.str("name", None)
-        if new is not None:
-            ops.require_absent(_client_name(new))
-        return JSONResponse(ops.card(await _run(lambda: ctx.fork(new))), status_code=201)
+        return JSONResponse(ops.card(await _run(lambda: sessions.fork(ctx, new))), status_code=201)
 
     @router.get("/v1/contexts/{name:path}")
     async def get(name: str, tokens: bool = False):
-        return ops.card(ops.named(name), text=True, tokens=tokens)
+        return ops.card(sessions.find(name), text=True, tokens=tokens)
 
     @router.delete("/v1/contexts/{name:path}")
     async def delete(name: str):
-        ctx = ops.named(name)
+        ctx = sessions.find(name)
         await _run(ctx.delete)
         return {"object": "context.deleted", "name": name, "deleted": True}
 
 
 def _snapshot_routes(router: APIRouter, ops: _Contexts) -> None:
-    runtime = ops.runtime
+    sessions = ops.sessions
 
     @router.post("/v1/contexts/{name:path}/snapshot")
     async def snapshot(name: str, request: Request):
         f = Fields(await json_body(request))
-        ctx = ops.named(name)
-        store = _store(runtime)
+        ctx = sessions.find(name)
+        sessions.store()
         ref = None if "ref" in f.data and f.data["ref"] is None else f.str("ref", name)
         labels = f.obj("labels").data
+
         def go():
-            result = take_snapshot(ctx, store, ref=ref, labels=labels or None)
-            # In a fleet: whether the fleet holds it (and the ref at it) as we reply, acknowledged
-            # by a replica; false: kept here only, published before the context's next use.
-            published = store.fleet.holds(result.snapshot_id, ref) if store.fleet is not None else None
-            return {"snapshot_id": result.snapshot_id, "ref": ref, "n_pages": result.n_pages,
-                    "pages_sent": result.pages_sent, "bytes_sent": result.bytes_sent, "published": published}
+            s = sessions.snapshot(ctx, ref, labels)
+            return {"snapshot_id": s.snapshot_id, "ref": s.ref, "n_pages": s.n_pages, "pages_sent": s.pages_sent,
+                    "bytes_sent": s.bytes_sent, "published": sessions.published(s)}
 
         return await _run(go)
 
     @router.post("/v1/contexts/{name:path}/restore")
     async def restore(name: str, request: Request):
         f = Fields(await json_body(request))
-        ops.require_absent(_client_name(name))
-        store = _store(runtime)
+        sessions.new_name(name)
+        sessions.store()
         ref = f.str("ref", name)
-
-        def go():
-            if runtime.fleet is not None:
-                runtime.fleet.require_ref(ref)  # 503 rather than this host's older ref
-            manifest = store.get_manifest(store.resolve(ref))
-            model = runtime.model_for_weight_id(manifest.weight_id)
-            return ops.card(model.restore(store, ref, name=name))
-
-        return JSONResponse(await _run(go), status_code=201)
-
-
-def _client_name(name: str) -> str:
-    if name.startswith("_"):
-        raise ApiError(400, f"context names starting with '_' are reserved for the server: '{name}'")
-    return name
-
-
-def _store(runtime):
-    if runtime.store is None:
-        raise ApiError(400, "this server has no snapshot store")
-    return runtime.store
+        return JSONResponse(ops.card(await _run(lambda: sessions.restore(ref, name))), status_code=201)

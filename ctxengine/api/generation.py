@@ -28,16 +28,16 @@ from typing import TYPE_CHECKING, AsyncIterator
 
 from ..errors import ContextError, CtxError
 from ..serving.generate import Sampling
+from ..serving.prompts import Prompt, continuation_text, prompt_ids
 from ..text.tools import ToolStream, forced_call_grammar, parse_tool_calls, tool_format
 from .errors import ApiError, as_api_error
 from .events import Event, Failed, Finished, Started, Text
 from .options import entry_sampling
-from .prompts import Prompt, continuation_text, prompt_ids
 
 if TYPE_CHECKING:
     from starlette.requests import Request
 
-    from ..serving.generate import CatalogEntry
+    from ..serving.exports import CatalogEntry
     from ..serving.runtime import Runtime
     from ..text.grammar import Grammar
     from .tools import ToolUse

@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING
 from prometheus_client import CollectorRegistry, Counter, Gauge, disable_created_metrics, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 
+from ..serving.exports import is_host_local
+
 if TYPE_CHECKING:
     from ..serving.runtime import Runtime
     from .generation import Finished, Started
@@ -84,7 +86,7 @@ class _RuntimeCollector:
             pages.add_metric([e.entry.name], pool.n_used)
             capacity.add_metric([e.entry.name], pool.max_pages)
             backed.add_metric([e.entry.name], pool.n_allocated)
-            contexts.add_metric([e.entry.name], sum(not n.startswith("_") for n in e.model.contexts.names()))
+            contexts.add_metric([e.entry.name], sum(not is_host_local(n) for n in e.model.contexts.names()))
             prefixes.add_metric([e.entry.name], len(e.prefix_cache) if e.prefix_cache is not None else 0)
             queued.add_metric([e.entry.name], e.model.engine.scheduler.n_queued)
         models = GaugeMetricFamily("ctx_models_loaded", "Models loaded", value=len(loaded))

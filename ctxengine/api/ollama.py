@@ -20,14 +20,15 @@ from datetime import datetime, timezone
 from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, PlainTextResponse
 
-from .. import __version__
+from ..serving.exports import __version__
+from ..serving import model_facts
+from ..serving.prompts import Prompt
 from .embeddings import embed
 from .errors import OLLAMA, ApiError, error_body
 from .events import Finished, Started
 from .fields import Fields, json_body
 from .generation import GenerationRequest, Generations
 from .options import ollama_sampling
-from .prompts import Prompt
 from .streaming import GenerationStream, Writer, ndjson
 from .structured import ollama_grammar
 from .tools import ToolUse, ollama_calls, ollama_tool_use, openai_message
@@ -82,7 +83,7 @@ class _Ollama:
 
     def listing(self, entry) -> dict:
         item = {"name": entry.name, "model": entry.name, "modified_at": iso(entry.modified or None),
-                "size": entry.size, "digest": _digest(entry), "details": _details(entry)}
+                "size": entry.size, "digest": model_facts.digest(entry), "details": model_facts.details(entry)}
         if entry.error:
             item["error"] = entry.error
         return item
@@ -167,7 +168,7 @@ def _model_routes(router: APIRouter, o: _Ollama) -> None:
         out = []
         for e in runtime.loaded():
             out.append({"name": e.entry.name, "model": e.entry.name, "size": e.memory_bytes,
-                        "digest": _digest(e.entry), "details": _details(e.entry),
+                        "digest": model_facts.digest(e.entry), "details": model_facts.details(e.entry),
                         "expires_at": iso(e.expires_at) if e.expires_at is not None else _FOREVER,
                         "size_vram": 0, "context_length": e.model.config.n_ctx})
         return {"models": out}
@@ -309,56 +310,12 @@ class LineWriter(Writer):
         return out
 
 
-# -- what /api/tags, /api/ps and /api/show say of a model -------------------------------
-def _digest(entry) -> str:
-    """The manifest's sha256 for an Ollama model (as Ollama shows it), else the weight id."""
-    if entry.digest or entry.path is None:
-        return entry.digest
-    from ..engine.weights import cached_weight_id
-
-    try:
-        return cached_weight_id(entry.path)
-    except Exception:  # an unreadable file: listed, with no digest
-        return ""
-
-
-def _details(entry) -> dict:
-    if entry.path is None:
-        return {"format": "gguf", "family": "", "families": None, "parameter_size": "", "quantization_level": ""}
-    try:
-        stat = entry.path.stat()
-        return _gguf_facts(entry, str(entry.path), stat.st_size, stat.st_mtime_ns)[0]
-    except Exception as err:  # noqa: BLE001 - a broken file is listed with the reason, not crashed on
-        return {"format": "gguf", "family": "", "families": None, "parameter_size": "",
-                "quantization_level": "", "error": str(err)}
-
-
-_FACTS: dict[tuple, tuple[dict, dict]] = {}
-
-
-def _gguf_facts(entry, path: str, size: int, mtime_ns: int) -> tuple[dict, dict]:
-    """(details, model_info) of a GGUF file, read once per file version."""
-    key = (entry.name, path, size, mtime_ns)
-    if key not in _FACTS:
-        from ..engine.gguf_file import open_gguf
-        from ..ollama.model_info import details, model_info
-
-        with open_gguf(path) as f:
-            _FACTS[key] = (details(entry, f), model_info(f))
-    return _FACTS[key]
-
-
+# -- what /api/show says of a model (its file's facts: serving/model_facts.py) ------------
 def _show(entry) -> dict:
-    stat = entry.path.stat()
-    details, info = _gguf_facts(entry, str(entry.path), stat.st_size, stat.st_mtime_ns)
+    details, info = model_facts.facts(entry)
     params = "\n".join(f"{k} {v}" for k, vs in entry.params.items()
                        for v in (vs if isinstance(vs, list) else [vs]))
-    template = entry.template
-    if template is None:
-        from ..engine.gguf_file import open_gguf
-
-        with open_gguf(entry.path) as f:
-            template = f.get("tokenizer.chat_template") or ""
+    template = model_facts.chat_template(entry)
     lines = [f"FROM {entry.path}", f'TEMPLATE """{template}"""']
     if entry.system:
         lines.append(f'SYSTEM """{entry.system}"""')

@@ -19,13 +19,13 @@ import time
 from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse
 
+from ..serving.prompts import Prompt
 from .embeddings import embed
 from .errors import OPENAI, ApiError, error_body
 from .events import Finished, Started
 from .fields import Fields, json_body
 from .generation import GenerationRequest, Generations
 from .options import Sampling
-from .prompts import Prompt
 from .streaming import GenerationStream, Writer, sse
 from .structured import openai_grammar
 from .tools import openai_calls, openai_message, openai_tool_use

@@ -19,11 +19,10 @@ from collections import OrderedDict
 from typing import TYPE_CHECKING
 
 from ..errors import ContextError, CtxError, StoreError
-from ..state.snapshots import take_snapshot
 from .errors import ApiError
 
 if TYPE_CHECKING:
-    from ..state.context import Context
+    from ..serving.exports import Context
     from ..serving.runtime import Runtime
 
 REF_PREFIX = "responses/"
@@ -43,6 +42,7 @@ def context_name(rid: str) -> str:
 class ResponseStore:
     def __init__(self, runtime: "Runtime"):
         self.runtime = runtime
+        self.sessions = runtime.sessions  # its contexts are host-local: client=False
         self._live: OrderedDict[str, dict] = OrderedDict()  # id -> response object, LRU order
         self._lock = threading.Lock()
 
@@ -71,21 +71,18 @@ class ResponseStore:
     def open(self, rid: str, model: str | None, previous: str | None) -> "Context":
         """The context for response ``rid``: a fork of ``previous``'s, or a new empty one."""
         if previous is None:
-            return self.runtime.create_context(context_name(rid), model)
+            return self.sessions.create(context_name(rid), model, client=False)
         prev = self.get(previous)  # 404 first
         if model and model != prev["model"]:
             raise ApiError(400, f"response '{previous}' was made by model '{prev['model']}', not '{model}'",
                            param="model")
         try:
-            ctx = self.runtime.find_context(context_name(previous))
-            with ctx._lock:
-                ctx._check_live()
-                return ctx.fork(context_name(rid))
+            with self.sessions.hold(context_name(previous), client=False) as ctx:
+                return self.sessions.fork(ctx, context_name(rid), client=False)
         except ContextError:
             pass  # no longer live (evicted from the LRU, model unloaded, server restarted): restore it
-        m = self._manifest(previous)
-        target = self.runtime.model_for_weight_id(m.weight_id)
-        return target.restore(self.runtime.store, REF_PREFIX + previous, name=context_name(rid))
+        self._manifest(previous)  # 404 unless it is stored
+        return self.sessions.restore(REF_PREFIX + previous, context_name(rid), client=False)
 
     def save(self, ctx: "Context", response: dict, *, store: bool) -> None:
         """With ``store``: snapshot the context with the response, and keep it live
@@ -95,8 +92,8 @@ class ResponseStore:
             return
         rid = response["id"]
         try:
-            take_snapshot(ctx, self.runtime.store, ref=REF_PREFIX + rid,
-                          labels={LABEL: json.dumps(response, ensure_ascii=False)})
+            self.sessions.snapshot(ctx, REF_PREFIX + rid, {LABEL: json.dumps(response, ensure_ascii=False)},
+                                   client=False)
         except BaseException:
             self.discard(ctx)  # no response refers to it
             raise
@@ -137,6 +134,6 @@ class ResponseStore:
 
     def _drop_context(self, rid: str) -> None:
         try:
-            self.runtime.find_context(context_name(rid)).delete()
+            self.sessions.find(context_name(rid), client=False).delete()
         except CtxError:
             pass

@@ -27,6 +27,7 @@ import anyio.to_thread
 from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse
 
+from ..serving.prompts import Prompt
 from ..text.tools import ToolCall
 from .errors import ApiError
 from .events import Finished, Started
@@ -34,7 +35,6 @@ from .fields import Fields, json_body, text_content
 from .generation import GenerationRequest, Generations
 from .openai import ROLES
 from .options import Sampling
-from .prompts import Prompt
 from .response_store import ResponseStore, context_name, new_id
 from .streaming import GenerationStream, Writer, sse
 from .structured import responses_grammar

@@ -19,8 +19,8 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
 
-from .. import __version__
 from ..errors import CtxError
+from ..serving.exports import __version__
 from . import anthropic, contexts, fleet, lora, ollama, openai, ops
 from . import responses, studio
 from .arguments import DEFAULT_MAX_BODY

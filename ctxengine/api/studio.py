@@ -27,10 +27,9 @@ from fastapi import APIRouter, FastAPI, Request
 from starlette.responses import FileResponse, Response
 from starlette.staticfiles import StaticFiles
 
-from .. import __version__
 from ..errors import CtxError
+from ..serving.exports import __version__, client_name, is_host_local
 from ..serving.runtime import Runtime
-from .contexts import _client_name, _store  # the same rules as the contexts routes
 from .errors import ApiError
 from .studio_tree import Item, build_tree, messages
 
@@ -80,11 +79,11 @@ def _model_routes(router: APIRouter, runtime: Runtime) -> None:
 
     @router.get("/contexts/{name:path}/messages")
     async def context_messages(name: str):
-        ctx = runtime.find_context(_client_name(name))
-        model = _model_of(runtime, ctx)
+        ctx = runtime.sessions.find(name)
+        loaded = runtime.sessions.loaded_entry(ctx)
         tokens = ctx.tokens
-        return {"object": "context.messages", "name": ctx.name, "model": model[0], "n_tokens": len(tokens),
-                "messages": await _run(lambda: messages(model[1], tokens))}
+        return {"object": "context.messages", "name": ctx.name, "model": loaded.entry.name, "n_tokens": len(tokens),
+                "messages": await _run(lambda: messages(loaded.model, tokens))}
 
     @router.get("/models")
     async def models():
@@ -98,7 +97,7 @@ def _model_routes(router: APIRouter, runtime: Runtime) -> None:
                 pool = e.model.engine.pool
                 card.update(memory_bytes=e.memory_bytes, kv=e.model.engine.kv_dtype, kv_pages_in_use=pool.n_used,
                             kv_pages_max=pool.max_pages, page_bytes=pool.page_bytes,
-                            n_contexts=sum(not n.startswith("_") for n in e.model.contexts.names()))
+                            n_contexts=sum(not is_host_local(n) for n in e.model.contexts.names()))
             data.append(card)
         return {"object": "list", "memory_budget": runtime.memory_budget, "data": data}
 
@@ -106,8 +105,8 @@ def _model_routes(router: APIRouter, runtime: Runtime) -> None:
 def _store_routes(router: APIRouter, runtime: Runtime) -> None:
     @router.get("/store")
     async def store_stats():
-        s = await _run(_store(runtime).stats)
-        return {"object": "store.stats", "path": str(_store(runtime).path), **vars(s)}
+        s = await _run(runtime.sessions.store().stats)
+        return {"object": "store.stats", "path": str(runtime.sessions.store().path), **vars(s)}
 
     @router.post("/store/gc")
     async def gc(request: Request):
@@ -115,18 +114,18 @@ def _store_routes(router: APIRouter, runtime: Runtime) -> None:
         # for JSON makes a browser ask first (CORS preflight), which other sites fail.
         if request.headers.get("content-type", "").split(";")[0].strip() != "application/json":
             raise ApiError(400, "send gc with 'Content-Type: application/json' (and a body of {})")
-        return {"object": "store.gc", **vars(await _run(_store(runtime).gc))}
+        return {"object": "store.gc", **vars(await _run(runtime.sessions.store().gc))}
 
     @router.delete("/refs/{ref:path}")
     async def delete_ref(ref: str):
-        _client_ref(ref)
-        await _run(lambda: _store(runtime).delete_ref(ref))
+        client_name(ref, "ref")
+        await _run(lambda: runtime.sessions.store().delete_ref(ref))
         return {"object": "ref.deleted", "ref": ref, "deleted": True}
 
     @router.get("/refs/{ref:path}/messages")
     async def ref_messages(ref: str):
-        _client_ref(ref)
-        store = _store(runtime)
+        client_name(ref, "ref")
+        store = runtime.sessions.store()
 
         def go():
             sid = store.resolve(ref)
@@ -140,9 +139,9 @@ def _store_routes(router: APIRouter, runtime: Runtime) -> None:
 
     @router.get("/refs/{ref:path}/export")
     async def export(ref: str):
-        _client_ref(ref)
+        client_name(ref, "ref")
         buf = io.BytesIO()
-        await _run(lambda: _store(runtime).export(ref, buf))
+        await _run(lambda: runtime.sessions.store().export(ref, buf))
         filename = ref.replace("/", "_") + ".ctxsnap"
         return Response(buf.getvalue(), media_type="application/octet-stream",
                         headers={"Content-Disposition": f'attachment; filename="{filename}"'})
@@ -158,7 +157,7 @@ def _forest(runtime: Runtime) -> list[dict]:
     for e in runtime.loaded():
         g = group(e.model.weight_id, e.entry.name, True)
         for name in e.model.contexts.names():
-            if name.startswith("_"):
+            if is_host_local(name):
                 continue  # the server's own (prefix cache)
             try:
                 ctx = e.model.contexts.get(name)
@@ -171,7 +170,7 @@ def _forest(runtime: Runtime) -> list[dict]:
                                    pages=None if pages is None else frozenset(pages)))
     if runtime.store is not None:
         served = runtime.weight_ids()
-        refs = sorted((n, sid) for n, sid in runtime.store.refs().items() if not n.startswith("_"))
+        refs = sorted((n, sid) for n, sid in runtime.store.refs().items() if not is_host_local(n))
         for ref, sid in refs[:MAX_TREE_SNAPSHOTS]:
             try:
                 m = runtime.store.get_manifest(sid)
@@ -191,14 +190,3 @@ def _forest(runtime: Runtime) -> list[dict]:
         out.append({**g, "n_items": len(items), "root": build_tree(items).as_json()})
     return sorted(out, key=lambda g: (not g["served"], g["model"]))
 
-
-def _model_of(runtime: Runtime, ctx) -> tuple[str, object]:
-    for e in runtime.loaded():
-        if e.model.engine is ctx.engine:
-            return e.entry.name, e.model
-    raise ApiError(404, f"context '{ctx.name}' belongs to a model that is no longer loaded")
-
-
-def _client_ref(ref: str) -> None:
-    if ref.startswith("_"):
-        raise ApiError(400, f"refs starting with '_' are the server's own: '{ref}'")

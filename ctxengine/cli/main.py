@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _version() -> str:
-    from .. import __version__
+    from ..version import __version__
 
     return f"ctx {__version__}"
 

@@ -2,26 +2,27 @@
 
 A catalog is built from what the user pointed at (``-m PATH`` files, a
 ``--models-dir``) plus the packaged default; other model sources (Ollama's
-store) add their entries to it, and the catalog asks them about names it
-does not know (engine/model_source.py). Each entry either has a GGUF file to
-load or a reason it cannot be served; the catalog never loads a model itself
-(that is the runtime's job, on first use).
+store) add their entries to it, and the catalog asks the sources it is given
+about names it does not know (engine/model_source.py). Each entry either has
+a GGUF file to load or a reason it cannot be served; the catalog never loads
+a model itself (that is the runtime's job, on first use).
 """
 from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Sequence
 
 from ..errors import CtxError, ModelNotFoundError
 from .gguf_file import open_gguf
 from .gguf_split import is_later_part
-from .model_source import CatalogEntry, canonical_name, find_in_sources
+from .model_source import CatalogEntry, ModelSource, canonical_name, find_in_sources
 from .registry import DEFAULT, MODELS, is_known_name, resolve_model
 
 
 class ModelCatalog:
-    def __init__(self, entries: Iterable[CatalogEntry] = ()):
+    def __init__(self, entries: Iterable[CatalogEntry] = (), *, sources: Sequence[ModelSource] = ()):
+        self.sources = tuple(sources)  # asked, in order, about names no entry has
         self._entries: list[CatalogEntry] = []
         self._by_name: dict[str, CatalogEntry] = {}
         for e in entries:
@@ -29,9 +30,9 @@ class ModelCatalog:
 
     @classmethod
     def build(cls, model_paths: Iterable[str | os.PathLike] = (), models_dir: str | os.PathLike | None = None,
-              *, packaged: bool = True) -> "ModelCatalog":
+              *, packaged: bool = True, sources: Sequence[ModelSource] = ()) -> "ModelCatalog":
         """Files, a folder and the packaged models (serving/catalog.py adds Ollama's stores)."""
-        cat = cls()
+        cat = cls(sources=sources)
         for spec in model_paths:
             cat.add_spec(spec)
         if models_dir is not None:
@@ -63,11 +64,11 @@ class ModelCatalog:
         path = Path(os.path.expanduser(spec))
         if path.is_file():
             return self.add(_file_entry(path, "file"))
-        found = None if is_known_name(str(spec)) else find_in_sources(str(spec))
+        found = None if is_known_name(str(spec)) else find_in_sources(self.sources, str(spec))
         if found is not None:
             return self.add(found)
         try:
-            resolved = resolve_model(str(spec))
+            resolved = resolve_model(str(spec), sources=self.sources)
         except ModelNotFoundError as err:
             return self.add(CatalogEntry(str(spec), None, "file", error=str(err)))
         return self.add(_file_entry(resolved, "file", name=str(spec)))
@@ -118,7 +119,7 @@ class ModelCatalog:
         key = name.strip().lower()
         entry = self._by_name.get(key)
         if entry is None and key:
-            canonical = canonical_name(key)
+            canonical = canonical_name(self.sources, key)
             entry = self._by_name.get(canonical.lower()) if canonical is not None else None
         return entry
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .. import _core
+from .._core import quant
 from ..errors import ModelFileError, UnsupportedModelError
 from .gguf_file import GGUFFile
 
@@ -17,7 +17,7 @@ from .gguf_file import GGUFFile
 SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "gemma3", "phi3")
 # ggml type ids the kernels run: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
 # Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K.
-SUPPORTED_TYPES = frozenset(_core.quant.supported_types())
+SUPPORTED_TYPES = frozenset(quant.supported_types())
 # Rotary pairs (i, i + d/2) rather than llama's interleaved (2i, 2i + 1).
 NEOX_ROPE_ARCHS = ("qwen2", "qwen3", "gemma3", "phi3")
 # Gemma 3 without the pattern key: every 6th layer attends globally, the rest
@@ -141,7 +141,7 @@ def unsupported_reason(f: GGUFFile) -> str | None:
     bad = f.unsupported_tensors(SUPPORTED_TYPES)
     if bad:
         kinds = ", ".join(sorted({t.type_name for t in bad}))
-        names = ", ".join(_core.quant.dtype_name(t) for t in sorted(SUPPORTED_TYPES))
+        names = ", ".join(quant.dtype_name(t) for t in sorted(SUPPORTED_TYPES))
         return f"tensor type {kinds} is not supported yet (first: {bad[0].name}); supported: {names}"
     try:
         ModelConfig.from_gguf(f)

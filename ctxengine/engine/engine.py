@@ -23,7 +23,7 @@ from .cpu import physical_cores
 from .gguf_file import open_gguf
 from .lora import NO_LORA, LoraAdapter, LoraSet, load_adapter
 from .scheduler import Reserve, Scheduler
-from .speculative import SpeculationStats
+from .speculation_stats import SpeculationStats
 from .weights import cached_weight_id
 
 # How KV pages store K and V (native/kv/page_pool.h, docs/design-notes.md):

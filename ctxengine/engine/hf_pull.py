@@ -4,8 +4,8 @@ it; ``HF_ENDPOINT``, ``HF_TOKEN``, ``HF_HOME``/``HF_HUB_CACHE`` and
 ``HF_HUB_OFFLINE`` mean what they mean there).
 
 Which file: hf_files.py. How it arrives: ``model_info`` pins the repo's
-commit, so every part of a split model comes from one commit; each file's
-bytes go through huggingface_hub's own ``http_get`` into
+commit, so every part of a split model comes from one commit; the bytes of
+each file, from the URL huggingface_hub resolves, go (hf_transfer.py) into
 ``blobs/<etag>.incomplete`` (the name huggingface_hub itself long resumed
 from), so a pull killed or interrupted resumes with a range request instead
 of starting over, which huggingface_hub's own download no longer does. A
@@ -19,7 +19,6 @@ Loading never touches the network: a pulled name resolves from the cache
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -31,6 +30,7 @@ from .. import paths
 from ..errors import CorruptDataError, CtxError, ModelNotFoundError
 from .disk import check_free_space, storage_error
 from .hf_files import Choice, HfSpec, choose, parse_hf_spec
+from .hf_transfer import download
 
 INDEX = "hf-models.json"
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
@@ -100,7 +100,7 @@ def pull_hf(text: str) -> PulledHf:
 def _download(repo: str, filename: str, commit: str, hub: HubSettings) -> tuple[Path, int, int]:
     """One file into the cache, resumable; (path in the snapshot, bytes received, bytes resumed)."""
     from huggingface_hub import get_hf_file_metadata, hf_hub_download, hf_hub_url, try_to_load_from_cache
-    from huggingface_hub.file_download import http_get, repo_folder_name
+    from huggingface_hub.file_download import repo_folder_name
     from huggingface_hub.utils import build_hf_headers
 
     cached = try_to_load_from_cache(repo, filename, cache_dir=hub.cache_dir, revision=commit)
@@ -112,66 +112,20 @@ def _download(repo: str, filename: str, commit: str, hub: HubSettings) -> tuple[
     if not blob.is_file():
         partial = blob.with_name(blob.name + ".incomplete")
         blob.parent.mkdir(parents=True, exist_ok=True)
-        resumed = partial.stat().st_size if partial.is_file() else 0
-        if meta.size is not None and resumed > meta.size:
-            resumed = 0
         # The token goes only to the Hub itself, never to the CDN a file redirects to.
         same_host = meta.location.startswith(hub.endpoint + "/")
-        with open(partial, "r+b" if resumed else "wb") as out:
-            out.truncate(resumed)
-            hashing = _HashingFile(out, resumed)
-            http_get(meta.location, hashing, resume_size=resumed, headers=build_hf_headers() if same_host else {},
-                     expected_size=meta.size, displayed_filename=filename.rsplit("/", 1)[-1])
-        received = partial.stat().st_size - resumed
-        _verify(partial, meta.etag, filename, hashing.digest())
+        got = download(meta.location, partial, size=meta.size, name=filename.rsplit("/", 1)[-1],
+                       headers=build_hf_headers() if same_host else {})
+        resumed, received = got.kept, got.received
+        _verify(partial, meta.etag, filename, got.sha256)
         os.replace(partial, blob)
     path = hf_hub_download(repo, filename, revision=commit, cache_dir=hub.cache_dir, endpoint=hub.endpoint)
     return Path(path), received, resumed
 
 
-class _HashingFile:
-    """The partial file as http_get writes it, hashed on the way (no second read of
-    the file); the bytes an earlier pull left are hashed first. A rewind (a server
-    that ignored the range) leaves the digest to a re-read."""
-
-    def __init__(self, out, kept: int):
-        self.out, self.h = out, hashlib.sha256()
-        out.seek(0)
-        while kept > 0 and (chunk := out.read(min(8 << 20, kept))):
-            self.h.update(chunk)
-            kept -= len(chunk)
-
-    def write(self, data) -> int:
-        if self.h is not None:
-            self.h.update(data)
-        return self.out.write(data)
-
-    def seek(self, *args) -> int:
-        self.h = None
-        return self.out.seek(*args)
-
-    def truncate(self, *args) -> int:
-        self.h = None
-        return self.out.truncate(*args)
-
-    def __getattr__(self, name: str):
-        return getattr(self.out, name)
-
-    def digest(self) -> str | None:
-        return self.h.hexdigest() if self.h is not None else None
-
-
-def _verify(partial: Path, etag: str, filename: str, digest: str | None) -> None:
+def _verify(partial: Path, etag: str, filename: str, digest: str) -> None:
     """An LFS file's etag is its sha256: a mismatch deletes the partial file."""
-    if not _SHA256.match(etag):
-        return
-    if digest is None:
-        h = hashlib.sha256()
-        with open(partial, "rb") as f:
-            while chunk := f.read(8 << 20):
-                h.update(chunk)
-        digest = h.hexdigest()
-    if digest != etag:
+    if _SHA256.match(etag) and digest != etag:
         partial.unlink(missing_ok=True)
         raise CorruptDataError(f"{filename}: the downloaded bytes have sha256 {digest}, the Hub says "
                                f"{etag}; the partial download was deleted (run the pull again)")

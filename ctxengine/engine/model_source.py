@@ -1,17 +1,19 @@
 """Catalog entries, and the sources besides files that models come from.
 
 A source (Ollama's store is the one there is) knows models by names of its
-own. It registers itself here when its package is imported
-(``ctxengine.ollama`` does so), so the registry and the catalog can ask it
-about a name without importing it: the source imports this module, never
-the other way round. Listing a source's every model is its own call
-(``ollama.store.add_ollama_models``), made by whoever builds a catalog.
+own. The registry and the catalog ask the sources they are given about a
+name (``resolve_model(spec, sources=)``, ``ModelCatalog(sources=)``), so
+they never import one: a source imports this module, never the other way
+round, and whoever sits above both passes the list (state/model.py for
+``ce.load``, serving/catalog.py for the served catalog). Listing a source's
+every model is its own call (``ollama.store.add_ollama_models``), made by
+whoever builds a catalog.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, Sequence
 
 
 @dataclass
@@ -56,27 +58,18 @@ class ModelSource(Protocol):
         """The one full spelling of a name, as entries list it; None if it is not a name here."""
 
 
-_SOURCES: list[ModelSource] = []
-
-
-def register_source(source: ModelSource) -> None:
-    """Add a source (once); sources are asked in the order they registered."""
-    if source not in _SOURCES:
-        _SOURCES.append(source)
-
-
-def find_in_sources(spec: str) -> CatalogEntry | None:
-    """The first registered source's entry for a name, or None."""
-    for source in _SOURCES:
+def find_in_sources(sources: Sequence[ModelSource], spec: str) -> CatalogEntry | None:
+    """The first source's entry for a name, or None."""
+    for source in sources:
         entry = source.find(spec)
         if entry is not None:
             return entry
     return None
 
 
-def canonical_name(name: str) -> str | None:
-    """The first registered source's full spelling of a name, or None."""
-    for source in _SOURCES:
+def canonical_name(sources: Sequence[ModelSource], name: str) -> str | None:
+    """The first source's full spelling of a name, or None."""
+    for source in sources:
         full = source.canonical_name(name)
         if full is not None:
             return full

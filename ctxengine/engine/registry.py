@@ -4,8 +4,9 @@ packaged models into the models directory.
 ``resolve_model`` tries, in order: a known name (MODELS below), then an
 existing file path, then a Hugging Face model in huggingface_hub's cache
 (``hf://ORG/REPO:QUANT``, ``hf.co/ORG/REPO:QUANT``: hf_pull.py, never the
-network), then a model in Ollama's store (ollama/store.py: ``smollm2:135m``,
-``library/qwen3:0.6b``...).  Anything else is a ModelNotFoundError that lists
+network), then a model in the model sources the caller passes (Ollama's
+store, ollama/store.py: ``smollm2:135m``, ``library/qwen3:0.6b``...; see
+engine/model_source.py).  Anything else is a ModelNotFoundError that lists
 the names and says how to get the default model.
 """
 from __future__ import annotations
@@ -21,13 +22,13 @@ import zlib
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Sequence
 
 from .. import paths
 from ..errors import CtxError, ModelFileError, ModelNotFoundError, UnsupportedModelError
 from .gguf_file import open_gguf
 from .hf_files import is_hf_spec
-from .model_source import find_in_sources
+from .model_source import ModelSource, find_in_sources
 
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 GEMMA3_FILE = "gemma-3-270m-q4_k_m.gguf"
@@ -150,8 +151,9 @@ def _not_found(spec: str | os.PathLike) -> ModelNotFoundError:
                               f"Get the default model with: {DEFAULT_HOW_TO}")
 
 
-def resolve_model(spec: str | os.PathLike | None = None) -> Path:
-    """The GGUF file for a model name, alias or path (None: the default model)."""
+def resolve_model(spec: str | os.PathLike | None = None, *, sources: Sequence[ModelSource] = ()) -> Path:
+    """The GGUF file for a model name, alias or path (None: the default model), or
+    a name one of ``sources`` knows."""
     if spec is None:
         return _provide(DEFAULT)
     if isinstance(spec, str):
@@ -164,7 +166,7 @@ def resolve_model(spec: str | os.PathLike | None = None) -> Path:
     if isinstance(spec, str) and is_hf_spec(spec):
         return _in_hf_cache(spec)
     if isinstance(spec, str):
-        found = _in_ollama_store(spec)
+        found = _in_sources(spec, sources)
         if found is not None:
             return found
     raise _not_found(spec)
@@ -179,11 +181,10 @@ def _in_hf_cache(spec: str) -> Path:
     return path
 
 
-def _in_ollama_store(spec: str) -> Path | None:
-    """The model blob for a name a model source knows (Ollama's store: the
-    source registers itself, see engine/model_source.py); an unservable one is
-    an error saying why."""
-    entry = find_in_sources(spec)
+def _in_sources(spec: str, sources: Sequence[ModelSource]) -> Path | None:
+    """The model blob for a name a model source knows (Ollama's store); an
+    unservable one is an error saying why."""
+    entry = find_in_sources(sources, spec)
     if entry is None:
         return None
     if not entry.servable:

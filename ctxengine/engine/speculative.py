@@ -16,12 +16,12 @@ anything that proposes token ids:
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, Sequence
 
 import numpy as np
 
 from ..errors import CtxError
+from .speculation_stats import SpeculationStats  # noqa: F401 (the stats its callers keep)
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -34,18 +34,6 @@ MAX_RELATIVES = 8
 class Drafter(Protocol):
     def propose(self, tokens: Sequence[int], k: int) -> list[int]:
         """Up to k guessed tokens to follow ``tokens`` (fewer, or none, when it has no guess)."""
-
-
-@dataclass
-class SpeculationStats:
-    drafted: int = 0   # tokens proposed and verified
-    accepted: int = 0  # of those, tokens the sampler chose too
-    steps: int = 0     # verification forwards
-
-    def add(self, drafted: int, accepted: int) -> None:
-        self.drafted += drafted
-        self.accepted += accepted
-        self.steps += 1
 
 
 class NgramIndex:

@@ -1,16 +1,14 @@
 """Ollama's model store, read in place, and its Go-template prompt renderer
 (docs/ollama-store.md).
 
-    store.py          manifests and blobs -> catalog entries; names as Ollama parses them
+    store.py          manifests and blobs -> catalog entries; names as Ollama parses them;
+                      OllamaSource, the store as a model source (engine/model_source.py)
     template.py       an Ollama template layer rendered for a conversation
     go_template_*.py  the text/template subset those layers use (parse, values, exec)
     model_info.py     what /api/show says about a model
 
-Importing this package registers Ollama's store as a model source
-(engine/model_source.py), so ``ce.load("smollm2:135m")`` and the catalog
-find Ollama's models while the engine never imports this package.
+Importing this package does nothing else: state/model.py lists
+``OllamaSource()`` in ``MODEL_SOURCES``, which ``ce.load`` and the served
+catalog (serving/catalog.py) pass to the registry and the catalog, so those
+never import this package.
 """
-from ..engine.model_source import register_source
-from .store import OllamaSource
-
-register_source(OllamaSource())

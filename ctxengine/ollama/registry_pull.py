@@ -37,7 +37,8 @@ from .. import paths
 from ..engine.model_source import CatalogEntry
 from ..errors import CtxError, ModelNotFoundError
 from ..engine.disk import check_free_space, storage_error
-from .blob_download import TIMEOUT, fetch_blob, partial_path
+from ..engine.http_fetch import TIMEOUT
+from .blob_download import fetch_blob, partial_path
 from .store import DEFAULT_HOST, DIGEST, OllamaName, manifests, parse_model_name, read_manifest
 
 MANIFEST_TYPE = "application/vnd.docker.distribution.manifest.v2+json"

@@ -1,8 +1,8 @@
 """ContextService: the runtime's live contexts, driven remotely.
 
-Each method is the matching Context call (state/context.py) on the shared
-Runtime, so a context made here is the one the HTTP face and every other
-client sees. Generate streams as it samples; a client that cancels stops it
+Each method is the matching session call (serving/sessions.py) or Context
+call (state/context.py) on the shared Runtime, so a context made here is the
+one the HTTP face and every other client sees. Generate streams as it samples; a client that cancels stops it
 at the next token, and the context keeps what was streamed.
 """
 from __future__ import annotations
@@ -10,15 +10,12 @@ from __future__ import annotations
 import threading
 from typing import TYPE_CHECKING
 
-from ..errors import ContextError
-from ..state.snapshots import take_snapshot
 from .errors import Code, Refused, guarded
-from .snapshots import check_client_name, require_served, runtime_store
 from .v1 import context_pb2 as pb
 from .v1 import context_pb2_grpc
 
 if TYPE_CHECKING:
-    from ..state import Context
+    from ..serving.exports import Context
     from ..serving.runtime import Runtime
 
 DEFAULT_MAX_TOKENS = 256
@@ -29,23 +26,17 @@ _SAMPLING = ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "repeat
 class ContextServicer(context_pb2_grpc.ContextServiceServicer):
     def __init__(self, runtime: "Runtime"):
         self.runtime = runtime
+        self.sessions = runtime.sessions
 
     @guarded
     def Create(self, request, context):
-        name = self._new_name(request.name)
-        ctx = self.runtime.create_context(name, request.model or None)
-        try:
-            ctx.labels.update(request.labels)
-            if request.system:
-                ctx.append_system(request.system)
-        except BaseException:
-            ctx.delete()  # no half-made context left behind
-            raise
+        fill = (lambda c: c.append_system(request.system)) if request.system else None
+        ctx = self.sessions.create(request.name, request.model or None, labels=request.labels, fill=fill)
         return self._info(ctx)
 
     @guarded
     def Append(self, request, context):
-        ctx = self._find(request.name)
+        ctx = self.sessions.find(request.name)
         which = request.WhichOneof("content")
         if which is None:
             raise Refused(Code.INVALID_ARGUMENT, "append needs text or ids")
@@ -55,7 +46,7 @@ class ContextServicer(context_pb2_grpc.ContextServiceServicer):
 
     @guarded
     def Generate(self, request, context):
-        ctx = self._find(request.name)
+        ctx = self.sessions.find(request.name)
         sampling = {f: getattr(request.sampling, f) for f in _SAMPLING if request.sampling.HasField(f)}
         max_tokens = request.max_tokens if request.HasField("max_tokens") else DEFAULT_MAX_TOKENS
         cancelled = threading.Event()
@@ -69,41 +60,36 @@ class ContextServicer(context_pb2_grpc.ContextServiceServicer):
                 yield pb.GenerateEvent(piece=pb.Piece(text=piece.text, token_id=piece.token_id))
         finally:
             stream.close()  # here, in this thread: it releases the context's lock
-        self.runtime.turn_done(ctx)  # in a fleet: published, so any host continues it
+        self.sessions.turn_done(ctx)  # in a fleet: published, so any host continues it
         after = ctx.n_tokens
         yield pb.GenerateEvent(done=pb.Done(finish_reason=ctx.finish_reason or "length", prompt_tokens=before,
                                             completion_tokens=after - before, n_tokens=after))
 
     @guarded
     def Fork(self, request, context):
-        src = self._find(request.name)
-        return self._info(src.fork(self._new_name(request.new_name)))
+        src = self.sessions.find(request.name)
+        return self._info(self.sessions.fork(src, request.new_name))
 
     @guarded
     def Rewind(self, request, context):
-        ctx = self._find(request.name)
+        ctx = self.sessions.find(request.name)
         ctx.rewind(request.n)
         return self._info(ctx)
 
     @guarded
     def Snapshot(self, request, context):
-        ctx = self._find(request.name)
-        ref = check_client_name(request.ref, "ref") if request.ref else ctx.name
-        result = take_snapshot(ctx, runtime_store(self.runtime), ref=ref, labels=dict(request.labels))
-        return pb.SnapshotResponse(snapshot_id=result.snapshot_id, n_pages=result.n_pages,
-                                   pages_written=result.pages_sent, ref=ref)
+        ctx = self.sessions.find(request.name)
+        s = self.sessions.snapshot(ctx, request.ref or ctx.name, dict(request.labels))
+        return pb.SnapshotResponse(snapshot_id=s.snapshot_id, n_pages=s.n_pages, pages_written=s.pages_sent,
+                                   ref=s.ref)
 
     @guarded
     def Restore(self, request, context):
-        store = runtime_store(self.runtime)
-        sid = store.resolve(check_client_name(request.ref, "ref"))
-        m = store.get_manifest(sid)
-        model = self.runtime.model(require_served(self.runtime, m.weight_id))
-        return self._info(model.restore(store, sid, name=self._new_name(request.name)))
+        return self._info(self.sessions.restore(request.ref, request.name))
 
     @guarded
     def Delete(self, request, context):
-        self._find(request.name).delete()
+        self.sessions.find(request.name).delete()
         return pb.DeleteResponse()
 
     @guarded
@@ -114,23 +100,9 @@ class ContextServicer(context_pb2_grpc.ContextServiceServicer):
 
     @guarded
     def Get(self, request, context):
-        return self._info(self._find(request.name), tokens=request.include_tokens)
+        return self._info(self.sessions.find(request.name), tokens=request.include_tokens)
 
     # -- helpers ----------------------------------------------------------------------
-    def _find(self, name: str) -> "Context":
-        return self.runtime.find_context(check_client_name(name, "context"))
-
-    def _new_name(self, name: str) -> str | None:
-        """A name for a new context ("" lets the table choose); refused if taken on any model."""
-        if not name:
-            return None
-        check_client_name(name, "context")
-        try:
-            self.runtime.find_local_context(name)  # (in a fleet, find_context would restore it)
-        except ContextError:
-            return name
-        raise ContextError(f"a context named '{name}' already exists")
-
     def _model_names(self) -> dict[int, str]:
         """id(Engine) -> catalog name, for the models loaded now."""
         return {id(e.model.engine): e.entry.name for e in self.runtime.loaded()}

@@ -15,7 +15,7 @@ import grpc
 
 from ..errors import (ContextError, CorruptDataError, CtxError, InvalidNameError, ModelFileError,
                       ModelNotFoundError, StoreError, TokenizerError, UnavailableError,
-                      UnsupportedModelError, WeightMismatchError)
+                      UnsupportedModelError, WeightMismatchError, WeightsNotServedError)
 
 Code = grpc.StatusCode
 
@@ -25,6 +25,7 @@ _BY_CLASS: tuple[tuple[type[CtxError], grpc.StatusCode], ...] = (
     (WeightMismatchError, Code.FAILED_PRECONDITION),
     (CorruptDataError, Code.DATA_LOSS),
     (UnavailableError, Code.UNAVAILABLE),    # the fleet is out of reach: try again shortly
+    (WeightsNotServedError, Code.FAILED_PRECONDITION),  # a snapshot this host cannot restore
     (ModelNotFoundError, Code.NOT_FOUND),
     (UnsupportedModelError, Code.FAILED_PRECONDITION),
     (ModelFileError, Code.FAILED_PRECONDITION),

@@ -13,18 +13,16 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..errors import CorruptDataError, StoreError
-from ..store import Manifest, validate_name
-from ..store import pages as codec
+from ..serving.exports import Manifest, client_name, is_host_local, page_key
 from .errors import Code, Refused, guarded
 from .v1 import snapshot_pb2 as pb
 from .v1 import snapshot_pb2_grpc
 
 if TYPE_CHECKING:
+    from ..serving.exports import Store
     from ..serving.runtime import Runtime
-    from ..store import Store
 
 KEY_BYTES = 32
-RESERVED_PREFIX = "_"  # refs and contexts the server keeps for itself
 
 
 @dataclass(frozen=True)
@@ -35,31 +33,6 @@ class Limits:
     max_put_calls: int = 8              # PutPages calls buffering at once (the rest wait): bounds memory
 
 
-def check_client_name(name: str, what: str) -> str:
-    """A ref or context name a client may use: valid and not one of the server's own."""
-    validate_name(name, what)
-    if name.startswith(RESERVED_PREFIX):
-        raise Refused(Code.INVALID_ARGUMENT, f"{what} names starting with '{RESERVED_PREFIX}' are reserved "
-                                             f"for the server: {name!r}")
-    return name
-
-
-def require_served(runtime: "Runtime", weight_id: str) -> str:
-    """The name of the served model with these weights; FAILED_PRECONDITION if none."""
-    served = runtime.weight_ids()
-    if weight_id not in served:
-        have = ", ".join(f"{name} ({wid[:16]})" for wid, name in served.items()) or "none"
-        raise Refused(Code.FAILED_PRECONDITION,
-                      f"this host serves no model with weight_id {weight_id} (it serves: {have})")
-    return served[weight_id]
-
-
-def runtime_store(runtime: "Runtime") -> "Store":
-    if runtime.store is None:
-        raise StoreError("this server has no snapshot store")
-    return runtime.store
-
-
 class SnapshotServicer(snapshot_pb2_grpc.SnapshotServiceServicer):
     def __init__(self, runtime: "Runtime", limits: Limits):
         self.runtime = runtime
@@ -68,7 +41,7 @@ class SnapshotServicer(snapshot_pb2_grpc.SnapshotServiceServicer):
 
     @property
     def store(self) -> "Store":
-        return runtime_store(self.runtime)
+        return self.runtime.sessions.store()
 
     @guarded
     def Models(self, request, context):
@@ -82,7 +55,7 @@ class SnapshotServicer(snapshot_pb2_grpc.SnapshotServiceServicer):
         if not request.weight_id:
             raise Refused(Code.INVALID_ARGUMENT, "weight_id is required: the weights of the snapshot "
                                                  "these pages belong to")
-        require_served(self.runtime, request.weight_id)
+        self.runtime.served_name(request.weight_id)
         keys = self._keys(request.keys)
         return pb.MissingPagesResponse(missing=[bytes.fromhex(k) for k in self.store.missing_pages(keys)])
 
@@ -124,14 +97,14 @@ class SnapshotServicer(snapshot_pb2_grpc.SnapshotServiceServicer):
             m = Manifest.from_bytes(request.manifest, what="manifest")
         except CorruptDataError as err:
             raise Refused(Code.INVALID_ARGUMENT, str(err)) from None
-        sid = codec.page_key(request.manifest)
+        sid = page_key(request.manifest)
         if request.snapshot_id and request.snapshot_id.lower() != sid:
             raise Refused(Code.INVALID_ARGUMENT, f"manifest hashes to {sid}, not {request.snapshot_id}")
         if len(m.page_keys) > self.limits.max_pages:
             raise Refused(Code.RESOURCE_EXHAUSTED,
                           f"manifest names {len(m.page_keys)} pages; the limit is {self.limits.max_pages}")
-        ref = check_client_name(request.ref, "ref") if request.ref else None
-        require_served(self.runtime, m.weight_id)
+        ref = client_name(request.ref, "ref") if request.ref else None
+        self.runtime.served_name(m.weight_id)
         # All or nothing: refused (naming a missing page) unless every page is stored.
         return pb.PutManifestResponse(snapshot_id=self.store.snapshot(m, {}, ref=ref))
 
@@ -143,12 +116,12 @@ class SnapshotServicer(snapshot_pb2_grpc.SnapshotServiceServicer):
 
     @guarded
     def SetRef(self, request, context):
-        self.store.set_ref(check_client_name(request.name, "ref"), request.snapshot_id)
+        self.store.set_ref(client_name(request.name, "ref"), request.snapshot_id)
         return pb.SetRefResponse()
 
     @guarded
     def GetRef(self, request, context):
-        name = check_client_name(request.name, "ref")
+        name = client_name(request.name, "ref")
         sid = self.store.refs().get(name)
         if sid is None:
             raise StoreError(f"no ref named {name!r}")
@@ -157,7 +130,7 @@ class SnapshotServicer(snapshot_pb2_grpc.SnapshotServiceServicer):
     @guarded
     def ListRefs(self, request, context):
         refs = {n: sid for n, sid in self.store.refs().items()
-                if n.startswith(request.prefix) and not n.startswith(RESERVED_PREFIX)}
+                if n.startswith(request.prefix) and not is_host_local(n)}
         return pb.ListRefsResponse(refs=refs)
 
     # -- checks ---------------------------------------------------------------------

@@ -28,12 +28,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..errors import CorruptDataError, WeightMismatchError
-from ..store import Manifest, Store, page_key, validate_name
-from .snapshots import check_client_name
+from ..serving.exports import Manifest, client_name, page_key, validate_name
 from .v1 import snapshot_pb2 as pb
 
 if TYPE_CHECKING:
-    from .client import Remote
+    from ..serving.exports import Store
+    from .channel import Channel
 
 DEFAULT_CHUNK_BYTES = 8 << 20   # page records per PutPages/GetPages call
 PIPELINE = 2                    # PutPages calls in flight: the receiver stores one as the next arrives
@@ -81,7 +81,7 @@ class _Meter:
             return self.stored
 
 
-def push(remote: "Remote", store: Store, ref: str, *, as_ref: str | None = None,
+def push(remote: "Channel", store: "Store", ref: str, *, as_ref: str | None = None,
          chunk_bytes: int = DEFAULT_CHUNK_BYTES, progress: Progress = None) -> TransferResult:
     """Send snapshot ``ref`` of ``store`` to the remote host; its ref ``as_ref`` (default: the same
     name when ``ref`` is a ref) points at it afterwards."""
@@ -90,7 +90,7 @@ def push(remote: "Remote", store: Store, ref: str, *, as_ref: str | None = None,
     m = store.get_manifest(sid)
     target = as_ref or (ref if ref in store.refs() else None)
     if target is not None:
-        check_client_name(target, "ref")  # before any page moves
+        client_name(target, "ref")  # before any page moves
     keys = list(dict.fromkeys(m.page_keys))
     meter = _Meter()
     asked = meter.message(pb.MissingPagesRequest(weight_id=m.weight_id, keys=[bytes.fromhex(k) for k in keys]))
@@ -117,7 +117,7 @@ def push(remote: "Remote", store: Store, ref: str, *, as_ref: str | None = None,
     return _result(sid, target, len(keys), meter, t0)
 
 
-def pull(remote: "Remote", ref: str, store: Store, *, as_ref: str | None = None,
+def pull(remote: "Channel", ref: str, store: "Store", *, as_ref: str | None = None,
          weight_ids: Collection[str] | None = None, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
          progress: Progress = None) -> TransferResult:
     """Fetch snapshot ``ref`` from the remote host into ``store`` (ref ``as_ref``, default the same
@@ -154,7 +154,7 @@ def pull(remote: "Remote", ref: str, store: Store, *, as_ref: str | None = None,
     return _result(sid, target, len(keys), meter, t0)
 
 
-def _fetch(remote: "Remote", asked: list[str], meter: _Meter) -> dict[str, bytes]:
+def _fetch(remote: "Channel", asked: list[str], meter: _Meter) -> dict[str, bytes]:
     """One GetPages call: the records of ``asked``, in that order, or CorruptDataError."""
     request = meter.message(pb.GetPagesRequest(keys=[bytes.fromhex(k) for k in asked]))
     records = {}
@@ -169,7 +169,7 @@ def _fetch(remote: "Remote", asked: list[str], meter: _Meter) -> dict[str, bytes
     return records
 
 
-def _chunks(store: Store, keys: list[str], chunk_bytes: int) -> Iterator[list[pb.Page]]:
+def _chunks(store: "Store", keys: list[str], chunk_bytes: int) -> Iterator[list[pb.Page]]:
     """Page messages for ``keys``, in lists of about ``chunk_bytes`` of records."""
     chunk, size = [], 0
     for key in keys:

@@ -13,12 +13,14 @@ from typing import Iterable
 from ..engine.catalog import ModelCatalog
 from ..errors import ModelNotFoundError
 from ..ollama.store import add_ollama_models, ollama_roots
+from ..state.model import MODEL_SOURCES
 
 
 def build_catalog(model_paths: Iterable[str | os.PathLike] = (), models_dir: str | os.PathLike | None = None, *,
                   packaged: bool = True, ollama: Iterable[str | os.PathLike] = ()) -> ModelCatalog:
-    """Files, a folder and the packaged models, then each model in the Ollama stores ``ollama``."""
-    catalog = ModelCatalog.build(model_paths, models_dir, packaged=packaged)
+    """Files, a folder and the packaged models, then each model in the Ollama stores ``ollama``;
+    other names are asked of the model sources ``ce.load`` asks."""
+    catalog = ModelCatalog.build(model_paths, models_dir, packaged=packaged, sources=MODEL_SOURCES)
     roots = list(ollama)
     if roots:
         add_ollama_models(catalog, roots)

@@ -9,7 +9,8 @@
   with the snapshot's weights, if this host serves them), and a context held
   here whose ref another host has moved on is replaced by the fleet's before
   it is used, so a conversation continues where it was last left, whichever
-  host served its previous turn.
+  host served its previous turn. (serving/sessions.py does both, asking the
+  refs here.)
 * **Each turn is published**: after a generation on a named context, it is
   snapshotted (locally, then only the pages the fleet lacks) and its ref moved
   by compare-and-set; a host that lost the race gets RefConflictError.
@@ -27,26 +28,23 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
-from ..errors import ContextError, StoreError
-from ..state.snapshots import take_snapshot
+from ..errors import StoreError
 
 if TYPE_CHECKING:
     from ..store import Store
-    from ..state.context import Context
-    from .runtime import Runtime
+    from .models import ServedModels
 
 HEARTBEAT_S = 2.0         # how often a host says it is alive
 HEARTBEAT_TTL_S = 10.0    # a host missing this long is left out of the fleet's lists
 
 
 class FleetHost:
-    def __init__(self, runtime: "Runtime", store: "Store"):
-        self.runtime = runtime
+    def __init__(self, models: "ServedModels", store: "Store"):
+        self.models = models
         self.store = store
         self.fleet = store.fleet
         self.host_id = self.fleet.host_id
         self.url: str | None = None
-        self._restoring = threading.Lock()
         self._stop = threading.Event()
         self._wake = threading.Event()  # what this host serves changed: beat now
         self._thread: threading.Thread | None = None
@@ -67,14 +65,14 @@ class FleetHost:
 
     def info(self) -> dict:
         """This host as the fleet lists it."""
-        loaded = self.runtime.loaded()
+        loaded = self.models.loaded()
         return {"url": self.url, "models": [e.entry.name for e in loaded],
                 "weight_ids": sorted({e.model.weight_id for e in loaded}),
-                "contexts": sorted(c.name for c in self.runtime.contexts())}
+                "contexts": sorted(c.name for c in self.models.contexts())}
 
     def beat(self) -> None:
         # Every servable model's weights, loaded or not: this host can restore onto any.
-        self.fleet.heartbeat(self.info(), self.runtime.weight_ids(), HEARTBEAT_TTL_S)
+        self.fleet.heartbeat(self.info(), self.models.weight_ids(), HEARTBEAT_TTL_S)
 
     def changed(self) -> None:
         """A model was loaded or unloaded: the fleet hears of it now, not at the next beat."""
@@ -91,63 +89,24 @@ class FleetHost:
             except StoreError:
                 pass  # a fleet error is reported (once) by the cluster; keep beating
 
-    # -- named contexts -----------------------------------------------------------------
-    def restore(self, name: str) -> "Context | None":
-        """The fleet's ref ``name`` restored as a live context here (None: no such ref)."""
-        with self._restoring:  # two requests for one missing context restore it once
-            try:
-                return self.runtime.find_local_context(name)
-            except ContextError:
-                pass
-            sid = self.fleet.get_ref(name, or_local=False)
-            if sid is None:
-                return None
-            m = self.store.get_manifest(sid)
-            if m.weight_id not in self.runtime.weight_ids():
-                others = [h for h in self.fleet.hosts_serving(m.weight_id) if h != self.host_id]
-                where = f"; hosts serving them: {', '.join(others)}" if others else ""
-                raise ContextError(f"context '{name}' was made by weights {m.weight_id} ({m.model_name}), "
-                                   f"which this host does not serve{where}")
-            model = self.runtime.model_for_weight_id(m.weight_id)
-            return model.restore(self.store, sid, name=name)
+    # -- refs -----------------------------------------------------------------------------
+    def ref(self, name: str) -> str | None:
+        """The snapshot id the fleet's ref ``name`` points at (None: no such ref);
+        FleetUnavailable while the fleet cannot be read, never this host's older ref."""
+        return self.fleet.get_ref(name, or_local=False)
 
-    def fresh(self, ctx: "Context") -> "Context":
-        """``ctx``, or the fleet's newer state of it when another host moved its ref on
-        and ``ctx`` holds nothing its last snapshot does not (else it is kept, and
-        publishing it will meet the conflict). FleetUnavailable while the fleet
-        cannot be read."""
-        sid = self.fleet.get_ref(ctx.name, or_local=False)
-        if ctx.snapshot_id is None or sid == ctx.snapshot_id:
-            return ctx  # made here and never published, or the fleet's latest
-        if not self.fleet.has_manifest(ctx.snapshot_id, or_local=False):
-            self._catch_up(ctx)
-            return ctx
-        if sid is None:
-            return ctx  # the ref was deleted on the fleet: this host's copy is all there is
-        with self._restoring:
-            with ctx._lock:  # not while a request of ours is using it
-                if ctx._seq is None and ctx._evicted is None:
-                    return self.runtime.find_local_context(ctx.name)  # deleted meanwhile
-                if ctx.snapshot_id == sid or ctx.tokens != self.store.get_manifest(ctx.snapshot_id).token_ids:
-                    return ctx
-                ctx.delete()
-            m = self.store.get_manifest(sid)
-            return self.runtime.model_for_weight_id(m.weight_id).restore(self.store, sid, name=ctx.name)
+    def holds(self, snapshot_id: str) -> bool:
+        """Whether the fleet (not only this host) holds a snapshot."""
+        return self.fleet.has_manifest(snapshot_id, or_local=False)
 
-    def _catch_up(self, ctx: "Context") -> None:
+    def catch_up(self, name: str, snapshot_id: str) -> None:
         """Publish the snapshot a turn left local while the fleet was unreachable, moving
-        the ref from where this host last saw it (RefConflictError if it moved on)."""
-        sid = ctx.snapshot_id
-        self.fleet.publish(sid, self.store.get_local_manifest(sid), ctx.name, or_local=False)
+        ref ``name`` from where this host last saw it (RefConflictError if it moved on)."""
+        self.fleet.publish(snapshot_id, self.store.get_local_manifest(snapshot_id), name, or_local=False)
 
-    def require_ref(self, name: str) -> None:
-        """FleetUnavailable unless the fleet's ref ``name`` can be read now (a restore by
-        name would otherwise fall back to this host's possibly older ref)."""
-        self.fleet.get_ref(name, or_local=False)
-
-    def publish_turn(self, ctx: "Context") -> None:
-        """Snapshot a named context after a turn and move its ref (caller holds its lock)."""
-        take_snapshot(ctx, self.store, ref=ctx.name)
+    def hosts_serving(self, weight_id: str) -> list[str]:
+        """The other live hosts that serve these weights."""
+        return [h for h in self.fleet.hosts_serving(weight_id) if h != self.host_id]
 
     def describe(self) -> dict:
         """``GET /v1/fleet``: this host, every live host, and what crossed from here."""

@@ -2,18 +2,16 @@
 
 :class:`Sampling` is a request's sampling settings whatever dialect it came
 in (api/options.py reads each dialect's field names into one), checked as
-the sampler will check them. ``CatalogEntry`` is re-exported so that the
-faces name the model a generation runs on through this layer only.
+the sampler will check them.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from ..engine.model_source import CatalogEntry
 from ..engine.sampler import SamplerParams
 from ..errors import CtxError
 
-__all__ = ["CatalogEntry", "Sampling"]
+__all__ = ["Sampling"]
 
 
 @dataclass

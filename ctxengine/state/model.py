@@ -9,16 +9,20 @@ import os
 from pathlib import Path
 from typing import Sequence
 
-from .. import ollama  # noqa: F401  registers Ollama's store as a model source (ollama/__init__.py)
+from ..engine import registry
 from ..engine.engine import Engine, LogProbs
 from ..engine.lora import LoraAdapter, LoraSet
-from ..engine.registry import resolve_model
 from ..engine.speculative import check_same_vocabulary
+from ..ollama.store import OllamaSource
 from .context import Context
 from .snapshots import restore
 from .table import ContextTable
 
 LoraScales = dict[str, float] | LoraSet | None  # {adapter name: scale}
+
+# Where a name that is neither a path nor a packaged model is looked up, in this
+# order (engine/model_source.py); the served catalog asks them too (serving/catalog.py).
+MODEL_SOURCES = (OllamaSource(),)
 
 
 class Model:
@@ -101,6 +105,12 @@ class Model:
         for name in self.contexts.names():
             self.contexts.remove(name)
         self.engine.close()
+
+
+def resolve_model(spec: str | os.PathLike | None = None) -> Path:
+    """The GGUF file a model name or path means (engine/registry.py), a name
+    in one of MODEL_SOURCES included: what ``load`` loads."""
+    return registry.resolve_model(spec, sources=MODEL_SOURCES)
 
 
 def load(model: str | os.PathLike | None = None, *, threads: int | None = None, kv: str = "f16",

@@ -11,6 +11,10 @@ Layout (format 1, integers little-endian; see docs/store-format.md)::
 Import reads and verifies the whole file first (structure, manifest, every
 page against its key, the checksum, nothing after the trailer) and only then
 writes, in one transaction, so a truncated or tampered file stores nothing.
+
+Both work on the store's LMDB environment, writing as records.py does, so
+``Store.export`` / ``Store.import_file`` call down here and nothing here knows
+the Store.
 """
 from __future__ import annotations
 
@@ -18,17 +22,15 @@ import os
 import struct
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, BinaryIO, Callable
+from typing import BinaryIO, Callable
 
 import blake3
 
 from ..errors import CorruptDataError, StoreError
-from . import pages as codec, refs as refs_
+from . import pages as codec, records as records_, refs as refs_
+from .lmdbenv import Env
 from .manifest import Manifest
 from .names import validate_name
-
-if TYPE_CHECKING:
-    from .store import Store
 
 MAGIC = b"CTXSNAP\0"
 TRAILER_MAGIC = b"CTXSEND\0"
@@ -42,13 +44,13 @@ _CHUNK = 1 << 20  # read in bounded pieces: a tampered length must not allocate 
 Progress = Callable[[int, int], None] | None
 
 
-def export(store: Store, sid: str, file, progress: Progress) -> None:
+def export(env: Env, sid: str, file, progress: Progress) -> None:
     if isinstance(file, (str, os.PathLike)):
         path = Path(file)
         tmp = path.with_name(path.name + ".partial")
         try:
             with open(tmp, "wb") as f:
-                _write(store, sid, f, progress)
+                _write(env, sid, f, progress)
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, path)  # never leave a half-written file under the real name
@@ -59,19 +61,19 @@ def export(store: Store, sid: str, file, progress: Progress) -> None:
             tmp.unlink(missing_ok=True)
             raise
     else:
-        _write(store, sid, file, progress)
+        _write(env, sid, file, progress)
 
 
-def _write(store: Store, sid: str, f: BinaryIO, progress: Progress) -> None:
+def _write(env: Env, sid: str, f: BinaryIO, progress: Progress) -> None:
     hasher = blake3.blake3()
 
     def out(b) -> None:
         hasher.update(b)
         f.write(b)
 
-    dbs = store.dbs
+    dbs = env.dbs
     # One read transaction: the file is a consistent picture even if gc runs meanwhile.
-    with store.env.read(buffers=True) as txn:
+    with env.read(buffers=True) as txn:
         record = txn.get(bytes.fromhex(sid), db=dbs["manifests"])
         if record is None:
             raise StoreError(f"snapshot {sid} is not in the store")
@@ -116,7 +118,7 @@ class _Reader:
         return data
 
 
-def import_file(store: Store, file, ref: str | None, progress: Progress) -> str:
+def import_file(env: Env, file, ref: str | None, progress: Progress) -> str:
     if ref is not None:
         validate_name(ref, "ref")
     if isinstance(file, (str, os.PathLike)):
@@ -125,11 +127,11 @@ def import_file(store: Store, file, ref: str | None, progress: Progress) -> str:
         except OSError as e:
             raise StoreError(f"cannot read {file}: {e}") from None
         with f:
-            return _import(store, f, ref, progress)
-    return _import(store, file, ref, progress)
+            return _import(env, f, ref, progress)
+    return _import(env, file, ref, progress)
 
 
-def _import(store: Store, f: BinaryIO, ref: str | None, progress: Progress) -> str:
+def _import(env: Env, f: BinaryIO, ref: str | None, progress: Progress) -> str:
     # Pass 1: verify everything, keeping (for the pages the store lacks) the
     # record itself, or only its offset when the file can be re-read.
     r = _Reader(f)
@@ -146,7 +148,7 @@ def _import(store: Store, f: BinaryIO, ref: str | None, progress: Progress) -> s
     (count,) = _U32.unpack(r.read(_U32.size, "the page count"))
     if count != len(keys):
         raise CorruptDataError(f"snapshot file holds {count} pages; its manifest names {len(keys)}")
-    missing = set(store.missing_pages(keys))
+    missing = set(records_.missing_pages(env, keys))
     try:
         seekable = f.seekable()
     except (AttributeError, OSError):
@@ -185,11 +187,11 @@ def _import(store: Store, f: BinaryIO, ref: str | None, progress: Progress) -> s
                 codec.decode(key, rec)
             else:
                 rec = where
-            txn.put(bytes.fromhex(key), rec, db=store.dbs["pages"], overwrite=False)
-        store._put_manifest(txn, sid, record, m.page_keys, {})
+            txn.put(bytes.fromhex(key), rec, db=env.dbs["pages"], overwrite=False)
+        records_.put_manifest(txn, env.dbs, sid, record, m.page_keys, {})
         if ref is not None:
-            refs_.set_ref(txn, store.dbs, ref, bytes.fromhex(sid), now)
+            refs_.set_ref(txn, env.dbs, ref, bytes.fromhex(sid), now)
 
     size = sum(w[1] if isinstance(w, tuple) else len(w) for w in kept.values())
-    store.env.write(write, size_hint=size + len(record))
+    env.write(write, size_hint=size + len(record))
     return sid

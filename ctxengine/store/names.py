@@ -7,6 +7,10 @@ print cleanly (control characters).
 
 Rule: 1..128 characters from ``[A-Za-z0-9._-]`` plus ``/`` used only as a
 separator between non-empty components; no component is ``.`` or ``..``.
+
+A name starting with ``_`` is **host-local**: a serving process's own (its
+prefix cache, evicted contexts, stored responses), never a client's, and
+never published to a fleet. This is the one place that rule is written.
 """
 from __future__ import annotations
 
@@ -17,6 +21,7 @@ import socket
 from ..errors import InvalidNameError
 
 MAX_NAME_LEN = 128
+HOST_LOCAL_PREFIX = "_"
 
 _COMPONENT = re.compile(r"[A-Za-z0-9._-]+")
 
@@ -57,6 +62,11 @@ def validate_name(name: object, what: str = "ref") -> str:
                 "allowed: letters, digits, '.', '_', '-' and '/' between components"
             )
     return name
+
+
+def is_host_local(name: str) -> bool:
+    """Whether a ref or context name is a host's own (see the module doc)."""
+    return name.startswith(HOST_LOCAL_PREFIX)
 
 
 def default_host_id() -> str:

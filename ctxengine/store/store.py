@@ -14,21 +14,18 @@ above. See docs/store-format.md for the on-disk and export formats.
 from __future__ import annotations
 
 import os
-import struct
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import BinaryIO, Callable
 
 from ..errors import CorruptDataError, InvalidNameError, StoreError
-from . import exportfile, maintenance, pages as codec, refs as refs_
+from . import exportfile, maintenance, pages as codec, records as records_, refs as refs_
 from .lmdbenv import Env, check_format
 from .manifest import Manifest
 from .maintenance import GCResult, StoreStats
-from .names import validate_name
+from .names import is_host_local, validate_name
 from .refs import RefLogEntry
-
-_TIME = struct.Struct(">d")
 
 Progress = Callable[[int, int], None] | None
 
@@ -94,11 +91,7 @@ class Store:
 
     def missing_pages(self, keys: Iterable[str]) -> list[str]:
         """The keys (lowercased, first occurrence order, no duplicates) not stored."""
-        wanted = list(dict.fromkeys(k.lower() if isinstance(k, str) else k for k in keys))
-        raw_keys = [codec.key_bytes(k) for k in wanted]
-        with self.env.read() as txn:
-            cur = txn.cursor(db=self.dbs["pages"])
-            return [k for k, kb in zip(wanted, raw_keys) if not cur.set_key(kb)]
+        return records_.missing_pages(self.env, keys)
 
     def put_pages(self, pages: Iterable[bytes]) -> list[str]:
         """Store pages (only those absent); return every page's key, in order."""
@@ -180,7 +173,7 @@ class Store:
         sid = codec.page_key(data)
         record = codec.encode(data)
         keys = [k.lower() for k in m.page_keys]
-        self.env.write(lambda txn: self._put_manifest(txn, sid, record, keys, {}))
+        self.env.write(lambda txn: records_.put_manifest(txn, self.dbs, sid, record, keys, {}))
         return sid
 
     def get_manifest(self, snapshot_id: str) -> Manifest:
@@ -236,12 +229,12 @@ class Store:
 
         def write(txn):
             self._put_records(txn, records)
-            self._put_manifest(txn, sid, record, keys, given)
+            records_.put_manifest(txn, self.dbs, sid, record, keys, given)
             if ref is not None:
                 refs_.set_ref(txn, self.dbs, ref, bytes.fromhex(sid), now)
 
         self.env.write(write, size_hint=sum(map(len, records.values())) + len(record))
-        if self.fleet is not None and not (ref or "").startswith("_"):  # "_" refs are this host's own
+        if self.fleet is not None and not is_host_local(ref or ""):  # a host's own refs stay here
             self.fleet.publish(sid, m, ref)
         return sid
 
@@ -266,7 +259,7 @@ class Store:
             return True
 
         here = self.env.write(write)
-        if self.fleet is not None and not name.startswith("_") and self.fleet.set_ref(name, sid.hex(), here):
+        if self.fleet is not None and not is_host_local(name) and self.fleet.set_ref(name, sid.hex(), here):
             return
         if not here:
             raise StoreError(f"cannot point ref {name!r} at {snapshot_id}: no such snapshot")
@@ -313,7 +306,7 @@ class Store:
         validate_name(name, "ref")
 
         here = self.env.write(lambda txn: refs_.delete_ref(txn, self.dbs, name))
-        there = self.fleet is not None and not name.startswith("_") and self.fleet.delete_ref(name)
+        there = self.fleet is not None and not is_host_local(name) and self.fleet.delete_ref(name)
         if not (here or there):
             raise StoreError(f"no ref named {name!r}")
 
@@ -332,12 +325,12 @@ class Store:
 
     def export(self, ref_or_id: str, file: str | os.PathLike | BinaryIO, progress: Progress = None) -> None:
         """Write one snapshot and its pages as a self-checking portable file."""
-        exportfile.export(self, self.resolve(ref_or_id), file, progress)
+        exportfile.export(self.env, self.resolve(ref_or_id), file, progress)
 
     def import_file(self, file: str | os.PathLike | BinaryIO, ref: str | None = None,
                     progress: Progress = None) -> str:
         """Verify a whole export file, then store it in one transaction; return its id."""
-        return exportfile.import_file(self, file, ref, progress)
+        return exportfile.import_file(self.env, file, ref, progress)
 
     # -- internals (used inside write transactions; no effects outside them) -----
 
@@ -352,42 +345,7 @@ class Store:
                               size_hint=len(record))
 
     def _put_records(self, txn, records: dict[str, bytes], pending: Iterable[str] = ()) -> int:
-        """Write the records absent from the store; return how many were new.
-
-        Keys in ``pending`` (pages stored ahead of their manifest) are protected
-        from gc for a grace period, whether or not they were new: a page already
-        present may belong only to snapshots the next gc would collect.
-        """
-        written = 0
-        for key, record in records.items():
-            if txn.put(bytes.fromhex(key), record, db=self.dbs["pages"], overwrite=False):
-                written += 1
-        now = _TIME.pack(time.time())
-        for key in pending:
-            txn.put(bytes.fromhex(key), now, db=self.dbs["pending"])
-        return written
-
-    def _put_manifest(self, txn, sid: str, record: bytes, page_keys: list[str],
-                      raws: Mapping[str, bytes]) -> None:
-        """Store a manifest record once all its pages are present.
-
-        A page that vanished since we checked (a concurrent gc) is rewritten from
-        ``raws`` when we have it; otherwise the manifest is refused.
-        """
-        cur = txn.cursor(db=self.dbs["pages"])
-        missing = []
-        for key in dict.fromkeys(page_keys):
-            kb = bytes.fromhex(key)
-            if not cur.set_key(kb):
-                if key in raws:
-                    txn.put(kb, codec.encode(raws[key]), db=self.dbs["pages"])
-                else:
-                    missing.append(key)
-            txn.delete(kb, db=self.dbs["pending"])  # now referenced: gc's rules apply
-        if missing:
-            raise StoreError(f"snapshot {sid} names {len(missing)} page(s) the store lacks, "
-                             f"e.g. {missing[0]}; store the pages first")
-        txn.put(bytes.fromhex(sid), record, db=self.dbs["manifests"], overwrite=False)
+        return records_.put_pages(txn, self.dbs, records, pending)
 
     def _decode_stored(self, txn, key: str) -> bytes:
         record = txn.get(codec.key_bytes(key), db=self.dbs["pages"])

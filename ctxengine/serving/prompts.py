@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from ..engine.model_source import CatalogEntry
     from ..state.model import Model
 
+
 @dataclass
 class Prompt:
     messages: list[dict] | None = None            # chat: [{"role", "content"}], system first if any

@@ -1,5 +1,5 @@
 """The ways ``ctx verify`` computes a prompt's logits besides the plain one
-(cli/verify.py): each returns every row, to be compared bit for bit."""
+(verify.py runs them): each returns every row, to be compared bit for bit."""
 from __future__ import annotations
 
 import tempfile

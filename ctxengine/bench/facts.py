@@ -1,7 +1,7 @@
 """What a speed figure needs beside it to mean anything: the machine, the SIMD
 path each engine ran, the date, and how fast this machine can read memory.
 
-Shared by ``ctx bench`` and bench/bench_core.py. Decode of a small model reads
+Shared by ``ctx bench`` (speed.py) and the scripts in bench/. Decode of a small model reads
 every weight once per token, so bytes of weights per token x tokens per second
 is the read rate decode reached; next to the probe's rate it says how close
 to the memory ceiling an engine runs (or that the weights partly sat in cache).
@@ -15,13 +15,17 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
+import numpy as np
+
+from .. import _core
+from ..engine.cpu import cpu_flags, cpu_model, last_level_cache_bytes
+from ..engine.gguf_file import open_gguf
+
 PROBE_MIN_BYTES = 256 << 20  # and at least 8x the last-level cache, so the probe reads DRAM
 
 
 def simd_flags() -> list[str]:
     """The /proc/cpuinfo flags our SIMD paths need, in their order (present or not)."""
-    from .. import _core
-
     names: list[str] = []
     for isa in ("avx2", "avx512"):
         names += [cpu for _, cpu in _core.isa_features(isa) if cpu not in names]
@@ -30,9 +34,6 @@ def simd_flags() -> list[str]:
 
 def machine_facts(threads: int) -> dict:
     """CPU model, which SIMD flags it has and lacks, our SIMD path, threads, date."""
-    from .. import _core
-    from ..engine.cpu import cpu_flags, cpu_model, last_level_cache_bytes
-
     flags = cpu_flags()
     return {"cpu": cpu_model(), "simd_flags": [f for f in simd_flags() if f in flags],
             "missing_simd_flags": [f for f in simd_flags() if f not in flags],
@@ -48,10 +49,6 @@ def read_bandwidth(threads: int, reps: int = 5) -> float:
     numpy's max is SIMD and releases the GIL, so this is bound by memory, not
     by the loop (sum is not: its pairwise adds run at about half this rate).
     """
-    import numpy as np
-
-    from ..engine.cpu import last_level_cache_bytes
-
     size = max(PROBE_MIN_BYTES, 8 * (last_level_cache_bytes() or 0))
     buf = np.ones(size // 4, np.float32)  # written once: every page is mapped before timing
     parts = np.array_split(buf, threads)
@@ -78,8 +75,6 @@ def weight_bytes_per_token(path: str | Path) -> int:
     """Bytes of weights one decode step reads: every tensor, except that the
     token embedding gives only one row when the file has its own output matrix
     (with tied embeddings the whole table is the output projection)."""
-    from ..engine.gguf_file import open_gguf
-
     with open_gguf(path) as f:
         total = sum(t.nbytes for t in f.tensors.values())
         embd = f.tensors.get("token_embd.weight")

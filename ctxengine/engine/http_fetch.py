@@ -1,0 +1,129 @@
+"""A file's bytes over HTTP into a partial file, the one streaming loop of both
+pulls (hf_transfer.py for the Hub's files, ollama/blob_download.py for
+registry blobs): resumed with a range request after what an interrupted pull
+left there, hashed (sha256) as they arrive, and asked for again from where
+they stopped when a body breaks off.
+
+The standard library's http.client reads the body straight into reused
+256 KiB buffers (one copy, the kernel's) and a HashedWriter hashes and writes
+them on a thread of its own, so a pull costs about the CPU of curl, sha256
+included: what decides its speed on a busy machine (docs/PERFORMANCE.md).
+Redirects are followed; a token does not follow one to another host.
+"""
+from __future__ import annotations
+
+import http.client
+import logging
+import queue
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from ..errors import CtxError
+from .disk import storage_error
+from .hashed_writer import LIMIT, HashedWriter
+
+CHUNK = 256 << 10              # bytes a read asks for: each buffer still in cache when hashed (4 MiB ran at 0.7x curl)
+BUFFERS = LIMIT // CHUNK + 2   # the writer's slack, one being received, one being written
+TIMEOUT = 60.0                 # seconds without a byte before the transfer counts as stalled
+RETRIES = 5                    # times running a body may break off, with no byte in between, before we give up
+
+
+@dataclass
+class Fetched:
+    kept: int        # bytes an earlier pull had left in the partial file (0 when the server made us start over)
+    received: int    # bytes this pull took from the network
+    sha256: str      # hex, of the whole file
+
+
+class _TokenStaysHome(urllib.request.HTTPRedirectHandler):
+    """Follow redirects, but send no Authorization header to another host (a CDN)."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        new = super().redirect_request(req, fp, code, msg, headers, newurl)
+        if new is not None and urllib.parse.urlsplit(newurl).netloc != urllib.parse.urlsplit(req.full_url).netloc:
+            new.remove_header("Authorization")
+        return new
+
+
+_OPENER = urllib.request.build_opener(_TokenStaysHome)  # with the default handlers: *_proxy, https
+
+
+def fetch(url: str, partial: Path, sha256, kept: int, *, size: int | None, headers: dict[str, str],
+          progress: Callable[[int], None], retries: int = RETRIES, timeout: float = TIMEOUT) -> Fetched:
+    """GET url into partial, which holds ``kept`` bytes whose hash is sha256 (hashed_writer.
+    hash_partial); ``progress(n)`` after every n bytes written (negative when a server that
+    ignored the range made us start over). A body that breaks off is asked for again from
+    where it stopped, ``retries`` times running without a byte in between; then, or on a
+    network error or ``timeout`` seconds without a byte, a CtxError says how much is kept.
+    HTTP errors are raised as urllib.error.HTTPError, for the caller to word; disk errors
+    are named."""
+    try:
+        with open(partial, "r+b" if kept else "wb") as out:
+            out.truncate(kept)
+            out.seek(kept)
+            with HashedWriter(out, sha256, progress) as writer:
+                body = _Body(url, headers, timeout, writer, kept)
+                tries = retries
+                while size is None or body.pos < size:
+                    try:
+                        body.get()
+                        break
+                    except (urllib.error.URLError, http.client.HTTPException, TimeoutError, ConnectionError) as err:
+                        if isinstance(err, urllib.error.HTTPError):
+                            err.close()  # its status and reason stay; its socket is not left for the GC
+                            raise
+                        tries = (retries if body.moved else tries) - 1
+                        body.broke_off(err, partial, last=tries < 0)
+                writer.wait()
+                digest = writer.sha256.hexdigest()
+    except OSError as err:
+        if isinstance(err, (urllib.error.URLError, ConnectionError, TimeoutError)):
+            raise
+        raise storage_error(err, partial.parent) from None
+    if size is not None and body.pos != size:
+        raise CtxError(f"{url} sent {body.pos} bytes of {size}; they are kept in {partial}: run the pull again")
+    return Fetched(body.kept, body.received, digest)
+
+
+class _Body:
+    """The response body as it arrives, over as many requests as it takes: where it is
+    (``pos``), how much came from the network, and the reused buffers it is read into."""
+
+    def __init__(self, url: str, headers: dict[str, str], timeout: float, writer: HashedWriter, kept: int):
+        self.url, self.headers, self.timeout, self.writer = url, headers, timeout, writer
+        self.pos = self.kept = kept
+        self.received = 0
+        self.moved = False   # whether the last request brought a byte
+        self.free: queue.Queue = queue.Queue()
+        for _ in range(BUFFERS):
+            self.free.put(memoryview(bytearray(CHUNK)))
+
+    def get(self) -> None:
+        """One request, from pos to the end."""
+        self.moved = False
+        ranged = {**self.headers, "Range": f"bytes={self.pos}-"} if self.pos else self.headers
+        with _OPENER.open(urllib.request.Request(self.url, headers=ranged), timeout=self.timeout) as response:
+            if self.pos and response.status != 206:  # the server ignored the range: start over
+                self.writer.rewind()
+                self.writer.progress(-self.pos)
+                self.pos = self.kept = 0
+            while n := response.readinto(view := self.free.get()):
+                self.writer.write(view[:n], release=lambda view=view: self.free.put(view))
+                self.pos, self.received, self.moved = self.pos + n, self.received + n, True
+            if response.length:  # closed short of its Content-Length: http.client just ends
+                raise http.client.IncompleteRead(b"", response.length)
+
+    def broke_off(self, err: Exception, partial: Path, *, last: bool) -> None:
+        """Say so, and wait a moment before the next request (or give up)."""
+        reason = getattr(err, "reason", None) or err.__class__.__name__
+        if last:
+            raise CtxError(f"download from {self.url} broke off ({reason}); {self.pos} bytes kept in "
+                           f"{partial}: run the pull again to resume") from None
+        logging.getLogger(__name__).warning("download from %s broke off (%s); asking for the rest, from byte %d",
+                                            self.url, reason, self.pos)
+        time.sleep(1)

@@ -1,0 +1,16 @@
+"""What the faces (api/, rpc/) use from the layers below serving, named here
+so that they import only serving, text and errors (tests/test_layout.py):
+the structures they build or hand on, and the version they report.
+"""
+from __future__ import annotations
+
+from ..version import __version__
+from ..engine.model_source import CatalogEntry
+from ..engine.sampler import SamplerParams
+from ..state import Context, Piece
+from ..store import Manifest, Store, page_key, validate_name
+from ..store.names import is_host_local
+from .sessions import Snapshot, client_name
+
+__all__ = ["CatalogEntry", "Context", "Manifest", "Piece", "SamplerParams", "Snapshot", "Store", "__version__",
+           "client_name", "is_host_local", "page_key", "validate_name"]

@@ -1,0 +1,272 @@
+"""The models one serving process serves: its catalog, the models loaded from
+it, and the named contexts they hold (serving/runtime.py adds the store, the
+fleet and the operations on named contexts, serving/sessions.py).
+
+Models load on first use. Past the memory budget the least recently used
+model that no request is using and that holds no named context is unloaded
+(a context is state a client asked us to keep; the prefix cache is not).
+"""
+from __future__ import annotations
+
+import os
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, Iterator, Sequence
+
+from ..engine.catalog import CatalogEntry, ModelCatalog
+from ..engine.registry import resolve_model
+from ..engine.weights import cached_weight_id
+from ..errors import (ContextError, ModelFileError, ModelNotFoundError, UnsupportedModelError,
+                      WeightsNotServedError)
+from ..store.names import is_host_local
+from .lora import LoraSpec, ServedLoras
+from .prefix_cache import DEFAULT_MAX_ENTRIES, PrefixCache
+
+if TYPE_CHECKING:
+    from ..state.context import Context
+    from ..state.model import Model
+    from ..store import Store
+
+
+def _physical_memory() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        return 8 << 30
+
+
+@dataclass
+class LoadedEntry:
+    entry: CatalogEntry
+    model: "Model"
+    loaded_at: float
+    last_used: float
+    leases: int = 0
+    expires_at: float | None = None    # keep_alive: unload when idle past this (None: keep)
+    prefix_cache: PrefixCache | None = None  # recent requests' contexts (None: reuse is off)
+    loras: ServedLoras | None = None  # the LoRA adapters served with it (serving/lora.py)
+
+    @property
+    def memory_bytes(self) -> int:
+        """Weights (the mapped file) plus the KV pages allocated so far."""
+        pool = self.model.engine.pool
+        return self.entry.size + pool.n_allocated * pool.page_bytes
+
+
+class ServedModels:
+    """Models by catalog name, loaded on first use; ``changed`` is called when one
+    is loaded or unloaded (a fleet host beats then)."""
+
+    def __init__(self, catalog: ModelCatalog, *, store: "Store | None" = None, threads: int | None = None,
+                 kv: str = "f16", memory_budget: int | None = None,
+                 prefix_cache_entries: int | None = None, lora: Sequence[LoraSpec] = (),
+                 draft: str | None = None, speculative: bool = True):
+        self.catalog = catalog
+        self.lora = tuple(lora)  # adapters loaded into each model they fit
+        self.draft = draft              # a draft model for every model loaded (same vocabulary)
+        self.speculative = speculative  # False: generations draft only when a request asks
+        self.store = store  # where idle contexts are evicted to when pages run out, and snapshots kept
+        self.threads = threads
+        self.kv = kv
+        self.memory_budget = memory_budget if memory_budget is not None else _physical_memory() // 2
+        # Per model; 0 turns prefix reuse off, None is the prefix cache's default.
+        self.prefix_cache_entries = DEFAULT_MAX_ENTRIES if prefix_cache_entries is None else prefix_cache_entries
+        self.started_at = time.time()
+        self._loaded: dict[str, LoadedEntry] = {}  # by catalog entry name
+        self._lock = threading.RLock()
+        self._loading: dict[str, threading.Lock] = {}
+        self.changed: Callable[[], None] = lambda: None
+
+    # -- models -------------------------------------------------------------------------
+    def resolve(self, name: str | None) -> CatalogEntry:
+        """The catalog entry for a model name (None or "": the default model)."""
+        if not name:
+            entry = self.catalog.default
+            if entry is None:
+                raise ModelNotFoundError("no model can be served here (see `ctx models list`)")
+            return entry
+        entry = self.catalog.get(name)
+        if not entry.servable:
+            raise UnsupportedModelError(f"model '{entry.name}' cannot be served: {entry.error}")
+        return entry
+
+    def model(self, name: str | None = None) -> "Model":
+        """The loaded model for a name, loading it (and unloading others) if needed."""
+        entry = self.resolve(name)
+        with self._lock:
+            loaded = self._loaded.get(entry.name)
+            if loaded is not None:
+                loaded.last_used = time.time()
+                return loaded.model
+            gate = self._loading.setdefault(entry.name, threading.Lock())
+        with gate:  # one load per model at a time; other models load in parallel
+            with self._lock:
+                loaded = self._loaded.get(entry.name)
+                if loaded is not None:
+                    return loaded.model
+            model = self._load(entry)
+            now = time.time()
+            cache = PrefixCache(model, max_entries=self.prefix_cache_entries) if self.prefix_cache_entries else None
+            try:
+                loras = ServedLoras(model, self.lora, entry.adapters)
+            except BaseException:
+                model.close()  # an Ollama model without its own adapter is not the model asked for
+                raise
+            with self._lock:
+                self._loaded[entry.name] = LoadedEntry(entry, model, now, now, prefix_cache=cache, loras=loras)
+                self._unload_over_budget(keep=entry.name)
+            self.changed()
+            return model
+
+    @contextmanager
+    def lease(self, name: str | None = None) -> Iterator["Model"]:
+        """A model that is not unloaded while the block runs (one request's use)."""
+        entry = self.resolve(name)
+        while True:
+            model = self.model(entry.name)
+            with self._lock:
+                loaded = self._loaded.get(entry.name)
+                if loaded is not None and loaded.model is model:
+                    loaded.leases += 1
+                    break
+        try:
+            yield model
+        finally:
+            with self._lock:
+                loaded.leases -= 1
+                loaded.last_used = time.time()
+                if loaded.expires_at is not None and loaded.expires_at <= loaded.last_used:
+                    self._maybe_unload(loaded)
+
+    def keep_alive(self, name: str | None, seconds: float | None) -> None:
+        """Ollama's keep_alive: unload after this many idle seconds (0: right after
+        the current requests; None or negative: keep until the budget needs room)."""
+        entry = self.resolve(name)
+        with self._lock:
+            loaded = self._loaded.get(entry.name)
+            if loaded is None:
+                return
+            loaded.expires_at = None if seconds is None or seconds < 0 else time.time() + seconds
+            if loaded.leases == 0 and loaded.expires_at is not None and loaded.expires_at <= time.time():
+                self._maybe_unload(loaded)
+
+    def loras(self, name: str | None) -> ServedLoras:
+        """The LoRA adapters served with a model (loading it if needed)."""
+        entry = self.resolve(name)
+        while True:
+            self.model(entry.name)
+            with self._lock:
+                loaded = self._loaded.get(entry.name)
+                if loaded is not None:
+                    return loaded.loras
+
+    def prefix_cache(self, name: str | None) -> PrefixCache | None:
+        """The prefix cache of a loaded model (None when it is not loaded or reuse is off)."""
+        entry = self.resolve(name)
+        with self._lock:
+            loaded = self._loaded.get(entry.name)
+            return None if loaded is None else loaded.prefix_cache
+
+    def loaded(self) -> list[LoadedEntry]:
+        with self._lock:
+            self._expire()
+            return sorted(self._loaded.values(), key=lambda e: -e.last_used)
+
+    def unload(self, name: str) -> bool:
+        """Unload a model now if nothing uses it; whether it is gone."""
+        entry = self.resolve(name)
+        with self._lock:
+            loaded = self._loaded.get(entry.name)
+            return loaded is None or self._maybe_unload(loaded)
+
+    def weight_ids(self) -> dict[str, str]:
+        """weight_id -> model name, for every servable model (hashes each file once, then cached)."""
+        out: dict[str, str] = {}
+        for entry in self.catalog.entries():
+            if not entry.servable:
+                continue
+            try:
+                out.setdefault(cached_weight_id(entry.path), entry.name)
+            except (OSError, ModelFileError):
+                continue
+        return out
+
+    def served_name(self, weight_id: str) -> str:
+        """The name of the served model with these weights; WeightsNotServedError if none."""
+        served = self.weight_ids()
+        if weight_id not in served:
+            have = ", ".join(f"{name} ({wid[:16]})" for wid, name in served.items()) or "none"
+            raise WeightsNotServedError(f"no model with weight_id {weight_id} is served here (it serves: {have})")
+        return served[weight_id]
+
+    def model_for_weight_id(self, weight_id: str) -> "Model":
+        """Load the model with these weights (to restore a snapshot they made)."""
+        return self.model(self.served_name(weight_id))
+
+    # -- contexts, across models --------------------------------------------------------
+    def contexts(self) -> list["Context"]:
+        """Every client's named context of every loaded model (not the host-local ones)."""
+        with self._lock:
+            models = [e.model for e in self._loaded.values()]
+        return [m.contexts.get(n) for m in models for n in m.contexts.names() if not is_host_local(n)]
+
+    def loaded_entry_of(self, ctx: "Context") -> LoadedEntry | None:
+        """The loaded model a context belongs to (None: it was unloaded since)."""
+        return next((e for e in self.loaded() if e.model.engine is ctx.engine), None)
+
+    def find_local_context(self, name: str) -> "Context":
+        """A named context held here (never asks a fleet: serving/sessions.py does)."""
+        with self._lock:
+            models = [e.model for e in self._loaded.values()]
+        for m in models:
+            if name in m.contexts:
+                return m.contexts.get(name)
+        raise ContextError(f"no context named '{name}'")
+
+    def close(self) -> None:
+        with self._lock:
+            for loaded in list(self._loaded.values()):
+                loaded.model.close()
+            self._loaded.clear()
+
+    # -- internals ------------------------------------------------------------------------
+    def _load(self, entry: CatalogEntry) -> "Model":
+        from ..engine.engine import Engine
+        from ..state.model import Model, attach_draft
+
+        path = entry.path
+        if entry.source == "packaged" and not path.is_file():  # an installed package not built yet
+            path = resolve_model(entry.name)
+        engine = Engine(path, threads=self.threads, kv=self.kv)
+        engine.speculative = self.speculative
+        if self.draft is not None:
+            attach_draft(engine, self.draft)
+        model = Model(engine)
+        model.contexts.store = self.store  # idle contexts are evicted there when pages run out
+        return model
+
+    def _expire(self) -> None:
+        now = time.time()
+        for loaded in list(self._loaded.values()):
+            if loaded.expires_at is not None and loaded.expires_at <= now:
+                self._maybe_unload(loaded)
+
+    def _unload_over_budget(self, keep: str) -> None:
+        self._expire()
+        for loaded in sorted(self._loaded.values(), key=lambda e: e.last_used):
+            if sum(e.memory_bytes for e in self._loaded.values()) <= self.memory_budget:
+                return
+            if loaded.entry.name != keep:
+                self._maybe_unload(loaded)
+
+    def _maybe_unload(self, loaded: LoadedEntry) -> bool:
+        """Unload if no request uses it and it holds no client's named context."""
+        if loaded.leases > 0 or any(not is_host_local(n) for n in loaded.model.contexts.names()):
+            return False
+        self._loaded.pop(loaded.entry.name, None)
+        loaded.model.close()
+        self.changed()
+        return True
+
