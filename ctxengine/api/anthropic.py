@@ -22,15 +22,15 @@ import anyio.to_thread
 from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse
 
-from ..text.tools import parse_tool_calls
-from .errors import ANTHROPIC, ApiError, error_body
-from .fields import Fields, json_body, text_content
-from .generation import Finished, Generation, GenerationRequest, Generations, Started
-from .options import Sampling
 from ..serving.prompts import Prompt, prompt_ids
-from .streaming import GenerationStream, sse
+from .errors import ANTHROPIC, ApiError, error_body
+from .events import Finished, Started
+from .fields import Fields, json_body, text_content
+from .generation import GenerationRequest, Generations
+from .options import Sampling
+from .streaming import GenerationStream, Writer, sse
 from .structured import anthropic_grammar
-from .tools import ToolUse, anthropic_blocks, anthropic_messages, anthropic_tool_use, reply_events
+from .tools import ToolUse, anthropic_blocks, anthropic_messages, anthropic_tool_use
 
 
 def messages_prompt(f: Fields, tools: ToolUse | None = None) -> Prompt:
@@ -85,16 +85,10 @@ def routes(runtime, generations: Generations) -> APIRouter:
                                 grammar=grammar, tools=tools, lora=f.data.get("lora"))
         stream = f.bool("stream", False)
         gen = await generations.start(req)
-        head = {"id": "msg_" + secrets.token_hex(12), "type": "message", "role": "assistant", "model": model}
-        tools = tools if tools is not None and tools.parses else None
+        reply = MessageWriter(gen.started, model, tools_offered=tools is not None and tools.parses)
         if stream:
-            return GenerationStream(_events(gen, head, tools), gen, "text/event-stream")
-        text, fin = await gen.collect(request)
-        calls = []
-        if tools is not None:
-            text, calls = parse_tool_calls(text)
-        return JSONResponse({**head, "content": anthropic_blocks(text, calls), "stop_reason": stop_reason(fin, calls),
-                             "stop_sequence": fin.stop_sequence, "usage": usage(gen.started, fin)})
+            return GenerationStream(gen, reply)
+        return JSONResponse(reply.body(await gen.collect(request)))
 
     @router.post("/v1/messages/count_tokens")
     async def count_tokens(request: Request):
@@ -111,43 +105,56 @@ def routes(runtime, generations: Generations) -> APIRouter:
     return router
 
 
-async def _events(gen: Generation, head: dict, tools: ToolUse | None = None):
-    def event(kind: str, **data) -> bytes:
-        return sse({"type": kind, **data}, event=kind)
+class MessageWriter(Writer):
+    """``/v1/messages``: Anthropic's event sequence, a text block then a tool_use block per call."""
 
-    blocks = 0  # content blocks opened; the text block (index 0) opens with the first text
+    def __init__(self, started: Started, model: str, tools_offered: bool):
+        self.started = started
+        self.message = {"id": "msg_" + secrets.token_hex(12), "type": "message", "role": "assistant", "model": model}
+        self.tools_offered = tools_offered
+        self.blocks = 0  # content blocks opened; the text block (index 0) opens with the first text
 
-    def text_delta(text: str):
-        nonlocal blocks
-        if blocks == 0:
-            blocks = 1
-            yield event("content_block_start", index=0, content_block={"type": "text", "text": ""})
-        yield event("content_block_delta", index=0, delta={"type": "text_delta", "text": text})
+    def head(self) -> list[bytes]:
+        out = [_event("message_start", message={**self.message, "content": [], "stop_reason": None,
+                                                "stop_sequence": None, "usage": usage(self.started, None)})]
+        if not self.tools_offered:  # plain text: the text block opens at once, as before tools existed
+            out += self._open_text()
+        return out
 
-    yield event("message_start", message={**head, "content": [], "stop_reason": None, "stop_sequence": None,
-                                          "usage": usage(gen.started, None)})
-    if tools is None:  # plain text: the text block opens at once, as before tools existed
-        blocks = 1
-        yield event("content_block_start", index=0, content_block={"type": "text", "text": ""})
-    try:
-        async for kind, *data in reply_events(gen, tools):
-            if kind == "text":
-                for e in text_delta(data[0]):
-                    yield e
-                continue
-            ev, calls = data
-            for e in text_delta("") if blocks == 0 and not calls else ():
-                yield e
-            if blocks:
-                yield event("content_block_stop", index=0)
-            for block in anthropic_blocks("", calls) if calls else ():
-                yield event("content_block_start", index=blocks, content_block={**block, "input": {}})
-                yield event("content_block_delta", index=blocks,
-                            delta={"type": "input_json_delta", "partial_json": json.dumps(block["input"])})
-                yield event("content_block_stop", index=blocks)
-                blocks += 1
-            yield event("message_delta", delta={"stop_reason": stop_reason(ev, calls), "stop_sequence": ev.stop_sequence},
-                        usage=usage(gen.started, ev))
-            yield event("message_stop")
-    except ApiError as err:
-        yield sse(error_body(ANTHROPIC, err), event="error")
+    def _open_text(self) -> list[bytes]:
+        if self.blocks:
+            return []
+        self.blocks = 1
+        return [_event("content_block_start", index=0, content_block={"type": "text", "text": ""})]
+
+    def text(self, text: str) -> list[bytes]:
+        return self._open_text() + [_event("content_block_delta", index=0,
+                                           delta={"type": "text_delta", "text": text})]
+
+    async def finish(self, fin: Finished) -> list[bytes]:
+        out = self.text("") if self.blocks == 0 and not fin.calls else []
+        if self.blocks:
+            out.append(_event("content_block_stop", index=0))
+        for block in anthropic_blocks("", fin.calls) if fin.calls else ():
+            out += [_event("content_block_start", index=self.blocks, content_block={**block, "input": {}}),
+                    _event("content_block_delta", index=self.blocks,
+                           delta={"type": "input_json_delta", "partial_json": json.dumps(block["input"])}),
+                    _event("content_block_stop", index=self.blocks)]
+            self.blocks += 1
+        return out + [_event("message_delta", delta={"stop_reason": stop_reason(fin, fin.calls),
+                                                     "stop_sequence": fin.stop_sequence},
+                             usage=usage(self.started, fin)),
+                      _event("message_stop")]
+
+    def error(self, err: ApiError) -> list[bytes]:
+        return [sse(error_body(ANTHROPIC, err), event="error")]
+
+    def body(self, fin: Finished) -> dict:
+        """The reply not streamed: the message whole."""
+        return {**self.message, "content": anthropic_blocks(fin.text, fin.calls),
+                "stop_reason": stop_reason(fin, fin.calls), "stop_sequence": fin.stop_sequence,
+                "usage": usage(self.started, fin)}
+
+
+def _event(kind: str, **data) -> bytes:
+    return sse({"type": kind, **data}, event=kind)

@@ -1,14 +1,16 @@
 """The one path every dialect's generation takes: request -> prompt ids ->
-prefix reuse -> a stream of text pieces -> usage.
+prefix reuse -> a stream of typed events (api/events.py) -> one writer.
 
 Each generation runs on a thread of its own from the lease of its model to
 its end (a context's lock belongs to the thread that took it, and the model's
 scheduler batches whatever threads are stepping at the same time), and hands
 its events to the request's event loop: first :class:`Started` (after the
-prompt is prefilled, so a refused prompt is still an HTTP error), then text
-pieces, then :class:`Finished`. ``cancel()`` (a client that went away, a
-server shutting down) stops it after the current token, and the context's
-generator is closed on its own thread, releasing its lock.
+prompt is prefilled, so a refused prompt is still an HTTP error), then
+:class:`Text` pieces, then :class:`Finished` (or :class:`Failed`). When tools
+are offered the reply is split here, as it is generated: text that may be a
+tool call is held back, and the calls come parsed in Finished. ``cancel()``
+(a client that went away, a server shutting down) stops it after the current
+token, and the context's generator is closed on its own thread, releasing its lock.
 
 A request that names no context goes through the model's prefix cache
 (``ctxengine.serving.prefix_cache``): only the tokens past the longest prefix
@@ -25,17 +27,22 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, AsyncIterator
 
 from ..errors import ContextError, CtxError
-from .errors import ApiError, as_api_error
-from .options import Sampling, entry_sampling
+from ..serving.generate import Sampling
 from ..serving.prompts import Prompt, continuation_text, prompt_ids
+from ..text.tools import ToolStream, forced_call_grammar, parse_tool_calls, tool_format
+from .errors import ApiError, as_api_error
+from .events import Event, Failed, Finished, Started, Text
+from .options import entry_sampling
 
 if TYPE_CHECKING:
     from starlette.requests import Request
 
-    from ..engine.model_source import CatalogEntry
-    from ..text.grammar import Grammar
+    from ..serving.exports import CatalogEntry
     from ..serving.runtime import Runtime
+    from ..text.grammar import Grammar
     from .tools import ToolUse
+
+__all__ = ["Failed", "Finished", "GenerationRequest", "Generation", "Generations", "Started", "Text"]
 
 _UNSET = object()
 _request_names = itertools.count(1)
@@ -51,27 +58,6 @@ class GenerationRequest:
     grammar: "Grammar | None" = None  # constrains the reply (api/structured.py)
     tools: "ToolUse | None" = None    # tools offered; a forced choice is grammar-constrained (api/tools.py)
     lora: list | None = None          # [{"id" | "name", "scale"}] (serving/lora.py); None: the model's scales
-
-
-@dataclass
-class Started:
-    model: str               # the catalog entry's name
-    prompt_tokens: int       # every token the model was given
-    cached_tokens: int       # of those, how many had their KV already (not prefilled)
-    load_ns: int
-    prefill_ns: int
-
-
-@dataclass
-class Finished:
-    finish_reason: str       # "stop" (end of turn or a stop string) or "length"
-    stop_sequence: str | None
-    completion_tokens: int
-    decode_ns: int
-    total_ns: int
-    tokens: list[int]        # the context's tokens afterwards (Ollama's context array)
-    drafted_tokens: int = 0  # speculative decoding: tokens drafted and verified,
-    accepted_tokens: int = 0  # and those the sampler chose too
 
 
 class Generations:
@@ -147,13 +133,14 @@ class Generation:
             raise as_api_error(event)
         self.started = event
 
-    async def events(self) -> AsyncIterator["str | Finished"]:
-        """Text pieces, then the Finished event; stopping early cancels the generation."""
+    async def events(self) -> AsyncIterator[Event]:
+        """Text pieces, then Finished or Failed; stopping early cancels the generation."""
         try:
             while True:
                 event = await self._queue.get()
                 if isinstance(event, BaseException):
-                    raise as_api_error(event)
+                    yield Failed(as_api_error(event))
+                    return
                 yield event
                 if isinstance(event, Finished):
                     return
@@ -162,16 +149,17 @@ class Generation:
             if self._timer is not None:
                 self._timer.cancel()
 
-    async def collect(self, client: "Request | None" = None) -> tuple[str, Finished]:
-        """The whole reply; ``client``'s request going away (a non-streamed reply
-        nobody waits for) stops the generation after the current token."""
+    async def collect(self, client: "Request | None" = None) -> Finished:
+        """The events folded into the whole reply (its text and calls are in
+        Finished); ``client``'s request going away (a non-streamed reply nobody
+        waits for) stops the generation after the current token."""
         watch = asyncio.ensure_future(self._watch(client)) if client is not None else None
         try:
-            parts = []
             async for event in self.events():
+                if isinstance(event, Failed):
+                    raise event.error
                 if isinstance(event, Finished):
-                    return "".join(parts), event
-                parts.append(event)
+                    return event
         finally:
             if watch is not None:
                 watch.cancel()
@@ -284,13 +272,15 @@ class Generation:
         self._emit(finished)
 
     def _decode(self, model, ctx, limit: int, t0: int) -> Finished:
-        """Generate into ctx, streaming the pieces; how it ended."""
+        """Generate into ctx, streaming the text; how it ended."""
         s = self.sampling
         n0 = ctx.n_tokens
         room = max(0, limit - n0)
         max_tokens = room if s.max_tokens is None else min(s.max_tokens, room)
         t = time.perf_counter_ns()
         parts: list[str] = []
+        use = self.request.tools
+        split = ToolStream(forced=use.choice.forced) if use is not None and use.parses else None
         pieces = ctx.generate(max_tokens, stop=s.stop, grammar=self._grammar(model), speculative=s.speculative,
                               **s.params)
         sampled = self.metrics.sampled_tokens.labels(self.entry.name) if self.metrics is not None else None
@@ -300,25 +290,32 @@ class Generation:
                     sampled.inc()
                 if piece.text:
                     parts.append(piece.text)
-                    self._emit(piece.text)
+                    self._text(split.push(piece.text) if split is not None else piece.text)
                 if self._cancel.is_set():
                     break
         finally:
             pieces.close()  # on this thread: releases the context's lock
         now = time.perf_counter_ns()
+        reply = "".join(parts)
+        text, calls = reply, []
+        if split is not None:
+            self._text(split.finish()[0])  # the held text that was no call
+            text, calls = parse_tool_calls(reply)
         new = ctx.tokens[n0:]
         stop = None
         if ctx.finish_reason == "stop" and new and new[-1] not in model.tokenizer.eog_ids:
-            stop = _which_stop(model.detokenize(new), "".join(parts), s.stop)
+            stop = _which_stop(model.detokenize(new), reply, s.stop)
         return Finished(ctx.finish_reason or "length", stop, len(new), now - t, now - t0, ctx.tokens,
-                        ctx.speculation.drafted, ctx.speculation.accepted)
+                        ctx.speculation.drafted, ctx.speculation.accepted, text, calls)
+
+    def _text(self, text: str) -> None:
+        if text:
+            self._emit(Text(text))
 
     def _grammar(self, model):
         """The request's grammar; for a forced tool call, one that makes the call parse."""
         use = self.request.tools
         if use is not None and use.choice.forced:
-            from ..text.tools import forced_call_grammar, tool_format
-
             return forced_call_grammar(use.tools, use.choice, tool_format(model.chat_template))
         return self.request.grammar
 

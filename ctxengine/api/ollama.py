@@ -21,17 +21,17 @@ from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, PlainTextResponse
 
 from ..serving.exports import __version__
-from .embeddings import embed
-from .errors import OLLAMA, ApiError, error_body
-from .fields import Fields, json_body
-from .generation import Finished, Generation, GenerationRequest, Generations
-from .options import ollama_sampling
-from ..text.tools import parse_tool_calls
 from ..serving import model_facts
 from ..serving.prompts import Prompt
-from .streaming import GenerationStream, ndjson
+from .embeddings import embed
+from .errors import OLLAMA, ApiError, error_body
+from .events import Finished, Started
+from .fields import Fields, json_body
+from .generation import GenerationRequest, Generations
+from .options import ollama_sampling
+from .streaming import GenerationStream, Writer, ndjson
 from .structured import ollama_grammar
-from .tools import ToolUse, ollama_calls, ollama_tool_use, openai_message, reply_events
+from .tools import ToolUse, ollama_calls, ollama_tool_use, openai_message
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h)")
 _UNIT_S = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
@@ -121,13 +121,10 @@ class _Ollama:
                                 grammar=ollama_grammar(f), tools=tools, lora=f.data.get("lora"))
         stream = f.bool("stream", True)
         gen = await self.generations.start(req)
+        reply = LineWriter(gen.started, req.model, chat)
         if stream:
-            return GenerationStream(_lines(gen, req.model, chat, tools), gen, "application/x-ndjson")
-        text, fin = await gen.collect(client)
-        if tools is None or not tools.parses:
-            return JSONResponse(_final(gen, req.model, fin, chat, text))
-        text, calls = parse_tool_calls(text)
-        return JSONResponse(_final(gen, req.model, fin, chat, text, calls))
+            return GenerationStream(gen, reply)
+        return JSONResponse(reply.body(await gen.collect(client)))
 
 
 def routes(runtime, generations: Generations, metrics) -> APIRouter:
@@ -266,39 +263,51 @@ def _message(m, i: int) -> dict:
     return openai_message(f, role)
 
 
-def _piece(model: str, text: str, chat: bool) -> dict:
-    body = {"message": {"role": "assistant", "content": text}} if chat else {"response": text}
-    return {"model": model, "created_at": iso(), **body, "done": False}
+class LineWriter(Writer):
+    """``/api/chat`` and ``/api/generate``: a line per piece, tool calls in a line
+    of their own, then the last line with the counts and durations."""
 
+    media_type = "application/x-ndjson"
 
-def _final(gen: Generation, model: str, fin: Finished, chat: bool, text: str = "", calls=()) -> dict:
-    s = gen.started
-    out = _piece(model, text, chat)
-    if calls:
-        out["message"]["tool_calls"] = ollama_calls(calls)
-    out.update(done=True, done_reason=fin.finish_reason, total_duration=fin.total_ns, load_duration=s.load_ns,
-               prompt_eval_count=s.prompt_tokens, prompt_eval_duration=s.prefill_ns,
-               eval_count=fin.completion_tokens, eval_duration=fin.decode_ns, prompt_cached_count=s.cached_tokens,
-               draft_count=fin.drafted_tokens, draft_accepted_count=fin.accepted_tokens)
-    if not chat:
-        out["context"] = fin.tokens
-    return out
+    def __init__(self, started: Started, model: str, chat: bool):
+        self.started, self.model, self.chat = started, model, chat
 
+    def piece(self, text: str) -> dict:
+        body = {"message": {"role": "assistant", "content": text}} if self.chat else {"response": text}
+        return {"model": self.model, "created_at": iso(), **body, "done": False}
 
-async def _lines(gen: Generation, model: str, chat: bool, tools: ToolUse | None = None):
-    try:
-        async for kind, *data in reply_events(gen, tools):
-            if kind == "text":
-                yield ndjson(_piece(model, data[0], chat))
-                continue
-            fin, calls = data
-            if calls:
-                piece = _piece(model, "", chat)
-                piece["message"]["tool_calls"] = ollama_calls(calls)
-                yield ndjson(piece)
-            yield ndjson(_final(gen, model, fin, chat))
-    except ApiError as err:
-        yield ndjson(error_body(OLLAMA, err))
+    def text(self, text: str) -> list[bytes]:
+        return [ndjson(self.piece(text))]
+
+    async def finish(self, fin: Finished) -> list[bytes]:
+        out = []
+        if fin.calls:
+            piece = self.piece("")
+            piece["message"]["tool_calls"] = ollama_calls(fin.calls)
+            out.append(ndjson(piece))
+        return out + [ndjson(self.last(fin, ""))]
+
+    def error(self, err: ApiError) -> list[bytes]:
+        return [ndjson(error_body(OLLAMA, err))]
+
+    def body(self, fin: Finished) -> dict:
+        """The reply not streamed: the last line, holding the whole reply."""
+        out = self.last(fin, fin.text)
+        if fin.calls:
+            out["message"]["tool_calls"] = ollama_calls(fin.calls)
+        return out
+
+    def last(self, fin: Finished, text: str) -> dict:
+        s = self.started
+        out = self.piece(text)
+        out.update(done=True, done_reason=fin.finish_reason, total_duration=fin.total_ns, load_duration=s.load_ns,
+                   prompt_eval_count=s.prompt_tokens, prompt_eval_duration=s.prefill_ns,
+                   eval_count=fin.completion_tokens, eval_duration=fin.decode_ns,
+                   prompt_cached_count=s.cached_tokens, draft_count=fin.drafted_tokens,
+                   draft_accepted_count=fin.accepted_tokens)
+        if not self.chat:
+            out["context"] = fin.tokens
+        return out
 
 
 # -- what /api/show says of a model (its file's facts: serving/model_facts.py) ------------

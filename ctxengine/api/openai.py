@@ -19,16 +19,16 @@ import time
 from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse
 
-from ..text.tools import parse_tool_calls
+from ..serving.prompts import Prompt
 from .embeddings import embed
 from .errors import OPENAI, ApiError, error_body
+from .events import Finished, Started
 from .fields import Fields, json_body
-from .generation import Finished, Generation, GenerationRequest, Generations, Started
+from .generation import GenerationRequest, Generations
 from .options import Sampling
-from ..serving.prompts import Prompt
-from .streaming import GenerationStream, sse
+from .streaming import GenerationStream, Writer, sse
 from .structured import openai_grammar
-from .tools import ToolUse, openai_calls, openai_message, openai_tool_use, reply_events
+from .tools import openai_calls, openai_message, openai_tool_use
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
 
@@ -155,63 +155,87 @@ def routes(runtime, generations: Generations, metrics) -> APIRouter:
 
 
 async def _respond(generations: Generations, f: Fields, req: GenerationRequest, *, chat: bool, client: Request):
-    stream = f.bool("stream", False)
     include_usage = f.obj("stream_options").bool("include_usage", False)
     gen = await generations.start(req)
-    model = req.model or gen.entry.name
-    rid = ("chatcmpl-" if chat else "cmpl-") + secrets.token_hex(12)
-    created = int(time.time())
-    tools = req.tools if req.tools is not None and req.tools.parses else None
-    if not stream:
-        text, fin = await gen.collect(client)
-        choice = {"index": 0, "logprobs": None, "finish_reason": fin.finish_reason}
-        if chat:
-            calls = []
-            if tools is not None:
-                text, calls = parse_tool_calls(text)
-            choice["message"] = {"role": "assistant", "content": text if text or not calls else None}
-            if calls:
-                choice["message"]["tool_calls"] = openai_calls(calls)
-                choice["finish_reason"] = "tool_calls"
-        else:
-            choice["text"] = text
-        return JSONResponse({"id": rid, "object": "chat.completion" if chat else "text_completion",
-                             "created": created, "model": model, "choices": [choice],
-                             "usage": usage(gen.started, fin)})
-    return GenerationStream(_chunks(gen, rid, created, model, chat, include_usage, tools), gen, "text/event-stream")
+    reply = (ChatWriter if chat else CompletionWriter)(gen.started, req.model or gen.entry.name, include_usage)
+    if f.bool("stream", False):
+        return GenerationStream(gen, reply)
+    return JSONResponse(reply.body(await gen.collect(client)))
 
 
-async def _chunks(gen: Generation, rid: str, created: int, model: str, chat: bool, include_usage: bool,
-                  tools: ToolUse | None = None):
-    head = {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion", "created": created,
-            "model": model}
-    extra = {"usage": None} if include_usage else {}
+class _OpenAIWriter(Writer):
+    """What chat and completion replies share: the chunk head, usage, errors, ``[DONE]``."""
 
-    def chunk(text: str | None, finish: str | None = None, role: bool = False, delta: dict | None = None) -> dict:
-        if chat:
-            if delta is None:
-                delta = {"role": "assistant", "content": text or ""} if role else ({"content": text} if text else {})
-            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
-        else:
-            choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
-        return {**head, "choices": [choice], **extra}
+    id_prefix: str
+    kind: str          # the reply's object; its chunks' is kind + chunk_suffix
+    chunk_suffix: str
 
-    if chat:
-        yield sse(chunk("", role=True))
-    try:
-        async for kind, *data in reply_events(gen, tools):
-            if kind == "text":
-                yield sse(chunk(data[0]))
-                continue
-            fin, calls = data
-            for d in _call_deltas(calls):
-                yield sse(chunk(None, delta={"tool_calls": [d]}))
-            yield sse(chunk(None, "tool_calls" if calls else fin.finish_reason))
-            if include_usage:
-                yield sse({**head, "choices": [], "usage": usage(gen.started, fin)})
-    except ApiError as err:
-        yield sse(error_body(OPENAI, err))
-    yield sse("[DONE]")
+    def __init__(self, started: Started, model: str, include_usage: bool):
+        self.started = started
+        self.head_fields = {"id": self.id_prefix + secrets.token_hex(12), "object": self.kind + self.chunk_suffix,
+                            "created": int(time.time()), "model": model}
+        self.extra = {"usage": None} if include_usage else {}
+
+    def chunk(self, choice: dict) -> bytes:
+        return sse({**self.head_fields, "choices": [{"index": 0, **choice}], **self.extra})
+
+    def ending(self, fin: Finished, last: dict) -> list[bytes]:
+        out = [self.chunk(last)]
+        if self.extra:
+            out.append(sse({**self.head_fields, "choices": [], "usage": usage(self.started, fin)}))
+        return out + [sse("[DONE]")]
+
+    def error(self, err: ApiError) -> list[bytes]:
+        return [sse(error_body(OPENAI, err)), sse("[DONE]")]
+
+    def body(self, fin: Finished) -> dict:
+        """The reply not streamed: the whole of it in one object."""
+        choice = {"index": 0, "logprobs": None, "finish_reason": fin.finish_reason, **self.whole(fin)}
+        return {**self.head_fields, "object": self.kind, "choices": [choice], "usage": usage(self.started, fin)}
+
+    def whole(self, fin: Finished) -> dict:
+        raise NotImplementedError
+
+
+class ChatWriter(_OpenAIWriter):
+    """``/v1/chat/completions``: deltas of one assistant message, its tool calls at the end."""
+
+    id_prefix, kind, chunk_suffix = "chatcmpl-", "chat.completion", ".chunk"
+
+    def head(self) -> list[bytes]:
+        return [self.delta({"role": "assistant", "content": ""})]
+
+    def delta(self, delta: dict, finish: str | None = None) -> bytes:
+        return self.chunk({"delta": delta, "logprobs": None, "finish_reason": finish})
+
+    def text(self, text: str) -> list[bytes]:
+        return [self.delta({"content": text})]
+
+    async def finish(self, fin: Finished) -> list[bytes]:
+        calls = [self.delta({"tool_calls": [d]}) for d in _call_deltas(fin.calls)]
+        finish = "tool_calls" if fin.calls else fin.finish_reason
+        return calls + self.ending(fin, {"delta": {}, "logprobs": None, "finish_reason": finish})
+
+    def whole(self, fin: Finished) -> dict:
+        message = {"role": "assistant", "content": fin.text if fin.text or not fin.calls else None}
+        if not fin.calls:
+            return {"message": message}
+        return {"message": {**message, "tool_calls": openai_calls(fin.calls)}, "finish_reason": "tool_calls"}
+
+
+class CompletionWriter(_OpenAIWriter):
+    """``/v1/completions``: pieces of text."""
+
+    id_prefix, kind, chunk_suffix = "cmpl-", "text_completion", ""
+
+    def text(self, text: str) -> list[bytes]:
+        return [self.chunk({"text": text, "logprobs": None, "finish_reason": None})]
+
+    async def finish(self, fin: Finished) -> list[bytes]:
+        return self.ending(fin, {"text": "", "logprobs": None, "finish_reason": fin.finish_reason})
+
+    def whole(self, fin: Finished) -> dict:
+        return {"text": fin.text}
 
 
 def _call_deltas(calls) -> list[dict]:

@@ -4,7 +4,8 @@ Each dialect reads its own field names into a Sampling; an entry's Ollama
 params layer (Ollama option names, like ``"temperature"`` or ``"stop"``) is
 read by the same table as Ollama's request ``options``, and gives the
 defaults a request's own values override. What no one sets is the engine's
-default (SamplerParams: llama.cpp's).
+default (SamplerParams: llama.cpp's). :class:`Sampling` itself is serving's
+(serving/generate.py): a request's settings, whatever dialect stated them.
 
 Ollama options: the ones that map are honoured; the others Ollama knows are
 type-checked and have no effect here (GPU placement, mirostat, ...); unknown
@@ -12,39 +13,11 @@ names are ignored, as Ollama ignores them.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
-
-from ..engine.sampler import SamplerParams
-from ..errors import CtxError
+from ..serving.generate import Sampling
 from .errors import ApiError
 from .fields import Fields
 
-
-@dataclass
-class Sampling:
-    max_tokens: int | None = None                  # None: up to the context length
-    stop: list[str] | None = None
-    params: dict = field(default_factory=dict)     # SamplerParams fields
-    num_ctx: int | None = None                     # Ollama: a smaller context length
-    speculative: bool | None = None                # False: no drafts (state/speculation.py); None: on
-
-    def over(self, base: "Sampling") -> "Sampling":
-        """These settings where set, else ``base``'s."""
-        return Sampling(max_tokens=self.max_tokens if self.max_tokens is not None else base.max_tokens,
-                        stop=self.stop if self.stop is not None else base.stop,
-                        params={**base.params, **self.params},
-                        num_ctx=self.num_ctx if self.num_ctx is not None else base.num_ctx,
-                        speculative=self.speculative if self.speculative is not None else base.speculative)
-
-    def checked(self) -> "Sampling":
-        """Refuse values the sampler would refuse, before any work is done."""
-        try:
-            SamplerParams(**self.params)
-        except CtxError as err:
-            raise ApiError(400, str(err)) from None
-        if self.stop is not None and any(not s for s in self.stop):
-            raise ApiError(400, "stop strings must not be empty")
-        return replace(self, stop=list(self.stop or []))
+__all__ = ["Sampling", "entry_sampling", "ollama_sampling"]
 
 
 # Ollama option -> (kind, SamplerParams field or None: no effect here)

@@ -27,17 +27,18 @@ import anyio.to_thread
 from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse
 
-from ..text.tools import ToolCall, parse_tool_calls
+from ..serving.prompts import Prompt
+from ..text.tools import ToolCall
 from .errors import ApiError
+from .events import Finished, Started
 from .fields import Fields, json_body, text_content
-from .generation import Finished, Generation, GenerationRequest, Generations
+from .generation import GenerationRequest, Generations
 from .openai import ROLES
 from .options import Sampling
-from ..serving.prompts import Prompt
 from .response_store import ResponseStore, context_name, new_id
-from .streaming import GenerationStream, sse
+from .streaming import GenerationStream, Writer, sse
 from .structured import responses_grammar
-from .tools import ToolUse, reply_events, responses_tool_use
+from .tools import responses_tool_use
 
 
 def input_messages(f: Fields, known_calls: frozenset = frozenset()) -> list[dict]:
@@ -124,10 +125,6 @@ class _Turn:
         return GenerationRequest(model, prompt, _sampling(self.f), context=context_name(self.id),
                                  grammar=responses_grammar(self.f), tools=self.tools)
 
-    @property
-    def parses(self) -> ToolUse | None:
-        return self.tools if self.tools is not None and self.tools.parses else None
-
     def body(self, model: str, status: str, output: list, usage: dict | None, fin: Finished | None = None) -> dict:
         f = self.f
         incomplete = {"reason": "max_output_tokens"} if fin is not None and fin.finish_reason == "length" else None
@@ -143,8 +140,7 @@ class _Turn:
                 "metadata": f.data.get("metadata") or {}}
 
 
-def usage(gen: Generation, fin: Finished) -> dict:
-    s = gen.started
+def usage(s: Started, fin: Finished) -> dict:
     return {"input_tokens": s.prompt_tokens, "input_tokens_details": {"cached_tokens": s.cached_tokens},
             "output_tokens": fin.completion_tokens, "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": s.prompt_tokens + fin.completion_tokens}
@@ -182,21 +178,15 @@ def routes(runtime, generations: Generations) -> APIRouter:
         except BaseException:
             responses.discard_later(ctx)
             raise
-        name = model or gen.entry.name
+        reply = ResponseWriter(gen.started, turn, model or gen.entry.name, ctx, responses)
         if f.bool("stream", False):
-            return GenerationStream(_events(gen, turn, name, ctx, responses), gen, "text/event-stream")
+            return GenerationStream(gen, reply)
         try:
-            text, fin = await gen.collect(request)
+            fin = await gen.collect(request)
         except BaseException:
-            responses.discard_later(ctx)
+            reply.close()
             raise
-        calls = []
-        if turn.parses is not None:
-            text, calls = parse_tool_calls(text)
-        output = ([message_item(text)] if text or not calls else []) + [call_item(c) for c in calls]
-        body = turn.body(name, "completed", output, usage(gen, fin), fin)
-        await anyio.to_thread.run_sync(lambda: responses.save(ctx, body, store=turn.store))
-        return JSONResponse(body)
+        return JSONResponse(await reply.saved(reply.body(fin)))
 
     @router.get("/v1/responses/{rid}")
     async def get(rid: str):
@@ -210,68 +200,84 @@ def routes(runtime, generations: Generations) -> APIRouter:
     return router
 
 
-async def _events(gen: Generation, turn: _Turn, model: str, ctx, responses: ResponseStore):
-    seq = 0
+class ResponseWriter(Writer):
+    """``/v1/responses``: a message item with one text part, then a function_call
+    item per call; the response is saved with its context before it completes."""
 
-    def event(kind: str, **data) -> bytes:
-        nonlocal seq
-        seq += 1
-        return sse({"type": kind, "sequence_number": seq - 1, **data}, event=kind)
+    def __init__(self, started: Started, turn: _Turn, model: str, ctx, responses: ResponseStore):
+        self.started, self.turn, self.model = started, turn, model
+        self.ctx, self.responses = ctx, responses
+        self.seq = 0
+        self.msg_id = "msg_" + secrets.token_hex(12)
+        self.parts: list[str] = []   # the message's text so far (none: not opened yet)
+        self.output: list[dict] = []
+        self.is_saved = False
 
-    msg_id, parts, output = "msg_" + secrets.token_hex(12), [], []
+    def event(self, kind: str, **data) -> bytes:
+        self.seq += 1
+        return sse({"type": kind, "sequence_number": self.seq - 1, **data}, event=kind)
 
-    def open_message():
-        if not parts:
-            parts.append("")
-            yield event("response.output_item.added", output_index=0, item=message_item("", "in_progress", msg_id))
-            yield event("response.content_part.added", item_id=msg_id, output_index=0, content_index=0,
-                        part=_text_part(""))
+    def head(self) -> list[bytes]:
+        start = self.turn.body(self.model, "in_progress", [], None)
+        return [self.event("response.created", response=start), self.event("response.in_progress", response=start)]
 
-    def text_delta(text: str):
-        yield from open_message()
-        parts.append(text)
-        yield event("response.output_text.delta", item_id=msg_id, output_index=0, content_index=0, delta=text,
-                    logprobs=[])
+    def _open_message(self) -> list[bytes]:
+        if self.parts:
+            return []
+        self.parts.append("")
+        return [self.event("response.output_item.added", output_index=0,
+                           item=message_item("", "in_progress", self.msg_id)),
+                self.event("response.content_part.added", item_id=self.msg_id, output_index=0, content_index=0,
+                           part=_text_part(""))]
 
-    saved = False
-    start = turn.body(model, "in_progress", [], None)
-    yield event("response.created", response=start)
-    yield event("response.in_progress", response=start)
-    try:
-        async for kind, *data in reply_events(gen, turn.parses):
-            if kind == "text":
-                for e in text_delta(data[0]):
-                    yield e
-                continue
-            ev, calls = data
-            for e in open_message() if not calls else ():
-                yield e
-            if parts:
-                text = "".join(parts)
-                yield event("response.output_text.done", item_id=msg_id, output_index=0, content_index=0,
-                            text=text, logprobs=[])
-                yield event("response.content_part.done", item_id=msg_id, output_index=0, content_index=0,
-                            part=_text_part(text))
-                output.append(message_item(text, item_id=msg_id))
-                yield event("response.output_item.done", output_index=0, item=output[-1])
-            for c in calls:
-                item, index = call_item(c), len(output)
-                yield event("response.output_item.added", output_index=index, item={**call_item(c, "in_progress"),
-                                                                                    "id": item["id"]})
-                yield event("response.function_call_arguments.delta", item_id=item["id"], output_index=index,
-                            delta=item["arguments"])
-                yield event("response.function_call_arguments.done", item_id=item["id"], output_index=index,
-                            name=c.name, arguments=item["arguments"])
-                output.append(item)
-                yield event("response.output_item.done", output_index=index, item=item)
-            body = turn.body(model, "completed", output, usage(gen, ev), ev)
-            await anyio.to_thread.run_sync(lambda: responses.save(ctx, body, store=turn.store))
-            saved = True
-            yield event("response.completed" if body["status"] == "completed" else "response.incomplete",
-                        response=body)
-            return
-    except ApiError as err:
-        yield event("error", code=str(err.status), message=err.message, param=err.param)
-    finally:
-        if not saved:  # failed, or the client went away: nothing keeps the context
-            responses.discard_later(ctx)
+    def text(self, text: str) -> list[bytes]:
+        out = self._open_message()
+        self.parts.append(text)
+        return out + [self.event("response.output_text.delta", item_id=self.msg_id, output_index=0,
+                                 content_index=0, delta=text, logprobs=[])]
+
+    async def finish(self, fin: Finished) -> list[bytes]:
+        out = self._open_message() if not fin.calls else []
+        if self.parts:
+            out += self._message_done("".join(self.parts))
+        for c in fin.calls:
+            out += self._call(c)
+        body = await self.saved(self.turn.body(self.model, "completed", self.output, usage(self.started, fin), fin))
+        kind = "response.completed" if body["status"] == "completed" else "response.incomplete"
+        return out + [self.event(kind, response=body)]
+
+    def _message_done(self, text: str) -> list[bytes]:
+        ids = {"item_id": self.msg_id, "output_index": 0, "content_index": 0}
+        self.output.append(message_item(text, item_id=self.msg_id))
+        return [self.event("response.output_text.done", **ids, text=text, logprobs=[]),
+                self.event("response.content_part.done", **ids, part=_text_part(text)),
+                self.event("response.output_item.done", output_index=0, item=self.output[-1])]
+
+    def _call(self, c: ToolCall) -> list[bytes]:
+        item, index = call_item(c), len(self.output)
+        self.output.append(item)
+        return [self.event("response.output_item.added", output_index=index,
+                           item={**call_item(c, "in_progress"), "id": item["id"]}),
+                self.event("response.function_call_arguments.delta", item_id=item["id"], output_index=index,
+                           delta=item["arguments"]),
+                self.event("response.function_call_arguments.done", item_id=item["id"], output_index=index,
+                           name=c.name, arguments=item["arguments"]),
+                self.event("response.output_item.done", output_index=index, item=item)]
+
+    def error(self, err: ApiError) -> list[bytes]:
+        return [self.event("error", code=str(err.status), message=err.message, param=err.param)]
+
+    def body(self, fin: Finished) -> dict:
+        """The reply not streamed: the response whole."""
+        output = ([message_item(fin.text)] if fin.text or not fin.calls else []) + [call_item(c) for c in fin.calls]
+        return self.turn.body(self.model, "completed", output, usage(self.started, fin), fin)
+
+    async def saved(self, body: dict) -> dict:
+        """``body``, saved with the context (or the context let go: store false)."""
+        await anyio.to_thread.run_sync(lambda: self.responses.save(self.ctx, body, store=self.turn.store))
+        self.is_saved = True
+        return body
+
+    def close(self) -> None:
+        if not self.is_saved:  # failed, or the client went away: nothing keeps the context
+            self.responses.discard_later(self.ctx)

@@ -1,26 +1,71 @@
-"""Streamed responses (SSE for OpenAI and Anthropic, NDJSON for Ollama) that
-stop their generation when the client goes away.
+"""Streamed replies: one :class:`Writer` per dialect turns a generation's
+events (api/events.py) into its wire chunks, SSE for OpenAI and Anthropic,
+NDJSON for Ollama, and the same writer shapes the reply that is not streamed.
 
 Starlette watches for ``http.disconnect`` while it streams and cancels the
-body iterator when it comes; the iterators here are built on
+body iterator when it comes; the iterator here is built on
 ``Generation.events()``, whose ``finally`` cancels the generation, and the
 response cancels it once more when it ends for any reason.
 """
 from __future__ import annotations
 
 import json
-from typing import AsyncIterator
+from typing import TYPE_CHECKING, AsyncIterator, Iterable
 
 from starlette.responses import StreamingResponse
 
-from .generation import Generation
+from .events import Failed, Finished, Text
+
+if TYPE_CHECKING:
+    from .errors import ApiError
+    from .generation import Generation
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
+class Writer:
+    """One dialect's wire chunks for one generation's events, in order:
+    ``head()``, ``text()`` per Text, then ``finish()`` or ``error()``."""
+
+    media_type = "text/event-stream"
+
+    def head(self) -> Iterable[bytes]:
+        return ()
+
+    def text(self, text: str) -> Iterable[bytes]:
+        raise NotImplementedError
+
+    async def finish(self, fin: Finished) -> Iterable[bytes]:
+        raise NotImplementedError
+
+    def error(self, err: "ApiError") -> Iterable[bytes]:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """The stream ended, however it ended (a client gone mid-reply too)."""
+
+
+async def written(gen: "Generation", writer: Writer) -> AsyncIterator[bytes]:
+    """The chunks ``writer`` makes of ``gen``'s events."""
+    try:
+        for chunk in writer.head():
+            yield chunk
+        async for event in gen.events():
+            if isinstance(event, Text):
+                chunks = writer.text(event.text)
+            elif isinstance(event, Failed):
+                chunks = writer.error(event.error)
+            else:
+                chunks = await writer.finish(event)
+            for chunk in chunks:
+                yield chunk
+    finally:
+        writer.close()
+
+
 class GenerationStream(StreamingResponse):
-    def __init__(self, chunks: AsyncIterator[bytes], generation: Generation, media_type: str):
-        super().__init__(chunks, media_type=media_type, headers=SSE_HEADERS)
+    def __init__(self, generation: "Generation", writer: Writer):
+        super().__init__(written(generation, writer), media_type=writer.media_type, headers=SSE_HEADERS)
         self._generation = generation
 
     async def __call__(self, scope, receive, send) -> None:

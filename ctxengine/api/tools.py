@@ -15,17 +15,18 @@
   values) is an extension, auto when absent.
 
 A forced choice (required, any, a named tool) is generated under a grammar,
-so its call always parses (text/tools.py).
+so its call always parses (text/tools.py). The generation splits the calls
+out of the reply (api/generation.py); the shapes they go out in are here.
 """
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
 
-from ..text.tools import Tool, ToolCall, ToolChoice, ToolStream
+from ..text.grammar import GrammarError
+from ..text.tools import Tool, ToolCall, ToolChoice, forced_call_grammar
 from .errors import ApiError
 from .fields import Fields, text_content
-from .generation import Finished
 
 
 @dataclass
@@ -61,9 +62,6 @@ def _checked(tools: list[Tool], choice: ToolChoice) -> ToolUse | None:
     if choice.mode == "named" and choice.name not in names:
         raise ApiError(400, f"tool_choice names '{choice.name}', which is not in 'tools'", param="tool_choice")
     if choice.forced:
-        from ..text.grammar import GrammarError
-        from ..text.tools import forced_call_grammar
-
         try:
             forced_call_grammar(tools, choice, "fallback").compiled()
         except GrammarError as err:
@@ -185,22 +183,6 @@ def anthropic_messages(mf: Fields, role: str) -> list[dict]:
 
 
 # -- calls out --------------------------------------------------------------------
-async def reply_events(gen, tools: "ToolUse | None"):
-    """A generation's events for a stream, calls split out when tools are offered:
-    ``("text", str)`` pieces, then ``("end", Finished, calls)``."""
-    split = ToolStream(forced=tools.choice.forced) if tools is not None and tools.parses else None
-    async for ev in gen.events():
-        if isinstance(ev, Finished):
-            rest, calls = split.finish() if split is not None else ("", [])
-            if rest:
-                yield "text", rest
-            yield "end", ev, calls
-            return
-        text = split.push(ev) if split is not None else ev
-        if text:
-            yield "text", text
-
-
 def openai_calls(calls: list[ToolCall]) -> list[dict]:
     return [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments_json}}
             for c in calls]
