@@ -78,8 +78,7 @@ class ResponseStore:
                            param="model")
         try:
             ctx = self.runtime.find_context(context_name(previous))
-            with ctx._lock:
-                ctx._check_live()
+            with ctx.hold():
                 return ctx.fork(context_name(rid))
         except ContextError:
             pass  # no longer live (evicted from the LRU, model unloaded, server restarted): restore it

@@ -28,6 +28,7 @@ import time
 from typing import TYPE_CHECKING
 
 from ..errors import ContextError, StoreError
+from ..state import Residency
 from ..state.snapshots import take_snapshot
 
 if TYPE_CHECKING:
@@ -125,8 +126,8 @@ class FleetHost:
         if sid is None:
             return ctx  # the ref was deleted on the fleet: this host's copy is all there is
         with self._restoring:
-            with ctx._lock:  # not while a request of ours is using it
-                if ctx._seq is None and ctx._evicted is None:
+            with ctx.hold(resident=False):  # not while a request of ours is using it
+                if ctx.residency is Residency.DELETED:
                     return self.runtime.find_local_context(ctx.name)  # deleted meanwhile
                 if ctx.snapshot_id == sid or ctx.tokens != self.store.get_manifest(ctx.snapshot_id).token_ids:
                     return ctx

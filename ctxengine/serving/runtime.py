@@ -235,9 +235,7 @@ class Runtime:
     def hold_context(self, name: str) -> Iterator["Context"]:
         """A named context held for one request: no other request appends to or
         generates from it until the block ends (requests on it queue up)."""
-        ctx = self.find_context(name)
-        with ctx._lock:
-            ctx._check_live()  # deleted meanwhile: a clear error; evicted: read back
+        with self.find_context(name).hold() as ctx:  # deleted meanwhile: a clear error; evicted: read back
             yield ctx
 
     def turn_done(self, ctx: "Context") -> None:
