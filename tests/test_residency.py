@@ -9,7 +9,9 @@ import pytest
 import ctxengine as ce
 from ctxengine.engine.engine import Engine
 from ctxengine.errors import ContextError
+from ctxengine import _core
 from ctxengine.state import Residency
+from ctxengine.state.budget import PageBudget
 from ctxengine.state.residency import InvalidTransition, KVState
 from ctxengine.store import Store
 
@@ -102,6 +104,28 @@ def test_moves_are_asserted(smollm2_path, page_bytes, store):
                 pass
     finally:
         model.close()
+
+
+def test_room_is_promised_until_the_request_gives_it_back():
+    pool = _core.PagePool(2, 16, 64, "f16", 16)
+    budget = PageBudget(pool)
+    assert not budget.wait_for_release(10)  # nothing promised: nothing to wait for
+    a = budget.promise(10)
+    assert a is not None and budget.promised == 10
+    assert budget.promise(7) is None  # free, but promised to a
+    page = pool.import_page(bytes(pool.page_bytes))  # a takes one of its pages
+    assert budget.promise(6) is None and budget.promise(5) is not None  # counted twice until a is done
+    a.release()
+    a.release()  # once only
+    assert budget.promised == 0 and budget.promise(15) is not None  # dropped, hence given back
+    pool.release(page)
+    waiter = threading.Thread(target=lambda: (time.sleep(0.2), held.release()))
+    held = budget.promise(16)
+    waiter.start()
+    t0 = time.monotonic()
+    assert budget.wait_for_release(30) and time.monotonic() - t0 < 10
+    waiter.join()
+    assert budget.promised == 0
 
 
 def stamps_in(stamps: list[float], start: float, end: float) -> tuple[int, float]:
