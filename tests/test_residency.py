@@ -62,7 +62,7 @@ def small_model(path, page_bytes, pages: int, store) -> ce.Model:
 
 def filled(model, name: str, i: int, n: int = 40):
     """A context of n distinct tokens (three pages for n = 40)."""
-    ids = model.tokenize(PROMPT)[:n]
+    ids = model.tokenize(PROMPT * 4)[:n]
     c = model.context(name)
     c.append([(t + i) % model.config.n_vocab for t in ids])
     return c
@@ -186,9 +186,11 @@ def test_a_use_or_a_delete_during_an_eviction_waits_for_it(smollm2_path, page_by
         cs = [filled(model, f"c{i}", i) for i in range(5)]  # 15 of 16 pages
 
         def evict(victim_delay: float) -> threading.Thread:
+            """Start a context one page larger than the pool has free: the LRU one is evicted."""
             store.writing.clear()
             store.delays = [victim_delay]
-            t = threading.Thread(target=lambda: filled(model, f"n{len(store.writes)}", 9))
+            n = 16 * (model.engine.pool.max_pages - model.engine.pool.n_used) + 8
+            t = threading.Thread(target=lambda: filled(model, f"n{len(store.writes)}", 9, n))
             t.start()
             assert store.writing.wait(30)
             return t

@@ -29,6 +29,7 @@ from ..text.tokenizer import StreamDecoder
 
 if TYPE_CHECKING:
     from ..engine.engine import Engine
+    from .budget import Promise
     from .table import ContextTable
 
 
@@ -161,7 +162,7 @@ class Context:
             self._constraint = None
             self._tokens.extend(ids)
             if ids:
-                kv.set_kv(kv.seq, rows[-1].copy())
+                kv.computed(rows[-1].copy())
             self._table.touch(self)
             return rows[len(lag):]
 
@@ -338,12 +339,12 @@ class Context:
             kv.set_kv(self._truncated(kv.seq, n_kv - 1), None)
             n_kv = kv.seq.n_tokens
         # Room for its pages is made on this thread (evicting idle contexts, never this one) first.
-        kv.set_kv(kv.seq, self.engine.forward(kv.seq, self._tokens[n_kv:], reserve=self._reserve_pages,
-                                              lora=self.lora))
-        return kv.logits
+        logits = self.engine.forward(kv.seq, self._tokens[n_kv:], reserve=self._reserve_pages, lora=self.lora)
+        kv.computed(logits)
+        return logits
 
-    def _reserve_pages(self, n: int) -> None:
-        self._table.reserve_pages(n, keep=self)
+    def _reserve_pages(self, n: int) -> "Promise":
+        return self._table.reserve_pages(n, keep=self)  # held until the forward is done
 
     def _truncated(self, seq, n: int):
         """seq cut to its first n tokens; or, where a sliding-window model

@@ -68,6 +68,14 @@ class KVState:
         self.require_live()
         self.seq, self.logits = seq, logits
 
+    def computed(self, logits: np.ndarray) -> None:
+        """The logits after the page table, just computed; dropped if the context was
+        deleted meanwhile (a delete does not wait for a forward: the next use says so)."""
+        with self._guard:
+            if self.state is not Residency.DELETED:
+                self.require_live()
+                self.logits = logits
+
     def require_live(self) -> None:
         if self.state is not Residency.LIVE:
             raise InvalidTransition(f"context '{self._name}': its KV changed while {self.state.name}")

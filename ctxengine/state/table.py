@@ -157,7 +157,8 @@ class ContextTable:
         with self._lock:
             order = sorted(self._contexts.values(), key=lambda c: self._last_use.get(c.name, 0))
         for ctx in order:
-            if ctx is keep or ctx.residency is not Residency.LIVE or not ctx._kv.seq.pages:
+            seq = ctx._kv.seq
+            if ctx is keep or seq is None or not seq.pages:
                 continue
             # Another thread is using it: not idle. (A stream of this thread
             # that is suspended may be evicted: its next step brings it back.)
