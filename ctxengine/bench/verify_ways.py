@@ -125,7 +125,7 @@ class Ways:
         trunk, before = self.prefilled(ids[:half])
         branch = trunk.fork()
         trunk.append(ids[half:][::-1])
-        after = self.eng.forward(branch._seq, ids[half:], all_logits=True)
+        after = branch.append_logits(ids[half:])
         trunk.delete()
         branch.delete()
         return np.concatenate([before, after])
@@ -137,7 +137,7 @@ class Ways:
             ctx.snapshot(store, ref="verify")
             ctx.delete()
             back = self.base.restore(store, "verify")
-            after = self.eng.forward(back._seq, ids[half:], all_logits=True)
+            after = back.append_logits(ids[half:])
             back.delete()
         return np.concatenate([before, after])
 

@@ -138,8 +138,8 @@ class Engine:
     def forward(self, seq: "_core.KVSeq", tokens: Sequence[int], *, all_logits: bool = False,
                 reserve: Reserve | None = None, lora: LoraSet = NO_LORA) -> np.ndarray:
         """Append tokens to seq's KV; logits of the last position (or of every new one).
-        ``reserve(n_pages)``: called when the scheduler admits the request, to make room
-        in the page pool (a context table's reserve_pages). ``lora``: the adapters the
+        ``reserve(n_pages)``: called on this thread before the request is queued, to make
+        room in the page pool (a context table's reserve_pages). ``lora``: the adapters the
         sequence runs with (always the same set for one sequence)."""
         toks = np.asarray(tokens, dtype=np.int32)
         rows = len(toks) if all_logits else 1

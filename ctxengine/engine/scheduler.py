@@ -14,11 +14,12 @@ A step reads as three calls (``step``)::
     errors = self.forward(batch)     # one native step over every row
     self.postprocess(batch, errors)  # count, hand results back, finish requests
 
-Admission is where a request's KV pages are made room for: its ``reserve``
-callback (the context table's, which may evict idle contexts to the snapshot
-store) is called once, with the pages its tokens may take, before its first
-chunk runs. A forward therefore never waits on the store, and a request whose
-pages cannot be found fails before any of its KV is written.
+Room for a request's KV pages is made before it is queued, on the caller's
+thread: its ``reserve`` (the context table's, which may evict idle contexts to
+the snapshot store) is called once, with the pages its tokens may take. So the
+loop never waits on the store (an eviction's write holds up only the request
+that needs its pages), nor calls back up into the layers above, and a request
+whose pages cannot be found fails before any of its KV is written.
 """
 from __future__ import annotations
 
@@ -37,18 +38,23 @@ DEFAULT_STEP_TOKENS = 256
 REJOIN_WAIT_S = 0.003
 
 
-Reserve = Callable[[int], None]  # make room for this many more KV pages, or raise
+# Make room for this many more KV pages, or raise; called on the requesting thread. It
+# may return a release, called once the request has run (its pages taken) or failed.
+Reserve = Callable[[int], Callable[[], None] | None]
+
+
+def pages_needed(seq, n_tokens: int, page_tokens: int) -> int:
+    """New pages n_tokens more fill on seq, plus one for copying a shared last page before writing it."""
+    return -(-(seq.n_tokens + n_tokens) // page_tokens) - len(seq.pages) + 1
 
 
 class _Request:
-    __slots__ = ("seq", "tokens", "logits", "all_logits", "hidden", "reserve", "lora", "decode", "start", "done",
+    __slots__ = ("seq", "tokens", "logits", "all_logits", "hidden", "lora", "decode", "start", "done",
                  "error", "finished", "_done")
 
-    def __init__(self, seq, tokens, logits, all_logits, hidden, reserve: Reserve | None, lora: list | None = None,
-                 decode: bool = False):
+    def __init__(self, seq, tokens, logits, all_logits, hidden, lora: list | None = None, decode: bool = False):
         self.seq, self.tokens, self.logits, self.all_logits, self.hidden = seq, tokens, logits, all_logits, hidden
         self.lora = lora           # [(native adapter, scale)] of the sequence, or None
-        self.reserve = reserve     # called once, at admission
         # A decode step of a stream: one token, or one and its drafts (speculative decoding).
         self.decode = decode or len(tokens) == 1
         self.start = 0             # KV length before its first chunk, restored if it fails part way
@@ -68,10 +74,6 @@ class _Request:
     @property
     def remaining(self) -> int:
         return len(self.tokens) - self.done
-
-    def pages_needed(self, page_tokens: int) -> int:
-        """New pages its tokens fill, plus one for copying a shared last page before writing it."""
-        return -(-(self.seq.n_tokens + len(self.tokens)) // page_tokens) - len(self.seq.pages) + 1
 
     def item(self, n: int) -> tuple:
         """The native batch item for this request's next n tokens."""
@@ -123,13 +125,24 @@ class Scheduler:
     def submit(self, seq, tokens: np.ndarray, logits, all_logits: bool, hidden,
                reserve: Reserve | None = None, *, lora: list | None = None, decode: bool = False) -> None:
         """Run tokens on seq in some coming step(s), filling logits / hidden; blocks until done.
-        ``reserve(n_pages)`` makes room in the page pool when the request is admitted;
+        ``reserve(n_pages)`` makes room in the page pool first, on this thread (the release
+        it may return is called when the request is done);
         ``lora``: the sequence's [(native adapter, scale)], rows of other sequences
         in the same step may have other adapters or none.
         ``decode``: a stream's token and its drafts, scheduled as a decode row, not a prompt."""
         if len(tokens) > self.step_tokens:
             self._check(seq, tokens)  # before the first chunk, so a refused prompt leaves no KV behind
-        req = _Request(seq, tokens, logits, all_logits, hidden, reserve, lora, decode)
+        # Room is made here, on the caller's thread: it may write evictions to the store.
+        release = reserve(pages_needed(seq, len(tokens), self.page_tokens)) if reserve is not None else None
+        try:
+            self._run(_Request(seq, tokens, logits, all_logits, hidden, lora, decode))
+        finally:
+            if release is not None:
+                release()
+
+    def _run(self, req: _Request) -> None:
+        """Queue the request (or run its step here when it is alone) and wait for it."""
+        seq, tokens = req.seq, req.tokens
         with self._cv:
             if self._closed:
                 raise RuntimeError("the model is closed")
@@ -210,8 +223,7 @@ class Scheduler:
                 return None
             self._await_decoders()
             self._busy = True
-            planned = self._plan()
-        return self._admit(planned)  # outside the lock: an eviction may take a while
+            return self._admit(self._plan())
 
     def forward(self, batch: list[tuple[_Request, int]]) -> list[BaseException | None]:
         """One native step over the batch; each item's error (None: it ran)."""
@@ -281,21 +293,14 @@ class Scheduler:
             left -= n
         return plan
 
-    def _admit(self, planned: list[tuple[_Request, int]]) -> list[tuple[_Request, int]]:
-        """The planned items whose requests may run: a request's first chunk admits it,
-        its pages reserved; one whose pages cannot be found fails, no KV written."""
-        batch = []
+    @staticmethod
+    def _admit(planned: list[tuple[_Request, int]]) -> list[tuple[_Request, int]]:
+        """The planned items, a request's first chunk admitting it: where its KV
+        goes back to if a later chunk fails (its pages were reserved when it was submitted)."""
         for r, n in planned:
             if r.done == 0:
                 r.start = r.seq.n_tokens
-                if r.reserve is not None:
-                    try:
-                        r.reserve(r.pages_needed(self.page_tokens))
-                    except Exception as err:
-                        r.finish(err)
-                        continue
-            batch.append((r, n))
-        return batch
+        return planned
 
     def _alone(self, item: tuple) -> BaseException | None:
         try:

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Iterator, Mapping
 
 from ..errors import ContextError, InvalidNameError, StoreError
+from ..state import Residency
 from ..state.snapshots import take_snapshot
 from ..store.names import HOST_LOCAL_PREFIX, is_host_local, validate_name
 
@@ -118,10 +119,7 @@ class Sessions:
     def hold(self, name: str, *, client: bool = True) -> Iterator["Context"]:
         """A named context held for one request: no other request appends to or
         generates from it until the block ends (requests on it queue up)."""
-        ctx = self.find(name, client=client)
-        # Private until Context.hold() (issue 24, item 2).
-        with ctx._lock:
-            ctx._check_live()  # deleted meanwhile: a clear error; evicted: read back
+        with self.find(name, client=client).hold() as ctx:  # deleted meanwhile: ContextError
             yield ctx
 
     # -- making contexts -------------------------------------------------------------------
@@ -213,9 +211,8 @@ class Sessions:
             return ctx  # the ref was deleted on the fleet: this host's copy is all there is
         store = self.store()
         with self._restoring:
-            # Private until Context.hold(resident=False) and Context.residency (issue 24, item 2).
-            with ctx._lock:  # not while a request of ours is using it
-                if ctx._seq is None and ctx._evicted is None:
+            with ctx.hold(resident=False):  # not while a request of ours is using it
+                if ctx.residency is Residency.DELETED:
                     return self.models.find_local_context(ctx.name)  # deleted meanwhile
                 if ctx.snapshot_id == sid or ctx.tokens != store.get_manifest(ctx.snapshot_id).token_ids:
                     return ctx

@@ -1,5 +1,6 @@
 """Live contexts: named, forked copy-on-write, rewound, snapshotted."""
 from .context import Context, Piece
+from .residency import Residency
 from .table import ContextTable
 
-__all__ = ["Context", "ContextTable", "Piece"]
+__all__ = ["Context", "ContextTable", "Piece", "Residency"]

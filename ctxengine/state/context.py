@@ -2,18 +2,14 @@
 
 A context's KV may lag its tokens: tokens sampled by ``generate`` are kept and
 prefilled on the next step that needs them (``_sync``), so a stream never
-pays a forward pass for a token nobody reads the logits of.
-
-A generation under a grammar (``generate(grammar=...)`` or ``json_schema=``)
-leaves its constraint in the context while the output is unfinished (cut by
-max_tokens): the next ``generate()`` without a grammar continues it, a fork
-forks it, a snapshot stores it and a restore replays it (see
-text/grammar.py). Appending ends it: appended text is the caller's, not the
-grammar's.
+pays a forward pass for a token nobody reads the logits of. Where its KV is
+(live, being evicted, evicted to the store, deleted) is its residency
+(state/residency.py); the unfinished grammar it may carry, state/constraint.py.
 """
 from __future__ import annotations
 
 import threading
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterator, Sequence
 
@@ -21,16 +17,19 @@ import numpy as np
 
 from ..errors import ContextError
 from . import conversation
+from .constraint import forked_constraint, started_constraint, stored_constraint
 from ..text.closing import Closer
 from ..text.grammar import Constraint, Grammar, as_grammar
 from ..engine.lora import NO_LORA, LoraSet
 from ..engine.sampler import Sampler, SamplerParams, StopMatcher
 from ..engine.speculative import SpeculationStats
-from .speculation import Speculation, default_drafter
+from .residency import KVState, Residency
+from .speculation import Speculation, start_speculation
 from ..text.tokenizer import StreamDecoder
 
 if TYPE_CHECKING:
     from ..engine.engine import Engine
+    from .budget import Promise
     from .table import ContextTable
 
 
@@ -51,18 +50,14 @@ class Context:
                  constraint: "Constraint | dict | None" = None, lora: LoraSet = NO_LORA):
         self._table = table
         self.name = name
-        self._seq = seq
+        self._kv = KVState(name, seq, last_logits)  # residency, page table, last logits
         self._tokens = list(tokens)
-        self._last_logits = last_logits     # logits after tokens[: seq.n_tokens]
         self.labels = dict(labels or {})
         self.sampler_state = sampler_state  # of the last generate(); continues its RNG
         self.finish_reason: str | None = None
         # The snapshot this context was restored from or last snapshotted to:
         # the parent of its next snapshot.
         self.snapshot_id = snapshot_id
-        # Set while the table has written this context to its store to free
-        # pages (see ContextTable.reserve_pages); it comes back on next use.
-        self._evicted: str | None = None
         # The unfinished grammar of the last generation: live, or as a stored
         # state (a restore) that is replayed when a generation first needs it.
         self._constraint = constraint
@@ -73,6 +68,7 @@ class Context:
         # tokens until it settles), and the drafted/accepted counts of the last one.
         self._speculation: Speculation | None = None
         self.speculation = SpeculationStats()
+        # The one lock, held by whoever uses it: a request, a paused stream, an eviction.
         self._lock = threading.RLock()
 
     # -- what it is -----------------------------------------------------------
@@ -93,11 +89,25 @@ class Context:
         return len(self._tokens)
 
     @property
+    def residency(self) -> Residency:
+        """Where its KV is now: LIVE, EVICTING, EVICTED (read back on next use) or DELETED."""
+        return self._kv.state
+
+    @contextmanager
+    def hold(self, *, resident: bool = True) -> Iterator["Context"]:
+        """This context for one request's use: its lock held (other requests on it queue
+        up) until the block ends. ``resident``: read it back first if evicted, and raise
+        ContextError if deleted; False leaves it where it is (see ``residency``)."""
+        with self._lock:
+            if resident:
+                self._check_live()
+            yield self
+
+    @property
     def n_cached(self) -> int:
         """Tokens whose KV is computed (the rest are prefilled on next use)."""
-        with self._lock:
-            self._check_live()
-            return self._seq.n_tokens
+        with self.hold():
+            return self._kv.seq.n_tokens
 
     def page_ids(self) -> list[int] | None:
         """Ids of the KV pages this context holds in its model's pool (forks share
@@ -106,7 +116,7 @@ class Context:
         if not self._lock.acquire(blocking=False):
             return None
         try:
-            return list(self._seq.pages) if self._seq is not None else []
+            return list(self._kv.seq.pages) if self._kv.state is Residency.LIVE else []
         finally:
             self._lock.release()
 
@@ -126,23 +136,35 @@ class Context:
         model wants one. ``parse_special`` turns control-token text (like
         ``<|im_start|>``) into those tokens; leave it off for untrusted text.
         """
-        with self._lock:
-            self._check_live()
+        with self.hold():
             if isinstance(content, str):
                 ids = self.engine.tokenize(content, parse_special=parse_special)
                 if not self._tokens:
                     ids = self.engine.tokenizer.with_bos(ids)
             else:
-                ids = [int(i) for i in content]
-                bad = [i for i in ids if not 0 <= i < self.engine.config.n_vocab]
-                if bad:
-                    raise ContextError(f"token id {bad[0]} is outside the vocabulary (0..{self.engine.config.n_vocab - 1})")
+                ids = self._token_ids(content)
             self._check_room(len(ids))
             self._constraint = None
             self._tokens.extend(ids)
             self._sync()
             self._table.touch(self)
             return len(ids)
+
+    def append_logits(self, ids: Sequence[int]) -> np.ndarray:
+        """Append token ids; the logits after each of them, (len(ids), n_vocab), every
+        row computed (``ctx verify`` compares them across ways of reaching this KV)."""
+        with self.hold():
+            ids, kv = self._token_ids(ids), self._kv
+            self._check_room(len(ids))
+            lag = self._tokens[kv.seq.n_tokens:]  # the last sampled token's KV, if it lags
+            rows = self.engine.forward(kv.seq, lag + ids, all_logits=True, reserve=self._reserve_pages,
+                                       lora=self.lora) if ids else np.empty((0, self.engine.config.n_vocab))
+            self._constraint = None
+            self._tokens.extend(ids)
+            if ids:
+                kv.computed(rows[-1].copy())
+            self._table.touch(self)
+            return rows[len(lag):]
 
     def chat(self, messages: "str | Sequence[dict]", max_tokens: int = 256, *, tools=None, **generate) -> str:
         """Continue the conversation this context holds: the new turns (a user's
@@ -185,19 +207,21 @@ class Context:
         or a draft source (an object with ``propose(tokens, k)``). ``self.speculation``
         counts the drafted and accepted tokens.
         """
-        with self._lock:
-            self._check_live()
+        with self.hold():
             if max_tokens < 0:
                 raise ContextError("max_tokens must be >= 0")
             sampler = self._make_sampler(sampling)
-            constraint = self._start_constraint(as_grammar(grammar, json_schema))
             tok = self.engine.tokenizer
+            grammar = as_grammar(grammar, json_schema)
+            constraint = started_constraint(self._constraint, grammar, tok, self._tokens)
+            if grammar is None:
+                self._constraint = constraint  # a restored one is replayed once
             closer = (Closer(constraint, tok, self._tokens[constraint.start:])
                       if close_json and constraint is not None and constraint.grammar.is_json else None)
             decoder = StreamDecoder(tok)
             matcher = StopMatcher(list(stop))
             self.finish_reason = "length"
-            spec = self._speculation = self._start_speculation(speculative, max_tokens)
+            spec = self._speculation = start_speculation(self, speculative, max_tokens)
             try:
                 for i in range(max_tokens):
                     if len(self._tokens) >= self.engine.config.n_ctx:
@@ -252,44 +276,40 @@ class Context:
 
         With ``n_tokens`` the branch holds only the first n tokens (a shared
         last page is copied on its first write, as always)."""
-        with self._lock:
-            self._check_live()
+        with self.hold():
             keep = len(self._tokens) if n_tokens is None else n_tokens
             if not 0 <= keep <= len(self._tokens):
                 raise ContextError(f"cannot fork the first {keep} tokens of a {len(self._tokens)}-token context")
-            seq = self._seq.fork()
+            kv = self._kv
+            seq = kv.seq.fork()
             if seq.n_tokens > keep:
                 seq = self._truncated(seq, keep)
-            same_kv = seq.n_tokens == self._seq.n_tokens  # then our last logits are the branch's too
+            same_kv = seq.n_tokens == kv.seq.n_tokens  # then our last logits are the branch's too
             return self._table.adopt(name, seq, self._tokens[:keep], labels=self.labels,
                                      sampler_state=self.sampler_state,
-                                     last_logits=self._last_logits.copy() if same_kv and self._last_logits is not None
-                                     else None,
-                                     snapshot_id=self.snapshot_id, constraint=self._forked_constraint(keep),
-                                     lora=self.lora)
+                                     last_logits=kv.logits.copy() if same_kv and kv.logits is not None else None,
+                                     snapshot_id=self.snapshot_id, lora=self.lora,
+                                     constraint=forked_constraint(self._constraint, keep, len(self._tokens)))
 
     def rewind(self, n: int) -> None:
         """Drop the last n tokens (their pages are released or copied on write)."""
-        with self._lock:
-            self._check_live()
+        with self.hold():
             if not 0 <= n <= len(self._tokens):
                 raise ContextError(f"cannot rewind {n} tokens of a {len(self._tokens)}-token context")
             keep = len(self._tokens) - n
-            self._constraint = self._forked_constraint(keep, share=True)
+            self._constraint = forked_constraint(self._constraint, keep, len(self._tokens), share=True)
             del self._tokens[keep:]
-            if self._seq.n_tokens > keep:
-                self._seq = self._truncated(self._seq, keep)
-                self._last_logits = None
+            if self._kv.seq.n_tokens > keep:
+                self._kv.set_kv(self._truncated(self._kv.seq, keep), None)
             self._sync()
 
     def shares_kv_at(self, n_tokens: int) -> bool:
         """Whether a fork of the first n tokens reuses this context's KV. It
         does unless a sliding-window model has released KV that the window at
         n would need; such a fork recomputes the prefix instead."""
-        with self._lock:
-            self._check_live()
-            return 0 <= n_tokens <= len(self._tokens) and (n_tokens >= self._seq.n_tokens
-                                                           or self._seq.can_truncate(n_tokens))
+        with self.hold():
+            seq = self._kv.seq
+            return 0 <= n_tokens <= len(self._tokens) and (n_tokens >= seq.n_tokens or seq.can_truncate(n_tokens))
 
     def delete(self) -> None:
         self._table.remove(self.name)
@@ -303,60 +323,28 @@ class Context:
 
     def constraint_state(self) -> dict | None:
         """The unfinished grammar, as a snapshot stores it (None: there is none)."""
-        c = self._constraint
-        return c.state() if isinstance(c, Constraint) else c
+        return stored_constraint(self._constraint)
 
     # -- internals --------------------------------------------------------------
-    def _start_constraint(self, grammar: Grammar | None) -> Constraint | None:
-        """A new grammar starts at the current end; without one, an unfinished one goes on."""
-        if grammar is not None:
-            return Constraint(grammar, self.engine.tokenizer, len(self._tokens))
-        c = self._constraint
-        if isinstance(c, dict):  # restored: replay the tokens consumed under it
-            c = self._constraint = Constraint.from_state(c, self.engine.tokenizer, self._tokens)
-        return c
-
-    def _start_speculation(self, speculative, max_tokens: int) -> Speculation | None:
-        if speculative is None:
-            speculative = self.engine.speculative
-        if speculative is False:
-            self.speculation = SpeculationStats()
-            return None
-        return Speculation(self, default_drafter(self) if speculative is True else speculative, max_tokens)
-
-    def _forked_constraint(self, keep: int, share: bool = False) -> "Constraint | dict | None":
-        """The constraint of the first ``keep`` tokens (``share``: this one, rolled back)."""
-        c = self._constraint
-        if c is None:
-            return None
-        start = c.start if isinstance(c, Constraint) else c["start"]
-        if keep < start:
-            return None
-        if isinstance(c, dict):
-            return dict(c)  # replayed over the (shorter) tokens when next used
-        if keep == len(self._tokens):
-            return c if share else c.fork()
-        return c.state()  # replayed over the first keep tokens when next used
-
     def _sync(self) -> np.ndarray | None:
         """Prefill the tokens whose KV is not computed yet; logits of the last token."""
-        if self._seq is None:
-            self._check_live()  # evicted while a stream of ours was suspended
-        n_kv = self._seq.n_tokens
+        kv = self._kv
+        if kv.state is not Residency.LIVE:
+            self._resident()  # evicted while a stream of ours was suspended
+        n_kv = kv.seq.n_tokens
         if n_kv >= len(self._tokens):
-            if self._last_logits is not None or not self._tokens:
-                return self._last_logits
+            if kv.logits is not None or not self._tokens:
+                return kv.logits
             # Logits were dropped (rewind, restore): recompute the last position.
-            self._seq = self._truncated(self._seq, n_kv - 1)
-            n_kv = self._seq.n_tokens
-        # The scheduler makes room for the pages when it admits the forward (it may
-        # evict idle contexts to the store then, never this one).
-        self._last_logits = self.engine.forward(self._seq, self._tokens[n_kv:], reserve=self._reserve_pages,
-                                                lora=self.lora)
-        return self._last_logits
+            kv.set_kv(self._truncated(kv.seq, n_kv - 1), None)
+            n_kv = kv.seq.n_tokens
+        # Room for its pages is made on this thread (evicting idle contexts, never this one) first.
+        logits = self.engine.forward(kv.seq, self._tokens[n_kv:], reserve=self._reserve_pages, lora=self.lora)
+        kv.computed(logits)
+        return logits
 
-    def _reserve_pages(self, n: int) -> None:
-        self._table.reserve_pages(n, keep=self)
+    def _reserve_pages(self, n: int) -> "Promise":
+        return self._table.reserve_pages(n, keep=self)  # held until the forward is done
 
     def _truncated(self, seq, n: int):
         """seq cut to its first n tokens; or, where a sliding-window model
@@ -378,6 +366,13 @@ class Context:
             return Sampler.from_state(self.sampler_state).with_params(params)
         return Sampler(params)
 
+    def _token_ids(self, ids: Sequence[int]) -> list[int]:
+        ids, n_vocab = [int(i) for i in ids], self.engine.config.n_vocab
+        bad = [i for i in ids if not 0 <= i < n_vocab]
+        if bad:
+            raise ContextError(f"token id {bad[0]} is outside the vocabulary (0..{n_vocab - 1})")
+        return ids
+
     def _check_room(self, n_new: int) -> None:
         n_ctx = self.engine.config.n_ctx
         if len(self._tokens) + n_new > n_ctx:
@@ -387,12 +382,19 @@ class Context:
     def _check_live(self) -> None:
         if self._speculation is not None:  # a generation paused between pieces: its drafts go
             self._speculation.settle()
-        if self._seq is None and self._evicted is not None:
-            self._table.bring_back(self)
-        if self._seq is None:
-            raise ContextError(f"context '{self.name}' was deleted")
+        self._resident()
 
-    def _release(self) -> None:
-        self._seq = None
-        self._last_logits = None
-        self._evicted = None
+    def _resident(self) -> None:
+        """Read the context back if it is evicted; ContextError if it is deleted."""
+        state = self._kv.state
+        if state is Residency.EVICTED:
+            self._table.bring_back(self)
+        elif state is Residency.DELETED:
+            raise ContextError(f"context '{self.name}' was deleted")
+        self._kv.require_live()  # EVICTING here: a use that skipped the lock the writer holds
+
+    # Read-only views of the KV state (its page table, last logits, and the snapshot
+    # holding it while evicted), for the tests that look inside.
+    _seq = property(lambda self: self._kv.seq)
+    _last_logits = property(lambda self: self._kv.logits)
+    _evicted = property(lambda self: self._kv.snapshot)

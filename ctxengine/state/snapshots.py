@@ -134,25 +134,29 @@ def take_snapshot(ctx: "Context", store: Store, *, ref: str | None = None,
     """``snapshot`` with its accounting.
 
     ``sync=False`` stores the KV as it is (n_tokens may then be less than the
-    token count; a restore prefills the rest) and never runs the model: the
-    table uses it to evict a context while it is short of pages.
-    ``record=False`` leaves the context's parent pointer alone (eviction
-    snapshots are not part of its history).
+    token count; a restore prefills the rest) and never runs the model.
+    ``record=False`` leaves the context's parent pointer alone.
     """
     if ref is not None:
         validate_name(ref, "ref")
     merged = _merged_labels(ctx.labels, labels)
-    with ctx._lock:
-        ctx._check_live()
+    with ctx.hold():
         if sync:
             ctx._sync()
-        seq = ctx._seq
-        cache = ctx._table.page_keys
-        keys, exported, hashed = _page_keys(seq, cache)
-        m = _manifest(ctx, keys, seq.n_tokens, merged)
-        sid, sent, nbytes = _write(store, m, seq, keys, exported, ref)
+        result = write_pages(ctx, ctx._kv.seq, store, ref=ref, labels=merged)
         if record:
-            ctx.snapshot_id = sid
+            ctx.snapshot_id = result.snapshot_id
+    return result
+
+
+def write_pages(ctx: "Context", seq, store: Store, *, ref: str | None,
+                labels: Mapping[str, str]) -> SnapshotResult:
+    """Write ``seq``, the page table of ``ctx``, as it is, with the context's tokens and
+    state and these labels. The caller keeps the pages from changing: it holds the
+    context, or the context is EVICTING (the table writes it out to free its pages)."""
+    keys, exported, hashed = _page_keys(seq, ctx._table.page_keys)
+    m = _manifest(ctx, seq, keys, dict(labels))
+    sid, sent, nbytes = _write(store, m, seq, keys, exported, ref)
     return SnapshotResult(sid, len(keys), hashed, sent, nbytes)
 
 
@@ -198,7 +202,7 @@ def arch_summary(engine: "Engine") -> dict:
     return summary
 
 
-def _manifest(ctx: "Context", keys: list[str], n_tokens: int, labels: dict[str, str]) -> Manifest:
+def _manifest(ctx: "Context", seq, keys: list[str], labels: dict[str, str]) -> Manifest:
     engine = ctx.engine
     arch = arch_summary(engine)
     if ctx.lora:  # the adapters that made the KV with the weights (docs/lora.md)
@@ -207,8 +211,8 @@ def _manifest(ctx: "Context", keys: list[str], n_tokens: int, labels: dict[str, 
         weight_id=engine.weight_id, model_name=engine.name, arch=arch,
         kv_dtype=engine.kv_dtype, page_tokens=engine.pool.page_tokens,
         token_ids=list(ctx._tokens), page_keys=keys, page_size=engine.pool.page_bytes,
-        n_tokens=n_tokens, sampler_state=_sampler_state(ctx),
-        parent=ctx.snapshot_id, labels=labels, released_pages=ctx._seq.n_released,
+        n_tokens=seq.n_tokens, sampler_state=_sampler_state(ctx),
+        parent=ctx.snapshot_id, labels=labels, released_pages=seq.n_released,
     )
 
 
@@ -329,7 +333,7 @@ def load_sequence(table, store: Store, m: Manifest, sid: str):
     pool_of = {k: engine.trim_pool for k in m.page_keys[:released]}
     if any(k in pool_of for k in m.page_keys[released:]):
         raise CorruptDataError(f"snapshot {sid[:16]} names one page both released and whole")
-    table.reserve_pages(len(unique) - len(pool_of))
+    promise = table.reserve_pages(len(unique) - len(pool_of))
     imported: dict[str, tuple[object, int]] = {}
     seq = engine.new_sequence()
     try:
@@ -348,6 +352,7 @@ def load_sequence(table, store: Store, m: Manifest, sid: str):
     finally:
         for target, pid in imported.values():
             target.release(pid)  # the page table (and the cache) hold their own references
+        promise.release()  # the pages are taken (or given back): counted by the pool itself now
     return seq
 
 

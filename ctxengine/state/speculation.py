@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 
 from ..engine.speculative import Drafter, DraftLength, LookupDrafter, ModelDrafter, SpeculationStats
+from .residency import Residency
 
 if TYPE_CHECKING:
     from .context import Context
@@ -62,7 +63,7 @@ class Speculation:
                 self._used += 1
                 return self._rows[i]
             self.settle()
-        seq = ctx._seq
+        seq = ctx._kv.seq
         if not self.length.active or seq is None or seq.n_tokens != len(ctx._tokens) - 1:
             self.length.plain_step()
             return ctx._sync()
@@ -99,15 +100,26 @@ class Speculation:
         ctx.engine.speculation.add(len(draft), accepted)
         keep = min(self._base + 1 + accepted, len(toks) - 1)
         rows, self._rows = self._rows, None
-        if ctx._seq is None:
-            return
-        if ctx._seq.can_truncate(keep):
-            ctx._seq.truncate(keep)
+        kv = ctx._kv
+        if kv.state is not Residency.LIVE:
+            return  # deleted meanwhile (an eviction settles it first)
+        if kv.seq.can_truncate(keep):
+            kv.seq.truncate(keep)
             if keep > self._base:  # else nothing was sampled from the rows: the old logits stand
-                ctx._last_logits = rows[keep - self._base - 1].copy()
+                kv.set_kv(kv.seq, rows[keep - self._base - 1].copy())
         else:  # a sliding-window release stepped past keep: recompute (bit-identical)
-            ctx._seq = ctx._truncated(ctx._seq, keep)
-            ctx._last_logits = None
+            kv.set_kv(ctx._truncated(kv.seq, keep), None)
+
+
+def start_speculation(ctx: "Context", speculative, max_tokens: int) -> Speculation | None:
+    """A generation's speculation: ``speculative`` None (the model's default), False
+    (none: the context's counts are reset), True (the default drafter) or a drafter."""
+    if speculative is None:
+        speculative = ctx.engine.speculative
+    if speculative is False:
+        ctx.speculation = SpeculationStats()
+        return None
+    return Speculation(ctx, default_drafter(ctx) if speculative is True else speculative, max_tokens)
 
 
 def default_drafter(ctx: "Context") -> Drafter:

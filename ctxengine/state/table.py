@@ -5,6 +5,13 @@ written to the table's snapshot store (if it has one) and their pages
 released; such an *evicted* context stays in the table and is read back
 transparently the next time it is used. Without a store, running out of
 pages is a ContextError.
+
+Room is made by the thread that needs it, before its forward is queued
+(``Context._sync`` → ``Engine.forward(reserve=)`` → ``Scheduler.submit``), never
+by the scheduler's loop: an eviction's store write holds up the request that
+needs the pages and no other stream. The victim is held (its lock, taken only
+if free) and EVICTING while it is written (state/residency.py), so a use of it
+waits for the write to end, then reads it back.
 """
 from __future__ import annotations
 
@@ -18,7 +25,9 @@ from ..store import page_key
 from ..store.names import MAX_NAME_LEN, validate_name
 from .context import Context
 from .evicted import EVICTED_REF_PREFIX, owner_tag
-from .snapshots import PageKeyCache, load_sequence, take_snapshot
+from .budget import PageBudget, Promise
+from .residency import Residency
+from .snapshots import PageKeyCache, load_sequence, write_pages
 
 if TYPE_CHECKING:
     from ..engine.engine import Engine
@@ -28,6 +37,9 @@ if TYPE_CHECKING:
 # (owning process + table number), so processes sharing a store never collide
 # and gc can tell a dead process's refs (state/evicted.py).
 _table_ids = itertools.count(1)
+# While every other context is in use, a request short of pages waits this long at a
+# time for pages promised to running requests to come back, before it looks again.
+RELEASE_WAIT_S = 0.05
 
 
 class ContextTable:
@@ -35,6 +47,7 @@ class ContextTable:
         self.engine = engine
         self.store = store  # where idle contexts go when the page pool is full
         self.page_keys = PageKeyCache(engine)
+        self.budget = PageBudget(engine.pool)  # pages promised to requests not yet run
         self.n_evictions = 0
         self._evict_ns = f"{EVICTED_REF_PREFIX}/{owner_tag()}-{next(_table_ids)}"
         self._contexts: dict[str, Context] = {}
@@ -90,10 +103,9 @@ class ContextTable:
             self._last_use.pop(name, None)
         if ctx is None:
             raise ContextError(f"no context named '{name}'")
-        if ctx._evicted is not None:
+        pages, evicted = ctx._kv.delete()  # after an eviction being written, if one is
+        if evicted is not None:
             self._drop_evicted_ref(name)
-        pages = ctx._seq.pages if ctx._seq is not None else []
-        ctx._release()
         self.page_keys.forget_unused(pages)  # give back what only the key cache still held
 
     def others(self, ctx: Context) -> list[Context]:
@@ -113,33 +125,30 @@ class ContextTable:
                 return name
 
     # -- the page budget ----------------------------------------------------------
-    def reserve_pages(self, n: int, keep: Context | None = None) -> None:
-        """Free pages until ``n`` can be allocated: first those only the key cache
-        holds, then by evicting least recently used idle contexts (never ``keep``).
-        The scheduler calls it (through Context._sync) when it admits a forward."""
+    def reserve_pages(self, n: int, keep: Context | None = None) -> Promise:
+        """Hold ``n`` pages for a request, freeing them first if need be: those only the
+        key cache holds, then by evicting least recently used idle contexts (never
+        ``keep``), on the calling thread (the one that needs them, never the scheduler's).
+        Release the promise once the pages are taken (the scheduler does, for a forward)."""
         pool = self.engine.pool
-
-        def free() -> int:
-            return pool.max_pages - pool.n_used
-
-        if free() >= n:
-            return
         if n > pool.max_pages:
             raise ContextError(f"{n} KV pages are needed but the page pool holds only {pool.max_pages}")
-        self.page_keys.prune()
-        while free() < n:
-            victim = self._idle_victim(keep)
-            if victim is None:
-                break
-            try:
-                self._evict(victim)
-            finally:
-                victim._lock.release()
-        if free() < n:
-            how = ("every other context is in use" if self.store is not None else
-                   "delete contexts, or set model.contexts.store to a Store so idle ones can be evicted to it")
-            raise ContextError(f"the KV page pool is full ({pool.n_used} of {pool.max_pages} pages in use, "
-                               f"{n} needed); {how}")
+        pruned = False
+        while (promise := self.budget.promise(n)) is None:
+            if not pruned:
+                pruned = True
+                self.page_keys.prune()
+            elif (victim := self._idle_victim(keep)) is not None:
+                try:
+                    self._evict(victim)
+                finally:
+                    victim._lock.release()
+            elif not self.budget.wait_for_release(RELEASE_WAIT_S):  # others' requests will give back theirs
+                how = ("every other context is in use" if self.store is not None else
+                       "delete contexts, or set model.contexts.store to a Store so idle ones can be evicted to it")
+                raise ContextError(f"the KV page pool is full ({pool.n_used} of {pool.max_pages} pages in use, "
+                                   f"{n} needed); {how}")
+        return promise
 
     def _idle_victim(self, keep: Context | None) -> Context | None:
         """The least recently used resident context other than ``keep``, locked; None if none."""
@@ -148,12 +157,13 @@ class ContextTable:
         with self._lock:
             order = sorted(self._contexts.values(), key=lambda c: self._last_use.get(c.name, 0))
         for ctx in order:
-            if ctx is keep or ctx._seq is None or not ctx._seq.pages:
+            seq = ctx._kv.seq
+            if ctx is keep or seq is None or not seq.pages:
                 continue
             # Another thread is using it: not idle. (A stream of this thread
             # that is suspended may be evicted: its next step brings it back.)
             if ctx._lock.acquire(blocking=False):
-                if ctx._seq is not None:
+                if ctx.residency is Residency.LIVE:
                     return ctx
                 ctx._lock.release()
         return None
@@ -162,21 +172,22 @@ class ContextTable:
         """Write ``ctx`` to the store as it is and release its pages (caller holds its lock)."""
         if ctx._speculation is not None:  # its generation is paused (this thread's): drop its drafts
             ctx._speculation.settle()
-        result = take_snapshot(ctx, self.store, ref=self._evicted_ref(ctx.name), sync=False, record=False)
-        ctx._evicted = result.snapshot_id
-        pages = ctx._seq.pages
-        ctx._seq = None
-        ctx._last_logits = None
+        seq = ctx._kv.begin_eviction()
+        try:
+            result = write_pages(ctx, seq, self.store, ref=self._evicted_ref(ctx.name), labels=ctx.labels)
+        except BaseException:
+            ctx._kv.abort_eviction()
+            raise
+        del seq  # the context's page table is the last one: ending the eviction lets its pages go
+        pages = ctx._kv.end_eviction(result.snapshot_id)
         self.page_keys.forget_unused(pages)  # the cache may be the last holder of its full pages
         self.n_evictions += 1
 
     def bring_back(self, ctx: Context) -> None:
-        """Read an evicted context back from the store (caller holds its lock)."""
-        sid = ctx._evicted
-        seq = load_sequence(self, self.store, self.store.get_manifest(sid), sid)
-        ctx._seq = seq
-        ctx._last_logits = None  # recomputed by _sync, bit-identical
-        ctx._evicted = None
+        """Read an evicted context back from the store (caller holds its lock); its
+        logits are recomputed on first use, bit-identical."""
+        sid = ctx._kv.snapshot
+        ctx._kv.restored(load_sequence(self, self.store, self.store.get_manifest(sid), sid))
         self._drop_evicted_ref(ctx.name)
         self.touch(ctx)
 
