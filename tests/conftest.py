@@ -86,13 +86,18 @@ def gemma3_ref() -> dict:
 
 
 def pytest_terminal_summary(terminalreporter):
-    """Say which SIMD paths' kernels this run tested; each untested one is also a
-    counted skip of the tests parametrized over tests/simd_paths.EVERY_PATH."""
+    """Say which SIMD paths' kernels this run tested (each untested one is also a
+    counted skip of the tests parametrized over tests/simd_paths.EVERY_PATH), and
+    the seed of the test order."""
     from simd_paths import AVAILABLE, PATHS, why_untested
 
     line = f"SIMD kernels tested natively on this CPU: {', '.join(AVAILABLE)}"
     untested = [why_untested(p) for p in PATHS if p not in AVAILABLE]
     terminalreporter.write_line("; ".join([line] + untested))
+    if terminalreporter.config.pluginmanager.has_plugin("randomly") and \
+            terminalreporter.config.getoption("randomly_reorganize", True):
+        seed = terminalreporter.config.getoption("randomly_seed")
+        terminalreporter.write_line(f"Test order shuffled by pytest-randomly, --randomly-seed={seed}")
 
 
 @pytest.fixture(scope="session")
