@@ -82,7 +82,8 @@ def fork_times(ctx, reps: int = 200) -> float:
 
 
 def snapshot_figures(model, mid, ids_more, store) -> dict:
-    from ctxengine.state.snapshots import PageKeyCache, take_snapshot
+    from ctxengine.state.page_keys import PageKeyCache
+    from ctxengine.state.snapshots import take_snapshot
 
     # A first snapshot of a context nobody hashed yet: empty key cache, empty store.
     model.contexts.page_keys = PageKeyCache(model.engine)

@@ -171,34 +171,17 @@ def test_the_graph_is_read():
     assert ("ctxengine.engine.engine", "ctxengine._core", False) in edges           # from .. import _core
     assert ("ctxengine.text.tokenizer", "ctxengine.text.tokenizer_bpe", False) in edges  # from . import module
     assert ("ctxengine.state.table", "ctxengine.engine.engine", True) in edges      # under TYPE_CHECKING
-    assert ("ctxengine.state.context", "ctxengine.state.snapshots", False) in edges  # inside a function
+    assert ("ctxengine", "ctxengine.state.model", False) in edges                   # inside a function (__getattr__)
     assert set(RANK) >= {unit(m) for m in modules()}, "a folder with no layer: add it to LAYERS"
 
 
-# Context and the modules that do its work (its chat turns, its speculation, its
-# snapshots, the table that evicts it) name Context's type under TYPE_CHECKING
-# while Context calls them: the one loop issue 24 left, listed so that no other
-# can join it unseen (and test_no_loop_at_all says it is still there).
-KNOWN_TYPE_LOOPS = [{f"ctxengine.state.{m}" for m in
-                     ("context", "conversation", "model", "snapshots", "speculation", "table")}]
-
-
-def _loops_message(found) -> str:
-    return "modules that import each other (directly or round a loop):\n" + \
-        "\n".join(" <-> ".join(g) for g in found)
-
-
 def test_no_import_cycles():
-    found = [g for g in cycles(imports()) if set(g) not in KNOWN_TYPE_LOOPS]
-    assert not found, _loops_message(found)
-    running = cycles([e for e in imports() if not e.type_only])
-    assert not running, _loops_message(running)  # not even the known one, when the code runs
-
-
-@pytest.mark.xfail(strict=True, reason="issue 24: state/'s Context loop (KNOWN_TYPE_LOOPS) is not broken yet")
-def test_no_loop_at_all():
+    """No modules import each other round a loop, counting every import: those under
+    TYPE_CHECKING and inside functions too (where two modules need each other's
+    types, the lower one names the shape it needs, as state/'s Protocols do)."""
     found = cycles(imports())
-    assert not found, _loops_message(found)
+    assert not found, "modules that import each other (directly or round a loop):\n" + \
+        "\n".join(" <-> ".join(g) for g in found)
 
 
 def test_imports_go_down_the_layers():

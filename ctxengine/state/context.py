@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import threading
 from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterator, Sequence
+from typing import TYPE_CHECKING, Iterator, Protocol, Sequence
 
 import numpy as np
 
@@ -23,28 +22,36 @@ from ..text.grammar import Constraint, Grammar, as_grammar
 from ..engine.lora import NO_LORA, LoraSet
 from ..engine.sampler import Sampler, SamplerParams, StopMatcher
 from ..engine.speculative import SpeculationStats
+from .piece import Piece
 from .residency import KVState, Residency
 from .speculation import Speculation, start_speculation
 from ..text.tokenizer import StreamDecoder
 
 if TYPE_CHECKING:
     from ..engine.engine import Engine
+    from ..store import Store
     from .budget import Promise
-    from .table import ContextTable
+    from .page_keys import PageKeyCache
 
 
-@dataclass(frozen=True)
-class Piece:
-    """One step of a stream. ``token_id`` is None only for a final piece that
-    carries text held back until the end (an incomplete UTF-8 sequence or a
-    possible start of a stop string)."""
+class Table(Protocol):
+    """What a context needs of the table it lives in (state/table.py's ContextTable, which
+    imports this module): its engine, pages, LRU clock, neighbours, and way to the store."""
 
-    text: str
-    token_id: int | None
+    engine: Engine
+    page_keys: PageKeyCache
+
+    def touch(self, ctx: Context) -> None: ...
+    def reserve_pages(self, n: int, keep: Context | None = None) -> Promise: ...
+    def adopt(self, name: str | None, seq, tokens: Sequence[int], **state) -> Context: ...
+    def remove(self, name: str) -> None: ...
+    def others(self, ctx: Context) -> list[Context]: ...
+    def snapshot(self, ctx: Context, store: Store, ref: str | None, labels: dict[str, str] | None) -> str: ...
+    def bring_back(self, ctx: Context) -> None: ...
 
 
 class Context:
-    def __init__(self, table: "ContextTable", name: str, seq, tokens: Sequence[int] = (), *,
+    def __init__(self, table: Table, name: str, seq, tokens: Sequence[int] = (), *,
                  labels: dict[str, str] | None = None, sampler_state: dict | None = None,
                  last_logits: np.ndarray | None = None, snapshot_id: str | None = None,
                  constraint: "Constraint | dict | None" = None, lora: LoraSet = NO_LORA):
@@ -55,9 +62,7 @@ class Context:
         self.labels = dict(labels or {})
         self.sampler_state = sampler_state  # of the last generate(); continues its RNG
         self.finish_reason: str | None = None
-        # The snapshot this context was restored from or last snapshotted to:
-        # the parent of its next snapshot.
-        self.snapshot_id = snapshot_id
+        self.snapshot_id = snapshot_id  # restored from or last snapshotted to: its next snapshot's parent
         # The unfinished grammar of the last generation: live, or as a stored
         # state (a restore) that is replayed when a generation first needs it.
         self._constraint = constraint
@@ -180,10 +185,7 @@ class Context:
     def append_system(self, text: str) -> int:
         """Add a system message: rendered with the model's chat template when it
         has one (its control tokens parsed), else as plain text."""
-        if self.engine.chat_template is None:
-            return self.append(text)
-        turn = [{"role": "system", "content": text}]
-        return self.append(self.engine.chat.render(turn, generation_prompt=False), parse_special=True)
+        return conversation.append_system(self, text)
 
     def generate(self, max_tokens: int = 256, *, stop: Sequence[str] = (), grammar: "Grammar | str | None" = None,
                  json_schema=None, close_json: bool = True, speculative=None, **sampling) -> Iterator[Piece]:
@@ -317,9 +319,7 @@ class Context:
     # -- persistence ------------------------------------------------------------
     def snapshot(self, store, ref: str | None = None, *, labels: dict[str, str] | None = None) -> str:
         """Write this context to a snapshot store (only the pages it lacks); the snapshot id."""
-        from .snapshots import snapshot
-
-        return snapshot(self, store, ref=ref, labels=labels)
+        return self._table.snapshot(self, store, ref, labels)
 
     def constraint_state(self) -> dict | None:
         """The unfinished grammar, as a snapshot stores it (None: there is none)."""

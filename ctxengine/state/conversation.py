@@ -8,12 +8,27 @@ is closed after it, so the next turn continues a well-formed conversation.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Iterator, Protocol, Sequence
 
 from ..errors import ContextError
+from .piece import Piece
 
 if TYPE_CHECKING:
-    from .context import Context
+    from ..engine.engine import Engine
+
+
+class Conversant(Protocol):
+    """What a conversation uses of the context holding it: state/context.py's
+    Context, which imports this module (its ``chat`` and ``append_turns``)."""
+
+    @property
+    def engine(self) -> Engine: ...
+    @property
+    def n_tokens(self) -> int: ...
+    @property
+    def tokens(self) -> list[int]: ...
+    def append(self, content: str | Sequence[int], *, parse_special: bool = False) -> int: ...
+    def generate(self, max_tokens: int = 256, **options) -> Iterator[Piece]: ...
 
 
 def as_turns(messages: "str | Sequence[dict]") -> list[dict]:
@@ -27,7 +42,7 @@ def as_turns(messages: "str | Sequence[dict]") -> list[dict]:
     return turns
 
 
-def append_turns(ctx: "Context", messages: "str | Sequence[dict]", *, tools=None,
+def append_turns(ctx: Conversant, messages: "str | Sequence[dict]", *, tools=None,
                  generation_prompt: bool = True) -> int:
     """Render the turns after what ``ctx`` holds and append them; the number of new tokens.
 
@@ -43,13 +58,21 @@ def append_turns(ctx: "Context", messages: "str | Sequence[dict]", *, tools=None
     return ctx.append(text, parse_special=True) if text else 0
 
 
-def close_turn(ctx: "Context") -> int:
+def append_system(ctx: Conversant, text: str) -> int:
+    """Append a system turn, as the template renders it (plain text without one)."""
+    if ctx.engine.chat_template is None:
+        return ctx.append(text)
+    turn = [{"role": "system", "content": text}]
+    return ctx.append(ctx.engine.chat.render(turn, generation_prompt=False), parse_special=True)
+
+
+def close_turn(ctx: Conversant) -> int:
     """Append what the template writes after an assistant reply (its end of turn), if missing."""
     closing = ctx.engine.chat.render(after=ctx.tokens, closing=True, generation_prompt=False)
     return ctx.append(closing, parse_special=True) if closing else 0
 
 
-def chat(ctx: "Context", messages: "str | Sequence[dict]", max_tokens: int = 256, *, tools=None,
+def chat(ctx: Conversant, messages: "str | Sequence[dict]", max_tokens: int = 256, *, tools=None,
          **generate) -> str:
     """One exchange: append the turns, generate the reply, close the turn; the reply's text."""
     append_turns(ctx, messages, tools=tools)

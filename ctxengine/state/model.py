@@ -15,7 +15,6 @@ from ..engine.lora import LoraAdapter, LoraSet
 from ..engine.speculative import check_same_vocabulary
 from ..ollama.store import OllamaSource
 from .context import Context
-from .snapshots import restore
 from .table import ContextTable
 
 LoraScales = dict[str, float] | LoraSet | None  # {adapter name: scale}
@@ -87,7 +86,7 @@ class Model:
         """A live context from a stored snapshot (ref, id or id prefix); refuses other
         weights, and other adapters or scales than ``lora`` ({name: scale}; None: the
         ones the snapshot records, which must be loaded)."""
-        return restore(self, store, ref, name=name, lora=None if lora is None else self.engine.lora_set(lora))
+        return self.contexts.restore(store, ref, name, None if lora is None else self.engine.lora_set(lora))
 
     @property
     def chat(self):

@@ -3,7 +3,8 @@
 A snapshot is a manifest (weights, tokens, sampler state, ordered page keys)
 plus the raw bytes of the context's KV pages; the store (ctxengine.store)
 keeps both content-addressed. This module is the only place that turns a
-page table into store pages and back.
+page table into store pages and back; the table a context lives in
+(state/table.py) calls it to snapshot, restore, evict and bring back.
 
 * **Incremental.** Every page is named by the BLAKE3 of its bytes and the
   store is asked which keys it lacks; only those are sent. Because the
@@ -21,7 +22,6 @@ page table into store pages and back.
 from __future__ import annotations
 
 import os
-import threading
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -33,10 +33,11 @@ from ..engine.sampler import Sampler
 from ..errors import ContextError, CorruptDataError, CtxError, StoreError, WeightMismatchError
 from ..store import Manifest, Store, page_key, validate_name
 
+from .page_keys import PageKeyCache
+
 if TYPE_CHECKING:
     from ..engine.engine import Engine
-    from .model import Model
-    from .context import Context
+    from .context import Context, Table
 
 # Byte layout of a KV page (docs/design-notes.md, "KV page layout (format v1)").
 # Recorded in every manifest's arch summary; a restore refuses another value.
@@ -60,58 +61,6 @@ class SnapshotResult:
     pages_hashed: int   # pages whose key had to be computed (the others came from the cache)
     pages_sent: int     # pages the store lacked, and was given
     bytes_sent: int     # raw bytes of those pages
-
-
-class PageKeyCache:
-    """The key of each full page of a pool, by page id.
-
-    A cached key stays right only while the page's bytes do not change and its
-    id is not reused, so the cache holds a reference to every page it knows (a
-    one-page page table each): a page with two holders is never written in
-    place (truncate and append copy it first) and never freed. Pages that only
-    the cache still holds are dropped by ``forget_unused`` (the table calls it
-    for a deleted context's pages) and ``prune`` (when the pool runs short).
-    """
-
-    def __init__(self, engine: "Engine"):
-        self._engine = engine
-        self._page_tokens = engine.pool.page_tokens
-        self._entries: dict[int, tuple[str, object]] = {}  # page id -> (key, pinning page table)
-        self._lock = threading.Lock()
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-    def get(self, page_id: int) -> str | None:
-        with self._lock:
-            entry = self._entries.get(page_id)
-        return None if entry is None else entry[0]
-
-    def remember(self, pairs) -> None:
-        """Record (page id, key) of pages that are full and held by the caller."""
-        with self._lock:
-            for pid, key in pairs:
-                if pid not in self._entries:
-                    pin = self._engine.new_sequence()
-                    pin.append_page(pid, self._page_tokens)  # takes a reference
-                    self._entries[pid] = (key, pin)
-
-    def forget_unused(self, page_ids) -> int:
-        """Drop those of ``page_ids`` that nobody but the cache holds; return how many."""
-        pool = self._engine.pool
-        dropped = 0
-        with self._lock:
-            for pid in page_ids:
-                if pid in self._entries and pool.refcount(pid) == 1:
-                    del self._entries[pid]  # its page table releases the page
-                    dropped += 1
-        return dropped
-
-    def prune(self) -> int:
-        """Drop every page nobody but the cache holds; return how many were freed."""
-        with self._lock:
-            candidates = list(self._entries)
-        return self.forget_unused(candidates)
 
 
 # -- snapshot ------------------------------------------------------------------
@@ -254,30 +203,6 @@ def _write(store: Store, m: Manifest, seq, keys: list[str], exported: dict[str, 
 
 # -- restore -------------------------------------------------------------------
 
-def restore(model: "Model", store: Store, ref_or_id: str, name: str | None = None,
-            lora: LoraSet | None = None) -> "Context":
-    """A new live context holding a stored snapshot (a ref, an id or an id prefix).
-
-    Refuses (WeightMismatchError) a snapshot made by other weights, or with
-    other LoRA adapters or scales than ``lora`` (None: those it records, which
-    must be loaded), before reading any page; every page is verified against
-    its key.
-    """
-    table = model.contexts
-    if name is not None:
-        validate_name(name, "context")
-        if name in table:
-            raise ContextError(f"a context named '{name}' already exists")
-    sid = store.resolve(ref_or_id)
-    m = store.get_manifest(sid)
-    lora = check_compatible(m, sid, model.engine, lora)
-    seq = load_sequence(table, store, m, sid)
-    sampler_state = dict(m.sampler_state)
-    grammar = sampler_state.pop("grammar", None)
-    return table.adopt(name, seq, m.token_ids, labels=m.labels,
-                       sampler_state=sampler_state or None, snapshot_id=sid, constraint=grammar, lora=lora)
-
-
 def check_compatible(m: Manifest, sid: str, engine: "Engine", lora: LoraSet | None = None) -> LoraSet:
     """Refuse a snapshot this model (with these adapters) cannot continue, the weights
     checked first; the adapters it continues with."""
@@ -323,7 +248,7 @@ def check_compatible(m: Manifest, sid: str, engine: "Engine", lora: LoraSet | No
     return lora
 
 
-def load_sequence(table, store: Store, m: Manifest, sid: str):
+def load_sequence(table: "Table", store: Store, m: Manifest, sid: str):
     """Read, verify and import a manifest's pages into a new page table."""
     engine = table.engine
     pool = engine.pool

@@ -19,15 +19,17 @@ those of plain decoding, whatever was drafted.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Protocol, Sequence
 
 import numpy as np
 
+from ..engine.lora import LoraSet
 from ..engine.speculative import Drafter, DraftLength, LookupDrafter, ModelDrafter, SpeculationStats
-from .residency import Residency
+from .residency import KVState, Residency
 
 if TYPE_CHECKING:
-    from .context import Context
+    from ..engine.engine import Engine
+    from .budget import Promise
 
 MIN_SHARED = 16  # a relative shares at least this many leading tokens (or all of the shorter)
 # A step of a few rows costs about what one row does (it reads the weights once);
@@ -39,10 +41,35 @@ SHARED_ROWS = 16
 CROWDED_RATE = 0.5
 
 
+class Relatives(Protocol):
+    """The table a speculating context lives in, as far as its drafter looks."""
+
+    def others(self, ctx: Speculating) -> Sequence[Speculating]: ...
+
+
+class Speculating(Protocol):
+    """What a speculation works on: the context whose generation it runs in
+    (state/context.py's Context, which imports this module), down to the
+    package-private parts it shares with ``Context.generate``: the live token
+    list, the KV state, the forward that computes the lag and its page promise."""
+
+    lora: LoraSet
+    speculation: SpeculationStats
+    _tokens: list[int]
+    _kv: KVState
+    _table: Relatives
+
+    @property
+    def engine(self) -> Engine: ...
+    def _sync(self) -> np.ndarray | None: ...
+    def _reserve_pages(self, n: int) -> Promise: ...
+    def _truncated(self, seq, n: int): ...
+
+
 class Speculation:
     """One generation's drafts and verified rows over its context."""
 
-    def __init__(self, ctx: "Context", drafter: Drafter, max_tokens: int):
+    def __init__(self, ctx: Speculating, drafter: Drafter, max_tokens: int):
         self.ctx = ctx
         self.drafter = drafter
         self._end = len(ctx._tokens) + max_tokens  # no draft reaches past the generation's last token
@@ -111,7 +138,7 @@ class Speculation:
             kv.set_kv(ctx._truncated(kv.seq, keep), None)
 
 
-def start_speculation(ctx: "Context", speculative, max_tokens: int) -> Speculation | None:
+def start_speculation(ctx: Speculating, speculative, max_tokens: int) -> Speculation | None:
     """A generation's speculation: ``speculative`` None (the model's default), False
     (none: the context's counts are reset), True (the default drafter) or a drafter."""
     if speculative is None:
@@ -122,7 +149,7 @@ def start_speculation(ctx: "Context", speculative, max_tokens: int) -> Speculati
     return Speculation(ctx, default_drafter(ctx) if speculative is True else speculative, max_tokens)
 
 
-def default_drafter(ctx: "Context") -> Drafter:
+def default_drafter(ctx: Speculating) -> Drafter:
     """The draft model if one is loaded, else lookup over the context and its relatives."""
     draft_engine = getattr(ctx.engine, "draft", None)
     if draft_engine is not None:
@@ -130,7 +157,7 @@ def default_drafter(ctx: "Context") -> Drafter:
     return LookupDrafter(ctx._tokens, relatives(ctx, ctx._table.others(ctx)))
 
 
-def relatives(ctx: "Context", others: Sequence["Context"]) -> list[tuple[list[int], int]]:
+def relatives(ctx: Speculating, others: Sequence[Speculating]) -> list[tuple[list[int], int]]:
     """(live token list, shared leading tokens) of the contexts that share ctx's beginning
     (its forks, siblings, the prefix cache's entries), the longest shared first."""
     mine = ctx._tokens

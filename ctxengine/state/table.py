@@ -26,8 +26,9 @@ from ..store.names import MAX_NAME_LEN, validate_name
 from .context import Context
 from .evicted import EVICTED_REF_PREFIX, owner_tag
 from .budget import PageBudget, Promise
+from .page_keys import PageKeyCache
 from .residency import Residency
-from .snapshots import PageKeyCache, load_sequence, write_pages
+from .snapshots import check_compatible, load_sequence, snapshot, write_pages
 
 if TYPE_CHECKING:
     from ..engine.engine import Engine
@@ -96,6 +97,33 @@ class ContextTable:
             self._contexts[name] = ctx
             self._last_use[name] = next(self._clock)
             return ctx
+
+    def restore(self, store: "Store", ref_or_id: str, name: str | None = None,
+                lora: LoraSet | None = None) -> Context:
+        """A new live context holding a stored snapshot (a ref, an id or an id prefix).
+
+        Refuses (WeightMismatchError) a snapshot made by other weights, or with
+        other LoRA adapters or scales than ``lora`` (None: those it records, which
+        must be loaded), before reading any page; every page is verified against
+        its key.
+        """
+        if name is not None:
+            validate_name(name, "context")
+            if name in self:
+                raise ContextError(f"a context named '{name}' already exists")
+        sid = store.resolve(ref_or_id)
+        m = store.get_manifest(sid)
+        lora = check_compatible(m, sid, self.engine, lora)
+        seq = load_sequence(self, store, m, sid)
+        sampler_state = dict(m.sampler_state)
+        grammar = sampler_state.pop("grammar", None)
+        return self.adopt(name, seq, m.token_ids, labels=m.labels,
+                          sampler_state=sampler_state or None, snapshot_id=sid, constraint=grammar, lora=lora)
+
+    def snapshot(self, ctx: Context, store: "Store", ref: str | None = None,
+                 labels: dict[str, str] | None = None) -> str:
+        """Write ``ctx`` to ``store`` (only the pages it lacks); the snapshot id (``Context.snapshot``)."""
+        return snapshot(ctx, store, ref=ref, labels=labels)
 
     def remove(self, name: str) -> None:
         with self._lock:
