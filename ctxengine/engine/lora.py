@@ -12,6 +12,7 @@ them in, so two sets that compare equal compute the same bits.
 from __future__ import annotations
 
 import math
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -147,6 +148,30 @@ def file_id(path: Path) -> str:
         while chunk := f.read(1 << 20):
             h.update(chunk)
     return h.hexdigest()
+
+
+_known_ids: dict[tuple, str] = {}
+
+
+def cached_file_id(path: str | Path) -> str:
+    """file_id, hashed once per (file, size, mtime, inode): a fleet host names the
+    adapters it can load in every heartbeat without reading them again (OSError if
+    the file cannot be read)."""
+    st = os.stat(path)
+    key = (os.path.realpath(path), st.st_size, st.st_mtime_ns, st.st_ino)
+    found = _known_ids.get(key)
+    if found is None:
+        found = _known_ids[key] = file_id(Path(path))
+    return found
+
+
+def adapter_ids(identity: object) -> tuple[str, ...]:
+    """The adapter ids of a recorded set ([[id, scale], ...], a manifest's
+    ``arch.lora``), sorted; () when it names none or is malformed (restore then
+    refuses it with the reason: continuing_set)."""
+    if not isinstance(identity, list):
+        return ()
+    return tuple(sorted({p[0] for p in identity if isinstance(p, list) and p and isinstance(p[0], str)}))
 
 
 def load_adapter(core_model, arch: str, path: str | Path, name: str) -> LoraAdapter:
