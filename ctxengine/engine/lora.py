@@ -227,13 +227,17 @@ def _build(core_model, arch: str, f: GGUFFile, label: str):
 
 
 def _matrix(t, bad) -> np.ndarray:
-    """A tensor as a float32 (ne1, ne0) matrix."""
+    """A tensor as a (ne1, ne0) matrix: float16 as an F16 file holds it (the core
+    keeps a pair of those in f16, half the bytes each token reads), else float32."""
     if len(t.shape) != 2:
         raise bad(f"tensor {t.name} has {len(t.shape)} dimensions, a LoRA matrix has 2")
     if t.ggml_type not in _TYPES:
         raise bad(f"tensor {t.name} has type {t.type_name}; LoRA matrices may be F32, F16, BF16 or Q8_0")
     n_in, n_out = t.shape  # never 0: the GGUF reader refuses empty dimensions (so a rank of 0)
-    m = np.asarray(gguf.quants.dequantize(t.data, _T(t.ggml_type)), dtype=np.float32).reshape(n_out, n_in)
+    if t.ggml_type == int(_T.F16):
+        m = np.frombuffer(t.data, dtype=np.float16).reshape(n_out, n_in)
+    else:
+        m = np.asarray(gguf.quants.dequantize(t.data, _T(t.ggml_type)), dtype=np.float32).reshape(n_out, n_in)
     if not np.isfinite(m).all():
         raise bad(f"tensor {t.name} holds values that are not finite")
     return m

@@ -68,7 +68,8 @@ bool Model::lora_prepare(int layer, std::initializer_list<MatmulJob> jobs, const
         first += (terms[ti].r1 - terms[ti].r0 + kRowBlock - 1) / kRowBlock, ++ti;
       const LoraTerm& t = terms[ti];
       const int b0 = t.r0 + static_cast<int>(i - first) * kRowBlock, b1 = std::min(t.r1, b0 + kRowBlock);
-      matmul_f(DType::F32, t.p->a.data(), n_in, 0, t.p->rank, x + static_cast<size_t>(b0) * n_in, b1 - b0,
+      const void* a = t.p->half ? static_cast<const void*>(t.p->a16.data()) : t.p->a.data();
+      matmul_f(t.p->half ? DType::F16 : DType::F32, a, n_in, 0, t.p->rank, x + static_cast<size_t>(b0) * n_in, b1 - b0,
                s_.lora_t.data() + t.t_off + static_cast<size_t>(b0 - t.r0) * t.p->rank,
                static_cast<size_t>(t.p->rank));
     }
@@ -83,11 +84,17 @@ bool Model::lora_prepare(int layer, std::initializer_list<MatmulJob> jobs, const
 void Model::lora_up_range(const MatmulJob& j, int job, int64_t o0, int64_t o1) {
   const int n_out = j.w->n_out;
   const Kernels& kern = kernels();
-  for (const LoraTerm& t : lora_terms_)
-    if (t.job == job)
-      kern.lora_up(t.p->bt.data(), t.p->rank, n_out, static_cast<int>(o0), static_cast<int>(o1),
-                   s_.lora_t.data() + t.t_off, t.r1 - t.r0, t.factor, j.y + static_cast<size_t>(t.r0) * n_out,
-                   static_cast<size_t>(n_out));
+  for (const LoraTerm& t : lora_terms_) {
+    if (t.job != job) continue;
+    const float* tt = s_.lora_t.data() + t.t_off;
+    float* y = j.y + static_cast<size_t>(t.r0) * n_out;
+    if (t.p->half)
+      kern.lora_up_f16(t.p->bt16.data(), t.p->rank, n_out, static_cast<int>(o0), static_cast<int>(o1), tt,
+                       t.r1 - t.r0, t.factor, y, static_cast<size_t>(n_out));
+    else
+      kern.lora_up(t.p->bt.data(), t.p->rank, n_out, static_cast<int>(o0), static_cast<int>(o1), tt, t.r1 - t.r0,
+                   t.factor, y, static_cast<size_t>(n_out));
+  }
 }
 
 }  // namespace ctx
