@@ -2,13 +2,15 @@
 llama.cpp's, alternated in one run.
 
     python bench/bench_lora.py [--threads 2] [--rounds 5] [--prompt 512] [--gen 64] [--rank 16]
-        [--llama-python /opt/llamavenv/bin/python]
+        [--dtype F32|F16] [--old-core OLD_CORE.so] [--llama-python /opt/llamavenv/bin/python]
 
 The adapter (tests/lora_files.py smollm2_lora): rank 16 on every attention
-and FFN matrix of the packaged SmolLM2 (7 matrices x 30 layers), f32, as
-llama.cpp's convert_lora_to_gguf.py writes them. Each round runs, each in a
-fresh process that warms up first: ours base, ours with the adapter, then
-llama.cpp base and with the adapter (loaded by ``Llama(lora_path=...)``).
+and FFN matrix of the packaged SmolLM2 (7 matrices x 30 layers), f32 (or
+``--dtype F16``), as llama.cpp's convert_lora_to_gguf.py writes them. Each
+round runs, each in a fresh process that warms up first: ours base, ours with
+the adapter, the same with ``--old-core`` (another build's ``_core`` .so,
+to compare a change), then llama.cpp base and with the adapter (loaded by
+``Llama(lora_path=...)``).
 Prefill: a 512-token prompt into an empty context; decode: 64 single-token
 steps after a 16-token prompt. Medians over the rounds, ratios within the run.
 """
@@ -34,6 +36,13 @@ def measure(engine: str, model: str, adapter: str, threads: int, n_prompt: int, 
     rng = np.random.default_rng(0)
     ids = [int(i) for i in rng.integers(1000, 20000, n_prompt)]
     if engine == "ours":
+        core = os.environ.get("CTX_BENCH_CORE")
+        if core:  # --old-core: that build's native core in place of ours
+            import importlib.util
+
+            spec = importlib.util.spec_from_file_location("ctxengine._core", core)
+            sys.modules["ctxengine._core"] = module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
         from ctxengine import _core
         from ctxengine.engine.engine import Engine
 
@@ -76,6 +85,8 @@ def main() -> int:
     ap.add_argument("--prompt", type=int, default=512)
     ap.add_argument("--gen", type=int, default=64)
     ap.add_argument("--rank", type=int, default=16)
+    ap.add_argument("--dtype", choices=("F32", "F16"), default="F32", help="the adapter file's matrices")
+    ap.add_argument("--old-core", help="another build's _core .so, run alternated with ours (old, old+lora)")
     ap.add_argument("--llama-python", default=os.environ.get("CTX_LLAMA_PYTHON"))
     ap.add_argument("--child", nargs=3, metavar=("ENGINE", "MODEL", "ADAPTER"), help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -89,27 +100,37 @@ def main() -> int:
 
     model = str(smollm2_file())
     facts = machine_facts(args.threads)
-    adapter = str(smollm2_lora(os.path.join(tempfile.mkdtemp(), "lora.gguf"), read_metadata(model), rank=args.rank))
+    adapter = str(smollm2_lora(os.path.join(tempfile.mkdtemp(), "lora.gguf"), read_metadata(model), rank=args.rank,
+                               dtype=args.dtype))
     runs = [("ours", sys.executable, ""), ("ours+lora", sys.executable, adapter)]
+    if args.old_core:
+        runs += [("old", sys.executable, ""), ("old+lora", sys.executable, adapter)]
     if args.llama_python:
         runs += [("llama.cpp", args.llama_python, ""), ("llama.cpp+lora", args.llama_python, adapter)]
     out: dict = {name: [] for name, _, _ in runs}
     for r in range(args.rounds):
         for name, python, ad in runs:
-            cmd = [python, os.path.abspath(__file__), "--child", name.split("+")[0], model, ad or "",
-                   "--threads", str(args.threads), "--prompt", str(args.prompt), "--gen", str(args.gen)]
-            done = subprocess.run(cmd, capture_output=True, text=True)
+            engine = name.split("+")[0]
+            cmd = [python, os.path.abspath(__file__), "--child", "ours" if engine == "old" else engine, model,
+                   ad or "", "--threads", str(args.threads), "--prompt", str(args.prompt), "--gen", str(args.gen)]
+            env = dict(os.environ, CTX_BENCH_CORE=os.path.abspath(args.old_core)) if engine == "old" else None
+            done = subprocess.run(cmd, capture_output=True, text=True, env=env)
             if done.returncode != 0:
                 sys.exit(f"bench_lora: {name} failed: {(done.stderr.strip().splitlines() or ['?'])[-1]}")
             out[name].append(json.loads(done.stdout.strip().splitlines()[-1]))
         print(f"round {r + 1}/{args.rounds} done", file=sys.stderr)
-    print(f"SmolLM2 Q4_1 + rank-{args.rank} f32 adapter on every attention and FFN matrix; "
+    print(f"SmolLM2 Q4_1 + rank-{args.rank} {args.dtype.lower()} adapter on every attention and FFN matrix; "
           f"{args.threads} threads; prompt {args.prompt}, gen {args.gen}; medians of {args.rounds} alternated rounds")
     print(describe_machine(facts))
     med = {name: {k: statistics.median(x[k] for x in rs) for k in KEYS} for name, rs in out.items()}
     for k in KEYS:
-        line = f"{k:>12}: " + ", ".join(f"{name} {v[k]:.1f}" for name, v in med.items())
+        line = f"{k:>12}: " + ", ".join(
+            f"{name} {v[k]:.1f} ({min(x[k] for x in out[name]):.1f}-{max(x[k] for x in out[name]):.1f})"
+            for name, v in med.items())
         line += f"; ours lora/base {med['ours+lora'][k] / med['ours'][k]:.2f}x"
+        if "old" in med:
+            line += (f", old lora/base {med['old+lora'][k] / med['old'][k]:.2f}x"
+                     f", ours+lora / old+lora {med['ours+lora'][k] / med['old+lora'][k]:.2f}x")
         if "llama.cpp" in med:
             line += (f", llama.cpp lora/base {med['llama.cpp+lora'][k] / med['llama.cpp'][k]:.2f}x"
                      f", ours+lora / llama.cpp+lora {med['ours+lora'][k] / med['llama.cpp+lora'][k]:.2f}x")

@@ -108,12 +108,14 @@ class LoraAdapter:
     def __init__(self, model: Model, alpha: float) -> None: ...
     def set(self, layer: int, target: str, a: _F32, b: _F32) -> None:
         """target: attn_q, attn_k, attn_v, attn_output, ffn_gate, ffn_up or ffn_down;
-        a: (rank, n_in), b: (n_out, rank); ValueError naming the matrix if they do not fit."""
+        a: (rank, n_in), b: (n_out, rank), both float16 (kept in f16) or else float32;
+        ValueError naming the matrix if they do not fit."""
     @property
     def n_matrices(self) -> int: ...
 
 def lora_up(bt: _F32, t: _F32, factor: float, y: _F32, o0: int, o1: int) -> npt.NDArray[np.float32]:
-    """y + factor * (t . bt) for outputs [o0, o1) by the active path's kernel (models/lora_kernels.h)."""
+    """y + factor * (t . bt) for outputs [o0, o1) by the active path's kernel (models/lora_kernels.h);
+    a float16 bt goes through lora_up_f16."""
 
 class Model:
     """A decoder-only transformer over mapped GGUF weights."""

@@ -81,7 +81,7 @@ def run_alone(engine, lora, chunks=(len(TOKENS),)):
 def test_mixed_batch_threads_and_chunks_bit_identical(tmp_path, tiny):
     engine, _ = tiny
     engine.load_lora("one", adapter_file(tmp_path, "one", 4, ALL, seed=1)[0])
-    engine.load_lora("two", adapter_file(tmp_path, "two", 16, ATTN + ("ffn_down",), seed=2)[0])
+    engine.load_lora("two", adapter_file(tmp_path, "two", 16, ATTN + ("ffn_down",), seed=2, dtype="F16")[0])
     sets = [LoraSet(), engine.lora_set({"one": 1.0}), engine.lora_set({"one": 0.5, "two": 2.0})]
     alone = [run_alone(engine, s) for s in sets]
     assert not np.array_equal(alone[0], alone[1]) and not np.array_equal(alone[1], alone[2])
@@ -97,14 +97,17 @@ def test_mixed_batch_threads_and_chunks_bit_identical(tmp_path, tiny):
     one = Engine(engine.path, threads=1)
     try:
         one.load_lora("one", engine.adapters["one"].path)
+        one.load_lora("two", engine.adapters["two"].path)
         assert np.array_equal(run_alone(one, one.lora_set({"one": 1.0})), alone[1])
+        assert np.array_equal(run_alone(one, one.lora_set({"one": 0.5, "two": 2.0})), alone[2])
     finally:
         one.close()
 
 
-def test_every_simd_path_bit_identical(tmp_path, tiny):
+@pytest.mark.parametrize("dtype", ["F32", "F16"])
+def test_every_simd_path_bit_identical(tmp_path, tiny, dtype):
     engine, _ = tiny
-    engine.load_lora("one", adapter_file(tmp_path, "one", 5, ALL)[0])
+    engine.load_lora("one", adapter_file(tmp_path, "one", 5, ALL, dtype=dtype)[0])
     lora = engine.lora_set({"one": 1.0})
     before = _core.active_isa()
     try:
@@ -117,6 +120,18 @@ def test_every_simd_path_bit_identical(tmp_path, tiny):
     first = next(iter(outs.values()))
     for isa, out in outs.items():
         assert np.array_equal(out, first), isa
+
+
+def test_f16_adapter_kept_in_f16_computes_as_its_f32_values(tmp_path, tiny):
+    """An F16 file is kept in f16 (half the bytes); each value widens exactly, so its
+    logits are those of an F32 file holding the same values, bit for bit."""
+    engine, _ = tiny
+    half, stored = adapter_file(tmp_path, "half", 16, ALL, seed=3, dtype="F16")
+    write_lora(tmp_path / "full.gguf", CFG.arch, stored, dtype="F32")
+    engine.load_lora("half", half)
+    engine.load_lora("full", tmp_path / "full.gguf")
+    got = run_alone(engine, engine.lora_set({"half": 0.5}), (7, 1, 12))
+    assert np.array_equal(got.view(np.uint32), run_alone(engine, engine.lora_set({"full": 0.5})).view(np.uint32))
 
 
 def test_identity_is_canonical(tmp_path, tiny):
@@ -182,16 +197,18 @@ def test_adapter_of_another_engine_refused(tmp_path, tiny):
         other.close()
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
 @pytest.mark.parametrize("rank", [1, 3, 8, 16, 17, 40])
-def test_lora_up_kernel_every_path_bit_identical(rank):
-    """lora_up on each SIMD path against the scalar one, bit for bit, and against
-    matmul_f's canonical order (B t) then a float32 multiply and add."""
+def test_lora_up_kernel_every_path_bit_identical(rank, dtype):
+    """lora_up (lora_up_f16 for f16 B) on each SIMD path against the scalar one, bit
+    for bit, and against matmul_f's canonical order (B t) then a float32 multiply and add."""
     rng = np.random.default_rng(rank)
     n_out, n_x = 37, 3
-    bt = rng.standard_normal((rank, n_out)).astype(np.float32)
+    bt = rng.standard_normal((rank, n_out)).astype(dtype)
     t = rng.standard_normal((n_x, rank)).astype(np.float32)
     y0 = rng.standard_normal((n_x, n_out)).astype(np.float32)
-    d = _core.quant.matmul(0, np.ascontiguousarray(bt.T).view(np.uint8), rank, n_out, t)  # F32 weights: B rows
+    wtype = 0 if dtype == np.float32 else 1  # GGML F32 / F16 weights: B's rows
+    d = _core.quant.matmul(wtype, np.ascontiguousarray(bt.T).view(np.uint8), rank, n_out, t)
     want = y0.copy()
     want[:, 5:33] = y0[:, 5:33] + np.float32(0.75) * d[:, 5:33]
     before = _core.active_isa()

@@ -12,6 +12,7 @@ them in, so two sets that compare equal compute the same bits.
 from __future__ import annotations
 
 import math
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -149,6 +150,30 @@ def file_id(path: Path) -> str:
     return h.hexdigest()
 
 
+_known_ids: dict[tuple, str] = {}
+
+
+def cached_file_id(path: str | Path) -> str:
+    """file_id, hashed once per (file, size, mtime, inode): a fleet host names the
+    adapters it can load in every heartbeat without reading them again (OSError if
+    the file cannot be read)."""
+    st = os.stat(path)
+    key = (os.path.realpath(path), st.st_size, st.st_mtime_ns, st.st_ino)
+    found = _known_ids.get(key)
+    if found is None:
+        found = _known_ids[key] = file_id(Path(path))
+    return found
+
+
+def adapter_ids(identity: object) -> tuple[str, ...]:
+    """The adapter ids of a recorded set ([[id, scale], ...], a manifest's
+    ``arch.lora``), sorted; () when it names none or is malformed (restore then
+    refuses it with the reason: continuing_set)."""
+    if not isinstance(identity, list):
+        return ()
+    return tuple(sorted({p[0] for p in identity if isinstance(p, list) and p and isinstance(p[0], str)}))
+
+
 def load_adapter(core_model, arch: str, path: str | Path, name: str) -> LoraAdapter:
     """Read and check an adapter file for this model; nothing is kept if it fails."""
     path = Path(path)
@@ -202,13 +227,17 @@ def _build(core_model, arch: str, f: GGUFFile, label: str):
 
 
 def _matrix(t, bad) -> np.ndarray:
-    """A tensor as a float32 (ne1, ne0) matrix."""
+    """A tensor as a (ne1, ne0) matrix: float16 as an F16 file holds it (the core
+    keeps a pair of those in f16, half the bytes each token reads), else float32."""
     if len(t.shape) != 2:
         raise bad(f"tensor {t.name} has {len(t.shape)} dimensions, a LoRA matrix has 2")
     if t.ggml_type not in _TYPES:
         raise bad(f"tensor {t.name} has type {t.type_name}; LoRA matrices may be F32, F16, BF16 or Q8_0")
     n_in, n_out = t.shape  # never 0: the GGUF reader refuses empty dimensions (so a rank of 0)
-    m = np.asarray(gguf.quants.dequantize(t.data, _T(t.ggml_type)), dtype=np.float32).reshape(n_out, n_in)
+    if t.ggml_type == int(_T.F16):
+        m = np.frombuffer(t.data, dtype=np.float16).reshape(n_out, n_in)
+    else:
+        m = np.asarray(gguf.quants.dequantize(t.data, _T(t.ggml_type)), dtype=np.float32).reshape(n_out, n_in)
     if not np.isfinite(m).all():
         raise bad(f"tensor {t.name} holds values that are not finite")
     return m

@@ -1,12 +1,14 @@
 """What a serving process does as a member of a fleet (docs/fleet.md).
 
-* **Heartbeats.** Every few seconds the host writes what it serves (models and
-  their weight ids) and which named contexts it holds live, with a TTL, so
-  ``GET /v1/fleet`` on any host lists the live ones and the fleet knows which
-  hosts can restore a snapshot of given weights.
+* **Heartbeats.** Every few seconds the host writes what it serves (models,
+  their weight ids and the ids of the LoRA adapters it runs with each) and
+  which named contexts it holds live, with a TTL, so ``GET /v1/fleet`` on any
+  host lists the live ones and the fleet knows which hosts can restore a
+  snapshot of given weights made with given adapters.
 * **A named context is the fleet ref of the same name.** A request naming a
   context this host does not hold restores it from that ref (onto the model
-  with the snapshot's weights, if this host serves them), and a context held
+  with the snapshot's weights and LoRA adapters, if this host serves them; else
+  refused, naming the hosts that do), and a context held
   here whose ref another host has moved on is replaced by the fleet's before
   it is used, so a conversation continues where it was last left, whichever
   host served its previous turn. (serving/sessions.py does both, asking the
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from ..errors import StoreError
@@ -68,11 +71,13 @@ class FleetHost:
         loaded = self.models.loaded()
         return {"url": self.url, "models": [e.entry.name for e in loaded],
                 "weight_ids": sorted({e.model.weight_id for e in loaded}),
+                "lora": {wid: ids for wid, ids in self.models.served_adapters().items() if ids},
                 "contexts": sorted(c.name for c in self.models.contexts())}
 
     def beat(self) -> None:
-        # Every servable model's weights, loaded or not: this host can restore onto any.
-        self.fleet.heartbeat(self.info(), self.models.weight_ids(), HEARTBEAT_TTL_S)
+        # Every servable model's weights and adapters, loaded or not: this host can
+        # restore onto any what they made.
+        self.fleet.heartbeat(self.info(), self.models.served_adapters(), HEARTBEAT_TTL_S)
 
     def changed(self) -> None:
         """A model was loaded or unloaded: the fleet hears of it now, not at the next beat."""
@@ -104,9 +109,9 @@ class FleetHost:
         ref ``name`` from where this host last saw it (RefConflictError if it moved on)."""
         self.fleet.publish(snapshot_id, self.store.get_local_manifest(snapshot_id), name, or_local=False)
 
-    def hosts_serving(self, weight_id: str) -> list[str]:
-        """The other live hosts that serve these weights."""
-        return [h for h in self.fleet.hosts_serving(weight_id) if h != self.host_id]
+    def hosts_serving(self, weight_id: str, adapters: Iterable[str] = ()) -> list[str]:
+        """The other live hosts that serve these weights with (at least) these LoRA adapters."""
+        return [h for h in self.fleet.hosts_serving(weight_id, adapters) if h != self.host_id]
 
     def describe(self) -> dict:
         """``GET /v1/fleet``: this host, every live host, and what crossed from here."""

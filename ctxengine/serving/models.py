@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 from ..engine.catalog import CatalogEntry, ModelCatalog
+from ..engine.lora import cached_file_id
 from ..engine.registry import resolve_model
 from ..engine.weights import cached_weight_id
 from ..errors import (ContextError, ModelFileError, ModelNotFoundError, UnsupportedModelError,
@@ -184,26 +185,42 @@ class ServedModels:
     def weight_ids(self) -> dict[str, str]:
         """weight_id -> model name, for every servable model (hashes each file once, then cached)."""
         out: dict[str, str] = {}
-        for entry in self.catalog.entries():
-            if not entry.servable:
-                continue
-            try:
-                out.setdefault(cached_weight_id(entry.path), entry.name)
-            except (OSError, ModelFileError):
-                continue
+        for entry, wid in self._servable():
+            out.setdefault(wid, entry.name)
         return out
 
-    def served_name(self, weight_id: str) -> str:
-        """The name of the served model with these weights; WeightsNotServedError if none."""
-        served = self.weight_ids()
-        if weight_id not in served:
-            have = ", ".join(f"{name} ({wid[:16]})" for wid, name in served.items()) or "none"
-            raise WeightsNotServedError(f"no model with weight_id {weight_id} is served here (it serves: {have})")
-        return served[weight_id]
+    def served_adapters(self) -> dict[str, list[str]]:
+        """weight_id -> the ids (BLAKE3) of the LoRA adapters this host runs with those
+        weights, for every servable model: a loaded model's loaded adapters; one not
+        loaded, the files it would load (``--lora`` and its own ADAPTER layers). The
+        weights fix the shapes an adapter must have, so an adapter that made a
+        snapshot with these weights anywhere loads here too when its file is here."""
+        out: dict[str, set[str]] = {}
+        for entry, wid in self._servable():
+            out.setdefault(wid, set()).update(self._adapter_ids(entry))
+        return {wid: sorted(ids) for wid, ids in out.items()}
 
-    def model_for_weight_id(self, weight_id: str) -> "Model":
-        """Load the model with these weights (to restore a snapshot they made)."""
-        return self.model(self.served_name(weight_id))
+    def serves(self, weight_id: str, adapters: Sequence[str] = ()) -> bool:
+        """Whether some servable model has these weights and runs with these adapters."""
+        return any(w == weight_id and set(adapters) <= self._adapter_ids(e) for e, w in self._servable())
+
+    def served_name(self, weight_id: str, adapters: Sequence[str] = ()) -> str:
+        """The name of the served model with these weights and (at least) these LoRA
+        adapters; WeightsNotServedError if none."""
+        entries = [e for e, w in self._servable() if w == weight_id]
+        if not entries:
+            have = ", ".join(f"{name} ({wid[:16]})" for wid, name in self.weight_ids().items()) or "none"
+            raise WeightsNotServedError(f"no model with weight_id {weight_id} is served here (it serves: {have})")
+        for entry in entries:
+            if set(adapters) <= self._adapter_ids(entry):
+                return entry.name
+        have = ", ".join(a[:12] for a in self.served_adapters().get(weight_id, ())) or "none"
+        raise WeightsNotServedError(f"the model with weight_id {weight_id} is served here without LoRA adapter(s) "
+                                    f"{', '.join(a[:12] for a in adapters)} (its adapters: {have})")
+
+    def model_for_weight_id(self, weight_id: str, adapters: Sequence[str] = ()) -> "Model":
+        """Load the model with these weights and adapters (to restore a snapshot they made)."""
+        return self.model(self.served_name(weight_id, adapters))
 
     # -- contexts, across models --------------------------------------------------------
     def contexts(self) -> list["Context"]:
@@ -232,6 +249,30 @@ class ServedModels:
             self._loaded.clear()
 
     # -- internals ------------------------------------------------------------------------
+    def _servable(self) -> Iterator[tuple[CatalogEntry, str]]:
+        """(entry, weight_id) of every servable model whose weights can be read."""
+        for entry in self.catalog.entries():
+            if not entry.servable:
+                continue
+            try:
+                yield entry, cached_weight_id(entry.path)
+            except (OSError, ModelFileError):
+                continue
+
+    def _adapter_ids(self, entry: CatalogEntry) -> set[str]:
+        """The adapters a model runs with: those loaded, or (not loaded) the files it would load."""
+        with self._lock:
+            loaded = self._loaded.get(entry.name)
+        if loaded is not None and loaded.loras is not None:
+            return {a.id for a in loaded.loras.adapters}
+        ids = set()
+        for path in (*entry.adapters, *(spec.path for spec in self.lora)):
+            try:
+                ids.add(cached_file_id(path))
+            except OSError:
+                continue  # (loading the model says why)
+        return ids
+
     def _load(self, entry: CatalogEntry) -> "Model":
         from ..engine.engine import Engine
         from ..state.model import Model, attach_draft

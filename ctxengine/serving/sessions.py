@@ -31,6 +31,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Iterator, Mapping
 
+from ..engine.lora import adapter_ids, describe_identity
 from ..errors import ContextError, InvalidNameError, StoreError
 from ..state import Residency
 from ..state.snapshots import take_snapshot
@@ -153,8 +154,7 @@ class Sessions:
         if client and self.fleet is not None:
             self.fleet.ref(ref)  # refused while the fleet cannot say where it points
         sid = store.resolve(ref)
-        model = self.models.model_for_weight_id(store.get_manifest(sid).weight_id)
-        return model.restore(store, sid, name=name)
+        return self._restore(store, sid, name)
 
     # -- snapshots and turns ---------------------------------------------------------------
     def snapshot(self, ctx: "Context", ref: str | None, labels: Mapping[str, str] | None = None, *,
@@ -190,12 +190,21 @@ class Sessions:
             if sid is None:
                 return None
             m = self.store().get_manifest(sid)
-            if m.weight_id not in self.models.weight_ids():
-                others = self.fleet.hosts_serving(m.weight_id)
+            adapters = adapter_ids(m.arch.get("lora"))
+            if not self.models.serves(m.weight_id, adapters):
+                others = self.fleet.hosts_serving(m.weight_id, adapters)
                 where = f"; hosts serving them: {', '.join(others)}" if others else ""
-                raise ContextError(f"context '{name}' was made by weights {m.weight_id} ({m.model_name}), "
+                made = f" with LoRA {describe_identity(m.arch['lora'])}" if adapters else ""
+                raise ContextError(f"context '{name}' was made by weights {m.weight_id} ({m.model_name}){made}, "
                                    f"which this host does not serve{where}")
-            return self.models.model_for_weight_id(m.weight_id).restore(self.store(), sid, name=name)
+            return self._restore(self.store(), sid, name)
+
+    def _restore(self, store: "Store", sid: str, name: str | None) -> "Context":
+        """Snapshot ``sid`` restored onto the served model with its weights and adapters
+        (WeightsNotServedError naming what is missing; restore takes the recorded set)."""
+        m = store.get_manifest(sid)
+        model = self.models.model_for_weight_id(m.weight_id, adapter_ids(m.arch.get("lora")))
+        return model.restore(store, sid, name=name)
 
     def _fresh(self, ctx: "Context") -> "Context":
         """``ctx``, or the fleet's newer state of it when another host moved its ref on
@@ -217,5 +226,4 @@ class Sessions:
                 if ctx.snapshot_id == sid or ctx.tokens != store.get_manifest(ctx.snapshot_id).token_ids:
                     return ctx
                 ctx.delete()
-            m = store.get_manifest(sid)
-            return self.models.model_for_weight_id(m.weight_id).restore(store, sid, name=ctx.name)
+            return self._restore(store, sid, ctx.name)

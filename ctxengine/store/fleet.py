@@ -11,6 +11,7 @@ slot through the ``{name}`` hash tag, so one Lua script moves both):
                           after the gc grace): its pages are live for fleet gc
     ctx:r:{<ref>}         snapshot id          ctx:rl:{<ref>}  the ref's log
     ctx:host:<host>       a host's heartbeat   ctx:w:<weight id>  hosts serving it
+    ctx:wl:<weight id>:<adapter id>   hosts serving those weights with that LoRA adapter
 
 Publishing a snapshot (after it is committed locally) goes pages, manifest,
 ref, each step acknowledged by a replica (WAIT) before the next: a reader
@@ -23,7 +24,7 @@ from __future__ import annotations
 
 import functools
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 
 from ..errors import CorruptDataError, StoreError
@@ -258,16 +259,18 @@ class Fleet:
 
     # -- hosts and retention ------------------------------------------------------------
     @_or_local(None)
-    def heartbeat(self, info: dict, weight_ids: Iterable[str], ttl: float) -> None:
-        fleet_refs.heartbeat(self.cluster, self.host_id, info, weight_ids, ttl)
+    def heartbeat(self, info: dict, served: Mapping[str, Iterable[str]], ttl: float) -> None:
+        """``served``: weight id -> ids of the LoRA adapters this host runs with them."""
+        fleet_refs.heartbeat(self.cluster, self.host_id, info, served, ttl)
 
     @_or_local(list)
     def hosts(self) -> list[dict]:
         return fleet_refs.hosts(self.cluster)
 
     @_or_local(list)
-    def hosts_serving(self, weight_id: str) -> list[str]:
-        return fleet_refs.hosts_serving(self.cluster, weight_id)
+    def hosts_serving(self, weight_id: str, adapters: Iterable[str] = ()) -> list[str]:
+        """Hosts that can restore a snapshot of these weights made with these LoRA adapters."""
+        return fleet_refs.hosts_serving(self.cluster, weight_id, adapters)
 
     def gc(self, grace: float = maintenance.PENDING_GRACE_S) -> maintenance.GCResult:
         """Fleet gc: the local store's roots (refs, parent chains) and grace rule."""

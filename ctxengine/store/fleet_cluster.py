@@ -54,9 +54,10 @@ WAIT_TIMEOUT_MS = 2000      # how long a write waits for its replica's acknowled
 SAFE_POLICY = "noeviction"  # any other maxmemory-policy may evict pages a ref needs
 
 # Key layout (store/fleet.py's docstring): pages, manifests, publishing markers,
-# refs and their logs (hash-tagged by name), host heartbeats, hosts by weights.
+# refs and their logs (hash-tagged by name), host heartbeats, hosts by weights
+# and by (weights, LoRA adapter).
 PAGE, MANIFEST, PENDING = "ctx:p:", "ctx:m:", "ctx:pm:"
-REF, REFLOG, HOST, WEIGHTS = "ctx:r:", "ctx:rl:", "ctx:host:", "ctx:w:"
+REF, REFLOG, HOST, WEIGHTS, WEIGHTS_LORA = "ctx:r:", "ctx:rl:", "ctx:host:", "ctx:w:", "ctx:wl:"
 
 # What a failover looks like from a client: retried after refreshing the slot map.
 _TRANSIENT = (RedisConnectionError, RedisTimeoutError, MovedError, AskError, ClusterDownError,

@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from ..errors import RefConflictError
 from . import pages as codec
-from .fleet_cluster import HOST, MANIFEST, PAGE, PENDING, REF, REFLOG, WEIGHTS, Cluster
+from .fleet_cluster import HOST, MANIFEST, PAGE, PENDING, REF, REFLOG, WEIGHTS, WEIGHTS_LORA, Cluster
 from .maintenance import GCResult
 from .manifest import Manifest
 
@@ -98,14 +98,20 @@ def all_refs(cluster: Cluster) -> dict[str, str]:
 
 
 # -- hosts ----------------------------------------------------------------------------------
-def heartbeat(cluster: Cluster, host: str, info: dict, weight_ids: Iterable[str], ttl: float) -> None:
-    """Say this host is alive for ``ttl`` seconds, with what it serves and holds."""
+def heartbeat(cluster: Cluster, host: str, info: dict, served: Mapping[str, Iterable[str]], ttl: float) -> None:
+    """Say this host is alive for ``ttl`` seconds, with what it serves and holds;
+    ``served``: weight id -> the ids of the LoRA adapters it runs with those weights."""
     expiry_ms = int((time.time() + ttl) * 1000)
     body = json.dumps({**info, "host": host, "seen": time.time()}, sort_keys=True)
     cluster.on_key(HOST + host, lambda p, k: p.set(k, body, px=int(ttl * 1000)))
-    wids = [WEIGHTS + w for w in dict.fromkeys(weight_ids)]
-    if wids:
-        cluster.grouped(wids, lambda p, k: p.eval(_SERVE, 1, k, host, expiry_ms))
+    keys = [key for wid, adapters in served.items() for key in _serving_keys(wid, adapters)]
+    if keys:
+        cluster.grouped(keys, lambda p, k: p.eval(_SERVE, 1, k, host, expiry_ms))
+
+
+def _serving_keys(weight_id: str, adapters: Iterable[str]) -> list[str]:
+    """The hashes a host serving these weights with these adapters is listed in."""
+    return [WEIGHTS + weight_id, *(f"{WEIGHTS_LORA}{weight_id}:{a}" for a in dict.fromkeys(adapters))]
 
 
 def hosts(cluster: Cluster) -> list[dict]:
@@ -115,11 +121,14 @@ def hosts(cluster: Cluster) -> list[dict]:
     return sorted((json.loads(b) for b in bodies.values() if b is not None), key=lambda h: h["host"])
 
 
-def hosts_serving(cluster: Cluster, weight_id: str) -> list[str]:
-    """Hosts whose heartbeat says they serve these weights (expired ones left out)."""
+def hosts_serving(cluster: Cluster, weight_id: str, adapters: Iterable[str] = ()) -> list[str]:
+    """Hosts whose heartbeat says they serve these weights with (at least) these LoRA
+    adapters, so they can restore what they made (expired ones left out)."""
     now_ms = time.time() * 1000
-    found = cluster.on_key(WEIGHTS + weight_id, lambda p, k: p.hgetall(k))
-    return sorted(h.decode() for h, until in found.items() if int(until) > now_ms)
+    keys = _serving_keys(weight_id, adapters)
+    found = cluster.grouped(keys, lambda p, k: p.hgetall(k))
+    live = [{h.decode() for h, until in found[k].items() if int(until) > now_ms} for k in keys]
+    return sorted(set.intersection(*live))
 
 
 # -- gc ---------------------------------------------------------------------------------------

@@ -38,6 +38,7 @@ const Kernels& scalar_table() {
     t.gelu_mul = act::gelu_mul_scalar;
     t.rope = act::rope_scalar;
     t.lora_up = lora::up_scalar;
+    t.lora_up_f16 = lora::up_f16_scalar;
     return t;
   }();
   return k;
@@ -65,6 +66,7 @@ const Kernels& avx2_table() {
     t.gelu_mul = act::gelu_mul_avx2;
     t.rope = act::rope_avx2;
     t.lora_up = lora::up_avx2;
+    t.lora_up_f16 = lora::up_f16_avx2;
     return t;  // quantize_row_q8k: the scalar one (no AVX2 version)
   }();
   return k;
@@ -91,6 +93,7 @@ const Kernels& avx512_table() {
     t.gelu_mul = act::gelu_mul_avx512;
     t.rope = act::rope_avx512;
     t.lora_up = lora::up_avx512;
+    t.lora_up_f16 = lora::up_f16_avx512;
     return t;
   }();
   return k;

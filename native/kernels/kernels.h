@@ -53,6 +53,8 @@ struct Kernels {
   // kernels/lora/lora_kernels.h
   void (*lora_up)(const float* bt, int rank, int n_out, int o0, int o1, const float* t, int n_x, float factor,
                   float* y, size_t y_stride);
+  void (*lora_up_f16)(const uint16_t* bt, int rank, int n_out, int o0, int o1, const float* t, int n_x,
+                      float factor, float* y, size_t y_stride);
 };
 
 const Kernels& kernels();         // the chosen path's table

@@ -33,7 +33,7 @@ LoraTarget LoraAdapter::target_from_name(const std::string& name) {
                               "ffn_gate, ffn_up, ffn_down)");
 }
 
-void LoraAdapter::set(int layer, LoraTarget t, std::vector<float> a, std::vector<float> b, int rank) {
+LoraPair& LoraAdapter::slot(int layer, LoraTarget t, size_t a_size, size_t b_size, int rank) {
   const int ti = static_cast<int>(t);
   if (ti < 0 || ti >= kTargets) throw std::invalid_argument("unknown LoRA target");
   const std::string what = "blk." + std::to_string(layer) + "." + kTargetNames[ti];
@@ -41,17 +41,36 @@ void LoraAdapter::set(int layer, LoraTarget t, std::vector<float> a, std::vector
     throw std::invalid_argument(what + ": the model has " + std::to_string(n_layer_) + " layers");
   if (rank <= 0) throw std::invalid_argument(what + ": LoRA rank must be positive, not " + std::to_string(rank));
   const int n_in = dims_[ti][0], n_out = dims_[ti][1];
-  if (a.size() != static_cast<size_t>(rank) * n_in || b.size() != static_cast<size_t>(rank) * n_out)
+  if (a_size != static_cast<size_t>(rank) * n_in || b_size != static_cast<size_t>(rank) * n_out)
     throw std::invalid_argument(what + ": lora_a must be [" + std::to_string(n_in) + ", rank] and lora_b [rank, " +
                                 std::to_string(n_out) + "] for this model");
   LoraPair& p = pairs_[static_cast<size_t>(layer) * kTargets + ti];
-  p.a = std::move(a);
-  p.bt.resize(b.size());
-  for (int o = 0; o < n_out; ++o)
-    for (int j = 0; j < rank; ++j) p.bt[static_cast<size_t>(j) * n_out + o] = b[static_cast<size_t>(o) * rank + j];
+  p = LoraPair{};
   p.rank = rank;
   p.n_in = n_in;
   p.n_out = n_out;
+  return p;
+}
+
+template <typename T>
+std::vector<T> LoraAdapter::transposed(const std::vector<T>& b, int n_out, int rank) {
+  std::vector<T> bt(b.size());
+  for (int o = 0; o < n_out; ++o)
+    for (int j = 0; j < rank; ++j) bt[static_cast<size_t>(j) * n_out + o] = b[static_cast<size_t>(o) * rank + j];
+  return bt;
+}
+
+void LoraAdapter::set(int layer, LoraTarget t, std::vector<float> a, std::vector<float> b, int rank) {
+  LoraPair& p = slot(layer, t, a.size(), b.size(), rank);
+  p.a = std::move(a);
+  p.bt = transposed(b, p.n_out, rank);
+}
+
+void LoraAdapter::set_f16(int layer, LoraTarget t, std::vector<uint16_t> a, std::vector<uint16_t> b, int rank) {
+  LoraPair& p = slot(layer, t, a.size(), b.size(), rank);
+  p.a16 = std::move(a);
+  p.bt16 = transposed(b, p.n_out, rank);
+  p.half = true;
 }
 
 int LoraAdapter::n_matrices() const {

@@ -21,8 +21,11 @@ struct ModelConfig;
 enum class LoraTarget : int { q, k, v, o, gate, up, down, count };
 
 struct LoraPair {
-  std::vector<float> a;  // (rank, n_in) A, row-major (GGUF lora_a: ne0 = n_in, ne1 = rank)
-  std::vector<float> bt; // (rank, n_out) B transposed (GGUF lora_b is (n_out, rank)), for lora::up
+  // f32, or (half = true) f16 as the file holds them: half the bytes a token reads.
+  std::vector<float> a;      // (rank, n_in) A, row-major (GGUF lora_a: ne0 = n_in, ne1 = rank)
+  std::vector<float> bt;     // (rank, n_out) B transposed (GGUF lora_b is (n_out, rank)), for lora::up
+  std::vector<uint16_t> a16, bt16;  // the same in f16, when half
+  bool half = false;
   int rank = 0, n_in = 0, n_out = 0;
 };
 
@@ -35,6 +38,8 @@ class LoraAdapter {
   // Takes A (rank, n_in) and B (n_out, rank), row-major, for one matrix; throws
   // std::invalid_argument naming the matrix if the shapes do not fit.
   void set(int layer, LoraTarget t, std::vector<float> a, std::vector<float> b, int rank);
+  // The same from f16 matrices, kept in f16 (every product widens each value exactly).
+  void set_f16(int layer, LoraTarget t, std::vector<uint16_t> a, std::vector<uint16_t> b, int rank);
   const LoraPair* get(int layer, LoraTarget t) const {
     const LoraPair& p = pairs_[static_cast<size_t>(layer) * kTargets + static_cast<int>(t)];
     return p.rank > 0 ? &p : nullptr;
@@ -50,6 +55,11 @@ class LoraAdapter {
   static LoraTarget target_from_name(const std::string& name);  // "attn_q", ... "ffn_down"
 
  private:
+  // Checks the shapes; the pair to fill, its rank and shape set.
+  LoraPair& slot(int layer, LoraTarget t, size_t a_size, size_t b_size, int rank);
+  template <typename T>
+  static std::vector<T> transposed(const std::vector<T>& b, int n_out, int rank);
+
   const void* owner_;
   float alpha_;
   int n_layer_;

@@ -146,11 +146,13 @@ void Model::matmul(std::initializer_list<MatmulJob> jobs, const float* x, int n_
   }
   if (need_q8a) quantize_rows(x, n_rows, n_in, ActFormat::q8a);
   if (need_q8k) quantize_rows(x, n_rows, n_in, ActFormat::q8k);
+  const bool lora = layer >= 0 && lora_prepare(layer, jobs, x);
   // Chunks of 16 output rows (the kernels' tile), about 8 chunks per thread
   // so a slow core does not hold the others up at the barrier.
   const int64_t grain = std::max<int64_t>(16, round_up(total / (pool_.size() * 8), 16));
   pool_.parallel_for(total, grain, [&](int64_t begin, int64_t end) {
     int64_t base = 0;
+    int job = 0;
     for (const MatmulJob& j : jobs) {
       const int64_t n_out = j.w->n_out;
       const int64_t o0 = std::max<int64_t>(begin - base, 0), o1 = std::min<int64_t>(end - base, n_out);
@@ -164,11 +166,12 @@ void Model::matmul(std::initializer_list<MatmulJob> jobs, const float* x, int n_
         else
           matmul_f(j.w->type, j.w->data, n_in, static_cast<int>(o0), static_cast<int>(o1), x, n_rows, j.y,
                    static_cast<size_t>(n_out));
+        if (lora) lora_up_range(j, job, o0, o1);
       }
       base += n_out;
+      ++job;
     }
   });
-  if (layer >= 0) lora_add(layer, jobs, x);
 }
 
 // Angles as ggml computes them (theta_i = pos * scale^i by repeated float

@@ -155,7 +155,7 @@ class Model {
   // Several matmuls over the same input x (n_rows, n_in) in one parallel
   // region: decode runs hundreds of them per token, and each region costs a
   // wake-up and a barrier.
-  // With a layer, each row's LoRA adapters are added after (lora_add).
+  // With a layer, each row's LoRA adapters are added too (lora_prepare, lora_up_range).
   void matmul(std::initializer_list<MatmulJob> jobs, const float* x, int n_rows, int layer = -1);
   struct LoraRun {     // consecutive rows of one item that has adapters
     int r0, r1;
@@ -167,10 +167,12 @@ class Model {
     float factor;
     int r0, r1;
     size_t t_off;      // its A x in s_.lora_t
-    int64_t base;      // the job's first output row among the fused jobs
   };
   void lora_runs(const std::vector<BatchItem>& items, const std::vector<Row>& rows, size_t r0, int n);
-  void lora_add(int layer, std::initializer_list<MatmulJob> jobs, const float* x);  // model_lora.cpp
+  // model_lora.cpp: the terms of this matmul and their t = A x (false: none);
+  // then y += factor * B t over output rows [o0, o1) of job number `job`.
+  bool lora_prepare(int layer, std::initializer_list<MatmulJob> jobs, const float* x);
+  void lora_up_range(const MatmulJob& j, int job, int64_t o0, int64_t o1);
   void quantize_rows(const float* x, int n_rows, int n_in, ActFormat format);
   // Store row r of s_.k / s_.v (this layer's new K and V) in slot `slot` of a page.
   void write_kv(int layer, int r, uint8_t* page, int slot);
@@ -191,7 +193,7 @@ class Model {
   std::vector<int> kept_index_;   // (n_layer) a full-attention layer's index in a released page, else -1
   std::vector<int64_t> released_; // (items) released leading pages of each item's sequence, this step
   std::vector<LoraRun> lora_runs_;   // this chunk's rows with adapters
-  std::vector<LoraTerm> lora_terms_; // scratch of lora_add
+  std::vector<LoraTerm> lora_terms_; // this matmul's adapter terms (lora_prepare)
   PageLayout layout_;             // of the sequences last seen (checked per forward)
   std::mutex mu_;
 };

@@ -1,5 +1,5 @@
-// LoRA adapters (models/lora.h) built from float32 matrices Python read from
-// an adapter GGUF; the adapter copies them, so it owns what a forward reads.
+// LoRA adapters (models/lora.h) built from float32 (or float16) matrices Python
+// read from an adapter GGUF; the adapter copies them, so it owns what a forward reads.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
@@ -19,10 +19,18 @@ namespace {
 
 using F32Array = py::array_t<float, py::array::c_style | py::array::forcecast>;
 
-std::vector<float> matrix(const F32Array& a, const char* what) {
+using F16Array = py::array_t<uint16_t, py::array::c_style | py::array::forcecast>;  // float16 bits
+
+template <typename A>
+std::vector<typename A::value_type> matrix(const A& a, const char* what) {
   if (a.ndim() != 2) throw std::invalid_argument(std::string(what) + " must be a matrix");
-  return std::vector<float>(a.data(), a.data() + a.size());
+  return std::vector<typename A::value_type>(a.data(), a.data() + a.size());
 }
+
+bool is_f16(const py::array& a) { return a.dtype().kind() == 'f' && a.dtype().itemsize() == 2; }
+
+// A float16 array's bits as uint16 (a view, no conversion).
+F16Array bits(const py::array& a) { return F16Array::ensure(a.attr("view")(py::dtype("uint16"))); }
 
 }  // namespace
 
@@ -34,31 +42,40 @@ void register_lora(py::module_& m) {
            py::arg("model"), py::arg("alpha"))
       .def(
           "set",
-          [](LoraAdapter& ad, int layer, const std::string& target, const F32Array& a, const F32Array& b) {
+          [](LoraAdapter& ad, int layer, const std::string& target, const py::array& a, const py::array& b) {
             if (a.ndim() != 2 || b.ndim() != 2 || a.shape(0) != b.shape(1))
               throw std::invalid_argument("blk." + std::to_string(layer) + "." + target +
                                           ": lora_a (rank, n_in) and lora_b (n_out, rank) disagree on the rank");
             const int rank = static_cast<int>(a.shape(0));
-            ad.set(layer, LoraAdapter::target_from_name(target), matrix(a, "lora_a"), matrix(b, "lora_b"), rank);
+            const LoraTarget t = LoraAdapter::target_from_name(target);
+            if (is_f16(a) && is_f16(b))
+              ad.set_f16(layer, t, matrix(bits(a), "lora_a"), matrix(bits(b), "lora_b"), rank);
+            else
+              ad.set(layer, t, matrix(F32Array::ensure(a), "lora_a"), matrix(F32Array::ensure(b), "lora_b"), rank);
           },
           py::arg("layer"), py::arg("target"), py::arg("a"), py::arg("b"),
-          "one matrix's A (rank, n_in) and B (n_out, rank), as float32")
+          "one matrix's A (rank, n_in) and B (n_out, rank): both float16 are kept in f16, else float32")
       .def_property_readonly("n_matrices", &LoraAdapter::n_matrices);
   m.def(
       "lora_up",
-      [](const F32Array& bt, const F32Array& t, float factor, F32Array y, int o0, int o1) {
+      [](const py::array& bt, const F32Array& t, float factor, F32Array y, int o0, int o1) {
         // Test-facing: y (n_x, n_out) += factor * t (n_x, rank) . bt (rank, n_out), outputs [o0, o1).
         if (bt.ndim() != 2 || t.ndim() != 2 || y.ndim() != 2 || t.shape(1) != bt.shape(0) ||
             y.shape(0) != t.shape(0) || y.shape(1) != bt.shape(1) || o0 < 0 || o1 > bt.shape(1) || o0 > o1)
           throw std::invalid_argument("lora_up: bt (rank, n_out), t (n_x, rank), y (n_x, n_out), 0 <= o0 <= o1 <= n_out");
-        const int n_out = static_cast<int>(bt.shape(1));
-        kernels().lora_up(bt.data(), static_cast<int>(bt.shape(0)), n_out, o0, o1, t.data(),
-                          static_cast<int>(t.shape(0)), factor, y.mutable_data(), static_cast<size_t>(n_out));
+        const int rank = static_cast<int>(bt.shape(0)), n_out = static_cast<int>(bt.shape(1));
+        const int n_x = static_cast<int>(t.shape(0));
+        if (is_f16(bt))
+          kernels().lora_up_f16(bits(bt).data(), rank, n_out, o0, o1, t.data(), n_x, factor, y.mutable_data(),
+                                static_cast<size_t>(n_out));
+        else
+          kernels().lora_up(F32Array::ensure(bt).data(), rank, n_out, o0, o1, t.data(), n_x, factor,
+                            y.mutable_data(), static_cast<size_t>(n_out));
         return y;
       },
       py::arg("bt"), py::arg("t"), py::arg("factor"), py::arg("y"), py::arg("o0"), py::arg("o1"),
-      "y + factor * (t . bt) for outputs [o0, o1) with the active path's lora_up kernel (a copy of y if it "
-      "was not float32)");
+      "y + factor * (t . bt) for outputs [o0, o1) with the active path's lora_up kernel (lora_up_f16 for a "
+      "float16 bt; a copy of y if it was not float32)");
 }
 
 }  // namespace ctx

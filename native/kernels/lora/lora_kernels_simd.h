@@ -14,7 +14,12 @@ namespace ctx::lora {
 namespace {
 
 template <typename V>
-void up_simd(const float* bt, int rank, int n_out, int o0, int o1, const float* t, int n_x, float factor, float* y,
+typename V::F load_b(const float* p, typename V::Mask m) { return V::load(p, m); }
+template <typename V>
+typename V::F load_b(const uint16_t* p, typename V::Mask m) { return V::load_f16(p, m); }
+
+template <typename V, typename T>
+void up_simd(const T* bt, int rank, int n_out, int o0, int o1, const float* t, int n_x, float factor, float* y,
              size_t y_stride) {
   using F = typename V::F;
   const F f = V::set1(factor);
@@ -26,7 +31,7 @@ void up_simd(const float* bt, int rank, int n_out, int o0, int o1, const float* 
       F acc[16];
       for (int i = 0; i < 16; ++i) acc[i] = V::zero();
       for (int j = 0; j < rank; ++j)
-        acc[j % 16] = V::fma(V::load(bt + static_cast<size_t>(j) * n_out + o, m), V::set1(tr[j]), acc[j % 16]);
+        acc[j % 16] = V::fma(load_b<V>(bt + static_cast<size_t>(j) * n_out + o, m), V::set1(tr[j]), acc[j % 16]);
       for (int w = 8; w >= 1; w /= 2)
         for (int i = 0; i < w; ++i) acc[i] = V::add(acc[i], acc[i + w]);
       // y + factor * dot, a multiply then an add, in every lane.
