@@ -137,7 +137,8 @@ def report_llama(ours: dict, llama: dict, streams: list[int]) -> None:
     wall = ours["wall"]
     for b in map(str, streams):
         lb = llama["streams"][b]
-        print(f"  llama.cpp {b:>2} streams: {spread(lb)} tok/s (ours {statistics.median(wall[b]) / statistics.median(lb):.2f}x)")
+        ours_vs = statistics.median(wall[b]) / statistics.median(lb)
+        print(f"  llama.cpp {b:>2} streams: {spread(lb)} tok/s (ours {ours_vs:.2f}x)")
     lb = llama["branches"]
     print(f"  llama.cpp branches: shared {lb['shared']:.1f}, unrelated {lb['unrelated']:.1f} tok/s "
           f"({lb['shared'] / lb['unrelated']:.2f}x; ours {statistics.median(wall['shared']) / lb['shared']:.2f}x "

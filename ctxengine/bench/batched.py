@@ -49,7 +49,7 @@ class Branches:
         self.eng = eng
         self.prefix = eng.new_sequence()
         eng.forward(self.prefix, prompt_ids(eng.tokenize, n_prefix))
-        # Distinct first tokens, so the branches diverge at once (as sampled replies would).
+        # Each its own first token (the text's first ones), so the branches diverge at once, as sampled replies would.
         self.first = prompt_ids(eng.tokenize, n_branch)
 
     def decode(self, shared: bool, n_gen: int) -> Decoded:
