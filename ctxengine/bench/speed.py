@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from ..state.model import load
+from .batched import Streams
 from .facts import machine_facts, read_bandwidth, weight_bytes_per_token
 from .llama import measure_llama, prompt_ids
 
@@ -73,16 +74,8 @@ def measure_ours(path, threads: int, n_prompt: int = 512, n_gen: int = 128, reps
 def measure_batched(eng, n_seq: int, n_prompt: int = 128, n_gen: int = 64) -> float:
     """Aggregate decode tok/s of n_seq sequences (own n_prompt-token prompts)
     decoding together, one native forward step per token for all of them, so
-    each weight is read once per step (like llama-batched-bench)."""
-    ids = prompt_ids(eng.tokenize, n_prompt + n_seq)
-    seqs = [eng.new_sequence() for _ in range(n_seq)]
-    last = [int(np.argmax(eng.forward(s, ids[k:k + n_prompt]))) for k, s in enumerate(seqs)]
-    bufs = [np.empty((1, eng.config.n_vocab), np.float32) for _ in range(n_seq)]
-    t0 = time.perf_counter()
-    for _ in range(n_gen):
-        eng._core.forward([(s, np.array([t], np.int32), buf, False, None) for s, t, buf in zip(seqs, last, bufs)])
-        last = [int(np.argmax(buf[0])) for buf in bufs]
-    return n_seq * n_gen / (time.perf_counter() - t0)
+    each weight is read once per step (like llama-batched-bench; batched.py)."""
+    return Streams(eng, n_seq, n_prompt).decode(n_seq, n_gen).wall
 
 
 def llama_cpp_results(path, threads: int, reps: int, python: str | None) -> dict | None:
