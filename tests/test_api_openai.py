@@ -126,3 +126,25 @@ def test_refused_requests_are_openai_errors(openai_client):
     with pytest.raises(openai.BadRequestError, match="role"):
         openai_client.chat.completions.create(model="smollm2", messages=[{"role": "critic", "content": "x"}],
                                               max_tokens=2)
+
+
+def test_an_idle_keep_alive_connection_is_kept_past_the_clients_idle_limit(server):
+    """The client, not the server, closes an idle connection: a request sent on one that
+    sat idle longer than httpx's own 5 s limit is answered on it, not reset."""
+    import http.client
+    import time
+    from urllib.parse import urlsplit
+
+    url = urlsplit(server.url)
+    conn = http.client.HTTPConnection(url.hostname, url.port, timeout=30)
+    try:
+        sockets = []
+        for pause in (6, 0):
+            conn.request("GET", "/v1/models")
+            r = conn.getresponse()  # RemoteDisconnected if the server closed the idle connection
+            assert r.status == 200 and b"smollm2" in r.read()
+            sockets.append(conn.sock)
+            time.sleep(pause)
+        assert sockets[0] is sockets[1]  # one connection throughout
+    finally:
+        conn.close()

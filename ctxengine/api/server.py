@@ -28,6 +28,12 @@ from .errors import ApiError, as_api_error, dialect_of, error_response
 from .generation import Generations
 from .metrics import Metrics
 
+# How long an idle keep-alive connection is held. Longer than the clients' own
+# idle limits (httpx 5 s, aiohttp 15 s, Go's net/http 90 s), so it is the client
+# that closes an idle connection, never the server at the moment a client sends
+# its next request on it (which the client sees as a reset connection).
+KEEP_ALIVE_S = 120
+
 
 def build_app(runtime, *, api_key: str | None = None, max_body: int = DEFAULT_MAX_BODY,
               cors_origins: list[str] | tuple = (), request_timeout: float | None = None) -> FastAPI:
@@ -80,7 +86,8 @@ def serve_http(runtime, args, on_ready=None) -> None:
     app = build_app(runtime, api_key=args.api_key, max_body=args.max_body, cors_origins=args.cors_origin,
                     request_timeout=args.request_timeout)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning", access_log=False,
-                            lifespan="off", timeout_graceful_shutdown=args.shutdown_timeout)
+                            lifespan="off", timeout_graceful_shutdown=args.shutdown_timeout,
+                            timeout_keep_alive=KEEP_ALIVE_S)
     server = _Server(config, on_ready, on_shutdown=app.state.generations.cancel_all)
     try:
         server.run()
