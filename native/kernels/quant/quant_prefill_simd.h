@@ -64,11 +64,14 @@ void tile_scales(Scratch<V>& s, int g, int nb) {
   const Lanes<V>* xs = &s.xs[static_cast<size_t>(g) * nb];
   typename V::F summ[V::kNK];
   for (auto& v : summ) v = V::zero();
-  for (int b = 0; b < nb; ++b)
+  for (int b = 0; b < nb; ++b) {
+    // Loaded once per block: the table's stores could alias them otherwise.
+    const typename V::F d = xd[b].v, sx = has_min(T) ? xs[b].v : V::zero();
     for (int k = 0; k < V::kNK; ++k) {
-      s.sc[b * V::kNK + k].v = V::mul(V::set1(wd[k * nb + b]), xd[b].v);
-      if (has_min(T)) summ[k] = V::fma(V::set1(wm[k * nb + b]), xs[b].v, summ[k]);
+      s.sc[b * V::kNK + k].v = V::mul(V::set1(wd[k * nb + b]), d);
+      if (has_min(T)) summ[k] = V::fma(V::set1(wm[k * nb + b]), sx, summ[k]);
     }
+  }
   if (has_min(T))
     for (int k = 0; k < V::kNK; ++k) s.summ[k].v = summ[k];
 }
