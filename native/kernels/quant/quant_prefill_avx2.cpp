@@ -18,7 +18,7 @@ struct Avx2 : F32x8 {
   static constexpr int kNX = 4;          // activation rows per tile (sub-tiles of a group)
   static constexpr int kAhead = 0;
   struct XBlock { __m256i q; __m256i nbias; };  // one prepared activation block
-  struct WBlock { __m256i u; __m256i sign; };   // the unsigned operand; Q8_0: the signed weights
+  struct WBlock { __m256i v; };  // the unsigned operand; Q8_0's second one: the signed weights
   template <DType T>
   static void prep_x(const BlockQ8A* X, int nb, int rows, Scratch<Avx2>& s);
   template <DType T>
@@ -74,18 +74,20 @@ void Avx2::unpack_w(const uint8_t* w, size_t row_bytes, int nk, int nb, Scratch<
   for (int o = 0; o < nk; ++o) {
     for (int b = 0; b < nb; ++b) {
       const uint8_t* p = w + o * row_bytes + b * bb;
-      WBlock& out = s.wq[static_cast<size_t>(o) * nb + b];
+      const size_t i = static_cast<size_t>(o) * nb + b;
       if constexpr (T == DType::Q8_0) {
-        out.sign = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 2));
-        out.u = _mm256_abs_epi8(out.sign);
+        const __m256i sign = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 2));
+        s.wq[i].v = _mm256_abs_epi8(sign);
+        s.wq[static_cast<size_t>(kNK) * nb + i].v = sign;
       } else {
         // Elements 0..15 are the low nibbles, 16..31 the high ones.
         const __m128i qs = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + qs_offset));
-        out.u = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(qs, 4), qs), _mm256_set1_epi8(0x0F));
-        if constexpr (q5) out.u = _mm256_or_si256(out.u, high_bits(p + qs_offset - 4));
+        __m256i u = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(qs, 4), qs), _mm256_set1_epi8(0x0F));
+        if constexpr (q5) u = _mm256_or_si256(u, high_bits(p + qs_offset - 4));
+        s.wq[i].v = u;
       }
-      s.wd[static_cast<size_t>(o) * nb + b] = _cvtsh_ss(load_u16(p));
-      if (has_min(T)) s.wm[static_cast<size_t>(o) * nb + b] = _cvtsh_ss(load_u16(p + 2));
+      s.wd[i] = _cvtsh_ss(load_u16(p));
+      if (has_min(T)) s.wm[i] = _cvtsh_ss(load_u16(p + 2));
     }
   }
 }
@@ -102,10 +104,11 @@ void Avx2::tile(const WBlock* wq, const XBlock* x, const float* sc, const float*
     const XBlock* xb = x + b * kGroup;
     const float* scb = sc + b * kNK * kGroup;
     for (int k = 0; k < NK; ++k) {
-      const WBlock& w = wq[k * nb + b];
+      const __m256i u = wq[k * nb + b].v;
+      const __m256i sign = T == DType::Q8_0 ? wq[(kNK + k) * nb + b].v : u;
       for (int j = 0; j < NX; ++j) {
-        const __m256i q = T == DType::Q8_0 ? _mm256_sign_epi8(xb[j].q, w.sign) : xb[j].q;
-        __m256i dot = _mm256_madd_epi16(_mm256_maddubs_epi16(w.u, q), ones);
+        const __m256i q = T == DType::Q8_0 ? _mm256_sign_epi8(xb[j].q, sign) : xb[j].q;
+        __m256i dot = _mm256_madd_epi16(_mm256_maddubs_epi16(u, q), ones);
         if (weight_bias(T) != 0) dot = _mm256_add_epi32(dot, xb[j].nbias);
         acc[k][j] = _mm256_fmadd_ps(_mm256_set1_ps(scb[k * kGroup + j]), _mm256_cvtepi32_ps(dot), acc[k][j]);
       }

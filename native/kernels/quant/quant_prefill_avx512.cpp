@@ -26,7 +26,7 @@ struct Avx512 : F32x16 {
   static constexpr int kNX = 4;          // activation rows per tile (sub-tiles of a group)
   static constexpr int kAhead = 2;       // tiles whose rows are prefetched ahead
   struct XBlock { __m256i v; };              // one prepared activation block
-  struct WBlock { __m256i q; __m256i start; };  // one unpacked weight block and its vpdpbusd start
+  struct WBlock { __m256i v; };            // one unpacked weight block, or (signed types) its vpdpbusd start
   template <DType T>
   static void prep_x(const BlockQ8A* X, int nb, int rows, Scratch<Avx512>& s);
   template <DType T>
@@ -101,11 +101,12 @@ void Avx512::unpack_w(const uint8_t* w, size_t row_bytes, int nk, int nb, Scratc
         if constexpr (T == DType::Q4_0) v = _mm256_sub_epi8(v, _mm256_set1_epi8(8));
         if constexpr (T == DType::Q5_0) v = _mm256_sub_epi8(v, _mm256_set1_epi8(16));
       }
-      s.wq[i].q = v;
-      // -128 * (4-sums of the weight values); 0 where the weight is the unsigned side.
-      s.wq[i].start = has_min(T) ? _mm256_setzero_si256()
-                                 : _mm256_sub_epi32(_mm256_setzero_si256(),
-                                                    _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(-128), v));
+      s.wq[i].v = v;
+      // -128 * (4-sums of the weight values), after the tile's blocks; none
+      // where the weight is the unsigned side (the start is 0).
+      if constexpr (!has_min(T))
+        s.wq[static_cast<size_t>(kNK) * nb + i].v = _mm256_sub_epi32(
+            _mm256_setzero_si256(), _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(-128), v));
       s.wd[i] = _cvtsh_ss(load_u16(p));
       if (has_min(T)) s.wm[i] = _cvtsh_ss(load_u16(p + 2));
     }
@@ -123,8 +124,8 @@ void Avx512::tile(const WBlock* wq, const XBlock* x, const float* sc, const floa
   for (int b = 0; b < nb; ++b) {
     __m256i w[NK], start[NK];
     for (int k = 0; k < NK; ++k) {
-      w[k] = wq[k * nb + b].q;
-      start[k] = has_min(T) ? _mm256_setzero_si256() : wq[k * nb + b].start;
+      w[k] = wq[k * nb + b].v;
+      start[k] = has_min(T) ? _mm256_setzero_si256() : wq[(kNK + k) * nb + b].v;
     }
     const XBlock* xb = x + b * kGroup;
     const float* scb = sc + b * kNK * kGroup;

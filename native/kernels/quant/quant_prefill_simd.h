@@ -47,7 +47,8 @@ template <typename V>
 struct Scratch {
   std::vector<typename V::XBlock> x;  // [group][block][row in group]
   std::vector<Lanes<V>> xd, xs;       // [group][block]: d_x, s_x of the group's rows
-  std::vector<typename V::WBlock> wq;  // [tile row][block]
+  std::vector<typename V::WBlock> wq;  // [tile row][block]; where a path's type needs a second operand
+                                       // per block, it follows in the same layout from wq[kNK * nb]
   std::vector<float> wd, wm;           // [tile row][block]: f16(d_w), f16(m_w)
   std::vector<Lanes<V>> sc;            // [block][k]: f16(d_w) * d_x for tile row k, the group's rows
   std::vector<Lanes<V>> summ;          // [k]: the min sums of tile row k, the group's rows
@@ -63,11 +64,14 @@ void tile_scales(Scratch<V>& s, int g, int nb) {
   const Lanes<V>* xs = &s.xs[static_cast<size_t>(g) * nb];
   typename V::F summ[V::kNK];
   for (auto& v : summ) v = V::zero();
-  for (int b = 0; b < nb; ++b)
+  for (int b = 0; b < nb; ++b) {
+    // Loaded once per block: the table's stores could alias them otherwise.
+    const typename V::F d = xd[b].v, sx = has_min(T) ? xs[b].v : V::zero();
     for (int k = 0; k < V::kNK; ++k) {
-      s.sc[b * V::kNK + k].v = V::mul(V::set1(wd[k * nb + b]), xd[b].v);
-      if (has_min(T)) summ[k] = V::fma(V::set1(wm[k * nb + b]), xs[b].v, summ[k]);
+      s.sc[b * V::kNK + k].v = V::mul(V::set1(wd[k * nb + b]), d);
+      if (has_min(T)) summ[k] = V::fma(V::set1(wm[k * nb + b]), sx, summ[k]);
     }
+  }
   if (has_min(T))
     for (int k = 0; k < V::kNK; ++k) s.summ[k].v = summ[k];
 }
@@ -119,8 +123,8 @@ void matmul_prefill(const void* W, int n_in, int o0, int o1, const BlockQ8A* Xq,
   const size_t x_row_bytes = nb * (sizeof(typename V::XBlock) + 2 * sizeof(float));
   const int batch = std::max<int>(kGroup, static_cast<int>(kXBudget / x_row_bytes) / kGroup * kGroup);
   const size_t tile_blocks = static_cast<size_t>(kNK) * nb;
-  if (s.wq.size() < tile_blocks) {
-    s.wq.resize(tile_blocks);
+  if (s.wd.size() < tile_blocks) {
+    s.wq.resize(2 * tile_blocks);
     s.wd.resize(tile_blocks);
     s.wm.resize(tile_blocks);
     s.sc.resize(tile_blocks);
