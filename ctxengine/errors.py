@@ -33,6 +33,15 @@ class ContextError(CtxError):
     """A context operation was refused (unknown name, too long, bad state)."""
 
 
+class RequestError(CtxError):
+    """A request asks for what cannot be done as asked; ``param`` names the
+    field at fault, when one is (the faces report it beside the message)."""
+
+    def __init__(self, message: str, param: str | None = None):
+        super().__init__(message)
+        self.param = param
+
+
 class InvalidNameError(CtxError):
     """A context, ref or model name is malformed (path tricks, length, characters)."""
 

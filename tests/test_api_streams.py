@@ -1,7 +1,7 @@
 """Each dialect's streamed reply is its reply not streamed, in pieces: the same
 text, tool calls, finish reason and counts, read with the real clients. Both
 are made from one generation's events by one writer per reply shape
-(api/events.py, api/streaming.py); greedy and deterministic, the two
+(serving/events.py, api/streaming.py); greedy and deterministic, the two
 generations give the same reply, the second from the prefix cache."""
 import json
 

@@ -6,8 +6,9 @@ text and errors of ours (tests/test_layout.py).
     server.py      the app and how it runs (graceful SIGTERM); arguments.py its options
     openai.py  anthropic.py  ollama.py  contexts.py    one dialect each (contexts: over serving/sessions.py)
     responses.py  response_store.py   the Responses API, its turns kept as snapshots
-    generation.py  the one generation path they share (prompt -> prefix reuse -> pieces -> usage)
-    options.py  fields.py  embeddings.py  streaming.py   what that path is made of (prompts: serving/prompts.py)
+    streaming.py   a generation (serving/generation.py) started, collected or streamed as HTTP
+    options.py  fields.py  tools.py  structured.py   request fields read into serving's terms
+    embeddings.py  the embedding routes' shared path
     ops.py  metrics.py  errors.py    health, metrics, API key, size limits, CORS, error shapes
     studio.py  studio_tree.py  static/studio/   the studio page at /studio and its JSON routes
 """

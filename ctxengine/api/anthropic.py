@@ -22,15 +22,16 @@ import anyio.to_thread
 from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse
 
+from ..serving.events import Finished, Started
+from ..serving.generation import GenerationRequest, Generations
 from ..serving.prompts import Prompt, prompt_ids
+from ..text.tools import ToolUse
 from .errors import ANTHROPIC, ApiError, error_body
-from .events import Finished, Started
 from .fields import Fields, json_body, text_content
-from .generation import GenerationRequest, Generations
 from .options import Sampling
-from .streaming import GenerationStream, Writer, sse
+from .streaming import GenerationStream, Writer, collected, sse, started
 from .structured import anthropic_grammar
-from .tools import ToolUse, anthropic_blocks, anthropic_messages, anthropic_tool_use
+from .tools import anthropic_blocks, anthropic_messages, anthropic_tool_use
 
 
 def messages_prompt(f: Fields, tools: ToolUse | None = None) -> Prompt:
@@ -84,11 +85,11 @@ def routes(runtime, generations: Generations) -> APIRouter:
         req = GenerationRequest(model, messages_prompt(f, tools), sampling(f), context=f.str("context", None),
                                 grammar=grammar, tools=tools, lora=f.data.get("lora"))
         stream = f.bool("stream", False)
-        gen = await generations.start(req)
+        gen = await started(generations, req)
         reply = MessageWriter(gen.started, model, tools_offered=tools is not None and tools.parses)
         if stream:
             return GenerationStream(gen, reply)
-        return JSONResponse(reply.body(await gen.collect(request)))
+        return JSONResponse(reply.body(await collected(gen, request)))
 
     @router.post("/v1/messages/count_tokens")
     async def count_tokens(request: Request):

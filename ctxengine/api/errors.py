@@ -18,7 +18,7 @@ import logging
 import math
 
 from ..errors import (ContextError, CorruptDataError, CtxError, InvalidNameError, ModelFileError,
-                      ModelNotFoundError, RefConflictError, StoreError, UnavailableError,
+                      ModelNotFoundError, RefConflictError, RequestError, StoreError, UnavailableError,
                       UnsupportedModelError, WeightMismatchError)
 
 log = logging.getLogger("ctxengine.api")
@@ -85,7 +85,7 @@ def as_api_error(err: BaseException) -> ApiError:
     if isinstance(err, UnavailableError):
         return ApiError(503, str(err), retry_after_s=err.retry_after_s)
     if isinstance(err, CtxError):
-        return ApiError(status_of(err), str(err))
+        return ApiError(status_of(err), str(err), param=err.param if isinstance(err, RequestError) else None)
     log.error("internal error", exc_info=err)
     return ApiError(500, f"internal error: {type(err).__name__}: {err}")
 

@@ -14,8 +14,8 @@ from prometheus_client.core import GaugeMetricFamily
 from ..serving.exports import is_host_local
 
 if TYPE_CHECKING:
+    from ..serving.events import Finished, Started
     from ..serving.runtime import Runtime
-    from .generation import Finished, Started
 
 
 class Metrics:

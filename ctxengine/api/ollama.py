@@ -22,16 +22,17 @@ from starlette.responses import JSONResponse, PlainTextResponse
 
 from ..serving.exports import __version__
 from ..serving import model_facts
+from ..serving.events import Finished, Started
+from ..serving.generation import GenerationRequest, Generations
 from ..serving.prompts import Prompt
+from ..text.tools import ToolUse
 from .embeddings import embed
 from .errors import OLLAMA, ApiError, error_body
-from .events import Finished, Started
 from .fields import Fields, json_body
-from .generation import GenerationRequest, Generations
 from .options import ollama_sampling
-from .streaming import GenerationStream, Writer, ndjson
+from .streaming import GenerationStream, Writer, collected, ndjson, started
 from .structured import ollama_grammar
-from .tools import ToolUse, ollama_calls, ollama_tool_use, openai_message
+from .tools import ollama_calls, ollama_tool_use, openai_message
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h)")
 _UNIT_S = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
@@ -120,11 +121,11 @@ class _Ollama:
         req = GenerationRequest(name, prompt, _sampling(f), context=context, keep_alive=_keep_alive(f),
                                 grammar=ollama_grammar(f), tools=tools, lora=f.data.get("lora"))
         stream = f.bool("stream", True)
-        gen = await self.generations.start(req)
+        gen = await started(self.generations, req)
         reply = LineWriter(gen.started, req.model, chat)
         if stream:
             return GenerationStream(gen, reply)
-        return JSONResponse(reply.body(await gen.collect(client)))
+        return JSONResponse(reply.body(await collected(gen, client)))
 
 
 def routes(runtime, generations: Generations, metrics) -> APIRouter:

@@ -19,14 +19,14 @@ import time
 from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse
 
+from ..serving.events import Finished, Started
+from ..serving.generation import GenerationRequest, Generations
 from ..serving.prompts import Prompt
 from .embeddings import embed
 from .errors import OPENAI, ApiError, error_body
-from .events import Finished, Started
 from .fields import Fields, json_body
-from .generation import GenerationRequest, Generations
 from .options import Sampling
-from .streaming import GenerationStream, Writer, sse
+from .streaming import GenerationStream, Writer, collected, sse, started
 from .structured import openai_grammar
 from .tools import openai_calls, openai_message, openai_tool_use
 
@@ -156,11 +156,11 @@ def routes(runtime, generations: Generations, metrics) -> APIRouter:
 
 async def _respond(generations: Generations, f: Fields, req: GenerationRequest, *, chat: bool, client: Request):
     include_usage = f.obj("stream_options").bool("include_usage", False)
-    gen = await generations.start(req)
+    gen = await started(generations, req)
     reply = (ChatWriter if chat else CompletionWriter)(gen.started, req.model or gen.entry.name, include_usage)
     if f.bool("stream", False):
         return GenerationStream(gen, reply)
-    return JSONResponse(reply.body(await gen.collect(client)))
+    return JSONResponse(reply.body(await collected(gen, client)))
 
 
 class _OpenAIWriter(Writer):

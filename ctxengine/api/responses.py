@@ -27,16 +27,16 @@ import anyio.to_thread
 from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse
 
+from ..serving.events import Finished, Started
+from ..serving.generation import GenerationRequest, Generations
 from ..serving.prompts import Prompt
 from ..text.tools import ToolCall
 from .errors import ApiError
-from .events import Finished, Started
 from .fields import Fields, json_body, text_content
-from .generation import GenerationRequest, Generations
 from .openai import ROLES
 from .options import Sampling
 from .response_store import ResponseStore, context_name, new_id
-from .streaming import GenerationStream, Writer, sse
+from .streaming import GenerationStream, Writer, collected, sse, started
 from .structured import responses_grammar
 from .tools import responses_tool_use
 
@@ -174,7 +174,7 @@ def routes(runtime, generations: Generations) -> APIRouter:
         model = f.str("model", None)
         ctx = await anyio.to_thread.run_sync(responses.open, turn.id, model, previous_id)
         try:
-            gen = await generations.start(turn.request(model or (previous and previous["model"])))
+            gen = await started(generations, turn.request(model or (previous and previous["model"])))
         except BaseException:
             responses.discard_later(ctx)
             raise
@@ -182,7 +182,7 @@ def routes(runtime, generations: Generations) -> APIRouter:
         if f.bool("stream", False):
             return GenerationStream(gen, reply)
         try:
-            fin = await gen.collect(request)
+            fin = await collected(gen, request)
         except BaseException:
             reply.close()
             raise

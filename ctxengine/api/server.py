@@ -21,12 +21,13 @@ from starlette.exceptions import HTTPException
 
 from ..errors import CtxError
 from ..serving.exports import __version__
+from ..serving.generation import Generations
 from . import anthropic, contexts, fleet, lora, ollama, openai, ops
 from . import responses, studio
 from .arguments import DEFAULT_MAX_BODY
 from .errors import ApiError, as_api_error, dialect_of, error_response
-from .generation import Generations
 from .metrics import Metrics
+from .options import entry_sampling
 
 # How long an idle keep-alive connection is held. Longer than the clients' own
 # idle limits (httpx 5 s, aiohttp 15 s, Go's net/http 90 s), so it is the client
@@ -38,7 +39,7 @@ KEEP_ALIVE_S = 120
 def build_app(runtime, *, api_key: str | None = None, max_body: int = DEFAULT_MAX_BODY,
               cors_origins: list[str] | tuple = (), request_timeout: float | None = None) -> FastAPI:
     metrics = Metrics(runtime)
-    generations = Generations(runtime, metrics, request_timeout)
+    generations = Generations(runtime, metrics, request_timeout, entry_defaults=entry_sampling)
     app = FastAPI(title="ctx-engine", version=__version__, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.runtime = runtime
     app.state.metrics = metrics

@@ -1,6 +1,9 @@
-"""Streamed replies: one :class:`Writer` per dialect turns a generation's
-events (api/events.py) into its wire chunks, SSE for OpenAI and Anthropic,
-NDJSON for Ollama, and the same writer shapes the reply that is not streamed.
+"""A generation (serving/generation.py) as the HTTP face serves it: its
+start and its whole reply with failures as ApiErrors (each dialect shapes
+them, api/errors.py), and streamed replies: one :class:`Writer` per dialect
+turns the generation's events (serving/events.py) into its wire chunks, SSE
+for OpenAI and Anthropic, NDJSON for Ollama, and the same writer shapes the
+reply that is not streamed.
 
 Starlette watches for ``http.disconnect`` while it streams and cancels the
 body iterator when it comes; the iterator here is built on
@@ -9,18 +12,50 @@ response cancels it once more when it ends for any reason.
 """
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import TYPE_CHECKING, AsyncIterator, Iterable
 
 from starlette.responses import StreamingResponse
 
-from .events import Failed, Finished, Text
+from ..serving.events import Failed, Finished, Text
+from .errors import ApiError, as_api_error
 
 if TYPE_CHECKING:
-    from .errors import ApiError
-    from .generation import Generation
+    from starlette.requests import Request
+
+    from ..serving.generation import Generation, GenerationRequest, Generations
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+async def started(generations: "Generations", request: "GenerationRequest") -> "Generation":
+    """A running generation whose prompt is prefilled; an ApiError if it was refused."""
+    try:
+        return await generations.start(request)
+    except Exception as err:
+        raise as_api_error(err) from None
+
+
+async def collected(gen: "Generation", client: "Request") -> Finished:
+    """The whole reply (its text and calls are in Finished); an ApiError if it
+    failed. ``client``'s request going away (a non-streamed reply nobody waits
+    for) stops the generation after the current token."""
+    watch = asyncio.ensure_future(_watch(gen, client))
+    try:
+        return await gen.collect()
+    except Exception as err:
+        raise as_api_error(err) from None
+    finally:
+        watch.cancel()
+
+
+async def _watch(gen: "Generation", client: "Request") -> None:
+    # The body is read, so the next ASGI message is the disconnect (streams
+    # have starlette's own watch: GenerationStream).
+    while (await client.receive())["type"] != "http.disconnect":
+        pass
+    gen.cancel()
 
 
 class Writer:
@@ -38,7 +73,7 @@ class Writer:
     async def finish(self, fin: Finished) -> Iterable[bytes]:
         raise NotImplementedError
 
-    def error(self, err: "ApiError") -> Iterable[bytes]:
+    def error(self, err: ApiError) -> Iterable[bytes]:
         raise NotImplementedError
 
     def close(self) -> None:
@@ -54,7 +89,7 @@ async def written(gen: "Generation", writer: Writer) -> AsyncIterator[bytes]:
             if isinstance(event, Text):
                 chunks = writer.text(event.text)
             elif isinstance(event, Failed):
-                chunks = writer.error(event.error)
+                chunks = writer.error(as_api_error(event.error))
             else:
                 chunks = await writer.finish(event)
             for chunk in chunks:

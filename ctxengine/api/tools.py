@@ -1,4 +1,4 @@
-"""Tool calls in each dialect's shape, onto text/tools.py's Tool, ToolCall and ToolChoice.
+"""Tool calls in each dialect's shape, onto text/tools.py's Tool, ToolCall, ToolChoice and ToolUse.
 
 * OpenAI chat: ``tools`` ``[{"type": "function", "function": {name, description,
   parameters}}]``, ``tool_choice`` "auto" / "none" / "required" /
@@ -16,32 +16,16 @@
 
 A forced choice (required, any, a named tool) is generated under a grammar,
 so its call always parses (text/tools.py). The generation splits the calls
-out of the reply (api/generation.py); the shapes they go out in are here.
+out of the reply (serving/generation.py); the shapes they go out in are here.
 """
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 
 from ..text.grammar import GrammarError
-from ..text.tools import Tool, ToolCall, ToolChoice, forced_call_grammar
+from ..text.tools import Tool, ToolCall, ToolChoice, ToolUse, forced_call_grammar
 from .errors import ApiError
 from .fields import Fields, text_content
-
-
-@dataclass
-class ToolUse:
-    tools: list[Tool]
-    choice: ToolChoice
-
-    @property
-    def prompt_tools(self) -> list[Tool] | None:
-        """The tools the prompt shows (none for tool_choice none)."""
-        return None if self.choice.mode == "none" else self.tools
-
-    @property
-    def parses(self) -> bool:
-        return self.choice.mode != "none"
 
 
 def _tool(f: Fields, schema_key: str) -> Tool:

@@ -1,7 +1,7 @@
 """A conversation held in a context: turns rendered with the model's chat
 template, only what continues the tokens the context already holds.
 
-``Context.chat`` is what the HTTP ``context`` field does (api/generation.py):
+``Context.chat`` is what the HTTP ``context`` field does (serving/generation.py):
 the new turns are rendered after the context's tokens (an assistant reply
 left open is closed first), the reply is generated, and the assistant's turn
 is closed after it, so the next turn continues a well-formed conversation.

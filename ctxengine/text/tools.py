@@ -75,6 +75,23 @@ class ToolChoice:
         return self.mode in ("required", "named")
 
 
+@dataclass
+class ToolUse:
+    """The tools a request offers and how it lets the model choose among them."""
+    tools: list[Tool]
+    choice: ToolChoice
+
+    @property
+    def prompt_tools(self) -> list[Tool] | None:
+        """The tools the prompt shows (none for tool_choice none)."""
+        return None if self.choice.mode == "none" else self.tools
+
+    @property
+    def parses(self) -> bool:
+        """Whether the reply is split into text and tool calls (not for tool_choice none)."""
+        return self.choice.mode != "none"
+
+
 def as_tools(tools: Sequence) -> list[Tool]:
     """Tools from Tool objects or dicts (OpenAI's ``{"type": "function", "function": {...}}`` or flat)."""
     out = []

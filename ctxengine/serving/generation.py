@@ -1,16 +1,25 @@
-"""The one path every dialect's generation takes: request -> prompt ids ->
-prefix reuse -> a stream of typed events (api/events.py) -> one writer.
+"""The one path every generation takes, whatever face and dialect asked for
+it: request -> prompt ids -> prefix reuse -> a stream of typed events
+(serving/events.py) -> the face's writer for its reply shape (HTTP:
+api/streaming.py).
 
 Each generation runs on a thread of its own from the lease of its model to
 its end (a context's lock belongs to the thread that took it, and the model's
 scheduler batches whatever threads are stepping at the same time), and hands
 its events to the request's event loop: first :class:`Started` (after the
-prompt is prefilled, so a refused prompt is still an HTTP error), then
+prompt is prefilled, so a refused prompt is still an error reply), then
 :class:`Text` pieces, then :class:`Finished` (or :class:`Failed`). When tools
 are offered the reply is split here, as it is generated: text that may be a
 tool call is held back, and the calls come parsed in Finished. ``cancel()``
 (a client that went away, a server shutting down) stops it after the current
 token, and the context's generator is closed on its own thread, releasing its lock.
+
+Failures are the errors raised, as raised (a CtxError for what the request
+asked wrongly, anything else a bug); each face reports them in its own terms
+(api/errors.py's ``as_api_error``). What the faces state in their own wire
+terms comes in ready-made: the request's :class:`Sampling` and
+:class:`ToolUse`, and ``entry_defaults``, how an entry's params layer reads
+as Sampling (Ollama's option names: the face that parses them supplies it).
 
 A request that names no context goes through the model's prefix cache
 (``ctxengine.serving.prefix_cache``): only the tokens past the longest prefix
@@ -24,23 +33,18 @@ import itertools
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, AsyncIterator
+from typing import TYPE_CHECKING, AsyncIterator, Callable
 
-from ..errors import ContextError, CtxError
-from ..serving.generate import Sampling
-from ..serving.prompts import Prompt, continuation_text, prompt_ids
-from ..text.tools import ToolStream, forced_call_grammar, parse_tool_calls, tool_format
-from .errors import ApiError, as_api_error
+from ..errors import ContextError, CtxError, RequestError
+from ..text.tools import ToolStream, ToolUse, forced_call_grammar, parse_tool_calls, tool_format
 from .events import Event, Failed, Finished, Started, Text
-from .options import entry_sampling
+from .generate import Sampling
+from .prompts import Prompt, continuation_text, prompt_ids
 
 if TYPE_CHECKING:
-    from starlette.requests import Request
-
-    from ..serving.exports import CatalogEntry
-    from ..serving.runtime import Runtime
+    from ..engine.model_source import CatalogEntry
     from ..text.grammar import Grammar
-    from .tools import ToolUse
+    from .runtime import Runtime
 
 __all__ = ["Failed", "Finished", "GenerationRequest", "Generation", "Generations", "Started", "Text"]
 
@@ -55,25 +59,28 @@ class GenerationRequest:
     sampling: Sampling = field(default_factory=Sampling)
     context: str | None = None        # a named context to continue (our extension)
     keep_alive: object = _UNSET       # Ollama: seconds to stay loaded afterwards (None: forever)
-    grammar: "Grammar | None" = None  # constrains the reply (api/structured.py)
-    tools: "ToolUse | None" = None    # tools offered; a forced choice is grammar-constrained (api/tools.py)
+    grammar: "Grammar | None" = None  # constrains the reply (api/structured.py builds it)
+    tools: ToolUse | None = None      # tools offered; a forced choice is grammar-constrained (text/tools.py)
     lora: list | None = None          # [{"id" | "name", "scale"}] (serving/lora.py); None: the model's scales
 
 
 class Generations:
     """Starts generations and keeps track of those running (for shutdown)."""
 
-    def __init__(self, runtime: "Runtime", metrics=None, request_timeout: float | None = None):
+    def __init__(self, runtime: "Runtime", metrics=None, request_timeout: float | None = None,
+                 entry_defaults: "Callable[[CatalogEntry], Sampling] | None" = None):
         self.runtime = runtime
+        self.entry_defaults = entry_defaults  # an entry's default sampling (None: the engine's)
         self.metrics = metrics
         self.request_timeout = request_timeout  # seconds a generation may run (None: no limit)
         self._active: set[Generation] = set()
         self._lock = threading.Lock()
 
     async def start(self, request: GenerationRequest) -> "Generation":
-        """A running generation whose prompt is prefilled; ApiError if it was refused."""
+        """A running generation whose prompt is prefilled; the error that refused it, raised."""
         entry = self.runtime.resolve(request.model)
-        sampling = request.sampling.over(entry_sampling(entry)).checked()
+        defaults = self.entry_defaults(entry) if self.entry_defaults is not None else Sampling()
+        sampling = request.sampling.over(defaults).checked()
         gen = Generation(self, entry, request, sampling)
         with self._lock:
             self._active.add(gen)
@@ -130,7 +137,7 @@ class Generation:
             self.cancel()
             raise
         if isinstance(event, BaseException):
-            raise as_api_error(event)
+            raise event
         self.started = event
 
     async def events(self) -> AsyncIterator[Event]:
@@ -139,7 +146,7 @@ class Generation:
             while True:
                 event = await self._queue.get()
                 if isinstance(event, BaseException):
-                    yield Failed(as_api_error(event))
+                    yield Failed(event)
                     return
                 yield event
                 if isinstance(event, Finished):
@@ -149,28 +156,15 @@ class Generation:
             if self._timer is not None:
                 self._timer.cancel()
 
-    async def collect(self, client: "Request | None" = None) -> Finished:
+    async def collect(self) -> Finished:
         """The events folded into the whole reply (its text and calls are in
-        Finished); ``client``'s request going away (a non-streamed reply nobody
-        waits for) stops the generation after the current token."""
-        watch = asyncio.ensure_future(self._watch(client)) if client is not None else None
-        try:
-            async for event in self.events():
-                if isinstance(event, Failed):
-                    raise event.error
-                if isinstance(event, Finished):
-                    return event
-        finally:
-            if watch is not None:
-                watch.cancel()
-        raise ApiError(500, "the generation ended without finishing")
-
-    async def _watch(self, client: "Request") -> None:
-        # The body is read, so the next ASGI message is the disconnect (streams
-        # have starlette's own watch: see streaming.py).
-        while (await client.receive())["type"] != "http.disconnect":
-            pass
-        self.cancel()
+        Finished); a failure is raised."""
+        async for event in self.events():
+            if isinstance(event, Failed):
+                raise event.error
+            if isinstance(event, Finished):
+                return event
+        raise RuntimeError("the generation ended without finishing")
 
     def cancel(self) -> None:
         self._cancel.set()
@@ -193,17 +187,17 @@ class Generation:
                     self._run_fresh(model, load_ns, t0)
             if self.request.keep_alive is not _UNSET:
                 self._runtime.keep_alive(self.entry.name, self.request.keep_alive)
-        except BaseException as err:  # every failure reaches the client, as its dialect says
+        except BaseException as err:  # every failure reaches the client, as its face reports it
             self._emit(err)
         finally:
             self._owner._done(self)
 
     def _lora(self):
-        """The adapters this request runs with (400 for a bad ``lora`` field)."""
+        """The adapters this request runs with (a RequestError for a bad ``lora`` field)."""
         try:
             return self._runtime.loras(self.entry.name).for_request(self.request.lora)
         except ValueError as err:
-            raise ApiError(400, str(err), param="lora") from None
+            raise RequestError(str(err), param="lora") from None
 
     def _run_fresh(self, model, load_ns: int, t0: int) -> None:
         ids = prompt_ids(model, self.entry, self.request.prompt)
@@ -233,11 +227,11 @@ class Generation:
     def _continue_named(self, model, load_ns: int, t0: int) -> None:
         with self._runtime.hold_context(self.request.context) as ctx:
             if ctx.engine is not model.engine:
-                raise ApiError(400, f"context '{ctx.name}' belongs to model '{ctx.engine.name}', "
-                                    f"not '{self.entry.name}'")
+                raise RequestError(f"context '{ctx.name}' belongs to model '{ctx.engine.name}', "
+                                   f"not '{self.entry.name}'")
             if self.request.lora is not None and self._lora() != ctx.lora:
-                raise ApiError(400, f"context '{ctx.name}' runs with {ctx.lora.describe()}; a request cannot "
-                                    f"change its adapters", param="lora")
+                raise RequestError(f"context '{ctx.name}' runs with {ctx.lora.describe()}; a request cannot "
+                                   f"change its adapters", param="lora")
             cached = ctx.n_cached
             text = continuation_text(model, self.entry, self.request.prompt, ctx.tokens)
             t = time.perf_counter_ns()

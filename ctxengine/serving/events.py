@@ -1,16 +1,16 @@
 """The events one generation streams, in order, whatever dialect asked for it:
 
     Started   the prompt is prefilled (awaited before a reply begins, so a
-              refused prompt is still an HTTP error)
+              refused prompt is still an error reply)
     Text*     reply text to show now; with tools offered, text that may be a
               tool call is held back until the reply ends (text/tools.py's ToolStream)
     Finished  how it ended, its counts, the whole reply and its tool calls
   | Failed    it stopped on an error (after Started: the reply has begun)
 
-They flow one way, from the generation's thread (api/generation.py) to one
-writer per dialect (api/streaming.py's Writer), which turns them into wire
-chunks; a reply that is not streamed is the Finished event, whose ``text``
-and ``calls`` fold the whole reply.
+They flow one way, from the generation's thread (serving/generation.py) to
+one writer per reply shape in the face (api/streaming.py's Writer), which
+turns them into wire chunks; a reply that is not streamed is the Finished
+event, whose ``text`` and ``calls`` fold the whole reply.
 """
 from __future__ import annotations
 
@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from ..text.tools import ToolCall
-    from .errors import ApiError
 
 
 @dataclass
@@ -52,7 +51,7 @@ class Finished:
 
 @dataclass
 class Failed:
-    error: "ApiError"
+    error: BaseException     # as raised: the face reports it in its own terms (api/errors.py)
 
 
 Event = Text | Finished | Failed
