@@ -5,6 +5,8 @@ are made from one generation's events by one writer per reply shape
 generations give the same reply, the second from the prefix cache."""
 import json
 
+import pytest
+
 from api_server import module_server
 from api_server import anthropic_client, ollama_client, openai_client  # noqa: F401 (fixtures)
 
@@ -127,3 +129,17 @@ def test_ollama_tool_calls(server):
     assert calls == whole["message"]["tool_calls"] and calls[0]["function"]["name"] == "get_weather"
     assert "".join(line["message"]["content"] for line in lines) == whole["message"]["content"]
     assert lines[-1]["done"] and lines[-1]["eval_count"] == whole["eval_count"]
+
+
+def test_a_generation_request_takes_only_a_keep_alive_it_can_apply():
+    """keep_alive is UNSET, None or seconds: the Ollama face once passed a sentinel of
+    its own, which failed after every reply (unseen, after Finished); now it would fail
+    the request, loudly."""
+    from ctxengine.serving.generation import UNSET, GenerationRequest
+    from ctxengine.serving.prompts import Prompt
+
+    for fine in (UNSET, None, 0, 30.0, -1):
+        GenerationRequest("m", Prompt(text="x"), keep_alive=fine)
+    for wrong in (object(), "5m", True):
+        with pytest.raises(TypeError, match="keep_alive"):
+            GenerationRequest("m", Prompt(text="x"), keep_alive=wrong)

@@ -23,7 +23,7 @@ from starlette.responses import JSONResponse, PlainTextResponse
 from ..serving.exports import __version__
 from ..serving import model_facts
 from ..serving.events import Finished, Started
-from ..serving.generation import GenerationRequest, Generations
+from ..serving.generation import UNSET, GenerationRequest, Generations
 from ..serving.prompts import Prompt
 from ..text.tools import ToolUse
 from .embeddings import embed
@@ -97,7 +97,7 @@ class _Ollama:
 
     def apply_keep_alive(self, f: Fields, name: str) -> None:
         ka = _keep_alive(f)
-        if ka is not _NOT_SET:
+        if ka is not UNSET:
             self.runtime.keep_alive(name, ka)
 
     async def load_or_unload(self, f: Fields, name: str, body: dict):
@@ -109,7 +109,7 @@ class _Ollama:
             await anyio.to_thread.run_sync(lambda: self.runtime.keep_alive(name, 0) if self.is_loaded(name) else None)
             return {"model": name, "created_at": iso(), **body, "done": True, "done_reason": "unload"}
         await anyio.to_thread.run_sync(lambda: self.runtime.model(name))
-        if ka is not _NOT_SET:
+        if ka is not UNSET:
             self.runtime.keep_alive(name, ka)
         return {"model": name, "created_at": iso(), **body, "done": True, "done_reason": "load"}
 
@@ -233,12 +233,9 @@ def _embedding_routes(router: APIRouter, o: _Ollama) -> None:
         return {"embedding": result.vectors[0].tolist()}
 
 
-_NOT_SET = object()
-
-
 def _keep_alive(f: Fields):
     value = f.data.get("keep_alive")
-    return _NOT_SET if value is None else keep_alive_seconds(value)
+    return UNSET if value is None else keep_alive_seconds(value)
 
 
 def _sampling(f: Fields):

@@ -46,9 +46,9 @@ if TYPE_CHECKING:
     from ..text.grammar import Grammar
     from .runtime import Runtime
 
-__all__ = ["Failed", "Finished", "GenerationRequest", "Generation", "Generations", "Started", "Text"]
+__all__ = ["Failed", "Finished", "GenerationRequest", "Generation", "Generations", "Started", "Text", "UNSET"]
 
-_UNSET = object()
+UNSET = object()  # a request that leaves keep_alive as it is
 _request_names = itertools.count(1)
 
 
@@ -58,10 +58,15 @@ class GenerationRequest:
     prompt: Prompt
     sampling: Sampling = field(default_factory=Sampling)
     context: str | None = None        # a named context to continue (our extension)
-    keep_alive: object = _UNSET       # Ollama: seconds to stay loaded afterwards (None: forever)
+    keep_alive: object = UNSET        # Ollama: seconds to stay loaded afterwards (None: forever)
     grammar: "Grammar | None" = None  # constrains the reply (api/structured.py builds it)
     tools: ToolUse | None = None      # tools offered; a forced choice is grammar-constrained (text/tools.py)
     lora: list | None = None          # [{"id" | "name", "scale"}] (serving/lora.py); None: the model's scales
+
+    def __post_init__(self):
+        ka = self.keep_alive
+        if not (ka is UNSET or ka is None or (isinstance(ka, (int, float)) and not isinstance(ka, bool))):
+            raise TypeError(f"keep_alive must be UNSET, None or seconds, not {ka!r}")
 
 
 class Generations:
@@ -185,7 +190,7 @@ class Generation:
                     self._continue_named(model, load_ns, t0)
                 else:
                     self._run_fresh(model, load_ns, t0)
-            if self.request.keep_alive is not _UNSET:
+            if self.request.keep_alive is not UNSET:
                 self._runtime.keep_alive(self.entry.name, self.request.keep_alive)
         except BaseException as err:  # every failure reaches the client, as its face reports it
             self._emit(err)
