@@ -66,18 +66,20 @@ class FleetHost:
         if self._thread is not None:
             self._thread.join(5)
 
-    def info(self) -> dict:
-        """This host as the fleet lists it."""
+    def info(self, served: dict[str, list[str]] | None = None) -> dict:
+        """This host as the fleet lists it (``served``: models.served_adapters(), if known)."""
         loaded = self.models.loaded()
+        served = self.models.served_adapters() if served is None else served
         return {"url": self.url, "models": [e.entry.name for e in loaded],
                 "weight_ids": sorted({e.model.weight_id for e in loaded}),
-                "lora": {wid: ids for wid, ids in self.models.served_adapters().items() if ids},
+                "lora": {wid: ids for wid, ids in served.items() if ids},
                 "contexts": sorted(c.name for c in self.models.contexts())}
 
     def beat(self) -> None:
         # Every servable model's weights and adapters, loaded or not: this host can
-        # restore onto any what they made.
-        self.fleet.heartbeat(self.info(), self.models.served_adapters(), HEARTBEAT_TTL_S)
+        # restore onto any what they made. One scan of the catalog for both.
+        served = self.models.served_adapters()
+        self.fleet.heartbeat(self.info(served), served, HEARTBEAT_TTL_S)
 
     def changed(self) -> None:
         """A model was loaded or unloaded: the fleet hears of it now, not at the next beat."""

@@ -202,18 +202,18 @@ class ServedModels:
 
     def serves(self, weight_id: str, adapters: Sequence[str] = ()) -> bool:
         """Whether some servable model has these weights and runs with these adapters."""
-        return any(w == weight_id and set(adapters) <= self._adapter_ids(e) for e, w in self._servable())
+        return self._serving(weight_id, adapters) is not None
 
     def served_name(self, weight_id: str, adapters: Sequence[str] = ()) -> str:
         """The name of the served model with these weights and (at least) these LoRA
         adapters; WeightsNotServedError if none."""
-        entries = [e for e, w in self._servable() if w == weight_id]
-        if not entries:
-            have = ", ".join(f"{name} ({wid[:16]})" for wid, name in self.weight_ids().items()) or "none"
+        entry = self._serving(weight_id, adapters)
+        if entry is not None:
+            return entry.name
+        served = self.weight_ids()
+        if weight_id not in served:
+            have = ", ".join(f"{name} ({wid[:16]})" for wid, name in served.items()) or "none"
             raise WeightsNotServedError(f"no model with weight_id {weight_id} is served here (it serves: {have})")
-        for entry in entries:
-            if set(adapters) <= self._adapter_ids(entry):
-                return entry.name
         have = ", ".join(a[:12] for a in self.served_adapters().get(weight_id, ())) or "none"
         raise WeightsNotServedError(f"the model with weight_id {weight_id} is served here without LoRA adapter(s) "
                                     f"{', '.join(a[:12] for a in adapters)} (its adapters: {have})")
@@ -258,6 +258,11 @@ class ServedModels:
                 yield entry, cached_weight_id(entry.path)
             except (OSError, ModelFileError):
                 continue
+
+    def _serving(self, weight_id: str, adapters: Sequence[str]) -> CatalogEntry | None:
+        """The first servable model with these weights that runs with (at least) these adapters."""
+        return next((e for e, w in self._servable() if w == weight_id and set(adapters) <= self._adapter_ids(e)),
+                    None)
 
     def _adapter_ids(self, entry: CatalogEntry) -> set[str]:
         """The adapters a model runs with: those loaded, or (not loaded) the files it would load."""
