@@ -1,5 +1,8 @@
 """The OpenAI dialect of `ctx serve`, driven by the real `openai` client."""
+import http.client
 import math
+import time
+from urllib.parse import urlsplit
 
 import numpy as np
 import openai
@@ -131,10 +134,6 @@ def test_refused_requests_are_openai_errors(openai_client):
 def test_an_idle_keep_alive_connection_is_kept_past_the_clients_idle_limit(server):
     """The client, not the server, closes an idle connection: a request sent on one that
     sat idle longer than httpx's own 5 s limit is answered on it, not reset."""
-    import http.client
-    import time
-    from urllib.parse import urlsplit
-
     url = urlsplit(server.url)
     conn = http.client.HTTPConnection(url.hostname, url.port, timeout=30)
     try:

@@ -7,6 +7,9 @@ import json
 
 import pytest
 
+from ctxengine.serving.generation import UNSET, GenerationRequest
+from ctxengine.serving.prompts import Prompt
+
 from api_server import module_server
 from api_server import anthropic_client, ollama_client, openai_client  # noqa: F401 (fixtures)
 
@@ -135,9 +138,6 @@ def test_a_generation_request_takes_only_a_keep_alive_it_can_apply():
     """keep_alive is UNSET, None or seconds: the Ollama face once passed a sentinel of
     its own, which failed after every reply (unseen, after Finished); now it would fail
     the request, loudly."""
-    from ctxengine.serving.generation import UNSET, GenerationRequest
-    from ctxengine.serving.prompts import Prompt
-
     for fine in (UNSET, None, 0, 30.0, -1):
         GenerationRequest("m", Prompt(text="x"), keep_alive=fine)
     for wrong in (object(), "5m", True):
