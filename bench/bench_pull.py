@@ -23,7 +23,9 @@ Goal: each pull >= 0.8x curl's throughput.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import random
 import re
 import resource
@@ -81,24 +83,38 @@ def rounds(n: int, tmp: Path, hub, registry, blob_url: str, hub_url: str) -> tup
     times: dict[str, list[float]] = {k: [] for k in (
         "curl registry", "ctx pull ollama://", "  its transfer", "curl hub", "ctx pull hf://", "  its transfer ")}
     cpu: dict[str, list[float]] = {k: [] for k in ("curl registry", "ctx pull ollama://", "curl hub", "ctx pull hf://")}
-    for r in range(n):
-        work = tmp / f"round{r}"
-        work.mkdir()
-        env = {"CTX_OLLAMA_REGISTRY": registry.url, "HF_ENDPOINT": hub.url, "HF_HOME": str(work / "hf"),
-               "HF_TOKEN": ""}
+    for _ in range(n):
         # (curl's row, its URL, the pull's row, the pull's transfer row, what it pulls), in this order each round
         for curl, url, name, moved, spec in (
                 ("curl registry", blob_url, "ctx pull ollama://", "  its transfer", "ollama://gemma3:270m"),
                 ("curl hub", hub_url, "ctx pull hf://", "  its transfer ", f"hf://{GEMMA_REPO}:Q4_K_M")):
-            wall, used = timed_run(["curl", "-sfL", "-o", str(work / curl.replace(" ", "-")), url])
+            with _clean(tmp) as work:
+                wall, used = timed_run(["curl", "-sfL", "-o", str(work / "file"), url])
             times[curl].append(wall)
             cpu[curl].append(used)
-            wall, used, moving = timed_pull(spec, work / "home", env)
+            with _clean(tmp) as work:
+                env = {"CTX_OLLAMA_REGISTRY": registry.url, "HF_ENDPOINT": hub.url, "HF_HOME": str(work / "hf"),
+                       "HF_TOKEN": ""}
+                wall, used, moving = timed_pull(spec, work / "home", env)
             times[name].append(wall)
             cpu[name].append(used)
             times[moved].append(moving)
-        shutil.rmtree(work)
     return times, cpu
+
+
+@contextlib.contextmanager
+def _clean(tmp: Path):
+    """An empty folder for one download, deleted after it and everything on disk synced
+    before it: on this machine's disk a write into space freed a moment ago costs a third
+    of one into fresh space, and dirty pages left by the last download would be written
+    back while this one runs, so each download starts from the same state."""
+    work = tmp / "download"
+    work.mkdir()
+    os.sync()
+    try:
+        yield work
+    finally:
+        shutil.rmtree(work)
 
 
 def main() -> int:
