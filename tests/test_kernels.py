@@ -305,10 +305,10 @@ def test_matmul_q_prefill_tiles_and_chunks(t, n_in):
                     assert not differ.any(), (path, n_out, n_x, chunk, np.argwhere(differ)[0])
 
 
-# Batched decode (AVX-512, Q4_1: quant_rows_avx512.cpp): every row count from 3
-# to 15 has its own tile (4, 2 or 1 weight rows), whose leftover weight rows go
-# one by one; chunks of 8 blocks (nb = 18: two whole, one of 2).
-@pytest.mark.parametrize("t", [G.Q4_1, G.Q4_0], ids=lambda t: t.name)
+# Batched decode (AVX-512, Q4_1 and Q8_0: quant_rows_avx512.cpp): every row
+# count from 3 to 15 has its own tile (4, 2 or 1 weight rows), whose leftover
+# weight rows go one by one; chunks of 8 blocks (nb = 18: two whole, one of 2).
+@pytest.mark.parametrize("t", [G.Q4_1, G.Q8_0, G.Q4_0], ids=lambda t: t.name)
 def test_matmul_q_batched_decode_rows(t):
     n_in = 576
     rng = np.random.default_rng(21 + int(t))
