@@ -305,6 +305,24 @@ def test_matmul_q_prefill_tiles_and_chunks(t, n_in):
                     assert not differ.any(), (path, n_out, n_x, chunk, np.argwhere(differ)[0])
 
 
+# Batched decode (AVX-512, Q4_1 and Q8_0: quant_rows_avx512.cpp): every row
+# count from 3 to 15 has its own tile (4, 2 or 1 weight rows), whose leftover
+# weight rows go one by one; chunks of 8 blocks (nb = 18: two whole, one of 2).
+@pytest.mark.parametrize("t", [G.Q4_1, G.Q8_0, G.Q4_0], ids=lambda t: t.name)
+def test_matmul_q_batched_decode_rows(t):
+    n_in = 576
+    rng = np.random.default_rng(21 + int(t))
+    w = weights(t, 11, n_in, rng, raw=True)
+    x = activations(16, n_in, rng)
+    want = canonical_matmul_q(t, w, n_in, x)
+    for n_x in range(1, 17):
+        for n_out, chunk in ((11, 0), (11, 5), (1, 0)):
+            results = on_each_path(lambda: Q.matmul(int(t), w[:n_out].reshape(-1), n_in, n_out, x[:n_x], chunk=chunk))
+            for path, got in results.items():
+                differ = got.view(np.uint32) != want[:n_x, :n_out].view(np.uint32)
+                assert not differ.any(), (path, n_out, n_x, chunk, np.argwhere(differ)[0])
+
+
 @pytest.mark.parametrize("t", QUANTIZED, ids=lambda t: t.name)
 def test_matmul_q_prefill_extreme_integer_sums(t):
     """The extreme 4-sums through the prefill path (enough rows for it): the

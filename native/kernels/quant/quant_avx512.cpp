@@ -21,7 +21,8 @@
 // canonical isum, whatever the trick.
 //
 // (From 16 activation rows on, prefill goes to quant_prefill_avx512.cpp
-// instead; below that this file's prefill tiles are faster.)
+// instead; below that this file's prefill tiles are faster, except for Q4_1
+// and Q8_0 with 3 to 15 rows, which quant_rows_avx512.cpp takes.)
 //
 // Tiling: the weight side of a block is unpacked once into registers and used
 // for every activation pair of the tile; the activation side is prepared once
@@ -339,8 +340,10 @@ void matmul_q_avx512(DType t, const void* W, int n_in, int o0, int o1, const Blo
                      size_t y_stride) {
   // From 16 activation rows on, unpacking each weight tile once (to memory)
   // beats unpacking it in registers per group of rows (quant_prefill_avx512.cpp);
-  // one row (decode) of Q8_0 has its own kernel (quant_decode_avx512.cpp).
+  // one row (decode) of Q8_0 has its own kernel (quant_decode_avx512.cpp), and
+  // so have 3 to 15 rows (batched decode) of Q4_1 and Q8_0 (quant_rows_avx512.cpp).
   if (n_x >= 16) return matmul_q_prefill_avx512(t, W, n_in, o0, o1, Xq, n_x, Y, y_stride);
+  if (matmul_q_rows_avx512(t, W, n_in, o0, o1, Xq, n_x, Y, y_stride)) return;
   if (n_x == 1 && matvec_q_avx512(t, W, n_in, o0, o1, Xq, Y)) return;
   switch (t) {
     case DType::Q4_0: return matmul_q_impl<DType::Q4_0>(W, n_in, o0, o1, Xq, n_x, Y, y_stride);
