@@ -21,14 +21,11 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("mode", choices=("decode", "prefill"))
-    ap.add_argument("adapter")
-    ap.add_argument("--core", help="another build's _core .so in place of ours")
-    args = ap.parse_args()
-    if args.core:
-        spec = importlib.util.spec_from_file_location("ctxengine._core", args.core)
+def load_engine(adapter: str, core: str | None = None):
+    """SmolLM2 on one thread, with ``core`` in place of our _core, and the
+    adapter (made if absent; "-": none); returns the engine and its LoraSet."""
+    if core:
+        spec = importlib.util.spec_from_file_location("ctxengine._core", core)
         sys.modules["ctxengine._core"] = module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
     sys.path.insert(0, os.path.join(REPO, "tests"))
@@ -38,11 +35,20 @@ def main() -> int:
 
     model = smollm2_file()
     e = Engine(model, threads=1)
-    if args.adapter != "-":
-        if not os.path.exists(args.adapter):
-            smollm2_lora(args.adapter, read_metadata(model), dtype="F16" if "16" in os.path.basename(args.adapter) else "F32")
-        e.load_lora("a", args.adapter)
-    lora = e.lora_set({"a": 1.0} if args.adapter != "-" else None)
+    if adapter != "-":
+        if not os.path.exists(adapter):
+            smollm2_lora(adapter, read_metadata(model), dtype="F16" if "16" in os.path.basename(adapter) else "F32")
+        e.load_lora("a", adapter)
+    return e, e.lora_set({"a": 1.0} if adapter != "-" else None)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("mode", choices=("decode", "prefill"))
+    ap.add_argument("adapter")
+    ap.add_argument("--core", help="another build's _core .so in place of ours")
+    args = ap.parse_args()
+    e, lora = load_engine(args.adapter, args.core)
     seq = e.new_sequence()
     e.forward(seq, list(range(1000, 1016)), lora=lora)  # warm up
     c0 = time.process_time()

@@ -2,7 +2,8 @@
 shared with the gRPC face and the ``context`` field of generation requests.
 
     GET    /v1/contexts                      every named context
-    POST   /v1/contexts                      create one (optionally with a system prompt, messages or text)
+    POST   /v1/contexts                      create one (optionally with LoRA adapters, a system prompt,
+                                             messages or text)
     GET    /v1/contexts/{name}               one, with its text (``?tokens=true``: and its token ids)
     DELETE /v1/contexts/{name}
     POST   /v1/contexts/{name}/append        text, messages or token ids; prefills only those
@@ -37,7 +38,8 @@ class _Contexts:
     def card(self, ctx, *, text: bool = False, tokens: bool = False) -> dict:
         out = {"object": "context", "name": ctx.name, "model": self.sessions.loaded_entry(ctx).entry.name,
                "weight_id": ctx.weight_id, "n_tokens": ctx.n_tokens, "n_cached": ctx.n_cached,
-               "labels": ctx.labels, "snapshot_id": ctx.snapshot_id, "host": self.runtime.host_id}
+               "labels": ctx.labels, "snapshot_id": ctx.snapshot_id, "host": self.runtime.host_id,
+               "lora": [{"name": a.name, "blake3": a.id, "scale": s} for a, s in ctx.lora.uses]}
         if text:
             out["text"] = ctx.text
         if tokens:
@@ -89,7 +91,8 @@ def _context_routes(router: APIRouter, ops: _Contexts) -> None:
             raise ApiError(400, "'labels' must map strings to strings", param="labels")
 
         def make():
-            ctx = sessions.create(name, f.str("model", None), labels=labels, fill=lambda c: ops.add_content(c, f))
+            ctx = sessions.create(name, f.str("model", None), labels=labels, lora=f.data.get("lora"),
+                                  fill=lambda c: ops.add_content(c, f))
             return ops.card(ctx)
 
         return JSONResponse(await _run(make), status_code=201)

@@ -57,8 +57,13 @@ class Remote(Channel):
 
     # -- contexts -------------------------------------------------------------------------
     def create(self, name: str | None = None, *, model: str | None = None, system: str | None = None,
-               labels: dict[str, str] | None = None) -> "RemoteContext":
+               labels: dict[str, str] | None = None, lora: dict[str, float] | None = None) -> "RemoteContext":
+        """A new context; ``lora``: {adapter name: scale} it runs with for its life
+        (None: the scales the server runs requests with by default)."""
         req = cpb.CreateRequest(model=model or "", name=name or "", system=system or "", labels=labels or {})
+        if lora is not None:
+            req.lora.SetInParent()  # set, even when empty: no adapters
+            req.lora.uses.extend(cpb.LoraUse(name=n, scale=s) for n, s in lora.items())
         return RemoteContext(self, self.unary("contexts", "Create", req))
 
     def context(self, name: str) -> "RemoteContext":
@@ -88,6 +93,7 @@ class RemoteContext:
         self.n_tokens = info.n_tokens
         self.snapshot_id = info.snapshot_id or None
         self.labels = dict(info.labels)
+        self.lora = {u.name: u.scale for u in info.lora}  # the adapters it runs with, by name
 
     def __repr__(self) -> str:
         return f"RemoteContext({self.name!r} on {self._remote.target}, {self.n_tokens} tokens)"

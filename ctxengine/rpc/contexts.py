@@ -31,7 +31,9 @@ class ContextServicer(context_pb2_grpc.ContextServiceServicer):
     @guarded
     def Create(self, request, context):
         fill = (lambda c: c.append_system(request.system)) if request.system else None
-        ctx = self.sessions.create(request.name, request.model or None, labels=request.labels, fill=fill)
+        lora = [{"name": u.name, "scale": u.scale} for u in request.lora.uses] if request.HasField("lora") else None
+        ctx = self.sessions.create(request.name, request.model or None, labels=request.labels, lora=lora,
+                                   fill=fill)
         return self._info(ctx)
 
     @guarded
@@ -112,7 +114,8 @@ class ContextServicer(context_pb2_grpc.ContextServiceServicer):
         ids = ctx.tokens
         info = pb.ContextInfo(name=ctx.name, model=names.get(id(ctx.engine), ctx.engine.name),
                               weight_id=ctx.weight_id, n_tokens=len(ids), snapshot_id=ctx.snapshot_id or "",
-                              labels=ctx.labels)
+                              labels=ctx.labels,
+                              lora=[pb.LoraUse(name=a.name, scale=s, blake3=a.id) for a, s in ctx.lora.uses])
         if tokens:
             info.token_ids.extend(ids)
             info.text = ctx.engine.detokenize(ids)

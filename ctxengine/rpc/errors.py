@@ -14,7 +14,7 @@ import inspect
 import grpc
 
 from ..errors import (ContextError, CorruptDataError, CtxError, InvalidNameError, ModelFileError,
-                      ModelNotFoundError, StoreError, TokenizerError, UnavailableError,
+                      ModelNotFoundError, RequestError, StoreError, TokenizerError, UnavailableError,
                       UnsupportedModelError, WeightMismatchError, WeightsNotServedError)
 
 Code = grpc.StatusCode
@@ -22,6 +22,7 @@ Code = grpc.StatusCode
 # Most specific first: CorruptDataError and WeightMismatchError are StoreErrors.
 _BY_CLASS: tuple[tuple[type[CtxError], grpc.StatusCode], ...] = (
     (InvalidNameError, Code.INVALID_ARGUMENT),
+    (RequestError, Code.INVALID_ARGUMENT),
     (WeightMismatchError, Code.FAILED_PRECONDITION),
     (CorruptDataError, Code.DATA_LOSS),
     (UnavailableError, Code.UNAVAILABLE),    # the fleet is out of reach: try again shortly

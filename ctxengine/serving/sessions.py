@@ -11,7 +11,9 @@ The checks are here, once:
   host-local: a name starting with ``_`` is the server's own
   (``store.names.is_host_local``). The server's own callers pass
   ``client=False``.
-* A new context's name is not taken on any model loaded here.
+* A new context's name is not taken on any model loaded here, and its LoRA
+  adapters are ones served with its model, at finite scales (a RequestError
+  naming the ``lora`` entry at fault).
 * A snapshot or restore needs the server's store ("this server has no
   snapshot store").
 * A restore goes onto the served model with the snapshot's weights
@@ -31,8 +33,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Iterator, Mapping
 
-from ..engine.lora import adapter_ids, describe_identity
-from ..errors import ContextError, InvalidNameError, StoreError
+from ..engine.lora import LoraSet, adapter_ids, describe_identity
+from ..errors import ContextError, InvalidNameError, RequestError, StoreError
 from ..state import Residency
 from ..state.snapshots import take_snapshot
 from ..store.names import HOST_LOCAL_PREFIX, is_host_local, validate_name
@@ -125,12 +127,17 @@ class Sessions:
 
     # -- making contexts -------------------------------------------------------------------
     def create(self, name: str | None, model: str | None = None, *, labels: Mapping[str, str] | None = None,
-               fill: Callable[["Context"], object] | None = None, client: bool = True) -> "Context":
+               lora: object = None, fill: Callable[["Context"], object] | None = None,
+               client: bool = True) -> "Context":
         """A new named context on ``model`` (None: the default), with ``labels``, and
-        ``fill(ctx)`` run on it: a fill that fails leaves no half-made context."""
+        ``fill(ctx)`` run on it: a fill that fails leaves no half-made context.
+        ``lora``: the adapters it runs with for its whole life, as a generation
+        request's ``lora`` field (``[{"id" | "name", "scale"}]``, serving/lora.py;
+        None: the scales requests run with by default); a bad one is a RequestError."""
         name = self.new_name(name, client=client)
+        adapters = self._lora_set(model, lora)
         m = self.models.model(model)
-        ctx = m.contexts.adopt(name, m.engine.new_sequence(), ())
+        ctx = m.contexts.adopt(name, m.engine.new_sequence(), (), lora=adapters)
         try:
             ctx.labels.update(labels or {})
             if fill is not None:
@@ -139,6 +146,12 @@ class Sessions:
             ctx.delete()
             raise
         return ctx
+
+    def _lora_set(self, model: str | None, lora: object) -> LoraSet:
+        try:
+            return self.models.loras(model).for_request(lora)
+        except ValueError as err:
+            raise RequestError(str(err), param="lora") from None
 
     def fork(self, ctx: "Context", name: str | None, *, client: bool = True) -> "Context":
         """A copy-on-write branch of ``ctx`` (O(pages)) under a new name."""

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <stdexcept>
 
+#include "kernels/lora/lora_kernels.h"
 #include "models/model.h"
 
 namespace ctx {
@@ -52,24 +53,16 @@ LoraPair& LoraAdapter::slot(int layer, LoraTarget t, size_t a_size, size_t b_siz
   return p;
 }
 
-template <typename T>
-std::vector<T> LoraAdapter::transposed(const std::vector<T>& b, int n_out, int rank) {
-  std::vector<T> bt(b.size());
-  for (int o = 0; o < n_out; ++o)
-    for (int j = 0; j < rank; ++j) bt[static_cast<size_t>(j) * n_out + o] = b[static_cast<size_t>(o) * rank + j];
-  return bt;
-}
-
 void LoraAdapter::set(int layer, LoraTarget t, std::vector<float> a, std::vector<float> b, int rank) {
   LoraPair& p = slot(layer, t, a.size(), b.size(), rank);
   p.a = std::move(a);
-  p.bt = transposed(b, p.n_out, rank);
+  p.bt = lora::blocks(b.data(), p.n_out, rank);
 }
 
 void LoraAdapter::set_f16(int layer, LoraTarget t, std::vector<uint16_t> a, std::vector<uint16_t> b, int rank) {
   LoraPair& p = slot(layer, t, a.size(), b.size(), rank);
   p.a16 = std::move(a);
-  p.bt16 = transposed(b, p.n_out, rank);
+  p.bt16 = lora::blocks(b.data(), p.n_out, rank);
   p.half = true;
 }
 

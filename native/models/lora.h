@@ -23,7 +23,7 @@ enum class LoraTarget : int { q, k, v, o, gate, up, down, count };
 struct LoraPair {
   // f32, or (half = true) f16 as the file holds them: half the bytes a token reads.
   std::vector<float> a;      // (rank, n_in) A, row-major (GGUF lora_a: ne0 = n_in, ne1 = rank)
-  std::vector<float> bt;     // (rank, n_out) B transposed (GGUF lora_b is (n_out, rank)), for lora::up
+  std::vector<float> bt;     // (rank, n_out) B transposed (GGUF lora_b is (n_out, rank)) in lora::up's blocks
   std::vector<uint16_t> a16, bt16;  // the same in f16, when half
   bool half = false;
   int rank = 0, n_in = 0, n_out = 0;
@@ -57,8 +57,6 @@ class LoraAdapter {
  private:
   // Checks the shapes; the pair to fill, its rank and shape set.
   LoraPair& slot(int layer, LoraTarget t, size_t a_size, size_t b_size, int rank);
-  template <typename T>
-  static std::vector<T> transposed(const std::vector<T>& b, int n_out, int rank);
 
   const void* owner_;
   float alpha_;

@@ -146,11 +146,17 @@ void Model::matmul(std::initializer_list<MatmulJob> jobs, const float* x, int n_
   }
   if (need_q8a) quantize_rows(x, n_rows, n_in, ActFormat::q8a);
   if (need_q8k) quantize_rows(x, n_rows, n_in, ActFormat::q8k);
-  const bool lora = layer >= 0 && lora_prepare(layer, jobs, x);
+  // The adapters' A x tasks come first, `grain` units each, so that every one
+  // is claimed before any chunk of output rows (model_lora.cpp).
+  const int64_t n_lora = layer >= 0 ? lora_prepare(layer, jobs) : 0;
   // Chunks of 16 output rows (the kernels' tile), about 8 chunks per thread
   // so a slow core does not hold the others up at the barrier.
   const int64_t grain = std::max<int64_t>(16, round_up(total / (pool_.size() * 8), 16));
-  pool_.parallel_for(total, grain, [&](int64_t begin, int64_t end) {
+  const int64_t first = n_lora * grain;
+  pool_.parallel_for(first + total, grain, [&](int64_t begin, int64_t end) {
+    for (; begin < std::min(end, first); begin += grain) lora_down(begin / grain, x, n_in);
+    if (begin >= end) return;
+    begin -= first, end -= first;
     int64_t base = 0;
     int job = 0;
     for (const MatmulJob& j : jobs) {
@@ -166,7 +172,7 @@ void Model::matmul(std::initializer_list<MatmulJob> jobs, const float* x, int n_
         else
           matmul_f(j.w->type, j.w->data, n_in, static_cast<int>(o0), static_cast<int>(o1), x, n_rows, j.y,
                    static_cast<size_t>(n_out));
-        if (lora) lora_up_range(j, job, o0, o1);
+        if (n_lora > 0) lora_up_range(j, job, o0, o1);
       }
       base += n_out;
       ++job;

@@ -5,6 +5,7 @@
 // the run state (scratch buffers, grown once, reused every step).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -155,7 +156,7 @@ class Model {
   // Several matmuls over the same input x (n_rows, n_in) in one parallel
   // region: decode runs hundreds of them per token, and each region costs a
   // wake-up and a barrier.
-  // With a layer, each row's LoRA adapters are added too (lora_prepare, lora_up_range).
+  // With a layer, each row's LoRA adapters are added too (lora_prepare, lora_down, lora_up_range).
   void matmul(std::initializer_list<MatmulJob> jobs, const float* x, int n_rows, int layer = -1);
   struct LoraRun {     // consecutive rows of one item that has adapters
     int r0, r1;
@@ -168,10 +169,16 @@ class Model {
     int r0, r1;
     size_t t_off;      // its A x in s_.lora_t
   };
+  struct LoraTask {    // one block of a term's rows whose A x one thread computes
+    int term, block;
+  };
   void lora_runs(const std::vector<BatchItem>& items, const std::vector<Row>& rows, size_t r0, int n);
-  // model_lora.cpp: the terms of this matmul and their t = A x (false: none);
-  // then y += factor * B t over output rows [o0, o1) of job number `job`.
-  bool lora_prepare(int layer, std::initializer_list<MatmulJob> jobs, const float* x);
+  // model_lora.cpp, inside the matmul's parallel region: the terms of this
+  // matmul and the number of their A x tasks (0: none); task i's t = A x; then
+  // y += factor * B t over output rows [o0, o1) of job number `job`, once
+  // every task is done.
+  int64_t lora_prepare(int layer, std::initializer_list<MatmulJob> jobs);
+  void lora_down(int64_t i, const float* x, int n_in);
   void lora_up_range(const MatmulJob& j, int job, int64_t o0, int64_t o1);
   void quantize_rows(const float* x, int n_rows, int n_in, ActFormat format);
   // Store row r of s_.k / s_.v (this layer's new K and V) in slot `slot` of a page.
@@ -194,6 +201,8 @@ class Model {
   std::vector<int64_t> released_; // (items) released leading pages of each item's sequence, this step
   std::vector<LoraRun> lora_runs_;   // this chunk's rows with adapters
   std::vector<LoraTerm> lora_terms_; // this matmul's adapter terms (lora_prepare)
+  std::vector<LoraTask> lora_tasks_; // their A x tasks, run first in the matmul's region
+  std::atomic<int64_t> lora_a_done_{0};  // A x tasks finished (release: their t is written)
   PageLayout layout_;             // of the sequences last seen (checked per forward)
   std::mutex mu_;
 };

@@ -1,22 +1,32 @@
-// The LoRA part of a matmul (models/lora.h): t = A x before the base product,
-// then, in the base product's own parallel region, right after each chunk of
-// output rows, each row's adapters add s * B t to them in the order its batch
-// item lists them (so y = W x, then the terms in order, per element, on one
-// thread, as before; B t costs no region of its own).
+// The LoRA part of a matmul (models/lora.h), all inside the base product's own
+// parallel region: its first tasks compute t = A x, then each chunk of output
+// rows gets its base values and, right after, each row's adapters add s * B t
+// to them in the order its batch item lists them (so y = W x, then the terms
+// in order, per element, on one thread, as before). Chunks are claimed in
+// order, so every A task is claimed before any base chunk; a thread about to
+// add B t waits only for A tasks still running on another thread, never for a
+// barrier, and the adapter costs no parallel region of its own.
 #include <algorithm>
+#include <thread>
 #include <vector>
 
 #include "kernels/kernels.h"
 #include "models/model.h"
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
+
 namespace ctx {
 
 namespace {
 
-// Below this many multiply-adds of A x (a decode step's share) the products run
-// on the calling thread: another wake-up and barrier per matmul would cost
-// more than the work. Either way each element is computed the same way.
-constexpr int64_t kSerialWork = 1 << 18;
+// Rows of one term per A task, so a lone term (wo, down) in prefill still
+// keeps every thread busy.
+constexpr int kRowBlock = 16;
+// Pause-spins before a thread waiting for A tasks yields its core instead (on
+// a loaded machine the thread it waits for may need this very core).
+constexpr int kYieldAfter = 2000;
 
 }  // namespace
 
@@ -33,55 +43,50 @@ void Model::lora_runs(const std::vector<BatchItem>& items, const std::vector<Row
   }
 }
 
-bool Model::lora_prepare(int layer, std::initializer_list<MatmulJob> jobs, const float* x) {
+int64_t Model::lora_prepare(int layer, std::initializer_list<MatmulJob> jobs) {
   lora_terms_.clear();
-  if (lora_runs_.empty()) return false;
+  lora_tasks_.clear();
+  lora_a_done_.store(0, std::memory_order_relaxed);
+  if (lora_runs_.empty()) return 0;
   // One term per (job, run, adapter touching the job's matrix), in the order
   // each row adds them: by job, then run, then the item's adapter order.
-  std::vector<LoraTerm>& terms = lora_terms_;
   size_t t_size = 0;
-  int job = 0, n_in = 0;
-  int64_t work = 0;
+  int job = 0;
   for (const MatmulJob& j : jobs) {
-    n_in = j.w->n_in;
     for (const LoraRun& run : lora_runs_)
       for (const LoraUse& use : *run.loras)
         if (const LoraPair* p = use.adapter->get(layer, j.target)) {
-          terms.push_back({job, p, use.adapter->factor(*p, use.scale), run.r0, run.r1, t_size});
+          lora_terms_.push_back({job, p, use.adapter->factor(*p, use.scale), run.r0, run.r1, t_size});
           t_size += static_cast<size_t>(run.r1 - run.r0) * p->rank;
-          work += static_cast<int64_t>(run.r1 - run.r0) * p->rank * p->n_in;
         }
     ++job;
   }
-  if (terms.empty()) return false;
   if (s_.lora_t.size() < t_size) s_.lora_t.resize(t_size);
-  // t = A x for each term's rows: (rows, rank), in tasks of up to kRowBlock
-  // rows of one term, so a lone term (wo, down) still keeps every thread busy.
-  constexpr int kRowBlock = 16;
-  int64_t n_tasks = 0;
-  for (const LoraTerm& t : terms) n_tasks += (t.r1 - t.r0 + kRowBlock - 1) / kRowBlock;
-  auto products = [&](int64_t i0, int64_t i1) {
-    int64_t first = 0;  // the first task of term ti
-    size_t ti = 0;
-    for (int64_t i = i0; i < i1; ++i) {
-      while (i >= first + (terms[ti].r1 - terms[ti].r0 + kRowBlock - 1) / kRowBlock)
-        first += (terms[ti].r1 - terms[ti].r0 + kRowBlock - 1) / kRowBlock, ++ti;
-      const LoraTerm& t = terms[ti];
-      const int b0 = t.r0 + static_cast<int>(i - first) * kRowBlock, b1 = std::min(t.r1, b0 + kRowBlock);
-      const void* a = t.p->half ? static_cast<const void*>(t.p->a16.data()) : t.p->a.data();
-      matmul_f(t.p->half ? DType::F16 : DType::F32, a, n_in, 0, t.p->rank, x + static_cast<size_t>(b0) * n_in, b1 - b0,
-               s_.lora_t.data() + t.t_off + static_cast<size_t>(b0 - t.r0) * t.p->rank,
-               static_cast<size_t>(t.p->rank));
-    }
-  };
-  if (work < kSerialWork)
-    products(0, n_tasks);
-  else
-    pool_.parallel_for(n_tasks, 1, products);
-  return true;
+  for (int ti = 0; ti < static_cast<int>(lora_terms_.size()); ++ti)
+    for (int b = 0; b * kRowBlock < lora_terms_[ti].r1 - lora_terms_[ti].r0; ++b) lora_tasks_.push_back({ti, b});
+  return static_cast<int64_t>(lora_tasks_.size());
+}
+
+// t = A x for task i's rows of its term: (rows, rank), each element whole, by
+// matmul_f, whichever thread runs it.
+void Model::lora_down(int64_t i, const float* x, int n_in) {
+  const LoraTerm& t = lora_terms_[lora_tasks_[i].term];
+  const int b0 = t.r0 + lora_tasks_[i].block * kRowBlock, b1 = std::min(t.r1, b0 + kRowBlock);
+  const void* a = t.p->half ? static_cast<const void*>(t.p->a16.data()) : t.p->a.data();
+  matmul_f(t.p->half ? DType::F16 : DType::F32, a, n_in, 0, t.p->rank, x + static_cast<size_t>(b0) * n_in, b1 - b0,
+           s_.lora_t.data() + t.t_off + static_cast<size_t>(b0 - t.r0) * t.p->rank, static_cast<size_t>(t.p->rank));
+  lora_a_done_.fetch_add(1, std::memory_order_release);
 }
 
 void Model::lora_up_range(const MatmulJob& j, int job, int64_t o0, int64_t o1) {
+  const int64_t n_tasks = static_cast<int64_t>(lora_tasks_.size());
+  for (int i = 0; lora_a_done_.load(std::memory_order_acquire) < n_tasks; ++i) {
+#if defined(__x86_64__) || defined(__i386__)
+    if (i < kYieldAfter) _mm_pause();
+    else
+#endif
+      std::this_thread::yield();
+  }
   const int n_out = j.w->n_out;
   const Kernels& kern = kernels();
   for (const LoraTerm& t : lora_terms_) {

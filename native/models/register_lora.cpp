@@ -5,9 +5,11 @@
 
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "kernels/kernels.h"
+#include "kernels/lora/lora_kernels.h"
 #include "models/lora.h"
 #include "models/model.h"
 
@@ -65,12 +67,19 @@ void register_lora(py::module_& m) {
           throw std::invalid_argument("lora_up: bt (rank, n_out), t (n_x, rank), y (n_x, n_out), 0 <= o0 <= o1 <= n_out");
         const int rank = static_cast<int>(bt.shape(0)), n_out = static_cast<int>(bt.shape(1));
         const int n_x = static_cast<int>(t.shape(0));
+        // B (n_out, rank) from bt, then the kernel's blocks of it.
+        auto up = [&](auto kernel, const auto* bt_rows) {
+          using T = std::remove_cv_t<std::remove_pointer_t<decltype(bt_rows)>>;
+          std::vector<T> b(static_cast<size_t>(n_out) * rank);
+          for (int j = 0; j < rank; ++j)
+            for (int o = 0; o < n_out; ++o) b[static_cast<size_t>(o) * rank + j] = bt_rows[static_cast<size_t>(j) * n_out + o];
+          kernel(lora::blocks(b.data(), n_out, rank).data(), rank, n_out, o0, o1, t.data(), n_x, factor,
+                 y.mutable_data(), static_cast<size_t>(n_out));
+        };
         if (is_f16(bt))
-          kernels().lora_up_f16(bits(bt).data(), rank, n_out, o0, o1, t.data(), n_x, factor, y.mutable_data(),
-                                static_cast<size_t>(n_out));
+          up(kernels().lora_up_f16, bits(bt).data());
         else
-          kernels().lora_up(F32Array::ensure(bt).data(), rank, n_out, o0, o1, t.data(), n_x, factor,
-                            y.mutable_data(), static_cast<size_t>(n_out));
+          up(kernels().lora_up, F32Array::ensure(bt).data());
         return y;
       },
       py::arg("bt"), py::arg("t"), py::arg("factor"), py::arg("y"), py::arg("o0"), py::arg("o1"),

@@ -7,7 +7,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class ContextInfo(_message.Message):
-    __slots__ = ("name", "model", "weight_id", "n_tokens", "snapshot_id", "labels", "token_ids", "text")
+    __slots__ = ("name", "model", "weight_id", "n_tokens", "snapshot_id", "labels", "token_ids", "text", "lora")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -23,6 +23,7 @@ class ContextInfo(_message.Message):
     LABELS_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
+    LORA_FIELD_NUMBER: _ClassVar[int]
     name: str
     model: str
     weight_id: str
@@ -31,10 +32,21 @@ class ContextInfo(_message.Message):
     labels: _containers.ScalarMap[str, str]
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     text: str
-    def __init__(self, name: _Optional[str] = ..., model: _Optional[str] = ..., weight_id: _Optional[str] = ..., n_tokens: _Optional[int] = ..., snapshot_id: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., token_ids: _Optional[_Iterable[int]] = ..., text: _Optional[str] = ...) -> None: ...
+    lora: _containers.RepeatedCompositeFieldContainer[LoraUse]
+    def __init__(self, name: _Optional[str] = ..., model: _Optional[str] = ..., weight_id: _Optional[str] = ..., n_tokens: _Optional[int] = ..., snapshot_id: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., token_ids: _Optional[_Iterable[int]] = ..., text: _Optional[str] = ..., lora: _Optional[_Iterable[_Union[LoraUse, _Mapping]]] = ...) -> None: ...
+
+class LoraUse(_message.Message):
+    __slots__ = ("name", "scale", "blake3")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    SCALE_FIELD_NUMBER: _ClassVar[int]
+    BLAKE3_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    scale: float
+    blake3: str
+    def __init__(self, name: _Optional[str] = ..., scale: _Optional[float] = ..., blake3: _Optional[str] = ...) -> None: ...
 
 class CreateRequest(_message.Message):
-    __slots__ = ("model", "name", "system", "labels")
+    __slots__ = ("model", "name", "system", "labels", "lora")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -46,11 +58,19 @@ class CreateRequest(_message.Message):
     NAME_FIELD_NUMBER: _ClassVar[int]
     SYSTEM_FIELD_NUMBER: _ClassVar[int]
     LABELS_FIELD_NUMBER: _ClassVar[int]
+    LORA_FIELD_NUMBER: _ClassVar[int]
     model: str
     name: str
     system: str
     labels: _containers.ScalarMap[str, str]
-    def __init__(self, model: _Optional[str] = ..., name: _Optional[str] = ..., system: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    lora: LoraList
+    def __init__(self, model: _Optional[str] = ..., name: _Optional[str] = ..., system: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., lora: _Optional[_Union[LoraList, _Mapping]] = ...) -> None: ...
+
+class LoraList(_message.Message):
+    __slots__ = ("uses",)
+    USES_FIELD_NUMBER: _ClassVar[int]
+    uses: _containers.RepeatedCompositeFieldContainer[LoraUse]
+    def __init__(self, uses: _Optional[_Iterable[_Union[LoraUse, _Mapping]]] = ...) -> None: ...
 
 class TokenIds(_message.Message):
     __slots__ = ("ids",)

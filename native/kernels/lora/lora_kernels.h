@@ -1,5 +1,7 @@
 // The LoRA up-projection kernel (models/lora.h), one per path in the kernel
-// table (kernels/kernels.h). With B stored transposed, bt (rank, n_out):
+// table (kernels/kernels.h). With B stored transposed in blocks of 16 outputs,
+// bt[j, o] at blocked_index(j, o, rank) (each block's rank x 16 values one run
+// of memory, n_out rounded up to 16 with zeros; blocks() makes it from B):
 //   for o in [o0, o1), r in [0, n_x):
 //     acc[16] = 0; for j in 0..rank-1 (ascending): acc[j % 16] = fma(bt[j, o], t[r, j], acc[j % 16])
 //     dot = hsum16(acc)  (kernels/quant/quant.h: for w in (8, 4, 2, 1): a[i] = a[i] + a[i + w] for i < w)
@@ -13,8 +15,27 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 namespace ctx::lora {
+
+constexpr int kBlock = 16;  // outputs per block of bt
+
+// static: each translation unit keeps its own copy (with -flto an inline
+// function built with -mavx512f in one unit could be handed to the baseline
+// path; kernels/quant/quant_impl.h).
+static inline size_t blocked_index(int j, int o, int rank) {
+  return (static_cast<size_t>(o / kBlock) * rank + j) * kBlock + o % kBlock;
+}
+
+// bt in blocks from B (n_out, rank), row-major as GGUF's lora_b.
+template <typename T>
+static std::vector<T> blocks(const T* b, int n_out, int rank) {
+  std::vector<T> bt(static_cast<size_t>((n_out + kBlock - 1) / kBlock) * kBlock * rank, T{});
+  for (int o = 0; o < n_out; ++o)
+    for (int j = 0; j < rank; ++j) bt[blocked_index(j, o, rank)] = b[static_cast<size_t>(o) * rank + j];
+  return bt;
+}
 
 void up_scalar(const float* bt, int rank, int n_out, int o0, int o1, const float* t, int n_x, float factor, float* y,
                size_t y_stride);
