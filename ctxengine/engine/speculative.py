@@ -11,8 +11,9 @@ anything that proposes token ids:
   sequence itself (prompt lookup) and in its relatives (forks and siblings
   sharing its prefix), whose token lists may still be growing;
 - ``ModelDrafter``: a smaller model with the same vocabulary, greedy;
-- ``DraftLength``: the adaptive length, and the switch that turns drafting
-  off for a while when drafts keep failing.
+- ``DraftLength``: the length that pays best for this model's measured step
+  costs and the drafts' acceptance, and the switch that turns drafting off
+  for a while when no length pays.
 """
 from __future__ import annotations
 
@@ -122,21 +123,35 @@ def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
 
 
 class DraftLength:
-    """How many tokens to draft next: more after a fully accepted draft, the accepted
-    length plus one after a partial one. When the share of drafted tokens accepted
-    (a moving average) falls below ``MIN_RATE``, drafting stops for ``cooldown``
-    tokens, doubled at each repeat, so a sequence whose drafts keep failing pays
-    for almost none: a verified row that is thrown away costs a row of work."""
+    """How many tokens to draft next: the k that maximises the expected tokens per
+    second of the step that verifies them, from the measured cost of a step per row
+    count (``costs``: engine/step_cost.py) and the chance ``p`` that a drafted token
+    is accepted. Each drafted token is taken as accepted with chance p and the draft
+    cut at the first that is not, so k drafts yield ``1 + p + ... + p^k`` tokens
+    for the time of ``k + 1`` rows. Among ``others`` rows of other streams the step
+    yields theirs too and costs the rows of all: the k that is best for the step's
+    total, so a draft never slows the other streams more than it gains.
 
-    MIN_RATE = 0.3
-    KEEP = 0.5           # weight of the old average at each draft
+    When no k promises ``MIN_GAIN`` times the tokens per second of plain decoding
+    (for a lone stream), drafting stops for ``cooldown`` tokens, doubled at each
+    repeat, then starts again from the prior: a sequence whose drafts keep failing
+    pays for almost none."""
+
+    KEEP = 0.8           # weight of the past at each draft: about the last five drafts count
+    PRIOR = (0.5, 1.0)   # pseudo-counts (accepted, tried) behind p: 0.5 before any draft
+    MIN_GAIN = 1.05      # what drafting must promise over plain decoding: a margin for its own work
     COOLDOWN = (8, 512)  # first and longest pause, in tokens
 
-    def __init__(self, k: int = 4, k_max: int = MAX_DRAFT):
-        self.k, self.k_max = min(k, k_max), k_max
-        self.rate = 0.5  # moving average of accepted / drafted
+    def __init__(self, k_max: int = MAX_DRAFT):
+        self.k_max = k_max
+        self._accepted = self._tried = 0.0  # decayed sums over drafts: tokens accepted, tokens tried
         self._cooldown = self.COOLDOWN[0]
         self._paused = 0  # tokens left to decode without drafting
+
+    @property
+    def p(self) -> float:
+        """The estimated chance that a drafted token is accepted."""
+        return (self._accepted + self.PRIOR[0]) / (self._tried + self.PRIOR[1])
 
     @property
     def active(self) -> bool:
@@ -146,18 +161,31 @@ class DraftLength:
         """A token decoded without a draft."""
         self._paused = max(0, self._paused - 1)
 
+    def choose(self, costs: Sequence[float], others: int = 0, k_max: int | None = None) -> int:
+        """The draft length now (0: none), for a step that also holds ``others`` rows;
+        ``costs[n]``: the time of a step of n rows (StepCost.curve), at least up to
+        ``others + 1 + k_max``."""
+        p, base = self.p, others + 1
+        best, best_rate = 0, base / costs[base] * (self.MIN_GAIN if others == 0 else 1.0)
+        expected = float(base)
+        for k in range(1, self.k_max + 1 if k_max is None else min(self.k_max, k_max) + 1):
+            expected += p ** k
+            rate = expected / costs[base + k]
+            if rate > best_rate:
+                best, best_rate = k, rate
+        if best == 0 and others == 0:
+            self._pause()
+        return best
+
     def update(self, drafted: int, accepted: int) -> None:
-        if accepted == drafted:
-            self.k = min(self.k_max, self.k + 2)
-        else:
-            self.k = max(1, min(self.k, accepted + 1))
-        share = accepted / max(1, drafted)
-        self.rate = self.KEEP * self.rate + (1 - self.KEEP) * share
-        if share >= 0.5:
+        self._accepted = self.KEEP * self._accepted + accepted
+        self._tried = self.KEEP * self._tried + accepted + (accepted < drafted)  # the first miss was tried too
+        if 2 * accepted >= drafted:
             self._cooldown = self.COOLDOWN[0]
-        if self.rate < self.MIN_RATE:
-            self._paused, self.rate = self._cooldown, 0.5  # then try again, from neutral
-            self._cooldown = min(2 * self._cooldown, self.COOLDOWN[1])
+
+    def _pause(self) -> None:
+        self._paused, self._accepted, self._tried = self._cooldown, 0.0, 0.0  # then try again, from the prior
+        self._cooldown = min(2 * self._cooldown, self.COOLDOWN[1])
 
 
 def check_same_vocabulary(model: "Engine", draft: "Engine") -> None:
