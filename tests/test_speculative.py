@@ -260,6 +260,15 @@ def test_lookup_follows_the_longest_most_recent_match():
     assert d.propose([6, 6], 3) == []
 
 
+def test_lookup_continues_a_loop_past_the_end():
+    from ctxengine.engine.speculative import LookupDrafter
+
+    toks = [5, 6, 1, 2, 1, 2, 1, 2]  # a reply caught in a loop: "1 2" repeats with period 2
+    assert LookupDrafter(toks).propose(toks, 5) == [1, 2, 1, 2, 1]
+    theirs = [5, 6, 1, 2]  # a relative's text ends where it ends: no loop is read into it
+    assert LookupDrafter([9, 5, 6], [(theirs, 0)]).propose([9, 5, 6], 5) == [1, 2]
+
+
 def test_lookup_drafts_from_a_relatives_growing_tokens():
     from ctxengine.engine.speculative import LookupDrafter
 
@@ -301,6 +310,7 @@ def test_draft_length_follows_the_step_costs():
     assert 4 <= sure.choose(gemma_costs(16)) <= 8               # past 8 rows Gemma's steps grow fast
     assert sure.choose(RowCosts(1.0).curve(16)) == 0            # a row costs a step: never
     assert not sure.active
+    assert DraftLength().choose(RowCosts(1.0).curve(16)) == 1   # but once, to learn p: a probe
 
 
 def test_draft_length_follows_the_acceptance_and_pauses():
@@ -315,6 +325,7 @@ def test_draft_length_follows_the_acceptance_and_pauses():
     for _ in range(DraftLength.COOLDOWN[0]):
         length.plain_step()
     assert length.active and length.p == 0.5  # it tries again, from the prior
+    assert length.choose(RowCosts(1.0).curve(16)) == 1  # a probe, even where the prior does not pay
     length.update(2, 0)
     length.update(2, 0)
     assert length.choose(costs) == 0
@@ -332,7 +343,7 @@ def test_draft_length_among_other_streams_counts_their_rows():
     assert sure.choose(costs, others=7, k_max=1) == 1  # 9 tokens in 3.0 beat 8 in 2.75
     low = DraftLength()
     low.update(4, 0)
-    assert low.choose(costs, others=7, k_max=1) == 0 and low.active  # no pause: the crowd may go
+    assert low.choose(costs, others=7, k_max=1) == 0 and not low.active
 
 
 @pytest.mark.parametrize("per_row", [0.0, 0.3, 1.0])
@@ -346,7 +357,7 @@ def test_the_draft_length_never_changes_the_output(model, monkeypatch, per_row):
     assert spec[:5] == plain[:5]
     assert rec.take() == plain_rows
     if per_row == 1.0:
-        assert spec[5].drafted == 0, spec[5]  # a row costs a step: it never drafts
+        assert spec[5].steps <= 4, spec[5]  # a row costs a step: only probes, ever rarer
     else:
         assert spec[5].accepted > len(plain[0]) // 2, spec[5]
 

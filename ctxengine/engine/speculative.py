@@ -55,10 +55,20 @@ class NgramIndex:
                     last[tuple(toks[j + 1 - n:j + 1])] = j
         self._done = max(self._done, end)
 
-    def follow(self, key: tuple, k: int) -> list[int]:
-        """The (up to k) tokens after the last occurrence of key; [] if it never occurred."""
+    def follow(self, key: tuple, k: int, *, periodic: bool = False) -> list[int]:
+        """The (up to k) tokens after the last occurrence of key; [] if it never occurred.
+        ``periodic``: key is the list's own tail, so an occurrence p tokens before it
+        says the text repeats with period p, and the guess goes on past the list's end
+        (a reply caught in a loop, a run of equal lines): k tokens, not p."""
         j = self._last.get(key)
-        return [] if j is None else list(self.tokens[j + 1:j + 1 + k])
+        if j is None:
+            return []
+        draft = list(self.tokens[j + 1:j + 1 + k])
+        if periodic:
+            period = len(self.tokens) - 1 - j
+            while len(draft) < k:
+                draft.append(draft[len(draft) - period])
+        return draft
 
 
 class LookupDrafter:
@@ -79,7 +89,8 @@ class LookupDrafter:
                 continue
             key = tuple(tokens[-n:])
             for index in indexes:
-                draft = index.follow(key, k)
+                own_tail = index is self.own and tuple(index.tokens[-n:]) == key
+                draft = index.follow(key, k, periodic=own_tail)
                 if draft:
                     return draft
         return []
@@ -133,9 +144,11 @@ class DraftLength:
     total, so a draft never slows the other streams more than it gains.
 
     When no k promises ``MIN_GAIN`` times the tokens per second of plain decoding
-    (for a lone stream), drafting stops for ``cooldown`` tokens, doubled at each
-    repeat, then starts again from the prior: a sequence whose drafts keep failing
-    pays for almost none."""
+    (for a lone stream; among others, the step's total without a draft), drafting
+    stops for ``cooldown`` tokens, doubled at each repeat until drafts pay again;
+    then one probe, the best k for the prior's p whatever it promises, is
+    verified, since p is only known from drafts. A sequence whose drafts keep
+    failing pays for almost none."""
 
     KEEP = 0.8           # weight of the past at each draft: about the last five drafts count
     PRIOR = (0.5, 1.0)   # pseudo-counts (accepted, tried) behind p: 0.5 before any draft
@@ -147,6 +160,7 @@ class DraftLength:
         self._accepted = self._tried = 0.0  # decayed sums over drafts: tokens accepted, tokens tried
         self._cooldown = self.COOLDOWN[0]
         self._paused = 0  # tokens left to decode without drafting
+        self._probe = True  # the next draft is verified whatever p promises: p is a guess until then
 
     @property
     def p(self) -> float:
@@ -166,26 +180,27 @@ class DraftLength:
         ``costs[n]``: the time of a step of n rows (StepCost.curve), at least up to
         ``others + 1 + k_max``."""
         p, base = self.p, others + 1
-        best, best_rate = 0, base / costs[base] * (self.MIN_GAIN if others == 0 else 1.0)
-        expected = float(base)
+        plain = base / costs[base] * (self.MIN_GAIN if others == 0 else 1.0)
+        best, best_rate, expected = 0, 0.0, float(base)
         for k in range(1, self.k_max + 1 if k_max is None else min(self.k_max, k_max) + 1):
             expected += p ** k
             rate = expected / costs[base + k]
             if rate > best_rate:
                 best, best_rate = k, rate
-        if best == 0 and others == 0:
-            self._pause()
-        return best
+        if self._probe:  # p is still the prior's
+            return best
+        if best_rate > plain:
+            self._cooldown = self.COOLDOWN[0]  # drafts pay again: a later pause starts short
+            return best
+        self._paused, self._probe = self._cooldown, True
+        self._cooldown = min(2 * self._cooldown, self.COOLDOWN[1])
+        self._accepted = self._tried = 0.0  # after the pause, a probe from the prior
+        return 0
 
     def update(self, drafted: int, accepted: int) -> None:
+        self._probe = False
         self._accepted = self.KEEP * self._accepted + accepted
         self._tried = self.KEEP * self._tried + accepted + (accepted < drafted)  # the first miss was tried too
-        if 2 * accepted >= drafted:
-            self._cooldown = self.COOLDOWN[0]
-
-    def _pause(self) -> None:
-        self._paused, self._accepted, self._tried = self._cooldown, 0.0, 0.0  # then try again, from the prior
-        self._cooldown = min(2 * self._cooldown, self.COOLDOWN[1])
 
 
 def check_same_vocabulary(model: "Engine", draft: "Engine") -> None:
