@@ -116,6 +116,8 @@ SAMPLINGS = [dict(temperature=0.0), dict(temperature=0.7, seed=11),
 @pytest.mark.parametrize("sampling", SAMPLINGS, ids=["greedy", "t0.7", "t1.2-untruncated", "penalties"])
 @pytest.mark.parametrize("text", [EDIT, FREE], ids=["edit", "free"])
 def test_lookup_speculation_is_bit_identical(model, monkeypatch, sampling, text):
+    if text is EDIT:
+        free_rows(monkeypatch, model)  # drafts whatever the machine's load: the count below holds
     rec = Recorder(monkeypatch)
     prompt = chat(model, text)
     plain = run(model, prompt, "plain", speculative=False, **sampling)
@@ -307,7 +309,7 @@ def test_draft_length_follows_the_step_costs():
     sure = landed(DraftLength(), 10, 8)  # every drafted token accepted, ten drafts in a row
     assert 0.95 < sure.p < 1
     assert sure.choose(RowCosts(0.0).curve(16)) == MAX_DRAFT   # rows free: the longest draft
-    assert 4 <= sure.choose(gemma_costs(16)) <= 8               # past 8 rows Gemma's steps grow fast
+    assert 4 <= sure.choose(gemma_costs(16)) <= 11              # from 12 rows Gemma's steps grow fast
     assert sure.choose(RowCosts(1.0).curve(16)) == 0            # a row costs a step: never
     assert not sure.active
     assert DraftLength().choose(RowCosts(1.0).curve(16)) == 1   # but once, to learn p: a probe

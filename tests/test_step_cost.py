@@ -1,7 +1,7 @@
 """The measured cost of a decode step per row count, as the draft length reads it."""
 import pytest
 
-from ctxengine.engine.step_cost import PRIOR_SLOPE, TRUSTED, StepCost
+from ctxengine.engine.step_cost import MIN_SLOPE, PRIOR_SLOPE, TRUSTED, WINDOW, StepCost
 
 
 def measured(times: dict[int, list[float]]) -> StepCost:
@@ -26,13 +26,19 @@ def test_a_trusted_count_costs_its_least_time():
 def test_an_untrusted_count_is_never_dearer_than_its_neighbours_line():
     cost = measured({1: [0.010] * TRUSTED, 3: [0.050], 4: [0.016] * TRUSTED})
     assert cost(3) == pytest.approx(0.014)  # one slow sample (another process ran) rules nothing out
-    cost = measured({1: [0.010] * TRUSTED, 3: [0.011]})
-    assert cost(3) == 0.011  # a cheaper sample stands
+    cost = measured({1: [0.010] * TRUSTED, 3: [0.0135], 4: [0.016] * TRUSTED})
+    assert cost(3) == 0.0135  # a cheaper sample stands
 
 
 def test_more_rows_never_cost_less():
-    cost = measured({1: [0.010] * TRUSTED, 2: [0.008] * TRUSTED, 3: [0.012] * TRUSTED})
-    assert cost.curve(3) == [0.0, 0.010, 0.010, 0.012]  # times of other moments do not make a row free
+    cost = measured({1: [0.010] * TRUSTED, 2: [0.008] * TRUSTED, 3: [0.0102] * TRUSTED})
+    # times of other moments do not make a row free: each adds at least MIN_SLOPE of one
+    assert cost.curve(3) == pytest.approx([0.0, 0.010, 0.010 * (1 + MIN_SLOPE), 0.010 * (1 + 2 * MIN_SLOPE)])
+
+
+def test_the_last_times_count_so_a_lasting_load_counts_alike():
+    cost = measured({1: [0.005] + [0.010] * WINDOW, 2: [0.012] * WINDOW})
+    assert cost(1) == 0.010  # the quiet moment has left the window
 
 
 def test_one_row_never_measured_is_guessed_from_the_others():

@@ -151,8 +151,8 @@ class DraftLength:
     failing pays for almost none."""
 
     KEEP = 0.8           # weight of the past at each draft: about the last five drafts count
-    PRIOR = (0.5, 1.0)   # pseudo-counts (accepted, tried) behind p: 0.5 before any draft
-    MIN_GAIN = 1.05      # what drafting must promise over plain decoding: a margin for its own work
+    PRIOR = (0.25, 0.5)  # pseudo-counts (accepted, tried) behind p: 0.5 before any draft, half a draft's weight
+    MIN_GAIN = 1.1       # what drafting must promise over plain decoding: a margin for its own work
     COOLDOWN = (8, 512)  # first and longest pause, in tokens
 
     def __init__(self, k_max: int = MAX_DRAFT):

@@ -9,18 +9,23 @@ stop being bound by the weight read on both. So the scheduler times every step
 whose rows are all decode rows (each computes its logits) and the draft length
 reads those times here (engine/speculative.py ``DraftLength``).
 
-A row count's cost is the least time it ever took: a shared machine only
-ever adds time, so the least is the step's own cost, comparable between row
-counts measured at different moments (a recent average would not be: the
-row counts measured under more load would look dearer). A row count is trusted after
-``TRUSTED`` samples; before that it is never taken to cost more than the
-line through its trusted neighbours (or the prior slope past the last), so a
-step slowed once by another process does not rule its row count out for good.
+A row count's cost is the least of its last ``WINDOW`` times: a shared
+machine only adds time, so the least is close to the step's own cost, and the
+last few follow a load that lasts, alike for every row count measured lately
+(the least of all time would not: one row, timed thousands of times, would
+keep a quiet moment's time that the rarer counts never had). A row count is
+trusted after ``TRUSTED`` samples; before that it is never taken to cost more
+than the line through its trusted neighbours (or the prior slope past the
+last), so a step slowed once by another process does not rule its row count
+out. And each row costs at least ``MIN_SLOPE`` of a one-row step: times of
+different moments must never make a draft look free.
 """
 from __future__ import annotations
 
+WINDOW = 8          # recent times kept per row count
 TRUSTED = 3         # samples before a row count's own times are believed over its neighbours'
 PRIOR_SLOPE = 0.1   # each row past the largest trusted count, as a share of one row's step
+MIN_SLOPE = 0.1     # the least any row adds, as a share of one row's step
 MAX_ROWS = 64       # larger decode steps are not recorded (no draft makes them)
 
 
@@ -30,22 +35,20 @@ class StepCost:
     one tuple, replaced whole, so a reader never sees one half-written."""
 
     def __init__(self):
-        self._least: list[tuple[int, float]] = [(0, 0.0)] * (MAX_ROWS + 1)  # [rows] -> (samples, least seconds)
+        self._times: list[tuple[float, ...]] = [()] * (MAX_ROWS + 1)  # [rows] -> the last WINDOW seconds
 
     def observe(self, rows: int, seconds: float) -> None:
         if 1 <= rows <= MAX_ROWS:
-            n, least = self._least[rows]
-            self._least[rows] = (n + 1, min(least, seconds) if n else seconds)
+            self._times[rows] = (*self._times[rows][1 - WINDOW:], seconds)
 
     def curve(self, rows: int) -> list[float]:
         """Seconds of a step of 0, 1, ..., rows rows. Never less for more rows: a step's
-        work only grows with its rows, and times taken at different moments must not
-        make a draft look free."""
-        least = list(self._least)  # each record whole, as it was at one moment
+        work only grows with its rows, each row by at least MIN_SLOPE of one."""
+        least = [(len(t), min(t, default=0.0)) for t in self._times]  # each tuple whole, as it was
         trusted = {r: t for r, (n, t) in enumerate(least) if n >= TRUSTED}
         if 1 not in trusted:  # one row anchors the line even before it is trusted
             n, t = least[1]
-            guesses = [t / (1 + PRIOR_SLOPE * (r - 1)) for r, (m, t) in enumerate(least) if m]
+            guesses = [s / (1 + PRIOR_SLOPE * (r - 1)) for r, (m, s) in enumerate(least) if m]
             trusted[1] = t if n else min(guesses, default=1.0)  # nothing measured: 1
         counts = sorted(trusted)
         out = [0.0]
@@ -56,7 +59,8 @@ class StepCost:
             else:
                 line = _line(trusted, counts, r)
                 own = min(t, line) if n else line
-            out.append(max(out[-1], own))
+            floor = out[-1] + MIN_SLOPE * out[1] if r > 1 else 0.0
+            out.append(max(own, floor))
         return out
 
     def __call__(self, rows: int) -> float:
