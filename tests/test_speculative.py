@@ -89,6 +89,25 @@ class Oracle:
         return draft
 
 
+class RowCosts:
+    """A step cost per row count for the draft length, in place of the measured one
+    (engine/step_cost.py): a step of n rows costs 1 + per_row * (n - 1). With rows
+    free, the length follows the acceptance alone, whatever the machine's timings."""
+
+    def __init__(self, per_row=0.0):
+        self.per_row = per_row
+
+    def curve(self, rows):
+        return [0.0] + [1 + self.per_row * (n - 1) for n in range(1, rows + 1)]
+
+    def observe(self, rows, seconds):
+        pass
+
+
+def free_rows(monkeypatch, model):
+    monkeypatch.setattr(model.engine.scheduler, "step_cost", RowCosts(0.0))
+
+
 SAMPLINGS = [dict(temperature=0.0), dict(temperature=0.7, seed=11),
              dict(temperature=1.2, seed=5, top_k=0, top_p=1.0, min_p=0.0),
              dict(temperature=0.9, seed=3, repeat_penalty=1.2, presence_penalty=0.4)]
@@ -97,6 +116,8 @@ SAMPLINGS = [dict(temperature=0.0), dict(temperature=0.7, seed=11),
 @pytest.mark.parametrize("sampling", SAMPLINGS, ids=["greedy", "t0.7", "t1.2-untruncated", "penalties"])
 @pytest.mark.parametrize("text", [EDIT, FREE], ids=["edit", "free"])
 def test_lookup_speculation_is_bit_identical(model, monkeypatch, sampling, text):
+    if text is EDIT:
+        free_rows(monkeypatch, model)  # drafts whatever the machine's load: the count below holds
     rec = Recorder(monkeypatch)
     prompt = chat(model, text)
     plain = run(model, prompt, "plain", speculative=False, **sampling)
@@ -123,11 +144,12 @@ def test_adversarial_drafts_change_nothing_and_switch_speculation_off(model, mon
 
 
 @pytest.mark.parametrize("wrong", [0, 1])
-def test_every_acceptance_length_is_bit_identical_across_threads(smollm2_path, model, wrong):
+def test_every_acceptance_length_is_bit_identical_across_threads(smollm2_path, model, monkeypatch, wrong):
     prompt = chat(model, EDIT)
     plain = run(model, prompt, "plain", n=40, speculative=False, temperature=0.6, seed=9)
     n_prompt = len(model.tokenize(prompt, parse_special=True))
     one = ce.load(smollm2_path, threads=1)
+    free_rows(monkeypatch, one)
     try:
         spec = run(one, prompt, "spec", n=40, speculative=Oracle(n_prompt, plain[0], wrong=wrong),
                    temperature=0.6, seed=9)
@@ -152,7 +174,8 @@ def test_grammar_constrained_reply_is_bit_identical(model):
     assert outs[0] == outs[1]
 
 
-def test_relatives_draft_a_regenerated_reply(model):
+def test_relatives_draft_a_regenerated_reply(model, monkeypatch):
+    free_rows(monkeypatch, model)
     root = model.context("root")
     root.append(chat(model, FREE), parse_special=True)
     n = root.n_tokens
@@ -186,7 +209,8 @@ def test_snapshot_mid_speculation_restores_identically(model, tmp_path):
     restored.delete()
 
 
-def test_speculative_and_plain_sequences_share_steps(model):
+def test_speculative_and_plain_sequences_share_steps(model, monkeypatch):
+    free_rows(monkeypatch, model)
     prompt = chat(model, EDIT)
     n_prompt = len(model.tokenize(prompt, parse_special=True))
     alone = run(model, prompt, "alone", n=40, speculative=False, temperature=0.0)
@@ -208,10 +232,11 @@ def test_speculative_and_plain_sequences_share_steps(model):
     assert any(d == 4 for d, _ in history), list(history)
 
 
-def test_a_model_drafts_for_itself(smollm2_path, model):
+def test_a_model_drafts_for_itself(smollm2_path, model, monkeypatch):
     prompt = chat(model, FREE)
     plain = run(model, prompt, "plain", n=32, speculative=False, temperature=0.0)
     drafted = ce.load(smollm2_path, threads=2, draft=smollm2_path)
+    free_rows(monkeypatch, drafted)
     try:
         spec = run(drafted, prompt, "spec", n=32, temperature=0.0)
     finally:
@@ -237,6 +262,15 @@ def test_lookup_follows_the_longest_most_recent_match():
     assert d.propose([6, 6], 3) == []
 
 
+def test_lookup_continues_a_loop_past_the_end():
+    from ctxengine.engine.speculative import LookupDrafter
+
+    toks = [5, 6, 1, 2, 1, 2, 1, 2]  # a reply caught in a loop: "1 2" repeats with period 2
+    assert LookupDrafter(toks).propose(toks, 5) == [1, 2, 1, 2, 1]
+    theirs = [5, 6, 1, 2]  # a relative's text ends where it ends: no loop is read into it
+    assert LookupDrafter([9, 5, 6], [(theirs, 0)]).propose([9, 5, 6], 5) == [1, 2]
+
+
 def test_lookup_drafts_from_a_relatives_growing_tokens():
     from ctxengine.engine.speculative import LookupDrafter
 
@@ -247,25 +281,94 @@ def test_lookup_drafts_from_a_relatives_growing_tokens():
     assert d.propose(mine, 4) == [10, 11, 12, 13]
 
 
-def test_draft_length_grows_shrinks_and_pauses():
+# Step costs relative to one row, as measured for 1, 2, 3, 4, 6, 8, 12, 16 rows on Gemma 3
+# 270M (machine B, 2 threads): a row of its 262,144-token output projection is not free.
+GEMMA_ROWS = {1: 1.0, 2: 1.38, 3: 1.53, 4: 1.55, 6: 1.72, 8: 1.99, 12: 2.94, 16: 4.53}
+
+
+def gemma_costs(rows):
+    pts = sorted(GEMMA_ROWS)
+    out = [0.0]
+    for n in range(1, rows + 1):
+        lo = max(r for r in pts if r <= n)
+        hi = min((r for r in pts if r >= n), default=lo)
+        out.append(GEMMA_ROWS[lo] if hi == lo else
+                   GEMMA_ROWS[lo] + (n - lo) / (hi - lo) * (GEMMA_ROWS[hi] - GEMMA_ROWS[lo]))
+    return out
+
+
+def landed(length, drafts, k):
+    for _ in range(drafts):
+        length.update(k, k)
+    return length
+
+
+def test_draft_length_follows_the_step_costs():
+    from ctxengine.engine.speculative import MAX_DRAFT, DraftLength
+
+    sure = landed(DraftLength(), 10, 8)  # every drafted token accepted, ten drafts in a row
+    assert 0.95 < sure.p < 1
+    assert sure.choose(RowCosts(0.0).curve(16)) == MAX_DRAFT   # rows free: the longest draft
+    assert 4 <= sure.choose(gemma_costs(16)) <= 11              # from 12 rows Gemma's steps grow fast
+    assert sure.choose(RowCosts(1.0).curve(16)) == 0            # a row costs a step: never
+    assert not sure.active
+    assert DraftLength().choose(RowCosts(1.0).curve(16)) == 1   # but once, to learn p: a probe
+
+
+def test_draft_length_follows_the_acceptance_and_pauses():
     from ctxengine.engine.speculative import DraftLength
 
-    n = DraftLength(k=4)
-    n.update(4, 4)
-    assert n.k == 6
-    n.update(6, 2)
-    assert n.k == 3
-    n.update(3, 0)  # the average falls below MIN_RATE
-    assert not n.active and n.k == 1
+    costs = gemma_costs(16)
+    length = DraftLength()
+    assert length.p == 0.5 and 1 <= length.choose(costs) <= 3  # the prior: short drafts
+    for _ in range(3):
+        length.update(2, 0)  # none lands
+    assert length.p < 0.2 and length.choose(costs) == 0 and not length.active
     for _ in range(DraftLength.COOLDOWN[0]):
-        n.plain_step()
-    assert n.active
+        length.plain_step()
+    assert length.active and length.p == 0.5  # it tries again, from the prior
+    assert length.choose(RowCosts(1.0).curve(16)) == 1  # a probe, even where the prior does not pay
+    length.update(2, 0)
+    length.update(2, 0)
+    assert length.choose(costs) == 0
+    for _ in range(DraftLength.COOLDOWN[0]):
+        length.plain_step()
+    assert not length.active  # paused twice as long
 
 
-def test_gemma3_past_its_sliding_window(gemma3_path):
+def test_draft_length_among_other_streams_counts_their_rows():
+    from ctxengine.engine.speculative import DraftLength
+
+    sure = landed(DraftLength(), 10, 8)
+    costs = RowCosts(0.25).curve(16)  # each row a quarter of a step: 8 streams' step is 2.75
+    assert sure.choose(costs, others=0, k_max=7) == 7  # alone, even 8 rows pay
+    assert sure.choose(costs, others=7, k_max=1) == 1  # 9 tokens in 3.0 beat 8 in 2.75
+    low = DraftLength()
+    low.update(4, 0)
+    assert low.choose(costs, others=7, k_max=1) == 0 and not low.active
+
+
+@pytest.mark.parametrize("per_row", [0.0, 0.3, 1.0])
+def test_the_draft_length_never_changes_the_output(model, monkeypatch, per_row):
+    rec = Recorder(monkeypatch)
+    prompt = chat(model, EDIT)
+    plain = run(model, prompt, "plain", speculative=False, temperature=0.0)
+    plain_rows = rec.take()
+    monkeypatch.setattr(model.engine.scheduler, "step_cost", RowCosts(per_row))
+    spec = run(model, prompt, "spec", speculative=True, temperature=0.0)
+    assert spec[:5] == plain[:5]
+    assert rec.take() == plain_rows
+    if per_row == 1.0:
+        assert spec[5].steps <= 4, spec[5]  # a row costs a step: only probes, ever rarer
+    else:
+        assert spec[5].accepted > len(plain[0]) // 2, spec[5]
+
+
+def test_gemma3_past_its_sliding_window(gemma3_path, monkeypatch):
     """Verified rows that are dropped right where the window releases pages: the
     page table steps back within its page of slack, and the bits stay plain decoding's."""
     gemma = ce.load(gemma3_path, threads=2)
+    free_rows(monkeypatch, gemma)  # so it drafts, half its drafts failing, whatever its timings
     try:
         window = gemma.config.swa_window
         text = (EDIT + " ") * 8

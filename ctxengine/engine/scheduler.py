@@ -31,6 +31,8 @@ from typing import Callable
 
 import numpy as np
 
+from .step_cost import StepCost
+
 DEFAULT_STEP_TOKENS = 256
 # How long a step waits for streams that decoded in the last one to send their
 # next token (they are sampling it): without it every other step would run
@@ -109,6 +111,7 @@ class Scheduler:
         self._decoded: set = set()    # ids of those that decoded a token in it
         self.steps = 0                            # native steps run
         self.history: deque = deque(maxlen=4096)  # (decode rows, prefill rows) of recent steps
+        self.step_cost = StepCost()               # seconds of a decode-only step per row count
 
     @property
     def n_queued(self) -> int:
@@ -231,7 +234,10 @@ class Scheduler:
             return []
         items = [r.item(n) for r, n in batch]
         try:
+            start = time.perf_counter()
             self._core.forward(items)
+            if all(r.decode and r.done == 0 and n == len(r.tokens) for r, n in batch):  # logits on every row
+                self.step_cost.observe(sum(n for _, n in batch), time.perf_counter() - start)
             return [None] * len(batch)
         except Exception as err:
             # The native step checks every item before touching any KV and undoes

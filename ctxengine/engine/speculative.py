@@ -11,8 +11,9 @@ anything that proposes token ids:
   sequence itself (prompt lookup) and in its relatives (forks and siblings
   sharing its prefix), whose token lists may still be growing;
 - ``ModelDrafter``: a smaller model with the same vocabulary, greedy;
-- ``DraftLength``: the adaptive length, and the switch that turns drafting
-  off for a while when drafts keep failing.
+- ``DraftLength``: the length that pays best for this model's measured step
+  costs and the drafts' acceptance, and the switch that turns drafting off
+  for a while when no length pays.
 """
 from __future__ import annotations
 
@@ -54,10 +55,20 @@ class NgramIndex:
                     last[tuple(toks[j + 1 - n:j + 1])] = j
         self._done = max(self._done, end)
 
-    def follow(self, key: tuple, k: int) -> list[int]:
-        """The (up to k) tokens after the last occurrence of key; [] if it never occurred."""
+    def follow(self, key: tuple, k: int, *, periodic: bool = False) -> list[int]:
+        """The (up to k) tokens after the last occurrence of key; [] if it never occurred.
+        ``periodic``: key is the list's own tail, so an occurrence p tokens before it
+        says the text repeats with period p, and the guess goes on past the list's end
+        (a reply caught in a loop, a run of equal lines): k tokens, not p."""
         j = self._last.get(key)
-        return [] if j is None else list(self.tokens[j + 1:j + 1 + k])
+        if j is None:
+            return []
+        draft = list(self.tokens[j + 1:j + 1 + k])
+        if periodic:
+            period = len(self.tokens) - 1 - j
+            while len(draft) < k:
+                draft.append(draft[len(draft) - period])
+        return draft
 
 
 class LookupDrafter:
@@ -78,7 +89,8 @@ class LookupDrafter:
                 continue
             key = tuple(tokens[-n:])
             for index in indexes:
-                draft = index.follow(key, k)
+                own_tail = index is self.own and tuple(index.tokens[-n:]) == key
+                draft = index.follow(key, k, periodic=own_tail)
                 if draft:
                     return draft
         return []
@@ -122,21 +134,38 @@ def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
 
 
 class DraftLength:
-    """How many tokens to draft next: more after a fully accepted draft, the accepted
-    length plus one after a partial one. When the share of drafted tokens accepted
-    (a moving average) falls below ``MIN_RATE``, drafting stops for ``cooldown``
-    tokens, doubled at each repeat, so a sequence whose drafts keep failing pays
-    for almost none: a verified row that is thrown away costs a row of work."""
+    """How many tokens to draft next: the k that maximises the expected tokens per
+    second of the step that verifies them, from the measured cost of a step per row
+    count (``costs``: engine/step_cost.py) and the chance ``p`` that a drafted token
+    is accepted. Each drafted token is taken as accepted with chance p and the draft
+    cut at the first that is not, so k drafts yield ``1 + p + ... + p^k`` tokens
+    for the time of ``k + 1`` rows. Among ``others`` rows of other streams the step
+    yields theirs too and costs the rows of all: the k that is best for the step's
+    total, so a draft never slows the other streams more than it gains.
 
-    MIN_RATE = 0.3
-    KEEP = 0.5           # weight of the old average at each draft
+    When no k promises ``MIN_GAIN`` times the tokens per second of plain decoding
+    (for a lone stream; among others, the step's total without a draft), drafting
+    stops for ``cooldown`` tokens, doubled at each repeat until drafts pay again;
+    then one probe, the best k for the prior's p whatever it promises, is
+    verified, since p is only known from drafts. A sequence whose drafts keep
+    failing pays for almost none."""
+
+    KEEP = 0.8           # weight of the past at each draft: about the last five drafts count
+    PRIOR = (0.25, 0.5)  # pseudo-counts (accepted, tried) behind p: 0.5 before any draft, half a draft's weight
+    MIN_GAIN = 1.1       # what drafting must promise over plain decoding: a margin for its own work
     COOLDOWN = (8, 512)  # first and longest pause, in tokens
 
-    def __init__(self, k: int = 4, k_max: int = MAX_DRAFT):
-        self.k, self.k_max = min(k, k_max), k_max
-        self.rate = 0.5  # moving average of accepted / drafted
+    def __init__(self, k_max: int = MAX_DRAFT):
+        self.k_max = k_max
+        self._accepted = self._tried = 0.0  # decayed sums over drafts: tokens accepted, tokens tried
         self._cooldown = self.COOLDOWN[0]
         self._paused = 0  # tokens left to decode without drafting
+        self._probe = True  # the next draft is verified whatever p promises: p is a guess until then
+
+    @property
+    def p(self) -> float:
+        """The estimated chance that a drafted token is accepted."""
+        return (self._accepted + self.PRIOR[0]) / (self._tried + self.PRIOR[1])
 
     @property
     def active(self) -> bool:
@@ -146,18 +175,32 @@ class DraftLength:
         """A token decoded without a draft."""
         self._paused = max(0, self._paused - 1)
 
+    def choose(self, costs: Sequence[float], others: int = 0, k_max: int | None = None) -> int:
+        """The draft length now (0: none), for a step that also holds ``others`` rows;
+        ``costs[n]``: the time of a step of n rows (StepCost.curve), at least up to
+        ``others + 1 + k_max``."""
+        p, base = self.p, others + 1
+        plain = base / costs[base] * (self.MIN_GAIN if others == 0 else 1.0)
+        best, best_rate, expected = 0, 0.0, float(base)
+        for k in range(1, self.k_max + 1 if k_max is None else min(self.k_max, k_max) + 1):
+            expected += p ** k
+            rate = expected / costs[base + k]
+            if rate > best_rate:
+                best, best_rate = k, rate
+        if self._probe:  # p is still the prior's
+            return best
+        if best_rate > plain:
+            self._cooldown = self.COOLDOWN[0]  # drafts pay again: a later pause starts short
+            return best
+        self._paused, self._probe = self._cooldown, True
+        self._cooldown = min(2 * self._cooldown, self.COOLDOWN[1])
+        self._accepted = self._tried = 0.0  # after the pause, a probe from the prior
+        return 0
+
     def update(self, drafted: int, accepted: int) -> None:
-        if accepted == drafted:
-            self.k = min(self.k_max, self.k + 2)
-        else:
-            self.k = max(1, min(self.k, accepted + 1))
-        share = accepted / max(1, drafted)
-        self.rate = self.KEEP * self.rate + (1 - self.KEEP) * share
-        if share >= 0.5:
-            self._cooldown = self.COOLDOWN[0]
-        if self.rate < self.MIN_RATE:
-            self._paused, self.rate = self._cooldown, 0.5  # then try again, from neutral
-            self._cooldown = min(2 * self._cooldown, self.COOLDOWN[1])
+        self._probe = False
+        self._accepted = self.KEEP * self._accepted + accepted
+        self._tried = self.KEEP * self._tried + accepted + (accepted < drafted)  # the first miss was tried too
 
 
 def check_same_vocabulary(model: "Engine", draft: "Engine") -> None:

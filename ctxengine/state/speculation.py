@@ -32,13 +32,9 @@ if TYPE_CHECKING:
     from .budget import Promise
 
 MIN_SHARED = 16  # a relative shares at least this many leading tokens (or all of the shorter)
-# A step of a few rows costs about what one row does (it reads the weights once);
-# a step that is already many rows pays for each more. So among other streams a
-# sequence drafts at most its share of SHARED_ROWS, and only while at least
-# CROWDED_RATE of its drafts land (below that, a thrown-away row costs more than
-# an accepted one saves).
+# Among other streams a sequence drafts at most its share of SHARED_ROWS a step,
+# so one stream's drafts never make a step many times longer for all the others.
 SHARED_ROWS = 16
-CROWDED_RATE = 0.5
 
 
 class Relatives(Protocol):
@@ -95,7 +91,7 @@ class Speculation:
             self.length.plain_step()
             return ctx._sync()
         n = len(ctx._tokens)
-        k = min(self._budget(), ctx.engine.config.n_ctx - n, self._end - 1 - n)
+        k = self._budget(min(ctx.engine.config.n_ctx - n, self._end - 1 - n))
         draft = self.drafter.propose(ctx._tokens, k)[:k] if k > 0 else []
         if not draft:
             self.length.plain_step()
@@ -105,12 +101,17 @@ class Speculation:
         self._base, self._draft, self._rows, self._used = base, draft, rows, 1
         return rows[0]
 
-    def _budget(self) -> int:
-        """How many tokens to draft now."""
-        crowd = self.ctx.engine.scheduler.crowd
-        if crowd <= 1:
-            return self.length.k
-        return min(self.length.k, SHARED_ROWS // crowd - 1) if self.length.rate >= CROWDED_RATE else 0
+    def _budget(self, room: int) -> int:
+        """How many tokens to draft now, at most ``room``: the length that pays best
+        for a step with this model's measured costs and the other streams' rows."""
+        if room <= 0:
+            return 0
+        scheduler = self.ctx.engine.scheduler
+        others = max(0, scheduler.crowd - 1)  # each decodes a row in the step, as in the last
+        limit = min(room, self.length.k_max if others == 0 else SHARED_ROWS // (others + 1) - 1)
+        if limit <= 0:
+            return 0
+        return self.length.choose(scheduler.step_cost.curve(others + 1 + limit), others, limit)
 
     def settle(self) -> None:
         """Drop the KV of drafts the generation did not emit: the context is left as plain
