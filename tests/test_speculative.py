@@ -346,6 +346,8 @@ def test_draft_length_among_other_streams_counts_their_rows():
     low = DraftLength()
     low.update(4, 0)
     assert low.choose(costs, others=7, k_max=1) == 0 and not low.active
+    # A probe among others: the prior would take the whole share; it takes PROBE.
+    assert DraftLength().choose(RowCosts(0.01).curve(24), others=7, k_max=15) == DraftLength.PROBE
 
 
 @pytest.mark.parametrize("per_row", [0.0, 0.3, 1.0])

@@ -146,14 +146,18 @@ class DraftLength:
     When no k promises ``MIN_GAIN`` times the tokens per second of plain decoding
     (for a lone stream; among others, the step's total without a draft), drafting
     stops for ``cooldown`` tokens, doubled at each repeat until drafts pay again;
-    then one probe, the best k for the prior's p whatever it promises, is
-    verified, since p is only known from drafts. A sequence whose drafts keep
-    failing pays for almost none."""
+    then one probe, the best k for the prior's p (at most ``PROBE`` tokens)
+    whatever it promises, is verified, since p is only known from drafts. A
+    sequence whose drafts keep failing pays for almost none: among other
+    streams a row costs so little beside theirs that the prior would probe with
+    the sequence's whole share of rows, eight branches at once, and free
+    branches ran at 0.77x without speculation that way."""
 
     KEEP = 0.8           # weight of the past at each draft: about the last five drafts count
     PRIOR = (0.25, 0.5)  # pseudo-counts (accepted, tried) behind p: 0.5 before any draft, half a draft's weight
     MIN_GAIN = 1.1       # what drafting must promise over plain decoding: a margin for its own work
     COOLDOWN = (8, 512)  # first and longest pause, in tokens
+    PROBE = 2            # the longest draft a probe verifies: enough to learn p from
 
     def __init__(self, k_max: int = MAX_DRAFT):
         self.k_max = k_max
@@ -188,7 +192,7 @@ class DraftLength:
             if rate > best_rate:
                 best, best_rate = k, rate
         if self._probe:  # p is still the prior's
-            return best
+            return min(best, self.PROBE)
         if best_rate > plain:
             self._cooldown = self.COOLDOWN[0]  # drafts pay again: a later pause starts short
             return best
