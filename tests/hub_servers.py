@@ -134,7 +134,6 @@ class _Handler(BaseHTTPRequestHandler):
                 if self.server.rate:
                     time.sleep(len(chunk) / self.server.rate)
 
-
     def _sendfile(self, f, start: int, stop: int) -> None:
         """The bytes as a real server (nginx, a CDN) sends a file: by the kernel, no copy in
         this process, so the server does not take a core from the client it serves."""

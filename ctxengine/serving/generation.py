@@ -199,10 +199,7 @@ class Generation:
 
     def _lora(self):
         """The adapters this request runs with (a RequestError for a bad ``lora`` field)."""
-        try:
-            return self._runtime.loras(self.entry.name).for_request(self.request.lora)
-        except ValueError as err:
-            raise RequestError(str(err), param="lora") from None
+        return self._runtime.loras(self.entry.name).for_request(self.request.lora)
 
     def _run_fresh(self, model, load_ns: int, t0: int) -> None:
         ids = prompt_ids(model, self.entry, self.request.prompt)

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
 from ..engine.lora import LoraAdapter, LoraSet, check_scale
-from ..errors import CtxError
+from ..errors import CtxError, RequestError
 
 if TYPE_CHECKING:
     from ..state.model import Model
@@ -88,10 +88,14 @@ class ServedLoras:
             return LoraSet.of(zip(self.adapters, self.scales))
 
     def for_request(self, entries: object | None) -> LoraSet:
-        """The adapters a request runs with: its own ``lora`` list, or the defaults."""
+        """The adapters a request (or a named context) runs with: its own ``lora``
+        list, or the defaults; a RequestError naming the bad entry."""
         if entries is None:
             return self.default()
-        return LoraSet.of(zip(self.adapters, self._parse(entries)))
+        try:
+            return LoraSet.of(zip(self.adapters, self._parse(entries)))
+        except ValueError as err:
+            raise RequestError(str(err), param="lora") from None
 
     def _parse(self, entries: object) -> list[float]:
         """[{"id" | "name", "scale"}] as one scale per adapter; ValueError naming the bad entry."""

@@ -33,8 +33,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Iterator, Mapping
 
-from ..engine.lora import LoraSet, adapter_ids, describe_identity
-from ..errors import ContextError, InvalidNameError, RequestError, StoreError
+from ..engine.lora import adapter_ids, describe_identity
+from ..errors import ContextError, InvalidNameError, StoreError
 from ..state import Residency
 from ..state.snapshots import take_snapshot
 from ..store.names import HOST_LOCAL_PREFIX, is_host_local, validate_name
@@ -135,7 +135,7 @@ class Sessions:
         request's ``lora`` field (``[{"id" | "name", "scale"}]``, serving/lora.py;
         None: the scales requests run with by default); a bad one is a RequestError."""
         name = self.new_name(name, client=client)
-        adapters = self._lora_set(model, lora)
+        adapters = self.models.loras(model).for_request(lora)
         m = self.models.model(model)
         ctx = m.contexts.adopt(name, m.engine.new_sequence(), (), lora=adapters)
         try:
@@ -146,12 +146,6 @@ class Sessions:
             ctx.delete()
             raise
         return ctx
-
-    def _lora_set(self, model: str | None, lora: object) -> LoraSet:
-        try:
-            return self.models.loras(model).for_request(lora)
-        except ValueError as err:
-            raise RequestError(str(err), param="lora") from None
 
     def fork(self, ctx: "Context", name: str | None, *, client: bool = True) -> "Context":
         """A copy-on-write branch of ``ctx`` (O(pages)) under a new name."""
