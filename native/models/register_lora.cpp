@@ -5,7 +5,6 @@
 
 #include <stdexcept>
 #include <string>
-#include <type_traits>
 #include <vector>
 
 #include "kernels/kernels.h"
@@ -67,14 +66,10 @@ void register_lora(py::module_& m) {
           throw std::invalid_argument("lora_up: bt (rank, n_out), t (n_x, rank), y (n_x, n_out), 0 <= o0 <= o1 <= n_out");
         const int rank = static_cast<int>(bt.shape(0)), n_out = static_cast<int>(bt.shape(1));
         const int n_x = static_cast<int>(t.shape(0));
-        // B (n_out, rank) from bt, then the kernel's blocks of it.
+        // The kernel's blocks of bt (B transposed: B's (o, j) at j * n_out + o).
         auto up = [&](auto kernel, const auto* bt_rows) {
-          using T = std::remove_cv_t<std::remove_pointer_t<decltype(bt_rows)>>;
-          std::vector<T> b(static_cast<size_t>(n_out) * rank);
-          for (int j = 0; j < rank; ++j)
-            for (int o = 0; o < n_out; ++o) b[static_cast<size_t>(o) * rank + j] = bt_rows[static_cast<size_t>(j) * n_out + o];
-          kernel(lora::blocks(b.data(), n_out, rank).data(), rank, n_out, o0, o1, t.data(), n_x, factor,
-                 y.mutable_data(), static_cast<size_t>(n_out));
+          kernel(lora::blocks(bt_rows, n_out, rank, 1, static_cast<size_t>(n_out)).data(), rank, n_out, o0, o1,
+                 t.data(), n_x, factor, y.mutable_data(), static_cast<size_t>(n_out));
         };
         if (is_f16(bt))
           up(kernels().lora_up_f16, bits(bt).data());

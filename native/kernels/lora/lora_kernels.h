@@ -28,12 +28,15 @@ static inline size_t blocked_index(int j, int o, int rank) {
   return (static_cast<size_t>(o / kBlock) * rank + j) * kBlock + o % kBlock;
 }
 
-// bt in blocks from B (n_out, rank), row-major as GGUF's lora_b.
+// bt in blocks from B (n_out, rank), whose value (o, j) is at o * o_stride +
+// j * j_stride: row-major as GGUF's lora_b by default, or (1, n_out) from B
+// already transposed.
 template <typename T>
-static std::vector<T> blocks(const T* b, int n_out, int rank) {
+static std::vector<T> blocks(const T* b, int n_out, int rank, size_t o_stride = 0, size_t j_stride = 1) {
+  if (o_stride == 0) o_stride = static_cast<size_t>(rank);
   std::vector<T> bt(static_cast<size_t>((n_out + kBlock - 1) / kBlock) * kBlock * rank, T{});
   for (int o = 0; o < n_out; ++o)
-    for (int j = 0; j < rank; ++j) bt[blocked_index(j, o, rank)] = b[static_cast<size_t>(o) * rank + j];
+    for (int j = 0; j < rank; ++j) bt[blocked_index(j, o, rank)] = b[o * o_stride + j * j_stride];
   return bt;
 }
 
