@@ -82,23 +82,29 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=0.3)
     ap.add_argument("--clock", default="cpu", choices=["cpu", "wall"])
     ap.add_argument("--only", default="", help="comma-separated substrings of shape names to run")
+    ap.add_argument("--tiles", default=Q.prefill_tiles(),
+                    help="the AVX-512 prefill's tile forms to run, alternated: ymm and/or zmm (same bits; "
+                         "default: the one this CPU gets)")
     args = ap.parse_args()
     _core.set_isa(args.isa)
     rows = [int(r) for r in args.rows.split(",")]
     rng = np.random.default_rng(0)
-    print(f"ISA path: {args.isa}; GOP/s (2 * n_in * n_out * rows / s, {args.clock} clock)")
-    print(f"{'shape':<14}{'n_in':>6}{'n_out':>8}{'thr':>4}" + "".join(f"{'r=' + str(r):>8}" for r in rows))
+    tiles = args.tiles.split(",")
+    print(f"ISA path: {args.isa}; AVX-512 prefill tiles: {', '.join(tiles)}; "
+          f"GOP/s (2 * n_in * n_out * rows / s, {args.clock} clock)")
+    print(f"{'shape':<14}{'n_in':>6}{'n_out':>8}{'thr':>4}{'tiles':>6}" + "".join(f"{'r=' + str(r):>8}" for r in rows))
     for name, t, n_in, n_out in SHAPES:
         if args.only and not any(s in name for s in args.only.split(",")):
             continue
-        for threads in (int(s) for s in args.threads.split(",")):
+        for threads, tile in ((int(s), tile) for s in args.threads.split(",") for tile in tiles):
+            Q.set_prefill_tiles(tile)
             cells = []
             for r in rows:
                 if n_out > 100_000 and r > 1:  # the output matmul runs for one row in decode
                     cells.append(f"{'-':>8}")
                     continue
                 cells.append(f"{gops(t, n_in, n_out, r, threads, args.seconds, rng, args.clock):8.1f}")
-            print(f"{name:<14}{n_in:>6}{n_out:>8}{threads:>4}" + "".join(cells), flush=True)
+            print(f"{name:<14}{n_in:>6}{n_out:>8}{threads:>4}{tile:>6}" + "".join(cells), flush=True)
     return 0
 
 

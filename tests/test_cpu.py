@@ -47,3 +47,28 @@ def test_a_path_beyond_the_cpu_is_refused_and_names_are_checked():
         with pytest.raises(ValueError, match="does not support"):
             _core.set_isa(path)
     assert _core.isa_features("scalar") == []
+
+
+def cpuinfo_field(name: str) -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == name:
+            return value.strip()
+    return ""
+
+
+def test_the_prefill_tile_form_follows_the_cpu():
+    """zmm tiles (two pairs a register) where 512-bit operations run whole,
+    ymm on AMD before Zen 5 (family 26), which splits them; either can be
+    forced, and both give the same bits (tests/test_kernels.py)."""
+    split = cpuinfo_field("vendor_id") == "AuthenticAMD" and int(cpuinfo_field("cpu family")) < 26
+    assert _core.quant.prefill_tiles() == ("ymm" if split else "zmm")
+    before = _core.quant.prefill_tiles()
+    try:
+        for tiles in ("ymm", "zmm"):
+            _core.quant.set_prefill_tiles(tiles)
+            assert _core.quant.prefill_tiles() == tiles
+        with pytest.raises(ValueError, match="'ymm' or 'zmm'"):
+            _core.quant.set_prefill_tiles("xmm")
+    finally:
+        _core.quant.set_prefill_tiles(before)

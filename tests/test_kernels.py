@@ -38,9 +38,10 @@ HAS_MIN = (G.Q4_1, G.Q5_1)
 
 @pytest.fixture(autouse=True)
 def restore_isa():
-    before = _core.active_isa()
+    before, tiles = _core.active_isa(), Q.prefill_tiles()
     yield
     _core.set_isa(before)
+    Q.set_prefill_tiles(tiles)
 
 
 @pytest.fixture(params=EVERY_PATH)  # a path this CPU lacks is a counted skip
@@ -50,11 +51,21 @@ def isa(request):
 
 
 def on_each_path(fn):
-    """{path: fn()} for every path this CPU has."""
+    """{path: fn()} for every path this CPU has; the AVX-512 path in both of
+    its prefill tile forms ("avx512": ymm, "avx512/zmm"), whichever this CPU
+    would pick."""
     out = {}
+    tiles = Q.prefill_tiles()
     for path in AVAILABLE:
         _core.set_isa(path)
-        out[path] = fn()
+        if path == "avx512":
+            Q.set_prefill_tiles("ymm")
+            out[path] = fn()
+            Q.set_prefill_tiles("zmm")
+            out["avx512/zmm"] = fn()
+            Q.set_prefill_tiles(tiles)
+        else:
+            out[path] = fn()
     return out
 
 
@@ -285,7 +296,8 @@ def test_float_matmul_any_length(t):
 
 
 # Prefill with weight tiles unpacked once: AVX-512 (n_x >= 16) tiles of 4
-# weight rows, activation rows by groups of 16 in sub-tiles of 4; AVX2
+# weight rows, activation rows by groups of 16 in sub-tiles of 4 (ymm) or of
+# 4 pairs of rows (zmm; odd row counts leave a half pair); AVX2
 # (n_x >= 4) tiles of 2 rows, groups of 8, sub-tiles of 4. The model calls
 # the kernels on sub-ranges o0..o1 of W (chunks of 16 rows per thread).
 @pytest.mark.parametrize("n_in", [32, 96, 640])  # nb = 1, 3, 20
@@ -297,7 +309,7 @@ def test_matmul_q_prefill_tiles_and_chunks(t, n_in):
     x[5] = np.where(rng.random(n_in) < 0.5, -1.0, 1.0)  # saturated activations (+-127)
     want = canonical_matmul_q(t, w, n_in, x)
     for n_out in (1, 3, 4, 5, 17, 37):
-        for n_x in (2, 7, 8, 9, 13, 16, 17, 23, 32, 33, 40):
+        for n_x in (2, 7, 8, 9, 13, 16, 17, 18, 23, 25, 32, 33, 40):
             for chunk in (0, 16, 7):
                 results = on_each_path(lambda: Q.matmul(int(t), w[:n_out].reshape(-1), n_in, n_out, x[:n_x], chunk=chunk))
                 for path, got in results.items():

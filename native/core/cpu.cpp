@@ -1,5 +1,9 @@
 #include "core/cpu.h"
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
+
 #include <string>
 
 namespace ctx {
@@ -53,6 +57,22 @@ Isa probe() {
 Isa detect_isa() {
   static const Isa best = probe();
   return best;
+}
+
+bool whole_512_bit_units() {
+#if defined(__x86_64__) || defined(__i386__)
+  static const bool whole = [] {
+    __builtin_cpu_init();
+    if (!__builtin_cpu_is("amd")) return true;
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    if (__get_cpuid(1, &eax, &ebx, &ecx, &edx) == 0) return false;
+    const unsigned family = ((eax >> 8) & 0xF) + ((eax >> 20) & 0xFF);  // base + extended (base is 0xF on AMD)
+    return family >= 0x1A;
+  }();
+  return whole;
+#else
+  return false;
+#endif
 }
 
 const char* isa_name(Isa isa) {

@@ -18,6 +18,10 @@ struct IsaFeature {
 };
 
 Isa detect_isa();          // best path this CPU supports (CPUID, once)
+// Whether 512-bit vector operations run at full width: not on AMD's Zen 4
+// (CPUID family 0x19), which splits each into two 256-bit halves; Intel's
+// AVX-512 cores and AMD's from Zen 5 (family 0x1A) on run them whole.
+bool whole_512_bit_units();
 // (The path in use, active_isa / set_isa, is the kernel table's: kernels/kernels.h.)
 const char* isa_name(Isa isa);
 // Every feature the *_<isa>.cpp files are compiled with (CMakeLists.txt);

@@ -8,12 +8,14 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
 
+#include "core/cpu.h"
 #include "kernels/kernels.h"
 #include "kernels/quant/quant_impl.h"
 
@@ -342,6 +344,21 @@ void qk::matmul_f_scalar(DType t, const void* W, int n_in, int o0, int o1, const
 }
 
 void qk::f32_to_f16_row_scalar(const float* x, uint16_t* y, int n) { f32_to_f16_row_each(x, y, n); }
+
+namespace {
+std::atomic<int> g_prefill_tiles{-1};  // -1: not chosen yet
+}  // namespace
+
+qk::PrefillTiles qk::prefill_tiles() {
+  int t = g_prefill_tiles.load(std::memory_order_relaxed);
+  if (t < 0) {
+    const int best = static_cast<int>(whole_512_bit_units() ? PrefillTiles::zmm : PrefillTiles::ymm);
+    if (g_prefill_tiles.compare_exchange_strong(t, best, std::memory_order_relaxed)) t = best;  // else: set won
+  }
+  return static_cast<PrefillTiles>(t);
+}
+
+void qk::set_prefill_tiles(PrefillTiles tiles) { g_prefill_tiles.store(static_cast<int>(tiles), std::memory_order_relaxed); }
 
 // ---------------------------------------------------------------------------
 // The public entry points: check the type, then the chosen path's kernel.

@@ -123,7 +123,14 @@ void f32_to_f16_row_avx2(const float* x, uint16_t* y, int n);
 
 void matmul_q_avx512(DType t, const void* W, int n_in, int o0, int o1, const BlockQ8A* Xq, int n_x, float* Y,
                      size_t y_stride);
-// Many activation rows (quant_prefill_avx512.cpp).
+// Many activation rows (quant_prefill_avx512.cpp), in one of two tile forms:
+// ymm registers each holding one (weight row, activation row) pair, or zmm
+// registers holding two. The same bits either way; zmm is the faster where
+// 512-bit operations run whole (core/cpu.h), ymm on Zen 4. Chosen from CPUID
+// at the first call; the tests force each.
+enum class PrefillTiles : int { ymm = 0, zmm = 1 };
+PrefillTiles prefill_tiles();
+void set_prefill_tiles(PrefillTiles tiles);
 void matmul_q_prefill_avx512(DType t, const void* W, int n_in, int o0, int o1, const BlockQ8A* Xq, int n_x, float* Y,
                              size_t y_stride);
 void matmul_f_avx512(DType t, const void* W, int n_in, int o0, int o1, const float* Xf, int n_x, float* Y,

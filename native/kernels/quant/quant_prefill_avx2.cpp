@@ -17,6 +17,7 @@ struct Avx2 : F32x8 {
   static constexpr int kNK = 2;          // weight rows per tile (16 ymm registers)
   static constexpr int kNX = 4;          // activation rows per tile (sub-tiles of a group)
   static constexpr int kAhead = 0;
+  static constexpr int kXRows = 1;       // activation rows an XBlock holds
   struct XBlock { __m256i q; __m256i nbias; };  // one prepared activation block
   struct WBlock { __m256i v; };  // the unsigned operand; Q8_0's second one: the signed weights
   template <DType T>

@@ -16,7 +16,8 @@
 //
 // A path V is a float vector of simd_f32.h (kGroup = its lanes) with
 //   kNK, kNX, kAhead        weight rows a tile, activation rows a sub-tile, tiles prefetched ahead (0: none)
-//   XBlock, WBlock          a prepared activation block, an unpacked weight block
+//   kXRows                  activation rows an XBlock holds (1, or 2 where a register holds two pairs)
+//   XBlock, WBlock          a prepared activation block (kXRows rows), an unpacked weight block
 //   prep_x<T>, unpack_w<T>  into the Scratch below
 //   tile<T, NK, NX>         NK weight rows x NX activation rows into Y
 #pragma once
@@ -105,10 +106,10 @@ void run_tile(Scratch<V>& s, int nk, int g, int g_rows, int nb, float* Y, size_t
   const auto* sc = reinterpret_cast<const float*>(s.sc.data());
   const auto* summ = reinterpret_cast<const float*>(s.summ.data());
   tile_scales<V, T>(s, g, nb);
-  const typename V::XBlock* xg = &s.x[static_cast<size_t>(g) * nb * V::kGroup];
+  const typename V::XBlock* xg = &s.x[static_cast<size_t>(g) * nb * V::kGroup / V::kXRows];
   for (int j = 0; j < g_rows; j += V::kNX) {
     const int nx = std::min(V::kNX, g_rows - j);
-    pick<V, T>(nk, nx)(s.wq.data(), xg + j, sc + j, summ + j, nb,
+    pick<V, T>(nk, nx)(s.wq.data(), xg + j / V::kXRows, sc + j, summ + j, nb,
                        Y + (static_cast<size_t>(g) * V::kGroup + j) * y_stride, y_stride);
   }
 }
@@ -120,7 +121,7 @@ void matmul_prefill(const void* W, int n_in, int o0, int o1, const BlockQ8A* Xq,
   const int nb = n_in / QK;
   const size_t row_bytes = nb * block_bytes_q(T);
   const auto* wbase = static_cast<const uint8_t*>(W);
-  const size_t x_row_bytes = nb * (sizeof(typename V::XBlock) + 2 * sizeof(float));
+  const size_t x_row_bytes = nb * (sizeof(typename V::XBlock) / V::kXRows + 2 * sizeof(float));
   const int batch = std::max<int>(kGroup, static_cast<int>(kXBudget / x_row_bytes) / kGroup * kGroup);
   const size_t tile_blocks = static_cast<size_t>(kNK) * nb;
   if (s.wd.size() < tile_blocks) {

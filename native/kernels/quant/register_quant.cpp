@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "kernels/quant/quant.h"
+#include "kernels/quant/quant_impl.h"
 
 namespace py = pybind11;
 
@@ -148,6 +149,12 @@ void register_quant(py::module_& m) {
         "one K or V row -> (int8 values, f16 scale bits per 32), as q8 KV pages store it");
   m.def("dequantize", &dequantize, py::arg("ggml_type"), py::arg("data"), py::arg("n"), "one row -> float32");
   m.def("f32_to_f16", &to_f16, py::arg("x"), "round to f16 bits (round to nearest even), same shape");
+  m.def("prefill_tiles", [] { return std::string(qk::prefill_tiles() == qk::PrefillTiles::zmm ? "zmm" : "ymm"); },
+        "the AVX-512 prefill's tile form: 'zmm' (two pairs a register, where 512-bit units are whole) or 'ymm'");
+  m.def("set_prefill_tiles", [](const std::string& name) {
+    if (name != "ymm" && name != "zmm") throw py::value_error("prefill tiles are 'ymm' or 'zmm', got '" + name + "'");
+    qk::set_prefill_tiles(name == "zmm" ? qk::PrefillTiles::zmm : qk::PrefillTiles::ymm);
+  }, py::arg("name"), "force the AVX-512 prefill's tile form (both give the same bits; tests force each)");
 }
 
 }  // namespace ctx
