@@ -37,16 +37,11 @@ __m256i high_bits(const uint8_t* p) { return _mm256_and_si256(bytes_from_bits(p)
 template <DType T>
 void Avx2::prep_x(const BlockQ8A* X, int nb, int rows, Scratch<Avx2>& s) {
   const int ng = (rows + kGroup - 1) / kGroup;
-  if (s.x.size() < static_cast<size_t>(ng) * nb * kGroup) s.x.resize(static_cast<size_t>(ng) * nb * kGroup);
-  if (s.xd.size() < static_cast<size_t>(ng) * nb) {
-    s.xd.resize(static_cast<size_t>(ng) * nb);
-    s.xs.resize(static_cast<size_t>(ng) * nb);
-  }
+  size_x(ng, nb, s);
   const __m256i bias = _mm256_set1_epi8(static_cast<char>(weight_bias(T)));
   for (int g = 0; g < ng; ++g) {
     const int g_rows = std::min(kGroup, rows - g * kGroup);
     for (int b = 0; b < nb; ++b) {
-      alignas(32) float d[kGroup] = {}, sx[kGroup] = {};
       XBlock* out = &s.x[(static_cast<size_t>(g) * nb + b) * kGroup];
       for (int j = 0; j < g_rows; ++j) {
         const BlockQ8A& xb = X[static_cast<size_t>(g * kGroup + j) * nb + b];
@@ -56,11 +51,8 @@ void Avx2::prep_x(const BlockQ8A* X, int nb, int rows, Scratch<Avx2>& s) {
           const __m256i sum4 = _mm256_madd_epi16(_mm256_maddubs_epi16(bias, q), _mm256_set1_epi16(1));
           out[j].nbias = _mm256_sub_epi32(_mm256_setzero_si256(), sum4);
         }
-        d[j] = xb.d;
-        sx[j] = xb.s;
       }
-      s.xd[static_cast<size_t>(g) * nb + b].v = _mm256_load_ps(d);
-      s.xs[static_cast<size_t>(g) * nb + b].v = _mm256_load_ps(sx);
+      group_scales<T>(X, nb, g, g_rows, b, s);
     }
   }
 }

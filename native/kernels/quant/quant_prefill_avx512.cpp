@@ -117,30 +117,6 @@ void unpack_tile(const uint8_t* w, size_t row_bytes, int nk, int nb, Scratch<V>&
   }
 }
 
-// The activation scales d_x (and Q4_1 / Q5_1's sums s_x) of group g's rows
-// for block b, as one vector each (rows past g_rows: 0).
-template <DType T, typename V>
-void group_scales(const BlockQ8A* X, int nb, int g, int g_rows, int b, Scratch<V>& s) {
-  alignas(64) float d[V::kGroup] = {}, sx[V::kGroup] = {};
-  for (int j = 0; j < g_rows; ++j) {
-    const BlockQ8A& xb = X[static_cast<size_t>(g * V::kGroup + j) * nb + b];
-    d[j] = xb.d;
-    sx[j] = xb.s;
-  }
-  s.xd[static_cast<size_t>(g) * nb + b].v = _mm512_load_ps(d);
-  if (has_min(T)) s.xs[static_cast<size_t>(g) * nb + b].v = _mm512_load_ps(sx);
-}
-
-template <typename V>
-void size_x(int ng, int nb, Scratch<V>& s) {
-  const size_t blocks = static_cast<size_t>(ng) * nb;
-  if (s.x.size() < blocks * V::kGroup / V::kXRows) s.x.resize(blocks * V::kGroup / V::kXRows);
-  if (s.xd.size() < blocks) {
-    s.xd.resize(blocks);
-    s.xs.resize(blocks);
-  }
-}
-
 // One activation row's results for the tile's NK weight rows: their hsum8s
 // (lane k: weight row k), plus Q4_1 / Q5_1's min sums (summ[k * kGroup]).
 template <DType T, int NK>

@@ -55,6 +55,32 @@ struct Scratch {
   std::vector<Lanes<V>> summ;          // [k]: the min sums of tile row k, the group's rows
 };
 
+// The activation scales d_x (and Q4_1 / Q5_1's sums s_x) of group g's rows
+// for block b, as one vector each (rows past g_rows: 0). Written a float at a
+// time straight into the tables, which are read long after: a vector load
+// right behind the scalar stores would wait for them (no store forwarding).
+template <DType T, typename V>
+void group_scales(const BlockQ8A* X, int nb, int g, int g_rows, int b, Scratch<V>& s) {
+  float* d = reinterpret_cast<float*>(&s.xd[static_cast<size_t>(g) * nb + b]);
+  float* sx = reinterpret_cast<float*>(&s.xs[static_cast<size_t>(g) * nb + b]);
+  for (int j = 0; j < g_rows; ++j) {
+    const BlockQ8A& xb = X[static_cast<size_t>(g * V::kGroup + j) * nb + b];
+    d[j] = xb.d;
+    if (has_min(T)) sx[j] = xb.s;
+  }
+  for (int j = g_rows; j < V::kGroup; ++j) d[j] = sx[j] = 0.0f;
+}
+
+template <typename V>
+void size_x(int ng, int nb, Scratch<V>& s) {
+  const size_t blocks = static_cast<size_t>(ng) * nb;
+  if (s.x.size() < blocks * V::kGroup / V::kXRows) s.x.resize(blocks * V::kGroup / V::kXRows);
+  if (s.xd.size() < blocks) {
+    s.xd.resize(blocks);
+    s.xs.resize(blocks);
+  }
+}
+
 // The scales (and min sums) of the unpacked tile against activation group g.
 template <typename V, DType T>
 void tile_scales(Scratch<V>& s, int g, int nb) {
