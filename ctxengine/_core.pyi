@@ -169,5 +169,11 @@ class _Quant:
     @staticmethod
     def f32_to_f16(x: _F32) -> npt.NDArray[np.uint16]:
         """Round to f16 bits (round to nearest even), same shape."""
+    @staticmethod
+    def prefill_tiles() -> str:
+        """The AVX-512 prefill's tile form: 'zmm' (two pairs a register, where 512-bit units are whole) or 'ymm'."""
+    @staticmethod
+    def set_prefill_tiles(name: str) -> None:
+        """Force the AVX-512 prefill's tile form, 'ymm' or 'zmm' (both give the same bits; tests force each)."""
 
 quant: _Quant
