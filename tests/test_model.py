@@ -210,6 +210,26 @@ def test_every_simd_path_gives_the_same_logits(model, isa):
     assert np.array_equal(bits(best), bits(other))
 
 
+@pytest.mark.skipif(_core.detect_isa() != "avx512", reason="the tile forms are the AVX-512 path's")
+def test_both_avx512_prefill_tile_forms_give_the_same_logits(model):
+    """ymm tiles (one pair a register) and zmm tiles (two), whichever this CPU
+    picks: every position's logits over a prompt of 41 tokens (two groups of
+    16 rows and an odd tail, so a half pair)."""
+    text = ("Determinism is a design rule: no kernel's reduction order may depend on the thread count or on "
+            "the batch, so the same tokens give the same bits, always and everywhere, on every machine we have.")
+    ids = model.tokenize(text)[:41]
+    assert len(ids) == 41
+    chosen = _core.quant.prefill_tiles()
+    try:
+        got = {}
+        for tiles in ("ymm", "zmm"):
+            _core.quant.set_prefill_tiles(tiles)
+            got[tiles] = all_logits(model, ids)
+    finally:
+        _core.quant.set_prefill_tiles(chosen)
+    assert np.array_equal(bits(got["ymm"]), bits(got["zmm"]))
+
+
 def test_generation_is_reproducible_with_a_seed(model):
     outs = []
     for _ in range(2):
