@@ -340,11 +340,12 @@ void matmul_q_avx512(DType t, const void* W, int n_in, int o0, int o1, const Blo
                      size_t y_stride) {
   // From 16 activation rows on, unpacking each weight tile once (to memory)
   // beats unpacking it in registers per group of rows (quant_prefill_avx512.cpp);
-  // with the zmm tiles, from 8 rows on (Intel Xeon, one core: 1.0-1.2x the
-  // rows kernel at 8 rows, 1.6-1.8x at 9-15). One row (decode) of Q8_0 has its
-  // own kernel (quant_decode_avx512.cpp), and so have 3 to 15 rows (batched
-  // decode) of Q4_1 and Q8_0 (quant_rows_avx512.cpp).
-  if (n_x >= (prefill_tiles() == PrefillTiles::zmm ? 8 : 16))
+  // with the zmm tiles, from 9 rows on (Intel Xeon, one core: 1.6-1.8x the
+  // rows kernel at 9-15 rows; at 8 the rows kernel's own 8-row tile keeps
+  // Gemma's 168 MB Q8_0 output matrix at 24 ms where the tiles take 30). One
+  // row (decode) of Q8_0 has its own kernel (quant_decode_avx512.cpp), and so
+  // have 3 to 15 rows (batched decode) of Q4_1 and Q8_0 (quant_rows_avx512.cpp).
+  if (n_x >= (prefill_tiles() == PrefillTiles::zmm ? 9 : 16))
     return matmul_q_prefill_avx512(t, W, n_in, o0, o1, Xq, n_x, Y, y_stride);
   if (matmul_q_rows_avx512(t, W, n_in, o0, o1, Xq, n_x, Y, y_stride)) return;
   if (n_x == 1 && matvec_q_avx512(t, W, n_in, o0, o1, Xq, Y)) return;
