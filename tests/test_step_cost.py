@@ -52,3 +52,17 @@ def test_steps_past_the_table_are_not_recorded():
     cost.observe(1000, 1.0)
     cost.observe(0, 1.0)
     assert cost.curve(2) == pytest.approx([0.0, 1.0, 1 + PRIOR_SLOPE])
+
+
+def test_a_curve_is_made_again_after_each_observation_and_not_before():
+    times = {1: [0.010] * 3, 4: [0.020] * 3}
+    cost = measured(times)
+    first = cost.curve(6)
+    assert cost.curve(4) == first[:5]  # a shorter one from the same times
+    first[2] = 99.0  # the caller's copy: changing it changes nothing kept
+    assert cost.curve(6)[2] != 99.0
+    cost.observe(4, 0.012)  # a cheaper time moves the line through 1 and 4
+    times[4].append(0.012)
+    again = cost.curve(6)
+    assert again == measured(times).curve(6)  # as if made from scratch
+    assert again[4] < first[4]

@@ -36,14 +36,28 @@ class StepCost:
 
     def __init__(self):
         self._times: list[tuple[float, ...]] = [()] * (MAX_ROWS + 1)  # [rows] -> the last WINDOW seconds
+        self._version = 0  # bumped by every observation
+        # (version, rows, curve): the last curve made, reused until a step is observed (the
+        # generating threads ask once per drafted token, the scheduler observes once per step)
+        self._made: tuple[int, int, list[float]] = (-1, 0, [])
 
     def observe(self, rows: int, seconds: float) -> None:
         if 1 <= rows <= MAX_ROWS:
             self._times[rows] = (*self._times[rows][1 - WINDOW:], seconds)
+            self._version += 1
 
     def curve(self, rows: int) -> list[float]:
         """Seconds of a step of 0, 1, ..., rows rows. Never less for more rows: a step's
         work only grows with its rows, each row by at least MIN_SLOPE of one."""
+        version = self._version  # read first: a curve made from newer times is only made again
+        made_at, made_rows, made = self._made
+        if made_at == version and made_rows >= rows:
+            return made[:rows + 1]
+        out = self._make(rows)
+        self._made = (version, rows, out)
+        return out[:]
+
+    def _make(self, rows: int) -> list[float]:
         least = [(len(t), min(t, default=0.0)) for t in self._times]  # each tuple whole, as it was
         trusted = {r: t for r, (n, t) in enumerate(least) if n >= TRUSTED}
         if 1 not in trusted:  # one row anchors the line even before it is trusted
