@@ -340,12 +340,15 @@ void matmul_q_avx512(DType t, const void* W, int n_in, int o0, int o1, const Blo
                      size_t y_stride) {
   // From 16 activation rows on, unpacking each weight tile once (to memory)
   // beats unpacking it in registers per group of rows (quant_prefill_avx512.cpp);
-  // with the zmm tiles, from 9 rows on (Intel Xeon, one core: 1.6-1.8x the
-  // rows kernel at 9-15 rows; at 8 the rows kernel's own 8-row tile keeps
-  // Gemma's 168 MB Q8_0 output matrix at 24 ms where the tiles take 30). One
-  // row (decode) of Q8_0 has its own kernel (quant_decode_avx512.cpp), and so
-  // have 3 to 15 rows (batched decode) of Q4_1 and Q8_0 (quant_rows_avx512.cpp).
-  if (n_x >= (prefill_tiles() == PrefillTiles::zmm ? 9 : 16))
+  // with the zmm tiles, from 9 rows on, and from 8 for Q4_1 (Intel Xeon, one
+  // core: 1.6-1.8x the rows kernel at 9-15 rows, and 1.0-1.2x Q4_1's at 8;
+  // at 8 the rows kernel's own tile keeps Gemma's 168 MB Q8_0 output matrix
+  // at 24 ms where the tiles take 30, and the register tiles beat them on
+  // Q5_0). One row (decode) of Q8_0 has its own kernel
+  // (quant_decode_avx512.cpp), and so have 3 to 15 rows (batched decode) of
+  // Q4_1 and Q8_0 (quant_rows_avx512.cpp).
+  const int tiles_from = prefill_tiles() != PrefillTiles::zmm ? 16 : t == DType::Q4_1 ? 8 : 9;
+  if (n_x >= tiles_from)
     return matmul_q_prefill_avx512(t, W, n_in, o0, o1, Xq, n_x, Y, y_stride);
   if (matmul_q_rows_avx512(t, W, n_in, o0, o1, Xq, n_x, Y, y_stride)) return;
   if (n_x == 1 && matvec_q_avx512(t, W, n_in, o0, o1, Xq, Y)) return;
