@@ -63,6 +63,7 @@ bool whole_512_bit_units() {
 #if defined(__x86_64__) || defined(__i386__)
   static const bool whole = [] {
     __builtin_cpu_init();
+    if (!__builtin_cpu_supports("avx512f")) return false;  // no 512-bit units at all
     if (!__builtin_cpu_is("amd")) return true;
     unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
     if (__get_cpuid(1, &eax, &ebx, &ecx, &edx) == 0) return false;

@@ -18,7 +18,8 @@ struct IsaFeature {
 };
 
 Isa detect_isa();          // best path this CPU supports (CPUID, once)
-// Whether 512-bit vector operations run at full width: not on AMD's Zen 4
+// Whether 512-bit vector operations run at full width: not on a CPU without
+// AVX-512, nor on AMD's Zen 4
 // (CPUID family 0x19), which splits each into two 256-bit halves; Intel's
 // AVX-512 cores and AMD's Zen 5 servers and desktops (family 0x1A) run them
 // whole. (Zen 5 laptop parts split them too but report family 0x1A: they are
