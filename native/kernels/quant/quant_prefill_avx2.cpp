@@ -36,25 +36,17 @@ __m256i high_bits(const uint8_t* p) { return _mm256_and_si256(bytes_from_bits(p)
 
 template <DType T>
 void Avx2::prep_x(const BlockQ8A* X, int nb, int rows, Scratch<Avx2>& s) {
-  const int ng = (rows + kGroup - 1) / kGroup;
-  size_x(ng, nb, s);
   const __m256i bias = _mm256_set1_epi8(static_cast<char>(weight_bias(T)));
-  for (int g = 0; g < ng; ++g) {
-    const int g_rows = std::min(kGroup, rows - g * kGroup);
-    for (int b = 0; b < nb; ++b) {
-      XBlock* out = &s.x[(static_cast<size_t>(g) * nb + b) * kGroup];
-      for (int j = 0; j < g_rows; ++j) {
-        const BlockQ8A& xb = X[static_cast<size_t>(g * kGroup + j) * nb + b];
-        const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb.qs));
-        out[j].q = q;
-        if (weight_bias(T) != 0) {
-          const __m256i sum4 = _mm256_madd_epi16(_mm256_maddubs_epi16(bias, q), _mm256_set1_epi16(1));
-          out[j].nbias = _mm256_sub_epi32(_mm256_setzero_si256(), sum4);
-        }
+  prep_groups<T>(X, nb, rows, s, [&](XBlock* out, const BlockQ8A* first, int g_rows) {
+    for (int j = 0; j < g_rows; ++j) {
+      const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(first[static_cast<size_t>(j) * nb].qs));
+      out[j].q = q;
+      if (weight_bias(T) != 0) {
+        const __m256i sum4 = _mm256_madd_epi16(_mm256_maddubs_epi16(bias, q), _mm256_set1_epi16(1));
+        out[j].nbias = _mm256_sub_epi32(_mm256_setzero_si256(), sum4);
       }
-      group_scales<T>(X, nb, g, g_rows, b, s);
     }
-  }
+  });
 }
 
 // Weight rows [0, nk) from w (row_bytes apart) into the tile buffers (kNK

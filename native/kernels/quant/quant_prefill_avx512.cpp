@@ -149,16 +149,9 @@ __m128 hsum8x4(const __m256* a) {
 // Activation rows X[0, rows) (nb blocks each) into groups of kGroup rows.
 template <DType T>
 void Avx512::prep_x(const BlockQ8A* X, int nb, int rows, Scratch<Avx512>& s) {
-  const int ng = (rows + kGroup - 1) / kGroup;
-  size_x(ng, nb, s);
-  for (int g = 0; g < ng; ++g) {
-    const int g_rows = std::min(kGroup, rows - g * kGroup);
-    for (int b = 0; b < nb; ++b) {
-      XBlock* out = &s.x[(static_cast<size_t>(g) * nb + b) * kGroup];
-      for (int j = 0; j < g_rows; ++j) out[j].v = x_bytes<T>(X[static_cast<size_t>(g * kGroup + j) * nb + b]);
-      group_scales<T>(X, nb, g, g_rows, b, s);
-    }
-  }
+  prep_groups<T>(X, nb, rows, s, [&](XBlock* out, const BlockQ8A* first, int g_rows) {
+    for (int j = 0; j < g_rows; ++j) out[j].v = x_bytes<T>(first[static_cast<size_t>(j) * nb]);
+  });
 }
 
 template <DType T>
@@ -207,20 +200,12 @@ __m512i interleave_dwords(__m256i a, __m256i b) {
 // (a missing second row: zero bytes, its scale 0; never stored).
 template <DType T>
 void Avx512Zmm::prep_x(const BlockQ8A* X, int nb, int rows, Scratch<Avx512Zmm>& s) {
-  const int ng = (rows + kGroup - 1) / kGroup;
-  size_x(ng, nb, s);
-  for (int g = 0; g < ng; ++g) {
-    const int g_rows = std::min(kGroup, rows - g * kGroup);
-    for (int b = 0; b < nb; ++b) {
-      XBlock* out = &s.x[(static_cast<size_t>(g) * nb + b) * (kGroup / 2)];
-      for (int j = 0; j < g_rows; j += 2) {
-        const BlockQ8A* x0 = &X[static_cast<size_t>(g * kGroup + j) * nb + b];
-        const __m256i b1 = j + 1 < g_rows ? x_bytes<T>(x0[nb]) : _mm256_setzero_si256();
-        out[j / 2].v = interleave_dwords(x_bytes<T>(*x0), b1);
-      }
-      group_scales<T>(X, nb, g, g_rows, b, s);
+  prep_groups<T>(X, nb, rows, s, [&](XBlock* out, const BlockQ8A* first, int g_rows) {
+    for (int j = 0; j < g_rows; j += 2) {
+      const BlockQ8A* x0 = &first[static_cast<size_t>(j) * nb];
+      out[j / 2].v = interleave_dwords(x_bytes<T>(*x0), j + 1 < g_rows ? x_bytes<T>(x0[nb]) : _mm256_setzero_si256());
     }
-  }
+  });
 }
 
 template <DType T>

@@ -68,16 +68,31 @@ void group_scales(const BlockQ8A* X, int nb, int g, int g_rows, int b, Scratch<V
     d[j] = xb.d;
     if (has_min(T)) sx[j] = xb.s;
   }
-  for (int j = g_rows; j < V::kGroup; ++j) d[j] = sx[j] = 0.0f;
+  for (int j = g_rows; j < V::kGroup; ++j) {
+    d[j] = 0.0f;
+    if (has_min(T)) sx[j] = 0.0f;
+  }
 }
 
-template <typename V>
-void size_x(int ng, int nb, Scratch<V>& s) {
-  const size_t blocks = static_cast<size_t>(ng) * nb;
-  if (s.x.size() < blocks * V::kGroup / V::kXRows) s.x.resize(blocks * V::kGroup / V::kXRows);
+// Activation rows X[0, rows) (nb blocks each) into groups of kGroup rows:
+// fill(out, first, g_rows) fills the group's block from its rows' blocks
+// first[0], first[nb], ... (out: the group's kGroup / kXRows XBlocks of that
+// block), then the block's scales go into their tables.
+template <DType T, typename V, typename Fill>
+void prep_groups(const BlockQ8A* X, int nb, int rows, Scratch<V>& s, Fill fill) {
+  const int ng = (rows + V::kGroup - 1) / V::kGroup;
+  const size_t blocks = static_cast<size_t>(ng) * nb, per_block = V::kGroup / V::kXRows;
+  if (s.x.size() < blocks * per_block) s.x.resize(blocks * per_block);
   if (s.xd.size() < blocks) {
     s.xd.resize(blocks);
     s.xs.resize(blocks);
+  }
+  for (int g = 0; g < ng; ++g) {
+    const int g_rows = std::min(V::kGroup, rows - g * V::kGroup);
+    for (int b = 0; b < nb; ++b) {
+      fill(&s.x[(static_cast<size_t>(g) * nb + b) * per_block], &X[static_cast<size_t>(g) * V::kGroup * nb + b], g_rows);
+      group_scales<T>(X, nb, g, g_rows, b, s);
+    }
   }
 }
 
