@@ -112,39 +112,76 @@ def test_attention_weighted_sum_paths_bit_identical(isa, n, hd, restore_isa):
     np.testing.assert_allclose(got, exact, rtol=2e-3, atol=2e-3)
 
 
+def kv_arrays(rng, kv: str, hd: int, n: int, copies: int = 1):
+    """One page of K (f16 or q8) and V for `copies` queries' own pages ((n, hd) or (copies, n, hd))."""
+    shape = (n, hd) if copies == 1 else (copies, n, hd)
+    kt = rng.standard_normal((hd, 16)).astype(np.float16).view(np.uint16)
+    v = rng.standard_normal(shape).astype(np.float16).view(np.uint16)
+    kq = rng.integers(-127, 128, (hd, 16), dtype=np.int8)
+    ks = (rng.random((hd // 32, 16)) * 0.02).astype(np.float16).view(np.uint16)
+    vq = rng.integers(-127, 128, shape, dtype=np.int8)
+    vs = (rng.random(shape[:-1] + (hd // 32,)) * 0.02).astype(np.float16).view(np.uint16)
+    if kv == "f16":  # (every hd here is a multiple of 32, as q8 pages need)
+        return kt, np.zeros(0, np.int8), np.zeros(0, np.uint16), v, np.zeros(0, np.int8), np.zeros(0, np.uint16)
+    return np.zeros(0, np.uint16), kq, ks, np.zeros(0, np.uint16), vq, vs
+
+
+def bits_equal(a, b) -> bool:
+    return np.array_equal(np.asarray(a).view(np.uint32), np.asarray(b).view(np.uint32))
+
+
 @pytest.mark.parametrize("isa", EVERY_PATH)
 @pytest.mark.parametrize("kv", ["f16", "q8"])
 @pytest.mark.parametrize("hd,n", [(64, 16), (64, 5), (256, 13), (256, 37), (96, 1), (128, 48)])
 def test_grouped_heads_equal_each_head_alone(isa, kv, hd, n, restore_isa):
-    # Grouped-query attention scores up to 4 heads in one pass over K and V;
-    # each head must get the bits it gets alone, on every path, as on scalar.
+    # Up to 16 queries (grouped-query heads, of one row or several) go through
+    # K and V in one pass; each must get the bits it gets alone, on every
+    # path, as on scalar.
     rng = np.random.default_rng(hd * 1000 + n)
-    kt = rng.standard_normal((hd, 16)).astype(np.float16).view(np.uint16)
-    v = rng.standard_normal((n, hd)).astype(np.float16).view(np.uint16)
-    kq = rng.integers(-127, 128, (hd, 16), dtype=np.int8)
-    ks = (rng.random((hd // 32, 16)) * 0.02).astype(np.float16).view(np.uint16)
-    vq = rng.integers(-127, 128, (n, hd), dtype=np.int8)
-    vs = (rng.random((n, hd // 32)) * 0.02).astype(np.float16).view(np.uint16)
-    empty8, empty16 = np.zeros(0, np.int8), np.zeros(0, np.uint16)
-    if kv == "f16":  # (every hd here is a multiple of 32, as q8 pages need)
-        kq, ks, vq, vs = empty8, empty16, empty8, empty16
+    kt, kq, ks, v, vq, vs = kv_arrays(rng, kv, hd, n)
 
     def run(q, p):
         return _core.attn_group(q, kt, kq, ks, p, v, vq, vs, n, 0.0625)
 
-    for g in (1, 2, 3, 4):
+    for g in (1, 2, 3, 4, 5, 12, 15, 16):
         q = rng.standard_normal((g, hd)).astype(np.float32)
         p = rng.random((g, n)).astype(np.float16).astype(np.float32)
         _core.set_isa("scalar")
         ref_s, ref_o = run(q, p)
         _core.set_isa(isa)
         got_s, got_o = run(q, p)
-        assert np.array_equal(got_s.view(np.uint32), ref_s.view(np.uint32))
-        assert np.array_equal(got_o.view(np.uint32), ref_o.view(np.uint32))
+        assert bits_equal(got_s, ref_s) and bits_equal(got_o, ref_o), g
         for h in range(g):
             alone_s, alone_o = run(q[h:h + 1].copy(), p[h:h + 1].copy())
-            assert np.array_equal(alone_s[0].view(np.uint32), got_s[h].view(np.uint32))
-            assert np.array_equal(alone_o[0].view(np.uint32), got_o[h].view(np.uint32))
+            assert bits_equal(alone_s[0], got_s[h]) and bits_equal(alone_o[0], got_o[h]), (g, h)
+
+
+@pytest.mark.parametrize("isa", EVERY_PATH)
+@pytest.mark.parametrize("kv", ["f16", "q8"])
+@pytest.mark.parametrize("hd,n", [(64, 16), (64, 45), (256, 37), (128, 80)])
+def test_grouped_queries_with_own_keys_equal_each_alone(isa, kv, hd, n, restore_isa):
+    # Queries of a group may see different numbers of keys (the rows of one
+    # prompt) and read their own pages after a shared prefix (branches over
+    # copy-on-write pages): each query's weighted sum of V must be the one it
+    # gets alone over exactly its own keys, bit for bit, on every path.
+    rng = np.random.default_rng(hd * 7 + n)
+    n_pages = (n + 15) // 16
+    for g, shared in ((2, 0), (5, n_pages), (8, 1), (16, n_pages - 1), (12, 2)):
+        kt, kq, ks, v, vq, vs = kv_arrays(rng, kv, hd, n, copies=g)
+        q = rng.standard_normal((g, hd)).astype(np.float32)
+        p = rng.random((g, n)).astype(np.float16).astype(np.float32)
+        counts = rng.integers(max(1, 16 * min(shared, n_pages) - 15), n + 1, g).astype(np.int32)
+        _core.set_isa(isa)
+        _, got = _core.attn_group(q, kt, kq, ks, p, v, vq, vs, n, 0.0625, counts=counts, shared=shared)
+        for h in range(g):
+            # query h's V: the shared pages from V[0], its own after them, cut at its count
+            src = np.where(np.arange(n) < 16 * shared, 0, h)
+            c = int(counts[h])
+            own = [a[src, np.arange(n)][:c].copy() if a.size else a for a in (v, vq, vs)]
+            for path in ("scalar", isa):
+                _core.set_isa(path)
+                _, alone = _core.attn_group(q[h:h + 1].copy(), kt, kq, ks, p[h:h + 1, :c].copy(), *own, c, 0.0625)
+                assert bits_equal(alone[0], got[h]), (g, shared, h, c, path)
 
 
 @pytest.mark.parametrize("isa", EVERY_PATH)

@@ -95,7 +95,9 @@ void register_attention_f16(py::module_& m) {
         std::vector<const uint16_t*> pages;  // 16 rows a page, as attention reads them
         for (int k = 0; k < n; k += 16) pages.push_back(v.data() + static_cast<size_t>(k) * hd);
         py::array_t<float> res(out.size());
-        attn_accumulate_f16(p.data(), n, 1, pages.data(), 16, hd, n, hd, res.mutable_data());
+        const uint16_t* const* lists[1] = {pages.data()};
+        float* outs[1] = {res.mutable_data()};
+        attn_accumulate_f16(p.data(), n, 1, lists, 0, 16, hd, &n, hd, outs);
         return py::make_tuple(res, mx);
       },
       py::arg("scores"), py::arg("v"), py::arg("out"), "softmax weights of scores applied to V rows");
@@ -138,45 +140,76 @@ void register_attention_q8(py::module_& m) {
           scales.push_back(vs.data() + k * (hd / 32));
         }
         py::array_t<float> res(hd);
-        attn_accumulate_q8(p.data(), static_cast<int>(n), 1, pages.data(), scales.data(), 16, static_cast<int>(hd),
-                           static_cast<int>(hd / 32), static_cast<int>(n), static_cast<int>(hd), res.mutable_data());
+        const int8_t* const* lists[1] = {pages.data()};
+        const uint16_t* const* scale_lists[1] = {scales.data()};
+        float* outs[1] = {res.mutable_data()};
+        const int count = static_cast<int>(n);
+        attn_accumulate_q8(p.data(), count, 1, lists, scale_lists, 0, 16, static_cast<int>(hd),
+                           static_cast<int>(hd / 32), &count, static_cast<int>(hd), outs);
         return py::make_tuple(res, mx);
       },
       py::arg("scores"), py::arg("vq"), py::arg("vs"), py::arg("out"), "softmax weights of scores applied to q8 V rows");
   m.def(
       "attn_group",
       [](F32Array q, U16Array kt, I8Array kq, U16Array ks, F32Array p, U16Array v, I8Array vq, U16Array vs, int n,
-         float scale) {
+         float scale, py::array_t<int, py::array::c_style | py::array::forcecast> counts, int shared) {
         // The grouped kernels, f16 or q8 (kq empty: f16): q (g, hd) scores the
         // first min(n, 16) keys of one page's K (hd, 16); the weights p (g, n)
-        // meet V (n, hd), read in pages of 16 rows. Returns (scores, out (g, hd)).
+        // meet V, read in pages of 16 rows: V (n, hd) for every query, or
+        // (g, n, hd), query h reading pages [0, shared) of V[0] and the rest of
+        // V[h]. Query h takes keys [0, counts[h]) (counts empty: n). Returns
+        // (scores, out (g, hd)).
         if (q.ndim() != 2 || p.ndim() != 2 || p.shape(0) != q.shape(0) || p.shape(1) != n || n < 1)
           throw std::invalid_argument("need q (g, hd), p (g, n), n >= 1");
         const int g = static_cast<int>(q.shape(0)), hd = static_cast<int>(q.shape(1)), nk = std::min(n, 16);
-        if (g < 1 || g > kMaxGroup) throw std::invalid_argument("group of 1 to kMaxGroup heads");
+        if (g < 1 || g > kMaxGroup) throw std::invalid_argument("group of 1 to kMaxGroup queries");
         const bool q8 = kq.size() > 0;
-        if (q8 ? (kq.size() != hd * 16 || ks.size() != hd / 32 * 16 || vq.size() != n * hd || vs.size() != n * hd / 32)
-               : (kt.size() != hd * 16 || v.size() != n * hd))
-          throw std::invalid_argument("K must be (hd, 16) and V (n, hd), with hd / 32 scale rows for q8");
+        const py::ssize_t per = q8 ? vq.size() / (static_cast<py::ssize_t>(n) * hd) : v.size() / (static_cast<py::ssize_t>(n) * hd);
+        if (per != 1 && per != g) throw std::invalid_argument("V must be (n, hd) or (g, n, hd)");
+        if (q8 ? (kq.size() != hd * 16 || ks.size() != hd / 32 * 16 || vq.size() != per * n * hd ||
+                  vs.size() != per * n * hd / 32)
+               : (kt.size() != hd * 16 || v.size() != per * n * hd))
+          throw std::invalid_argument("K must be (hd, 16) and V (n, hd) or (g, n, hd), with hd / 32 scale rows for q8");
+        std::vector<int> ns(g, n);
+        if (counts.size() > 0) {
+          if (counts.size() != g) throw std::invalid_argument("counts: one per query");
+          for (int h = 0; h < g; ++h) {
+            ns[h] = counts.data()[h];
+            if (ns[h] < 1 || ns[h] > n) throw std::invalid_argument("counts must be in 1..n");
+          }
+        }
+        const int n_pages = (n + 15) / 16;
+        if (per == 1) shared = n_pages;
         py::array_t<float> scores({g, nk}), out({g, hd});
-        std::vector<const int8_t*> v8;
-        std::vector<const uint16_t*> v16, s16;
-        for (int k = 0; k < n; k += 16) {
-          v16.push_back(v.data() + static_cast<size_t>(k) * hd);
-          v8.push_back(vq.data() + static_cast<size_t>(k) * hd);
-          s16.push_back(vs.data() + static_cast<size_t>(k) * (hd / 32));
+        std::vector<const int8_t*> v8(static_cast<size_t>(g) * n_pages);
+        std::vector<const uint16_t*> v16(v8.size()), s16(v8.size());
+        std::vector<const int8_t* const*> l8(g);
+        std::vector<const uint16_t* const*> l16(g), ls(g);
+        std::vector<float*> outs(g);
+        for (int h = 0; h < g; ++h) {
+          for (int i = 0; i < n_pages; ++i) {
+            const size_t src = i < shared ? 0 : h, row = src * n + static_cast<size_t>(i) * 16;
+            v16[h * n_pages + i] = v.data() + row * hd;
+            v8[h * n_pages + i] = vq.data() + row * hd;
+            s16[h * n_pages + i] = vs.data() + row * (hd / 32);
+          }
+          l16[h] = &v16[h * n_pages];
+          l8[h] = &v8[h * n_pages];
+          ls[h] = &s16[h * n_pages];
+          outs[h] = out.mutable_data() + static_cast<size_t>(h) * hd;
         }
         if (q8) {
           attn_scores_q8(q.data(), g, kq.data(), ks.data(), hd, 16, nk, scale, scores.mutable_data(), nk);
-          attn_accumulate_q8(p.data(), n, g, v8.data(), s16.data(), 16, hd, hd / 32, n, hd, out.mutable_data());
+          attn_accumulate_q8(p.data(), n, g, l8.data(), ls.data(), shared, 16, hd, hd / 32, ns.data(), hd, outs.data());
         } else {
           attn_scores_f16(q.data(), g, kt.data(), hd, 16, nk, scale, scores.mutable_data(), nk);
-          attn_accumulate_f16(p.data(), n, g, v16.data(), 16, hd, n, hd, out.mutable_data());
+          attn_accumulate_f16(p.data(), n, g, l16.data(), shared, 16, hd, ns.data(), hd, outs.data());
         }
         return py::make_tuple(scores, out);
       },
       py::arg("q"), py::arg("kt"), py::arg("kq"), py::arg("ks"), py::arg("p"), py::arg("v"), py::arg("vq"),
-      py::arg("vs"), py::arg("n"), py::arg("scale"), "a group of heads through the attention kernels, one page");
+      py::arg("vs"), py::arg("n"), py::arg("scale"), py::arg("counts") = py::array_t<int>(0), py::arg("shared") = 0,
+      "a group of queries through the attention kernels: one page of K, every page of V");
 }
 
 }  // namespace

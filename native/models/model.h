@@ -185,9 +185,10 @@ class Model {
   void write_kv(int layer, int r, uint8_t* page, int slot);
   void attention(int layer, const std::vector<Row>& rows, size_t r0,
                  int n_rows, const std::vector<std::vector<uint8_t*>>& pages);
-  struct AttnLayer;  // one layer's attention constants (model_attention.cpp)
-  void attend(const AttnLayer& at, const Row& row, const std::vector<uint8_t*>& pages, int r, int kv_head, int h0,
-              int g);
+  struct AttnLayer;   // one layer's attention constants (model_attention.cpp)
+  struct AttnView;    // what one row sees of the KV on a layer
+  struct AttnBundle;  // rows that read the same pages, attended together
+  void attend(const AttnLayer& at, const AttnView* rows, int n_rows, int64_t shared, int kv_head, int h0, int g);
   void ensure_scratch(int rows);
 
   ModelConfig cfg_;

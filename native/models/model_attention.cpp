@@ -10,7 +10,7 @@
 
 namespace ctx {
 
-// One layer's attention constants, shared by all its (row, head group) tasks.
+// One layer's attention constants, shared by all its (bundle, head group) tasks.
 struct Model::AttnLayer {
   int hd;
   float q_scale, scale;      // q's scale before its f16 rounding; the scores' scale
@@ -20,17 +20,46 @@ struct Model::AttnLayer {
   int hb, pt, sr;            // scale rows per head, keys a page, score row length
 };
 
+// What one row sees on this layer: keys [k0, n_kv), on its pages [p0, n_pages).
+struct Model::AttnView {
+  int r;                                // the row, counted from r0
+  int64_t n_kv, k0, p0, n_pages;
+  int64_t n_rel;                        // its sequence's released pages (never in a window)
+  const std::vector<uint8_t*>* pg;      // its sequence's pages
+  // The layer's array at `off` in page p (a released page holds it `shift` bytes earlier).
+  const uint8_t* at(const AttnLayer& L, int64_t p, size_t off) const { return (*pg)[p] + (off - (p < n_rel ? L.shift : 0)); }
+};
+
+// Rows that go through K and V together (attention.h): views [first,
+// first + count), with one first page p0, whose first `shared` visible pages
+// are the same pages for all of them.
+struct Model::AttnBundle {
+  int first, count;
+  int64_t shared;
+};
+
+namespace {
+
+// How many of the visible pages of views a and b (one first page) are the
+// same pages: all of them in one sequence, a common prefix for branches
+// (copy-on-write pages); -1 where they should not be bundled: another first
+// page, or branches that share less than three quarters of what they see.
+template <typename View, typename Layer>
+int64_t shared_pages(const Layer& L, const View& a, const View& b) {
+  if (a.p0 != b.p0) return -1;
+  const int64_t n = std::min(a.n_pages, b.n_pages) - a.p0;
+  if (a.pg == b.pg) return n;
+  int64_t s = 0;
+  while (s < n && a.at(L, a.p0 + s, L.k_off) == b.at(L, b.p0 + s, L.k_off)) ++s;
+  return 4 * s >= 3 * (std::max(a.n_pages, b.n_pages) - a.p0) ? s : -1;
+}
+
+}  // namespace
+
 void Model::attention(int layer, const std::vector<Row>& rows, size_t r0, int n_rows,
                       const std::vector<std::vector<uint8_t*>>& pages) {
   const int hd = cfg_.head_dim;
   const int group = cfg_.n_head / cfg_.n_head_kv;
-  // The heads that share a KV head are scored in groups of up to kMaxGroup,
-  // which reads each K and V row once for the group; a head's bits do not
-  // depend on its group (attention.h). With too few groups to keep every
-  // thread busy (decode), heads go one at a time instead.
-  const int64_t n_groups_wide = static_cast<int64_t>(n_rows) * cfg_.n_head_kv * ((group + kMaxGroup - 1) / kMaxGroup);
-  const int g_max = n_groups_wide >= 2 * pool_.size() ? std::min(group, kMaxGroup) : 1;
-  const int per_kv = (group + g_max - 1) / g_max;  // tasks per (row, KV head)
   const PageLayout& lay = layout_;
   AttnLayer at;
   at.hd = hd;
@@ -51,82 +80,153 @@ void Model::attention(int layer, const std::vector<Row>& rows, size_t r0, int n_
   at.pt = lay.page_tokens;
   at.sr = s_.score_row;
 
-  pool_.parallel_for(static_cast<int64_t>(n_rows) * cfg_.n_head_kv * per_kv, 2, [&](int64_t t0, int64_t t1) {
+  std::vector<AttnView> views(n_rows);
+  for (int r = 0; r < n_rows; ++r) {
+    const Row& row = rows[r0 + r];
+    AttnView& v = views[r];
+    v.r = r;
+    // Keys [k0, pos] are visible: all of them, or the last `window` on a sliding-window layer.
+    v.n_kv = row.pos + 1;
+    v.k0 = at.window > 0 ? std::max<int64_t>(0, v.n_kv - at.window) : 0;
+    v.p0 = v.k0 / at.pt;
+    v.n_pages = (v.n_kv + at.pt - 1) / at.pt;
+    v.n_rel = released_[row.item];
+    v.pg = &pages[row.item];
+  }
+  // The heads that share a KV head, and the same heads of rows that read the
+  // same pages (a prompt's rows; branches over their common prefix), go
+  // through K and V together, up to kMaxGroup queries: each K and V row is
+  // read once for all of them, and a query's bits do not depend on its
+  // company (attention.h). Bundles stay small enough for two tasks a thread;
+  // with too few tasks to keep every thread busy even so (decode), heads go
+  // one at a time instead.
+  const int heads = std::min(group, kMaxGroup);
+  const int64_t per_row = static_cast<int64_t>(cfg_.n_head_kv) * ((group + heads - 1) / heads);
+  const int fit = static_cast<int>(std::clamp<int64_t>(n_rows * per_row / (2 * pool_.size()), 1, kMaxGroup / heads));
+  std::vector<AttnBundle> bundles;
+  for (int r = 0; r < n_rows; ++r) {
+    AttnBundle* joined = nullptr;
+    // The last few bundles are the candidates: a prompt's rows come in order, branches side by side.
+    for (size_t b = bundles.size(); b-- > 0 && b + 4 >= bundles.size();) {
+      AttnBundle& c = bundles[b];
+      if (c.count >= fit || c.first + c.count != r) continue;
+      const int64_t s = shared_pages(at, views[c.first], views[r]);
+      if (s < 0) continue;
+      c.shared = std::min(c.shared, s);
+      ++c.count;
+      joined = &c;
+      break;
+    }
+    if (!joined) bundles.push_back({r, 1, views[r].n_pages - views[r].p0});
+  }
+  const int64_t n_wide = static_cast<int64_t>(bundles.size()) * per_row;
+  const int g_max = n_wide >= 2 * pool_.size() ? heads : 1;
+  const int per_kv = (group + g_max - 1) / g_max;  // tasks per (bundle, KV head)
+
+  pool_.parallel_for(static_cast<int64_t>(bundles.size()) * cfg_.n_head_kv * per_kv, 1, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
-      const int r = static_cast<int>(t / (cfg_.n_head_kv * per_kv));
+      const AttnBundle& b = bundles[t / (cfg_.n_head_kv * per_kv)];
       const int kv_head = static_cast<int>(t / per_kv % cfg_.n_head_kv);
       const int h0 = kv_head * group + static_cast<int>(t % per_kv) * g_max;
-      const Row& row = rows[r0 + r];
-      attend(at, row, pages[row.item], r, kv_head, h0, std::min(g_max, (kv_head + 1) * group - h0));
+      attend(at, &views[b.first], b.count, b.shared, kv_head, h0, std::min(g_max, (kv_head + 1) * group - h0));
     }
   });
 }
 
-// Heads [h0, h0 + g) of row r (sharing KV head kv_head) over the row's
-// visible keys: scores, softmax, the weighted sum of V into s_.att.
-void Model::attend(const AttnLayer& at, const Row& row, const std::vector<uint8_t*>& pg, int r, int kv_head, int h0,
-                   int g) {
-  const int hd = at.hd, pt = at.pt, sr = at.sr, hb = at.hb;
+// Heads [h0, h0 + g) (sharing KV head kv_head) of each of the bundle's rows
+// over the keys each sees: scores, softmax, the weighted sum of V into s_.att.
+// Query m * g + h is row m's head h0 + h.
+void Model::attend(const AttnLayer& at, const AttnView* rows, int n_rows, int64_t shared, int kv_head, int h0, int g) {
+  const int hd = at.hd, pt = at.pt, sr = at.sr, hb = at.hb, nq = n_rows * g;
   const PageLayout& lay = layout_;
-  // This thread's scratch: kMaxGroup rows of scores, then the group's q.
+  // This thread's scratch: kMaxGroup rows of scores, then the queries' q.
   float* sc = s_.scores.data() + static_cast<size_t>(ThreadPool::thread_index()) * kMaxGroup * (sr + hd);
   float* q = sc + static_cast<size_t>(kMaxGroup) * sr;
   // Q and the softmax weights are rounded to f16 before they meet the f16
   // K and V, as llama.cpp's (non-flash) attention does: its logits are
   // the reference we are held to, and the rounding moves them measurably.
-  const float* q32 = s_.q.data() + static_cast<size_t>(r) * cfg_.q_dim() + h0 * hd;
-  std::copy(q32, q32 + g * hd, q);
-  scale_round_f16(q, g * hd, at.q_scale);
-  // Keys [k0, pos] are visible: all of them, or the last `window` on a
-  // sliding-window layer. Pages p0.. hold them; sc[j] scores key p0 * pt + j.
-  const int64_t n_kv = row.pos + 1;
-  const int64_t k0 = at.window > 0 ? std::max<int64_t>(0, n_kv - at.window) : 0;
-  const int64_t p0 = k0 / pt, n_pages = (n_kv + pt - 1) / pt;
-  const int64_t n_rel = released_[row.item];  // pages [0, n_rel) are released; never in a window
-  auto page = [&](int64_t p, size_t off) { return pg[p] + (off - (p < n_rel ? at.shift : 0)); };
-  for (int64_t p = p0; p < n_pages; ++p) {
-    const int n = static_cast<int>(std::min<int64_t>(pt, n_kv - p * pt));
-    float* out = sc + (p - p0) * pt;
+  for (int m = 0; m < n_rows; ++m) {
+    const float* q32 = s_.q.data() + static_cast<size_t>(rows[m].r) * cfg_.q_dim() + h0 * hd;
+    std::copy(q32, q32 + g * hd, q + static_cast<size_t>(m) * g * hd);
+  }
+  scale_round_f16(q, nq * hd, at.q_scale);
+  // sc[j] of every query scores key p0 * pt + j. A shared page is scored once
+  // for every query, up to the last key any of them sees; each row's own pages alone.
+  const int64_t p0 = rows[0].p0;
+  int64_t n_pages = 0;
+  for (int m = 0; m < n_rows; ++m) n_pages = std::max(n_pages, rows[m].n_pages);
+  auto score = [&](const AttnView& v, int64_t p, const float* qs, int nqs, int n, float* out) {
     if (lay.k_quantized()) {
-      const int8_t* kq = reinterpret_cast<const int8_t*>(page(p, at.k_off)) + static_cast<size_t>(kv_head) * hd * pt;
-      const uint16_t* ks = reinterpret_cast<const uint16_t*>(page(p, at.ks_off)) + static_cast<size_t>(kv_head) * hb * pt;
-      attn_scores_q8(q, g, kq, ks, hd, pt, n, at.scale, out, sr);
+      const int8_t* kq = reinterpret_cast<const int8_t*>(v.at(at, p, at.k_off)) + static_cast<size_t>(kv_head) * hd * pt;
+      const uint16_t* ks = reinterpret_cast<const uint16_t*>(v.at(at, p, at.ks_off)) + static_cast<size_t>(kv_head) * hb * pt;
+      attn_scores_q8(qs, nqs, kq, ks, hd, pt, n, at.scale, out, sr);
     } else {
-      const uint16_t* kt = reinterpret_cast<const uint16_t*>(page(p, at.k_off)) + static_cast<size_t>(kv_head) * hd * pt;
-      attn_scores_f16(q, g, kt, hd, pt, n, at.scale, out, sr);
+      const uint16_t* kt = reinterpret_cast<const uint16_t*>(v.at(at, p, at.k_off)) + static_cast<size_t>(kv_head) * hd * pt;
+      attn_scores_f16(qs, nqs, kt, hd, pt, n, at.scale, out, sr);
+    }
+  };
+  auto keys_in = [&](const AttnView& v, int64_t p) { return static_cast<int>(std::min<int64_t>(pt, v.n_kv - p * pt)); };
+  for (int64_t p = p0; p < n_pages; ++p) {
+    if (p - p0 < shared) {
+      int n = 0;
+      for (int m = 0; m < n_rows; ++m) n = std::max(n, keys_in(rows[m], p));
+      score(rows[0], p, q, nq, n, sc + (p - p0) * pt);
+    } else {
+      for (int m = 0; m < n_rows; ++m)
+        if (p < rows[m].n_pages)
+          score(rows[m], p, q + static_cast<size_t>(m) * g * hd, g, keys_in(rows[m], p),
+                sc + static_cast<size_t>(m) * g * sr + (p - p0) * pt);
     }
   }
-  // Softmax over the visible keys, as llama.cpp computes it: the masked
-  // head of the first page is -inf (weight 0) so the sum's chunks of 16
-  // stay aligned with the pages; the sum is a double.
-  const int skip = static_cast<int>(k0 - p0 * pt);
-  const int n_span = static_cast<int>(n_kv - p0 * pt);
-  for (int h = 0; h < g; ++h) {
-    float* s = sc + static_cast<size_t>(h) * sr;
-    std::fill(s, s + skip, -INFINITY);
-    const float mx = max_f32(s + skip, n_span - skip);
-    const double sum = exp_shift_sum(s, n_span, mx);
-    scale_round_f16(s, n_span, static_cast<float>(1.0 / sum));
+  // Softmax over each row's visible keys, as llama.cpp computes it: the
+  // masked head of the first page is -inf (weight 0) so the sum's chunks of
+  // 16 stay aligned with the pages; the sum is a double.
+  int spans[kMaxGroup];
+  float* outs[kMaxGroup];
+  for (int m = 0; m < n_rows; ++m) {
+    const int skip = static_cast<int>(rows[m].k0 - p0 * pt), n_span = static_cast<int>(rows[m].n_kv - p0 * pt);
+    for (int h = 0; h < g; ++h) {
+      float* s = sc + static_cast<size_t>(m * g + h) * sr;
+      std::fill(s, s + skip, -INFINITY);
+      const float mx = max_f32(s + skip, n_span - skip);
+      const double sum = exp_shift_sum(s, n_span, mx);
+      scale_round_f16(s, n_span, static_cast<float>(1.0 / sum));
+      spans[m * g + h] = n_span;
+      outs[m * g + h] = s_.att.data() + static_cast<size_t>(rows[m].r) * cfg_.q_dim() + (h0 + h) * hd;
+    }
   }
-  // Per thread, the V blocks of the visible pages (grown once, reused).
+  // Per thread, each row's V blocks of its visible pages (grown once, reused).
   thread_local std::vector<const uint16_t*> v16, v_scales;
   thread_local std::vector<const int8_t*> v8;
   const size_t n_vis = static_cast<size_t>(n_pages - p0);
-  float* out = s_.att.data() + static_cast<size_t>(r) * cfg_.q_dim() + h0 * hd;
-  if (lay.v_quantized()) {
-    v8.resize(n_vis);
-    v_scales.resize(n_vis);
-    for (int64_t p = p0; p < n_pages; ++p) {
-      v8[p - p0] = reinterpret_cast<const int8_t*>(page(p, at.v_off)) + static_cast<size_t>(kv_head) * hd;
-      v_scales[p - p0] = reinterpret_cast<const uint16_t*>(page(p, at.vs_off)) + static_cast<size_t>(kv_head) * hb;
+  const bool q8 = lay.v_quantized();
+  (q8 ? v_scales : v16).resize(n_rows * n_vis);
+  if (q8) v8.resize(n_rows * n_vis);
+  const uint16_t* const* l16[kMaxGroup];
+  const uint16_t* const* ls[kMaxGroup];
+  const int8_t* const* l8[kMaxGroup];
+  for (int m = 0; m < n_rows; ++m) {
+    const size_t base = m * n_vis;
+    for (int64_t p = p0; p < rows[m].n_pages; ++p) {
+      if (q8) {
+        v8[base + p - p0] = reinterpret_cast<const int8_t*>(rows[m].at(at, p, at.v_off)) + static_cast<size_t>(kv_head) * hd;
+        v_scales[base + p - p0] =
+            reinterpret_cast<const uint16_t*>(rows[m].at(at, p, at.vs_off)) + static_cast<size_t>(kv_head) * hb;
+      } else {
+        v16[base + p - p0] = reinterpret_cast<const uint16_t*>(rows[m].at(at, p, at.v_off)) + static_cast<size_t>(kv_head) * hd;
+      }
     }
-    attn_accumulate_q8(sc, sr, g, v8.data(), v_scales.data(), pt, cfg_.kv_dim(), lay.n_blocks(), n_span, hd, out);
-  } else {
-    v16.resize(n_vis);
-    for (int64_t p = p0; p < n_pages; ++p)
-      v16[p - p0] = reinterpret_cast<const uint16_t*>(page(p, at.v_off)) + static_cast<size_t>(kv_head) * hd;
-    attn_accumulate_f16(sc, sr, g, v16.data(), pt, cfg_.kv_dim(), n_span, hd, out);
+    for (int h = 0; h < g; ++h) {
+      l16[m * g + h] = q8 ? nullptr : &v16[base];
+      l8[m * g + h] = q8 ? &v8[base] : nullptr;
+      ls[m * g + h] = q8 ? &v_scales[base] : nullptr;
+    }
   }
+  const int s = static_cast<int>(shared);
+  if (q8)
+    attn_accumulate_q8(sc, sr, nq, l8, ls, s, pt, cfg_.kv_dim(), lay.n_blocks(), spans, hd, outs);
+  else
+    attn_accumulate_f16(sc, sr, nq, l16, s, pt, cfg_.kv_dim(), spans, hd, outs);
 }
 
 void Model::write_kv(int layer, int r, uint8_t* page, int slot) {

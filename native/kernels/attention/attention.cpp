@@ -69,15 +69,15 @@ bool simd_shape(int hd, int pt) { return hd % 16 == 0 && pt == 16; }
 
 }  // namespace
 
-// A group on the scalar path is its heads one by one.
+// A group on the scalar path is its queries one by one.
 void attn::scores_scalar(const float* q, int g, const uint16_t* kt, int hd, int stride, int n, float scale,
                          float* scores, int score_stride) {
   for (int h = 0; h < g; ++h, q += hd, scores += score_stride) scores_head(q, kt, hd, stride, n, scale, scores);
 }
 
-void attn::accumulate_scalar(const float* p, int p_stride, int g, const uint16_t* const* pages, int pt, int v_stride,
-                             int n, int hd, float* out) {
-  for (int h = 0; h < g; ++h, p += p_stride, out += hd) accumulate_head(p, pages, pt, v_stride, n, hd, out);
+void attn::accumulate_scalar(const float* p, int p_stride, int g, const uint16_t* const* const* pages, int /*shared*/,
+                             int pt, int v_stride, const int* n, int hd, float* const* out) {
+  for (int h = 0; h < g; ++h, p += p_stride) accumulate_head(p, pages[h], pt, v_stride, n[h], hd, out[h]);
 }
 
 void attn::scores_q8_scalar(const float* q, int g, const int8_t* kq, const uint16_t* ks, int hd, int stride, int n,
@@ -85,11 +85,11 @@ void attn::scores_q8_scalar(const float* q, int g, const int8_t* kq, const uint1
   for (int h = 0; h < g; ++h, q += hd, scores += score_stride) scores_q8_head(q, kq, ks, hd, stride, n, scale, scores);
 }
 
-void attn::accumulate_q8_scalar(const float* p, int p_stride, int g, const int8_t* const* pages,
-                                const uint16_t* const* scales, int pt, int v_stride, int s_stride, int n, int hd,
-                                float* out) {
-  for (int h = 0; h < g; ++h, p += p_stride, out += hd)
-    accumulate_q8_head(p, pages, scales, pt, v_stride, s_stride, n, hd, out);
+void attn::accumulate_q8_scalar(const float* p, int p_stride, int g, const int8_t* const* const* pages,
+                                const uint16_t* const* const* scales, int /*shared*/, int pt, int v_stride,
+                                int s_stride, const int* n, int hd, float* const* out) {
+  for (int h = 0; h < g; ++h, p += p_stride)
+    accumulate_q8_head(p, pages[h], scales[h], pt, v_stride, s_stride, n[h], hd, out[h]);
 }
 
 float attn::max_scalar(const float* x, int n) {
@@ -112,10 +112,10 @@ float max_f32(const float* x, int n) { return kernels().max_f32(x, n); }
 
 void scale_round_f16(float* x, int n, float scale) { kernels().scale_round_f16(x, n, scale); }
 
-void attn_accumulate_f16(const float* p, int p_stride, int g, const uint16_t* const* pages, int pt, int v_stride, int n,
-                         int hd, float* out) {
+void attn_accumulate_f16(const float* p, int p_stride, int g, const uint16_t* const* const* pages, int shared, int pt,
+                         int v_stride, const int* n, int hd, float* const* out) {
   const Kernels& k = simd_shape(hd, pt) ? kernels() : scalar_kernels();
-  k.attn_accumulate_f16(p, p_stride, g, pages, pt, v_stride, n, hd, out);
+  k.attn_accumulate_f16(p, p_stride, g, pages, shared, pt, v_stride, n, hd, out);
 }
 
 void attn_scores_q8(const float* q, int g, const int8_t* kq, const uint16_t* ks, int hd, int stride, int n, float scale,
@@ -124,10 +124,11 @@ void attn_scores_q8(const float* q, int g, const int8_t* kq, const uint16_t* ks,
   k.attn_scores_q8(q, g, kq, ks, hd, stride, n, scale, scores, score_stride);
 }
 
-void attn_accumulate_q8(const float* p, int p_stride, int g, const int8_t* const* pages, const uint16_t* const* scales,
-                        int pt, int v_stride, int s_stride, int n, int hd, float* out) {
+void attn_accumulate_q8(const float* p, int p_stride, int g, const int8_t* const* const* pages,
+                        const uint16_t* const* const* scales, int shared, int pt, int v_stride, int s_stride,
+                        const int* n, int hd, float* const* out) {
   const Kernels& k = simd_shape(hd, pt) ? kernels() : scalar_kernels();
-  k.attn_accumulate_q8(p, p_stride, g, pages, scales, pt, v_stride, s_stride, n, hd, out);
+  k.attn_accumulate_q8(p, p_stride, g, pages, scales, shared, pt, v_stride, s_stride, n, hd, out);
 }
 
 }  // namespace ctx

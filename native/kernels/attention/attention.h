@@ -19,15 +19,18 @@
 
 namespace ctx {
 
-// Up to kMaxGroup query heads that share one KV head (grouped-query
-// attention) are scored and summed in one pass over K and V. Each head keeps
-// its own sums in the orders above, so a head gets the same bits alone or in
-// a group, and callers may group however the shape suits.
-constexpr int kMaxGroup = 4;
+// Up to kMaxGroup query vectors that read one KV head go through its K and V
+// together: the heads that share it (grouped-query attention), and the same
+// heads of other rows over the same pages (the rows of one prompt, branches
+// over their shared prefix). Each query keeps its own sums in the orders
+// above, so a query gets the same bits alone or in a group, and callers may
+// group however the shape suits.
+constexpr int kMaxGroup = 16;
 
 // q: g <= kMaxGroup rows of hd; kt: the KV head's K rows, hd rows of `stride`
 // (= page_tokens) f16 values; scores n <= stride keys into g rows of
-// `scores`, score_stride apart.
+// `scores`, score_stride apart. (Lanes are independent: a query may be given
+// keys it does not see, whose scores it then ignores.)
 void attn_scores_f16(const float* q, int g, const uint16_t* kt, int hd, int stride, int n, float scale, float* scores,
                      int score_stride);
 
@@ -38,9 +41,13 @@ float max_f32(const float* x, int n);
 // them before they meet the f16 V.
 void scale_round_f16(float* x, int n, float scale);
 
-// p: g rows of n weights, p_stride apart; out: g rows of hd (overwritten).
-void attn_accumulate_f16(const float* p, int p_stride, int g, const uint16_t* const* pages, int pt, int v_stride, int n,
-                         int hd, float* out);
+// The weighted sums of V for g <= kMaxGroup queries: query h (weights
+// p + h * p_stride) sums its keys [0, n[h]), key k in its page pages[h][k / pt]
+// (the head's first value there; rows v_stride apart), into out[h] (hd
+// floats, overwritten). Pages [0, shared) are the same page for every query
+// (pages[0][i]), which reads each of their V rows once for all g.
+void attn_accumulate_f16(const float* p, int p_stride, int g, const uint16_t* const* const* pages, int shared, int pt,
+                         int v_stride, const int* n, int hd, float* const* out);
 
 // q8 pages (kv/page_pool.h): int8 values with one f16 scale per 32 of them.
 // Each value is dequantized first, v = f16(scale) * (float)q (exact in f32:
@@ -53,23 +60,25 @@ void attn_accumulate_f16(const float* p, int p_stride, int g, const uint16_t* co
 // kq: hd rows of `stride` int8, ks: hd / 32 rows of `stride` f16 scales.
 void attn_scores_q8(const float* q, int g, const int8_t* kq, const uint16_t* ks, int hd, int stride, int n, float scale,
                     float* scores, int score_stride);
-// pages[i]: the head's int8 values in page i (rows v_stride apart); scales[i]: its f16 scales (rows s_stride apart).
-void attn_accumulate_q8(const float* p, int p_stride, int g, const int8_t* const* pages, const uint16_t* const* scales,
-                        int pt, int v_stride, int s_stride, int n, int hd, float* out);
+// As attn_accumulate_f16, with pages[h][i] query h's int8 values in page i
+// (rows v_stride apart) and scales[h][i] their f16 scales (rows s_stride apart).
+void attn_accumulate_q8(const float* p, int p_stride, int g, const int8_t* const* const* pages,
+                        const uint16_t* const* const* scales, int shared, int pt, int v_stride, int s_stride,
+                        const int* n, int hd, float* const* out);
 
 namespace attn {
 // Each path's kernels, one signature per kernel (the table's, kernels/kernels.h):
-// a group of g heads a call; the SIMD ones take pages of 16 keys (pt unused).
+// a group of g queries a call; the SIMD ones take pages of 16 keys (pt unused).
 #define CTX_ATTN_PATH(isa)                                                                                         \
   void scores_##isa(const float* q, int g, const uint16_t* kt, int hd, int stride, int n, float scale,             \
                     float* scores, int score_stride);                                                            \
   void scores_q8_##isa(const float* q, int g, const int8_t* kq, const uint16_t* ks, int hd, int stride, int n,     \
                        float scale, float* scores, int score_stride);                                            \
-  void accumulate_##isa(const float* p, int p_stride, int g, const uint16_t* const* pages, int pt, int v_stride,   \
-                        int n, int hd, float* out);                                                              \
-  void accumulate_q8_##isa(const float* p, int p_stride, int g, const int8_t* const* pages,                      \
-                           const uint16_t* const* scales, int pt, int v_stride, int s_stride, int n, int hd,      \
-                           float* out);                                                                          \
+  void accumulate_##isa(const float* p, int p_stride, int g, const uint16_t* const* const* pages, int shared,     \
+                        int pt, int v_stride, const int* n, int hd, float* const* out);                          \
+  void accumulate_q8_##isa(const float* p, int p_stride, int g, const int8_t* const* const* pages,                \
+                           const uint16_t* const* const* scales, int shared, int pt, int v_stride, int s_stride,  \
+                           const int* n, int hd, float* const* out);                                             \
   float max_##isa(const float* x, int n);                                                                        \
   void scale_round_##isa(float* x, int n, float scale);
 CTX_ATTN_PATH(scalar)

@@ -1,5 +1,5 @@
 // Attention kernels on AVX-512 (attention_simd.h): 16 keys or values a zmm,
-// up to 4 heads of a group a pass (32 registers hold their sums).
+// up to 16 queries a pass (32 registers hold their sums).
 #include <immintrin.h>
 
 #include <cmath>
@@ -12,7 +12,7 @@ namespace ctx::attn {
 namespace {
 
 struct Avx512 : F32x16 {
-  static constexpr int kAcc = 16, kMaxGroup = 4;  // 32 registers: a group's sums, R = 16 / G a head at a time
+  static constexpr int kAcc = 16, kMaxGroup = 16;  // 32 registers: a group's sums, R = 16 / G a query at a time
 };
 
 }  // namespace
@@ -27,15 +27,15 @@ void scores_q8_avx512(const float* q, int g, const int8_t* kq, const uint16_t* k
   path_scores_q8<Avx512>(q, g, kq, ks, hd, stride, n, scale, scores, score_stride);
 }
 
-void accumulate_avx512(const float* p, int p_stride, int g, const uint16_t* const* pages, int /*pt: 16*/,
-                       int v_stride, int n, int hd, float* out) {
-  path_accumulate<Avx512>(p, p_stride, g, pages, v_stride, n, hd, out);
+void accumulate_avx512(const float* p, int p_stride, int g, const uint16_t* const* const* pages, int shared,
+                      int /*pt: 16*/, int v_stride, const int* n, int hd, float* const* out) {
+  path_accumulate<Avx512>(p, p_stride, g, pages, shared, v_stride, n, hd, out);
 }
 
-void accumulate_q8_avx512(const float* p, int p_stride, int g, const int8_t* const* pages,
-                          const uint16_t* const* scales, int /*pt: 16*/, int v_stride, int s_stride, int n, int hd,
-                          float* out) {
-  path_accumulate_q8<Avx512>(p, p_stride, g, pages, scales, v_stride, s_stride, n, hd, out);
+void accumulate_q8_avx512(const float* p, int p_stride, int g, const int8_t* const* const* pages,
+                         const uint16_t* const* const* scales, int shared, int /*pt: 16*/, int v_stride, int s_stride,
+                         const int* n, int hd, float* const* out) {
+  path_accumulate_q8<Avx512>(p, p_stride, g, pages, scales, shared, v_stride, s_stride, n, hd, out);
 }
 
 float max_avx512(const float* x, int n) {

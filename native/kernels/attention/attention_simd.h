@@ -3,15 +3,15 @@
 // attention_avx512.cpp (16 a zmm), each built with its own flags; everything
 // here is in an anonymous namespace, so each translation unit keeps its own
 // copy. A path V is a float vector of simd_f32.h (F32x8, F32x16) with
-//   kAcc, kMaxGroup          the accumulators it keeps live, the heads a pass
+//   kAcc, kMaxGroup          the accumulators it keeps live, the queries a pass
 //
-// G heads that share one KV head (grouped-query attention) go through K and V
-// together: head g's register (g, r) holds its partial sums over d = r (mod
-// 16) (scores) or over the keys in slot r of every page (values), in the
-// order of attention.h, made R = kAcc / G registers at a time so each K or V
-// row is loaded and widened once for all G heads; 16 sums of a head are then
-// folded by hsum16's steps, lane by lane. A head gets the same bits alone or
-// in a group.
+// G queries that read one KV head (the heads that share it, of one row or of
+// several rows over the same pages) go through K and V together: query g's
+// register (g, r) holds its partial sums over d = r (mod 16) (scores) or over
+// the keys in slot r of every page (values), in the order of attention.h,
+// made R = kAcc / G registers at a time so each K or V row is loaded and
+// widened once for all G queries; 16 sums of a query are then folded by
+// hsum16's steps, lane by lane. A query gets the same bits alone or in a group.
 #pragma once
 
 #include <immintrin.h>
@@ -30,34 +30,31 @@ namespace {
 // acc[0] = hsum16 of the 16 registers, lane by lane: for w in 8, 4, 2, 1: acc[i] += acc[i + w].
 template <typename V>
 inline typename V::F fold16(typename V::F* acc) {
-#pragma GCC unroll 4
+#pragma GCC unroll 16
   for (int w = 8; w >= 1; w /= 2)
 #pragma GCC unroll 8
     for (int i = 0; i < w; ++i) acc[i] = V::add(acc[i], acc[i + w]);
   return acc[0];
 }
 
-// f(std::integral_constant<int, G>{}, h0) for the heads h0 .. h0 + G - 1 of a
-// group of g, at most V::kMaxGroup a call.
-template <typename V, typename Fn>
-void by_groups(int g, Fn f) {
-  for (int h0 = 0; h0 < g; h0 += V::kMaxGroup) {
-    const int n = std::min(V::kMaxGroup, g - h0);
-    if constexpr (V::kMaxGroup == 1) {
-      f(std::integral_constant<int, 1>{}, h0);
-    } else {
-      static_assert(V::kMaxGroup == 4, "groups of 1 to 4 heads");
-      switch (n) {
-        case 1: f(std::integral_constant<int, 1>{}, h0); break;
-        case 2: f(std::integral_constant<int, 2>{}, h0); break;
-        case 3: f(std::integral_constant<int, 3>{}, h0); break;
-        default: f(std::integral_constant<int, 4>{}, h0); break;
-      }
-    }
+// f(std::integral_constant<int, G>{}, h0) for the queries h0 .. h0 + G - 1
+// of a group of g, at most V::kMaxGroup a call.
+template <int G, typename Fn>
+void with_group(int n, int h0, Fn& f) {
+  if constexpr (G == 1) {
+    f(std::integral_constant<int, 1>{}, h0);
+  } else {
+    if (n == G) return f(std::integral_constant<int, G>{}, h0);
+    with_group<G - 1>(n, h0, f);
   }
 }
 
-// Scores of G heads (q: G rows of hd) against kLanes keys from j0 (full:
+template <typename V, typename Fn>
+void by_groups(int g, Fn f) {
+  for (int h0 = 0; h0 < g; h0 += V::kMaxGroup) with_group<V::kMaxGroup>(std::min(V::kMaxGroup, g - h0), h0, f);
+}
+
+// Scores of G queries (q: G rows of hd) against kLanes keys from j0 (full:
 // all of them, so a path's partial-vector handling drops out of the loop);
 // key(d, j0, m) gives dimension d of keys j0.. (lanes outside m zero).
 template <typename V, int G, bool kFull, typename Key>
@@ -76,18 +73,18 @@ inline void score_block(const float* q, int hd, int n, int j0, float scale, floa
       for (int r = 0; r < R; ++r) {
         if (r >= nr) break;
         const F k = key(d0 + r, j0, m);
-#pragma GCC unroll 4
+#pragma GCC unroll 16
         for (int g = 0; g < G; ++g) acc[g][r] = V::fma(V::set1(q[g * hd + d0 + r]), k, acc[g][r]);
       }
 #pragma GCC unroll 16
     for (int i = 0; i < G * R; ++i)
       if (i % R < nr) part[i / R][rb + i % R] = acc[i / R][i % R];
   }
-#pragma GCC unroll 4
+#pragma GCC unroll 16
   for (int g = 0; g < G; ++g) V::store(scores + g * score_stride + j0, m, V::mul(fold16<V>(part[g]), V::set1(scale)));
 }
 
-// Scores of G heads against one K block, kLanes keys a register.
+// Scores of G queries against one K block, kLanes keys a register.
 template <typename V, int G, typename Key>
 __attribute__((noinline)) void score_keys(const float* q, int hd, int n, float scale, float* scores, int score_stride,
                                           Key key) {
@@ -103,13 +100,20 @@ void score_heads(const float* q, int g, int hd, int n, float scale, float* score
   });
 }
 
-// The weighted sum of V for G heads (out: G rows of hd), kLanes values of the
-// output a register, over pages of 16 keys (slot = key % 16). value(i, j, d0)
-// gives values d0.. of slot j of page i; weight(g, i, j, d0) the weight that meets them.
+// The weighted sums of V for G queries, kLanes values of the output a
+// register, over pages of 16 keys (slot = key % 16): query g sums its keys
+// [0, n[g]) into out[g]. value(g, i, j, d0) gives values d0.. of slot j of
+// query g's page i; weight(g, i, j, d0) the weight that meets them. Pages
+// [0, shared) are one page for every query: up to `full` (those whose 16 keys
+// every query sees) one load of a V row serves all G queries unconditionally;
+// past it each query takes only its own keys, in the same order.
 template <typename V, int G, typename Value, typename Weight>
-void accumulate_heads(int n, int hd, float* out, Value value, Weight weight) {
+void accumulate_heads(const int* n, int shared, int hd, float* const* out, Value value, Weight weight) {
   using F = typename V::F;
   constexpr int R = V::kAcc / G;
+  int n_min = n[0], n_max = n[0];
+  for (int g = 1; g < G; ++g) n_min = std::min(n_min, n[g]), n_max = std::max(n_max, n[g]);
+  const int full = std::min(shared, n_min / 16), n_pages = (n_max + 15) / 16;
   for (int d0 = 0; d0 < hd; d0 += V::kLanes) {
     alignas(64) F part[G][16];
     for (int jb = 0; jb < 16; jb += R) {
@@ -117,32 +121,43 @@ void accumulate_heads(int n, int hd, float* out, Value value, Weight weight) {
       F acc[G][R];
 #pragma GCC unroll 16
       for (int i = 0; i < G * R; ++i) acc[i / R][i % R] = V::zero();
-      for (int i = 0; i * 16 < n; ++i) {
-        const int nj = n - i * 16;
+      for (int i = 0; i < full; ++i) {
 #pragma GCC unroll 16
         for (int r = 0; r < R; ++r) {
-          const int j = jb + r;
-          if (r >= nr || j >= nj) break;
-          const F v = value(i, j, d0);
-#pragma GCC unroll 4
-          for (int g = 0; g < G; ++g) acc[g][r] = V::fma(V::set1(weight(g, i, j, d0)), v, acc[g][r]);
+          if (r >= nr) break;
+          const F v = value(0, i, jb + r, d0);
+#pragma GCC unroll 16
+          for (int g = 0; g < G; ++g) acc[g][r] = V::fma(V::set1(weight(g, i, jb + r, d0)), v, acc[g][r]);
+        }
+      }
+      for (int i = full; i < n_pages; ++i) {
+        for (int r = 0; r < nr; ++r) {
+          const int j = jb + r, k = i * 16 + j;
+          if (k >= n_max) break;
+          const bool one = i < shared;
+          const F v = one ? value(0, i, j, d0) : V::zero();
+          for (int g = 0; g < G; ++g)
+            if (k < n[g]) acc[g][r] = V::fma(V::set1(weight(g, i, j, d0)), one ? v : value(g, i, j, d0), acc[g][r]);
         }
       }
 #pragma GCC unroll 16
       for (int i = 0; i < G * R; ++i)
         if (i % R < nr) part[i / R][jb + i % R] = acc[i / R][i % R];
     }
-#pragma GCC unroll 4
-    for (int g = 0; g < G; ++g) V::storeu(out + g * hd + d0, fold16<V>(part[g]));
+#pragma GCC unroll 16
+    for (int g = 0; g < G; ++g) V::storeu(out[g] + d0, fold16<V>(part[g]));
   }
 }
 
 template <typename V, typename Value, typename Weight>
-void accumulate_group(const float* p, int p_stride, int g, int n, int hd, float* out, Value value, Weight weight) {
+void accumulate_group(const float* p, int p_stride, int g, const int* n, int shared, int hd, float* const* out,
+                      Value value, Weight weight) {
   by_groups<V>(g, [&](auto G, int h0) {
-    accumulate_heads<V, decltype(G)::value>(n, hd, out + h0 * hd, value, [&](int h, int i, int j, int d0) {
-      return weight(p + static_cast<size_t>(h0 + h) * p_stride, i, j, d0);
-    });
+    accumulate_heads<V, decltype(G)::value>(
+        n + h0, shared, hd, out + h0, [&](int h, int i, int j, int d0) { return value(h0 + h, i, j, d0); },
+        [&](int h, int i, int j, int d0) {
+          return weight(p + static_cast<size_t>(h0 + h) * p_stride, h0 + h, i, j, d0);
+        });
   });
 }
 
@@ -165,21 +180,24 @@ void path_scores_q8(const float* q, int g, const int8_t* kq, const uint16_t* ks,
 }
 
 template <typename V>
-void path_accumulate(const float* p, int p_stride, int g, const uint16_t* const* pages, int v_stride, int n, int hd,
-                float* out) {
+void path_accumulate(const float* p, int p_stride, int g, const uint16_t* const* const* pages, int shared,
+                     int v_stride, const int* n, int hd, float* const* out) {
   accumulate_group<V>(
-      p, p_stride, g, n, hd, out, [&](int i, int j, int d0) { return V::load_f16(pages[i] + d0 + j * v_stride); },
-      [](const float* ph, int i, int j, int) { return ph[i * 16 + j]; });
+      p, p_stride, g, n, shared, hd, out,
+      [&](int h, int i, int j, int d0) { return V::load_f16(pages[h][i] + d0 + j * v_stride); },
+      [](const float* ph, int, int i, int j, int) { return ph[i * 16 + j]; });
 }
 
 template <typename V>
-void path_accumulate_q8(const float* p, int p_stride, int g, const int8_t* const* pages, const uint16_t* const* scales,
-                   int v_stride, int s_stride, int n, int hd, float* out) {
+void path_accumulate_q8(const float* p, int p_stride, int g, const int8_t* const* const* pages,
+                        const uint16_t* const* const* scales, int shared, int v_stride, int s_stride, const int* n,
+                        int hd, float* const* out) {
   // The q8 weight is p times the scale of the value's block of 32 (attention.h).
   accumulate_group<V>(
-      p, p_stride, g, n, hd, out, [&](int i, int j, int d0) { return V::load_i8(pages[i] + d0 + j * v_stride); },
-      [&](const float* ph, int i, int j, int d0) {
-        return ph[i * 16 + j] * _cvtsh_ss(scales[i][j * s_stride + d0 / 32]);
+      p, p_stride, g, n, shared, hd, out,
+      [&](int h, int i, int j, int d0) { return V::load_i8(pages[h][i] + d0 + j * v_stride); },
+      [&](const float* ph, int h, int i, int j, int d0) {
+        return ph[i * 16 + j] * _cvtsh_ss(scales[h][i][j * s_stride + d0 / 32]);
       });
 }
 
