@@ -158,7 +158,7 @@ def test_grouped_heads_equal_each_head_alone(isa, kv, hd, n, restore_isa):
 
 @pytest.mark.parametrize("isa", EVERY_PATH)
 @pytest.mark.parametrize("kv", ["f16", "q8"])
-@pytest.mark.parametrize("hd,n", [(64, 16), (64, 45), (256, 37), (128, 80)])
+@pytest.mark.parametrize("hd,n", [(64, 16), (64, 45), (256, 37), (128, 80), (64, 700), (256, 530)])
 def test_grouped_queries_with_own_keys_equal_each_alone(isa, kv, hd, n, restore_isa):
     # Queries of a group may see different numbers of keys (the rows of one
     # prompt) and read their own pages after a shared prefix (branches over

@@ -102,7 +102,8 @@ void Model::attention(int layer, const std::vector<Row>& rows, size_t r0, int n_
   // one at a time instead.
   const int heads = std::min(group, kMaxGroup);
   const int64_t per_row = static_cast<int64_t>(cfg_.n_head_kv) * ((group + heads - 1) / heads);
-  const int fit = static_cast<int>(std::clamp<int64_t>(n_rows * per_row / (2 * pool_.size()), 1, kMaxGroup / heads));
+  int fit = static_cast<int>(std::clamp<int64_t>(n_rows * per_row / (2 * pool_.size()), 1, kMaxGroup / heads));
+  fit = (n_rows + (n_rows + fit - 1) / fit - 1) / ((n_rows + fit - 1) / fit);  // as even as the count allows
   std::vector<AttnBundle> bundles;
   for (int r = 0; r < n_rows; ++r) {
     AttnBundle* joined = nullptr;
