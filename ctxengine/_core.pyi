@@ -153,7 +153,8 @@ class _Quant:
                o1: int = -1, chunk: int = 0) -> npt.NDArray[np.float32]:
         """Y (n_x, n_out) = X . W^T; W: raw row-major weight bytes; quantized types quantize X to Q8A / Q8K
         first. Only columns [o0, o1) (o1 = -1: n_out) are computed, as one thread's share; the rest are 0.
-        chunk > 0: the kernel is called per `chunk` output rows of that range."""
+        chunk > 0: the kernel is called per `chunk` output rows of that range (the integer types' calls
+        share one activation id, so the prefill tiles lay X out once per thread, as in the model)."""
     @staticmethod
     def quantize_q8a(x: _F32) -> bytes:
         """One activation row -> raw BlockQ8A bytes (40 per 32 elements)."""

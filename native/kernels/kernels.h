@@ -27,7 +27,7 @@ struct Kernels {
   void (*quantize_row_q8k)(const float* x, BlockQ8K* y, int n);
   void (*quantize_row_q8a)(const float* x, BlockQ8A* y, int n);
   void (*matmul_q)(DType t, const void* W, int n_in, int o0, int o1, const BlockQ8A* Xq, int n_x, float* Y,
-                   size_t y_stride);
+                   size_t y_stride, uint64_t x_id);
   void (*matmul_k)(DType t, const void* W, int n_in, int o0, int o1, const BlockQ8K* Xk, int n_x, float* Y,
                    size_t y_stride);
   void (*matmul_f)(DType t, const void* W, int n_in, int o0, int o1, const float* Xf, int n_x, float* Y,

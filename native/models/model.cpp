@@ -120,6 +120,7 @@ void Model::ensure_scratch(int rows) {
 }
 
 void Model::quantize_rows(const float* x, int n_rows, int n_in, ActFormat format) {
+  if (format == ActFormat::q8a) xq_id_ = new_activation_id();  // new rows: what the kernels kept of the last is stale
   pool_.parallel_for(n_rows, 8, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       if (format == ActFormat::q8k)
@@ -165,7 +166,7 @@ void Model::matmul(std::initializer_list<MatmulJob> jobs, const float* x, int n_
       if (o0 < o1) {
         if (dtype_is_quantized(j.w->type))
           matmul_q(j.w->type, j.w->data, n_in, static_cast<int>(o0), static_cast<int>(o1), s_.xq.data(), n_rows,
-                   j.y, static_cast<size_t>(n_out));
+                   j.y, static_cast<size_t>(n_out), xq_id_);
         else if (dtype_is_kquant(j.w->type))
           matmul_k(j.w->type, j.w->data, n_in, static_cast<int>(o0), static_cast<int>(o1), s_.xk.data(), n_rows,
                    j.y, static_cast<size_t>(n_out));

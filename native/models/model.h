@@ -200,6 +200,7 @@ class Model {
   float theta_scale_swa_ = 1.0f; // rope_base_swa^(-2 / rope_dim)
   std::vector<int> kept_index_;   // (n_layer) a full-attention layer's index in a released page, else -1
   std::vector<int64_t> released_; // (items) released leading pages of each item's sequence, this step
+  uint64_t xq_id_ = 0;            // names the rows in s_.xq for the kernels (quant.h matmul_q's x_id)
   std::vector<LoraRun> lora_runs_;   // this chunk's rows with adapters
   std::vector<LoraTerm> lora_terms_; // this matmul's adapter terms (lora_prepare)
   std::vector<LoraTask> lora_tasks_; // their A x tasks, run first in the matmul's region

@@ -324,7 +324,7 @@ void f32_to_f16_row_each(const float* x, uint16_t* y, int n) {
 }  // namespace
 
 void qk::matmul_q_scalar(DType t, const void* W, int n_in, int o0, int o1, const BlockQ8A* Xq, int n_x, float* Y,
-                         size_t y_stride) {
+                         size_t y_stride, uint64_t /*x_id: nothing to keep*/) {
   switch (t) {
     case DType::Q4_0: return matmul_q_rows<Q4_0Traits>(W, n_in, o0, o1, Xq, n_x, Y, y_stride);
     case DType::Q4_1: return matmul_q_rows<Q4_1Traits>(W, n_in, o0, o1, Xq, n_x, Y, y_stride);
@@ -364,9 +364,14 @@ void qk::set_prefill_tiles(PrefillTiles tiles) { g_prefill_tiles.store(static_ca
 // The public entry points: check the type, then the chosen path's kernel.
 
 void matmul_q(DType t, const void* W, int n_in, int o0, int o1, const BlockQ8A* Xq, int n_x, float* Y,
-              size_t y_stride) {
+              size_t y_stride, uint64_t x_id) {
   if (!dtype_is_quantized(t)) throw unsupported(t);
-  kernels().matmul_q(t, W, n_in, o0, o1, Xq, n_x, Y, y_stride);
+  kernels().matmul_q(t, W, n_in, o0, o1, Xq, n_x, Y, y_stride, x_id);
+}
+
+uint64_t new_activation_id() {
+  static std::atomic<uint64_t> next{1};
+  return next.fetch_add(1, std::memory_order_relaxed);
 }
 
 void matmul_f(DType t, const void* W, int n_in, int o0, int o1, const float* Xf, int n_x, float* Y,

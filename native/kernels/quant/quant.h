@@ -140,8 +140,15 @@ void dequantize_row(DType t, const void* src, float* dst, int n);
 //   Q8_K: q = qs[e] (int8), sc = 1
 // (The integer lanes are exact however they are summed; the paths are free to
 // do it in any order as long as each lane gets exactly these integers.)
+//
+// The prefill tiles lay the activation rows out for themselves before they
+// multiply; x_id lets a thread keep that layout for the next call: calls with
+// the same nonzero x_id promise the same Xq rows (the caller takes a fresh id
+// from new_activation_id() whenever the rows change), 0 promises nothing.
+// The results are the same bits either way.
 void matmul_q(DType t, const void* W, int n_in, int o0, int o1,
-              const BlockQ8A* Xq, int n_x, float* Y, size_t y_stride);
+              const BlockQ8A* Xq, int n_x, float* Y, size_t y_stride, uint64_t x_id = 0);
+uint64_t new_activation_id();  // unique in the process, never 0
 void matmul_k(DType t, const void* W, int n_in, int o0, int o1,
               const BlockQ8K* Xk, int n_x, float* Y, size_t y_stride);
 void matmul_f(DType t, const void* W, int n_in, int o0, int o1,

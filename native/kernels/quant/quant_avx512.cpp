@@ -337,7 +337,7 @@ void matmul_q_impl(const void* W, int n_in, int o0, int o1, const BlockQ8A* Xq, 
 }  // namespace
 
 void matmul_q_avx512(DType t, const void* W, int n_in, int o0, int o1, const BlockQ8A* Xq, int n_x, float* Y,
-                     size_t y_stride) {
+                     size_t y_stride, uint64_t x_id) {
   // From 16 activation rows on, unpacking each weight tile once (to memory)
   // beats unpacking it in registers per group of rows (quant_prefill_avx512.cpp);
   // with the zmm tiles, from 9 rows on, and from 8 for Q4_1 (Intel Xeon, one
@@ -349,7 +349,7 @@ void matmul_q_avx512(DType t, const void* W, int n_in, int o0, int o1, const Blo
   // Q4_1 and Q8_0 (quant_rows_avx512.cpp).
   const int tiles_from = prefill_tiles() != PrefillTiles::zmm ? 16 : t == DType::Q4_1 ? 8 : 9;
   if (n_x >= tiles_from)
-    return matmul_q_prefill_avx512(t, W, n_in, o0, o1, Xq, n_x, Y, y_stride);
+    return matmul_q_prefill_avx512(t, W, n_in, o0, o1, Xq, n_x, Y, y_stride, x_id);
   if (matmul_q_rows_avx512(t, W, n_in, o0, o1, Xq, n_x, Y, y_stride)) return;
   if (n_x == 1 && matvec_q_avx512(t, W, n_in, o0, o1, Xq, Y)) return;
   switch (t) {

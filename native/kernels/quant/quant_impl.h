@@ -81,7 +81,7 @@ void quantize_row_q8a_scalar(const float* x, BlockQ8A* y, int n);
 void quantize_row_q8a_avx2(const float* x, BlockQ8A* y, int n);
 void quantize_row_q8a_avx512(const float* x, BlockQ8A* y, int n);
 void matmul_q_scalar(DType t, const void* W, int n_in, int o0, int o1, const BlockQ8A* Xq, int n_x, float* Y,
-                     size_t y_stride);
+                     size_t y_stride, uint64_t x_id);
 void matmul_k_scalar(DType t, const void* W, int n_in, int o0, int o1, const BlockQ8K* Xk, int n_x, float* Y,
                      size_t y_stride);
 void matmul_f_scalar(DType t, const void* W, int n_in, int o0, int o1, const float* Xf, int n_x, float* Y,
@@ -113,16 +113,16 @@ static inline void q8s_pairs(const BlockQ8K* x, size_t n, int32_t* out) {
 }
 
 void matmul_q_avx2(DType t, const void* W, int n_in, int o0, int o1, const BlockQ8A* Xq, int n_x, float* Y,
-                   size_t y_stride);
-// Many activation rows (quant_prefill_avx2.cpp).
+                   size_t y_stride, uint64_t x_id);
+// Many activation rows (quant_prefill_avx2.cpp); x_id as matmul_q's.
 void matmul_q_prefill_avx2(DType t, const void* W, int n_in, int o0, int o1, const BlockQ8A* Xq, int n_x, float* Y,
-                           size_t y_stride);
+                           size_t y_stride, uint64_t x_id);
 void matmul_f_avx2(DType t, const void* W, int n_in, int o0, int o1, const float* Xf, int n_x, float* Y,
                    size_t y_stride);
 void f32_to_f16_row_avx2(const float* x, uint16_t* y, int n);
 
 void matmul_q_avx512(DType t, const void* W, int n_in, int o0, int o1, const BlockQ8A* Xq, int n_x, float* Y,
-                     size_t y_stride);
+                     size_t y_stride, uint64_t x_id);
 // Many activation rows (quant_prefill_avx512.cpp), in one of two tile forms:
 // ymm registers each holding one (weight row, activation row) pair, or zmm
 // registers holding two. The same bits either way; zmm is the faster where
@@ -132,7 +132,7 @@ enum class PrefillTiles : int { ymm = 0, zmm = 1 };
 PrefillTiles prefill_tiles();
 void set_prefill_tiles(PrefillTiles tiles);
 void matmul_q_prefill_avx512(DType t, const void* W, int n_in, int o0, int o1, const BlockQ8A* Xq, int n_x, float* Y,
-                             size_t y_stride);
+                             size_t y_stride, uint64_t x_id);
 void matmul_f_avx512(DType t, const void* W, int n_in, int o0, int o1, const float* Xf, int n_x, float* Y,
                      size_t y_stride);
 void f32_to_f16_row_avx512(const float* x, uint16_t* y, int n);

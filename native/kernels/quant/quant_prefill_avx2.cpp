@@ -110,8 +110,8 @@ void Avx2::tile(const WBlock* wq, const XBlock* x, const float* sc, const float*
 }  // namespace
 
 void matmul_q_prefill_avx2(DType t, const void* W, int n_in, int o0, int o1, const BlockQ8A* Xq, int n_x, float* Y,
-                           size_t y_stride) {
-  matmul_q_prefill_simd<Avx2>(t, W, n_in, o0, o1, Xq, n_x, Y, y_stride);
+                           size_t y_stride, uint64_t x_id) {
+  matmul_q_prefill_simd<Avx2>(t, W, n_in, o0, o1, Xq, n_x, Y, y_stride, x_id);
 }
 
 }  // namespace ctx::qk

@@ -276,9 +276,10 @@ void Avx512Zmm::tile(const WBlock* wq, const XBlock* x, const float* sc, const f
 }  // namespace
 
 void matmul_q_prefill_avx512(DType t, const void* W, int n_in, int o0, int o1, const BlockQ8A* Xq, int n_x, float* Y,
-                             size_t y_stride) {
-  if (prefill_tiles() == PrefillTiles::zmm) return matmul_q_prefill_simd<Avx512Zmm>(t, W, n_in, o0, o1, Xq, n_x, Y, y_stride);
-  matmul_q_prefill_simd<Avx512>(t, W, n_in, o0, o1, Xq, n_x, Y, y_stride);
+                             size_t y_stride, uint64_t x_id) {
+  if (prefill_tiles() == PrefillTiles::zmm)
+    return matmul_q_prefill_simd<Avx512Zmm>(t, W, n_in, o0, o1, Xq, n_x, Y, y_stride, x_id);
+  matmul_q_prefill_simd<Avx512>(t, W, n_in, o0, o1, Xq, n_x, Y, y_stride, x_id);
 }
 
 }  // namespace ctx::qk

@@ -8,7 +8,9 @@
 // with sc = f16(d_w[b]) * d_x[b] (a float product). What the inner loop would
 // otherwise redo per tile is done once per call: weight tiles (kNK rows) are
 // unpacked once per batch of activation rows; the activation rows are
-// prepared once per batch, by groups of kGroup rows (a float vector's lanes);
+// prepared once per call, by groups of kGroup rows (a float vector's lanes),
+// or once per thread for all the calls that pass one x_id (quant.h: a
+// matmul's chunks of output rows, and the matmuls that share an input);
 // the scale table f16(d_w) * d_x and Q4_1 / Q5_1's min sums
 // summ = fma(f16(m_w[b]), s_x[b], summ) are made per tile and group by one
 // vector operation per (row, block), blocks in order. Every pair's lanes get
@@ -53,6 +55,12 @@ struct Scratch {
   std::vector<float> wd, wm;           // [tile row][block]: f16(d_w), f16(m_w)
   std::vector<Lanes<V>> sc;            // [block][k]: f16(d_w) * d_x for tile row k, the group's rows
   std::vector<Lanes<V>> summ;          // [k]: the min sums of tile row k, the group's rows
+  // What x holds: the rows of this x_id (0: none kept), at this address and
+  // shape, prepared for weights with or without mins.
+  uint64_t x_id = 0;
+  const BlockQ8A* x_at = nullptr;
+  int x_rows = 0, x_nb = 0;
+  bool x_min = false;
 };
 
 // The activation scales d_x (and Q4_1 / Q5_1's sums s_x) of group g's rows
@@ -141,7 +149,7 @@ TileFn<V> pick(int nk, int nx) {
 }
 
 // The unpacked tile (nk rows) against activation group g (g_rows rows); Y is
-// offset to (batch row 0, the tile's first row).
+// offset to (the group's row 0, the tile's first row).
 template <typename V, DType T>
 void run_tile(Scratch<V>& s, int nk, int g, int g_rows, int nb, float* Y, size_t y_stride) {
   const auto* sc = reinterpret_cast<const float*>(s.sc.data());
@@ -150,13 +158,13 @@ void run_tile(Scratch<V>& s, int nk, int g, int g_rows, int nb, float* Y, size_t
   const typename V::XBlock* xg = &s.x[static_cast<size_t>(g) * nb * V::kGroup / V::kXRows];
   for (int j = 0; j < g_rows; j += V::kNX) {
     const int nx = std::min(V::kNX, g_rows - j);
-    pick<V, T>(nk, nx)(s.wq.data(), xg + j / V::kXRows, sc + j, summ + j, nb,
-                       Y + (static_cast<size_t>(g) * V::kGroup + j) * y_stride, y_stride);
+    pick<V, T>(nk, nx)(s.wq.data(), xg + j / V::kXRows, sc + j, summ + j, nb, Y + j * y_stride, y_stride);
   }
 }
 
 template <typename V, DType T>
-void matmul_prefill(const void* W, int n_in, int o0, int o1, const BlockQ8A* Xq, int n_x, float* Y, size_t y_stride) {
+void matmul_prefill(const void* W, int n_in, int o0, int o1, const BlockQ8A* Xq, int n_x, float* Y, size_t y_stride,
+                    uint64_t x_id) {
   thread_local Scratch<V> s;
   constexpr int kNK = V::kNK, kGroup = V::kGroup;
   const int nb = n_in / QK;
@@ -172,9 +180,12 @@ void matmul_prefill(const void* W, int n_in, int o0, int o1, const BlockQ8A* Xq,
     s.sc.resize(tile_blocks);
   }
   s.summ.resize(kNK);
+  if (x_id == 0 || x_id != s.x_id || Xq != s.x_at || n_x != s.x_rows || nb != s.x_nb || has_min(T) != s.x_min) {
+    V::template prep_x<T>(Xq, nb, n_x, s);
+    s.x_id = x_id, s.x_at = Xq, s.x_rows = n_x, s.x_nb = nb, s.x_min = has_min(T);
+  }
   for (int r0 = 0; r0 < n_x; r0 += batch) {
-    const int rows = std::min(batch, n_x - r0);
-    V::template prep_x<T>(Xq + static_cast<size_t>(r0) * nb, nb, rows, s);
+    const int rows = std::min(batch, n_x - r0), g0 = r0 / kGroup;
     for (int o = o0; o < o1; o += kNK) {
       const int nk = std::min(kNK, o1 - o);
       // Weights are read once per batch of activation rows, in the model from
@@ -189,20 +200,21 @@ void matmul_prefill(const void* W, int n_in, int o0, int o1, const BlockQ8A* Xq,
       }
       V::template unpack_w<T>(wbase + o * row_bytes, row_bytes, nk, nb, s);
       for (int g = 0; g * kGroup < rows; ++g)
-        run_tile<V, T>(s, nk, g, std::min(kGroup, rows - g * kGroup), nb, Y + r0 * y_stride + o, y_stride);
+        run_tile<V, T>(s, nk, g0 + g, std::min(kGroup, rows - g * kGroup), nb, Y + (r0 + g * kGroup) * y_stride + o,
+                       y_stride);
     }
   }
 }
 
 template <typename V>
 void matmul_q_prefill_simd(DType t, const void* W, int n_in, int o0, int o1, const BlockQ8A* Xq, int n_x, float* Y,
-                           size_t y_stride) {
+                           size_t y_stride, uint64_t x_id) {
   switch (t) {
-    case DType::Q4_0: return matmul_prefill<V, DType::Q4_0>(W, n_in, o0, o1, Xq, n_x, Y, y_stride);
-    case DType::Q4_1: return matmul_prefill<V, DType::Q4_1>(W, n_in, o0, o1, Xq, n_x, Y, y_stride);
-    case DType::Q5_0: return matmul_prefill<V, DType::Q5_0>(W, n_in, o0, o1, Xq, n_x, Y, y_stride);
-    case DType::Q5_1: return matmul_prefill<V, DType::Q5_1>(W, n_in, o0, o1, Xq, n_x, Y, y_stride);
-    default: return matmul_prefill<V, DType::Q8_0>(W, n_in, o0, o1, Xq, n_x, Y, y_stride);
+    case DType::Q4_0: return matmul_prefill<V, DType::Q4_0>(W, n_in, o0, o1, Xq, n_x, Y, y_stride, x_id);
+    case DType::Q4_1: return matmul_prefill<V, DType::Q4_1>(W, n_in, o0, o1, Xq, n_x, Y, y_stride, x_id);
+    case DType::Q5_0: return matmul_prefill<V, DType::Q5_0>(W, n_in, o0, o1, Xq, n_x, Y, y_stride, x_id);
+    case DType::Q5_1: return matmul_prefill<V, DType::Q5_1>(W, n_in, o0, o1, Xq, n_x, Y, y_stride, x_id);
+    default: return matmul_prefill<V, DType::Q8_0>(W, n_in, o0, o1, Xq, n_x, Y, y_stride, x_id);
   }
 }
 

@@ -70,7 +70,11 @@ py::array_t<float> matmul(int ggml_type, const Array<uint8_t>& W, int n_in, int 
       const int nb = n_in / QK;
       std::vector<BlockQ8A> xq(static_cast<size_t>(n_x) * nb);
       for (int r = 0; r < n_x; ++r) quantize_row_q8a(x + static_cast<size_t>(r) * n_in, &xq[static_cast<size_t>(r) * nb], n_in);
-      for_chunks(o0, o1, chunk, [&](int a, int b) { matmul_q(t, w, n_in, a, b, xq.data(), n_x, y, static_cast<size_t>(n_out)); });
+      // The chunks name their rows with one x_id, as Model::matmul's do (quant.h).
+      const uint64_t x_id = new_activation_id();
+      for_chunks(o0, o1, chunk, [&](int a, int b) {
+        matmul_q(t, w, n_in, a, b, xq.data(), n_x, y, static_cast<size_t>(n_out), x_id);
+      });
     } else if (dtype_is_kquant(t)) {
       const int nb = n_in / QK_K;
       std::vector<BlockQ8K> xk(static_cast<size_t>(n_x) * nb);
