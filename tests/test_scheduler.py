@@ -59,6 +59,37 @@ def test_batched_forward_is_bit_identical_to_alone(model):
             assert seq.n_tokens == a_seq.n_tokens
 
 
+def test_forks_in_one_step_get_their_own_logits_bit_for_bit(model):
+    # Rows of forks over one prefix are attended together, the prefix's
+    # shared pages read once for all of them (Model::attention's bundles),
+    # and a prompt's rows likewise; every row must get the logits it gets
+    # alone, bit for bit. The fork point is mid-page, so each fork's last
+    # pages are its own copies.
+    eng = model.engine
+    rng = random.Random(16)
+    prefix = eng.new_sequence()
+    eng.forward(prefix, [rng.randrange(eng.config.n_vocab) for _ in range(150)])
+    steps = [[rng.randrange(eng.config.n_vocab) for _ in range(6)] for _ in range(3)]
+    prompt = [rng.randrange(eng.config.n_vocab) for _ in range(37)]
+    alone = []
+    for b in range(6):
+        seq = prefix.fork()
+        alone.append([eng.forward(seq, [step[b]]).copy() for step in steps])
+    alone_prompt = eng.forward(prefix.fork(), prompt, all_logits=True)
+    forks = [prefix.fork() for _ in range(6)]
+    with_prompt = prefix.fork()
+    for i, step in enumerate(steps):
+        bufs = [np.empty((1, eng.config.n_vocab), np.float32) for _ in forks]
+        batch = [(s, np.array([t], np.int32), buf, False, None) for s, t, buf in zip(forks, step, bufs)]
+        if i == 0:  # a prompt's rows in the same step
+            prompt_buf = np.empty((len(prompt), eng.config.n_vocab), np.float32)
+            batch.append((with_prompt, np.array(prompt, np.int32), prompt_buf, True, None))
+        eng._core.forward(batch)
+        for b, buf in enumerate(bufs):
+            assert np.array_equal(buf[0].view(np.uint32), np.asarray(alone[b][i], np.float32).view(np.uint32)), (i, b)
+    assert np.array_equal(prompt_buf.view(np.uint32), np.asarray(alone_prompt, np.float32).view(np.uint32))
+
+
 def test_forward_hidden_and_last_logits_through_chunks(model):
     eng = model.engine
     ids = list(range(100, 700))  # over two step budgets: split into chunks

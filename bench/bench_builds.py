@@ -1,0 +1,82 @@
+"""Prefill of builds of the native core, alternated: before/after figures on a noisy machine.
+
+    python bench/bench_builds.py OLD_core.so NEW_core.so [...] [-m smollm2|gemma3|PATH] [--rounds 3]
+        [--prompts 4] [--prompt 512] [--threads 2]
+
+Keep a build aside before changing the code (`scripts/dev-build.sh && cp build/dev/_core*.so /tmp/old_core.so`),
+then compare it with the new one. Each round runs every build in a fresh process, its `_core` loaded in place
+of the installed one (as bench_batched.py --core does), which warms up and then times --prompts prompts of
+--prompt tokens, each into an empty context. Printed: each round's median per build, then each build's median
+of the rounds and its ratio to the first build's, round by round.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def child(core: str, model: str, threads: int, n_prompt: int, prompts: int) -> float:
+    """The median prefill tok/s of this build (run in its own process)."""
+    from bench_batched import model_path, use_core
+
+    use_core(core)
+    from ctxengine import load
+    from ctxengine.bench.speed import prompt_ids
+
+    m = load(model_path(model), threads=threads)
+    eng = m.engine
+    ids = prompt_ids(eng.tokenize, n_prompt)
+    eng.forward(eng.new_sequence(), ids[:32])  # warm pages, scratch and caches
+    rates = []
+    for _ in range(prompts):
+        seq = eng.new_sequence()
+        t0 = time.perf_counter()
+        eng.forward(seq, ids)
+        rates.append(n_prompt / (time.perf_counter() - t0))
+    m.close()
+    return statistics.median(rates)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("cores", nargs="*", help="_core .so files, the first the baseline")
+    ap.add_argument("-m", "--model", default="smollm2")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--prompts", type=int, default=4)
+    ap.add_argument("--prompt", type=int, default=512)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        print(json.dumps(child(args.child, args.model, args.threads, args.prompt, args.prompts)))
+        return 0
+    if not args.cores:
+        ap.error("name at least one _core .so")
+    from ctxengine.bench.facts import describe_machine, machine_facts
+
+    print(describe_machine(machine_facts(args.threads)))
+    print(f"{args.model}: {args.prompt}-token prompts, {args.threads} threads, median of {args.prompts} a round")
+    got: dict[str, list[float]] = {c: [] for c in args.cores}
+    for r in range(args.rounds):
+        for core in args.cores:
+            cmd = [sys.executable, __file__, "--child", core, "-m", args.model, "--threads", str(args.threads),
+                   "--prompt", str(args.prompt), "--prompts", str(args.prompts)]
+            done = subprocess.run(cmd, capture_output=True, text=True, check=True)
+            got[core].append(json.loads(done.stdout.strip().splitlines()[-1]))
+        print(f"  round {r + 1}: " + "  ".join(f"{Path(c).name} {got[c][-1]:.0f}" for c in args.cores))
+    base = got[args.cores[0]]
+    for core, rates in got.items():
+        ratios = [a / b for a, b in zip(rates, base)]
+        print(f"{Path(core).name:>24}: {statistics.median(rates):7.0f} tok/s  "
+              f"{min(ratios):.2f}-{max(ratios):.2f}x the first, round by round")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    sys.exit(main())
