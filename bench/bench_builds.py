@@ -16,7 +16,6 @@ import json
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 
@@ -26,18 +25,13 @@ def child(core: str, model: str, threads: int, n_prompt: int, prompts: int) -> f
 
     use_core(core)
     from ctxengine import load
-    from ctxengine.bench.speed import prompt_ids
+    from ctxengine.bench.speed import prefill_rate, prompt_ids
 
     m = load(model_path(model), threads=threads)
     eng = m.engine
     ids = prompt_ids(eng.tokenize, n_prompt)
     eng.forward(eng.new_sequence(), ids[:32])  # warm pages, scratch and caches
-    rates = []
-    for _ in range(prompts):
-        seq = eng.new_sequence()
-        t0 = time.perf_counter()
-        eng.forward(seq, ids)
-        rates.append(n_prompt / (time.perf_counter() - t0))
+    rates = [prefill_rate(eng, ids) for _ in range(prompts)]
     m.close()
     return statistics.median(rates)
 

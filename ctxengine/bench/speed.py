@@ -39,6 +39,14 @@ def bench(path: Path, threads: int, *, reps: int = 3, kv: str = "f16", llama_pyt
     return results
 
 
+def prefill_rate(eng, ids) -> float:
+    """Tokens a second of one prompt into a fresh sequence (like llama-bench's pp)."""
+    seq = eng.new_sequence()
+    t0 = time.perf_counter()
+    eng.forward(seq, ids)
+    return len(ids) / (time.perf_counter() - t0)
+
+
 def measure_ours(path, threads: int, n_prompt: int = 512, n_gen: int = 128, reps: int = 3,
                  batches=(1, 4, 8), batch_prompt: int = 128, batch_gen: int = 64, kv: str = "f16") -> dict:
     model = load(path, threads=threads, kv=kv)
@@ -48,10 +56,7 @@ def measure_ours(path, threads: int, n_prompt: int = 512, n_gen: int = 128, reps
     eng.forward(eng.new_sequence(), ids[:32])  # warm pages, scratch and caches
     pp, tg, ttft = [], [], []
     for _ in range(reps):
-        seq = eng.new_sequence()
-        t0 = time.perf_counter()
-        eng.forward(seq, ids)
-        pp.append(n_prompt / (time.perf_counter() - t0))
+        pp.append(prefill_rate(eng, ids))
         seq = eng.new_sequence()
         logits = eng.forward(seq, ids[:16])
         t0 = time.perf_counter()

@@ -28,6 +28,18 @@ struct Model::AttnView {
   const std::vector<uint8_t*>* pg;      // its sequence's pages
   // The layer's array at `off` in page p (a released page holds it `shift` bytes earlier).
   const uint8_t* at(const AttnLayer& L, int64_t p, size_t off) const { return (*pg)[p] + (off - (p < n_rel ? L.shift : 0)); }
+  // How many of the visible pages of this view and b are the same pages: all
+  // of them in one sequence, a common prefix for branches (copy-on-write
+  // pages); -1 where the two should not be bundled: another first page, or
+  // branches that share less than three quarters of what they see.
+  int64_t shared_with(const AttnLayer& L, const AttnView& b) const {
+    if (p0 != b.p0) return -1;
+    const int64_t n = std::min(n_pages, b.n_pages) - p0;
+    if (pg == b.pg) return n;
+    int64_t s = 0;
+    while (s < n && at(L, p0 + s, L.k_off) == b.at(L, p0 + s, L.k_off)) ++s;
+    return 4 * s >= 3 * (std::max(n_pages, b.n_pages) - p0) ? s : -1;
+  }
 };
 
 // Rows that go through K and V together (attention.h): views [first,
@@ -37,24 +49,6 @@ struct Model::AttnBundle {
   int first, count;
   int64_t shared;
 };
-
-namespace {
-
-// How many of the visible pages of views a and b (one first page) are the
-// same pages: all of them in one sequence, a common prefix for branches
-// (copy-on-write pages); -1 where they should not be bundled: another first
-// page, or branches that share less than three quarters of what they see.
-template <typename View, typename Layer>
-int64_t shared_pages(const Layer& L, const View& a, const View& b) {
-  if (a.p0 != b.p0) return -1;
-  const int64_t n = std::min(a.n_pages, b.n_pages) - a.p0;
-  if (a.pg == b.pg) return n;
-  int64_t s = 0;
-  while (s < n && a.at(L, a.p0 + s, L.k_off) == b.at(L, b.p0 + s, L.k_off)) ++s;
-  return 4 * s >= 3 * (std::max(a.n_pages, b.n_pages) - a.p0) ? s : -1;
-}
-
-}  // namespace
 
 void Model::attention(int layer, const std::vector<Row>& rows, size_t r0, int n_rows,
                       const std::vector<std::vector<uint8_t*>>& pages) {
@@ -106,15 +100,16 @@ void Model::attention(int layer, const std::vector<Row>& rows, size_t r0, int n_
   // more register passes over a bundle's weights, which past that fall out
   // of L1 (Gemma 3, hd 256: 16 queries ran 4% slower than its 4 heads alone).
   const int most = std::max(heads, std::min(kMaxGroup, 1024 / hd));
-  int fit = static_cast<int>(std::clamp<int64_t>(n_rows * per_row / (2 * pool_.size()), 1, most / heads));
-  fit = (n_rows + (n_rows + fit - 1) / fit - 1) / ((n_rows + fit - 1) / fit);  // as even as the count allows
+  const int widest = static_cast<int>(std::clamp<int64_t>(n_rows * per_row / (2 * pool_.size()), 1, most / heads));
+  // As even as the count allows: 8 rows at most 5 a bundle go as 4 + 4, not 5 + 3.
+  const int n_bundles = (n_rows + widest - 1) / widest, fit = (n_rows + n_bundles - 1) / n_bundles;
   // A bundle is consecutive rows: a prompt's rows come in order, and a step's
   // branches side by side.
   std::vector<AttnBundle> bundles;
   for (int r = 0; r < n_rows; ++r) {
     if (!bundles.empty() && bundles.back().count < fit) {
       AttnBundle& last = bundles.back();
-      const int64_t s = shared_pages(at, views[last.first], views[r]);
+      const int64_t s = views[last.first].shared_with(at, views[r]);
       if (s >= 0) {
         last.shared = std::min(last.shared, s);
         ++last.count;
@@ -199,38 +194,37 @@ void Model::attend(const AttnLayer& at, const AttnView* rows, int n_rows, int64_
       outs[m * g + h] = s_.att.data() + static_cast<size_t>(rows[m].r) * cfg_.q_dim() + (h0 + h) * hd;
     }
   }
-  // Per thread, each row's V blocks of its visible pages (grown once, reused).
+  // Per thread, each row's V blocks of its visible pages (grown once, reused);
+  // query m * g + h reads row m's.
   thread_local std::vector<const uint16_t*> v16, v_scales;
   thread_local std::vector<const int8_t*> v8;
-  const size_t n_vis = static_cast<size_t>(n_pages - p0);
-  const bool q8 = lay.v_quantized();
-  (q8 ? v_scales : v16).resize(n_rows * n_vis);
-  if (q8) v8.resize(n_rows * n_vis);
-  const uint16_t* const* l16[kMaxGroup];
-  const uint16_t* const* ls[kMaxGroup];
-  const int8_t* const* l8[kMaxGroup];
-  for (int m = 0; m < n_rows; ++m) {
-    const size_t base = m * n_vis;
-    for (int64_t p = p0; p < rows[m].n_pages; ++p) {
-      if (q8) {
-        v8[base + p - p0] = reinterpret_cast<const int8_t*>(rows[m].at(at, p, at.v_off)) + static_cast<size_t>(kv_head) * hd;
-        v_scales[base + p - p0] =
-            reinterpret_cast<const uint16_t*>(rows[m].at(at, p, at.vs_off)) + static_cast<size_t>(kv_head) * hb;
-      } else {
-        v16[base + p - p0] = reinterpret_cast<const uint16_t*>(rows[m].at(at, p, at.v_off)) + static_cast<size_t>(kv_head) * hd;
-      }
-    }
-    for (int h = 0; h < g; ++h) {
-      l16[m * g + h] = q8 ? nullptr : &v16[base];
-      l8[m * g + h] = q8 ? &v8[base] : nullptr;
-      ls[m * g + h] = q8 ? &v_scales[base] : nullptr;
-    }
-  }
+  const size_t n_vis = static_cast<size_t>(n_pages - p0), v_head = static_cast<size_t>(kv_head) * hd,
+               s_head = static_cast<size_t>(kv_head) * hb;
   const int s = static_cast<int>(shared);
-  if (q8)
+  if (lay.v_quantized()) {
+    v8.resize(n_rows * n_vis);
+    v_scales.resize(n_rows * n_vis);
+    const int8_t* const* l8[kMaxGroup];
+    const uint16_t* const* ls[kMaxGroup];
+    for (int m = 0; m < n_rows; ++m) {
+      for (int64_t p = p0; p < rows[m].n_pages; ++p) {
+        v8[m * n_vis + p - p0] = reinterpret_cast<const int8_t*>(rows[m].at(at, p, at.v_off)) + v_head;
+        v_scales[m * n_vis + p - p0] = reinterpret_cast<const uint16_t*>(rows[m].at(at, p, at.vs_off)) + s_head;
+      }
+      std::fill(l8 + m * g, l8 + (m + 1) * g, &v8[m * n_vis]);
+      std::fill(ls + m * g, ls + (m + 1) * g, &v_scales[m * n_vis]);
+    }
     attn_accumulate_q8(sc, sr, nq, l8, ls, s, pt, cfg_.kv_dim(), lay.n_blocks(), spans, hd, outs);
-  else
+  } else {
+    v16.resize(n_rows * n_vis);
+    const uint16_t* const* l16[kMaxGroup];
+    for (int m = 0; m < n_rows; ++m) {
+      for (int64_t p = p0; p < rows[m].n_pages; ++p)
+        v16[m * n_vis + p - p0] = reinterpret_cast<const uint16_t*>(rows[m].at(at, p, at.v_off)) + v_head;
+      std::fill(l16 + m * g, l16 + (m + 1) * g, &v16[m * n_vis]);
+    }
     attn_accumulate_f16(sc, sr, nq, l16, s, pt, cfg_.kv_dim(), spans, hd, outs);
+  }
 }
 
 void Model::write_kv(int layer, int r, uint8_t* page, int slot) {

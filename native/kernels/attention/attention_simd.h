@@ -20,7 +20,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <type_traits>
-#include <vector>
 
 #include "kernels/attention/attention.h"
 
@@ -31,7 +30,7 @@ namespace {
 // acc[0] = hsum16 of the 16 registers, lane by lane: for w in 8, 4, 2, 1: acc[i] += acc[i + w].
 template <typename V>
 inline typename V::F fold16(typename V::F* acc) {
-#pragma GCC unroll 16
+#pragma GCC unroll 4
   for (int w = 8; w >= 1; w /= 2)
 #pragma GCC unroll 8
     for (int i = 0; i < w; ++i) acc[i] = V::add(acc[i], acc[i + w]);
@@ -108,69 +107,45 @@ void score_heads(const float* q, int g, int hd, int n, float scale, float* score
 // [0, shared) are one page for every query: up to `full` (those whose 16 keys
 // every query sees) one load of a V row serves all G queries unconditionally;
 // past it each query takes only its own keys, in the same order.
-//
-// The pages go by sweeps: a sweep's weights (a 64-byte line per query and
-// page) stay in L1 (kSweepBytes) while every (d0, slot) register pass runs
-// over them, and the partial sums wait in `sums` between sweeps. (One pass
-// over all pages would read each line of weights once per pass, 16 times or
-// more, from L2 on a long context; a prompt's rows take one sweep.)
-constexpr int kSweepBytes = 32 * 1024;
-
-template <typename V>
-struct Reg {  // a register's worth, kept in memory
-  typename V::F v;
-};
-
 template <typename V, int G, typename Value, typename Weight>
 void accumulate_heads(const int* n, int shared, int hd, float* const* out, Value value, Weight weight) {
   using F = typename V::F;
-  constexpr int R = V::kAcc / G, kSweep = std::max(8, kSweepBytes / (G * 64));
+  constexpr int R = V::kAcc / G;
   int n_min = n[0], n_max = n[0];
   for (int g = 1; g < G; ++g) n_min = std::min(n_min, n[g]), n_max = std::max(n_max, n[g]);
-  const int full = std::min(shared, n_min / 16), n_pages = (n_max + 15) / 16, nd = hd / V::kLanes;
-  thread_local std::vector<Reg<V>> sums;  // [g][d0 / kLanes][slot], between sweeps
-  if (n_pages > kSweep) sums.resize(static_cast<size_t>(G) * nd * 16);
-  Reg<V>* const base = sums.data();
-  auto sum = [&](int g, int di, int j) -> F& { return base[(static_cast<size_t>(g) * nd + di) * 16 + j].v; };
-  for (int c0 = 0; c0 < n_pages; c0 += kSweep) {
-    const int c1 = std::min(n_pages, c0 + kSweep), fast = std::clamp(full, c0, c1);
-    const bool last = c1 == n_pages;
-    for (int di = 0; di < nd; ++di) {
-      const int d0 = di * V::kLanes;
-      alignas(64) F part[G][16];  // the last sweep's sums, folded
-      for (int jb = 0; jb < 16; jb += R) {
-        const int nr = 16 % R == 0 ? R : std::min(R, 16 - jb);
-        F acc[G][R];
+  const int full = std::min(shared, n_min / 16), n_pages = (n_max + 15) / 16;
+  for (int d0 = 0; d0 < hd; d0 += V::kLanes) {
+    alignas(64) F part[G][16];
+    for (int jb = 0; jb < 16; jb += R) {
+      const int nr = 16 % R == 0 ? R : std::min(R, 16 - jb);
+      F acc[G][R];
 #pragma GCC unroll 16
-        for (int i = 0; i < G * R; ++i)
-          if (i % R < nr) acc[i / R][i % R] = c0 == 0 ? V::zero() : sum(i / R, di, jb + i % R);
-        for (int i = c0; i < fast; ++i) {
+      for (int i = 0; i < G * R; ++i) acc[i / R][i % R] = V::zero();
+      for (int i = 0; i < full; ++i) {
 #pragma GCC unroll 16
-          for (int r = 0; r < R; ++r) {
-            if (r >= nr) break;
-            const F v = value(0, i, jb + r, d0);
+        for (int r = 0; r < R; ++r) {
+          if (r >= nr) break;
+          const F v = value(0, i, jb + r, d0);
 #pragma GCC unroll 16
-            for (int g = 0; g < G; ++g) acc[g][r] = V::fma(V::set1(weight(g, i, jb + r, d0)), v, acc[g][r]);
-          }
+          for (int g = 0; g < G; ++g) acc[g][r] = V::fma(V::set1(weight(g, i, jb + r, d0)), v, acc[g][r]);
         }
-        for (int i = fast; i < c1; ++i) {
-          for (int r = 0; r < nr; ++r) {
-            const int j = jb + r, k = i * 16 + j;
-            if (k >= n_max) break;
-            const bool one = i < shared;
-            const F v = one ? value(0, i, j, d0) : V::zero();
-            for (int g = 0; g < G; ++g)
-              if (k < n[g]) acc[g][r] = V::fma(V::set1(weight(g, i, j, d0)), one ? v : value(g, i, j, d0), acc[g][r]);
-          }
-        }
-#pragma GCC unroll 16
-        for (int i = 0; i < G * R; ++i)
-          if (i % R < nr) (last ? part[i / R][jb + i % R] : sum(i / R, di, jb + i % R)) = acc[i / R][i % R];
       }
-      if (last)
+      for (int i = full; i < n_pages; ++i) {
+        for (int r = 0; r < nr; ++r) {
+          const int j = jb + r, k = i * 16 + j;
+          if (k >= n_max) break;
+          const bool one = i < shared;
+          const F v = one ? value(0, i, j, d0) : V::zero();
+          for (int g = 0; g < G; ++g)
+            if (k < n[g]) acc[g][r] = V::fma(V::set1(weight(g, i, j, d0)), one ? v : value(g, i, j, d0), acc[g][r]);
+        }
+      }
 #pragma GCC unroll 16
-        for (int g = 0; g < G; ++g) V::storeu(out[g] + d0, fold16<V>(part[g]));
+      for (int i = 0; i < G * R; ++i)
+        if (i % R < nr) part[i / R][jb + i % R] = acc[i / R][i % R];
     }
+#pragma GCC unroll 16
+    for (int g = 0; g < G; ++g) V::storeu(out[g] + d0, fold16<V>(part[g]));
   }
 }
 
