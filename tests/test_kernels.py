@@ -320,6 +320,8 @@ def test_matmul_q_prefill_tiles_and_chunks(t, n_in):
 # Batched decode (AVX-512, Q4_1 and Q8_0: quant_rows_avx512.cpp): every row
 # count from 3 to 15 has its own tile (4, 2 or 1 weight rows), whose leftover
 # weight rows go one by one; chunks of 8 blocks (nb = 18: two whole, one of 2).
+# With the zmm tiles, Q8_0's 3 to 8 rows go by pairs of rows a zmm
+# (quant_rows_zmm_avx512.cpp: tiles of 4 weight rows, odd counts a half pair).
 @pytest.mark.parametrize("t", [G.Q4_1, G.Q8_0, G.Q4_0], ids=lambda t: t.name)
 def test_matmul_q_batched_decode_rows(t):
     n_in = 576
@@ -335,10 +337,11 @@ def test_matmul_q_batched_decode_rows(t):
                 assert not differ.any(), (path, n_out, n_x, chunk, np.argwhere(differ)[0])
 
 
+@pytest.mark.parametrize("n_x", [5, 11], ids=["batched-decode", "prefill"])
 @pytest.mark.parametrize("t", QUANTIZED, ids=lambda t: t.name)
-def test_matmul_q_prefill_extreme_integer_sums(t):
-    """The extreme 4-sums through the prefill path (enough rows for it): the
-    bias taken back on the weight side must stay exact."""
+def test_matmul_q_prefill_extreme_integer_sums(t, n_x):
+    """The extreme 4-sums through the batched decode and prefill paths: the
+    bias taken back (on whichever side) must stay exact."""
     n_in = 96
     blocks = np.zeros((6, n_in // 32), BLOCK[t])
     blocks["d"] = 1.0
@@ -348,7 +351,7 @@ def test_matmul_q_prefill_extreme_integer_sums(t):
         blocks["qh"][2:4] = 0xFFFFFFFF  # Q5_*: 31
     w = blocks.view(np.uint8).reshape(6, -1)
     pattern = [np.full(n_in, 1.0), np.full(n_in, -1.0), np.tile([1.0, -1.0], n_in // 2)]
-    x = np.stack([pattern[i % 3] for i in range(11)]).astype(np.float32)
+    x = np.stack([pattern[i % 3] for i in range(n_x)]).astype(np.float32)
     results = on_each_path(lambda: matmul(t, w, n_in, x))
     assert_same_bits(results)
     np.testing.assert_array_equal(results["scalar"].view(np.uint32), canonical_matmul_q(t, w, n_in, x).view(np.uint32))
