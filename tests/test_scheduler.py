@@ -2,6 +2,7 @@
 what each would alone (ctxengine/engine/scheduler.py)."""
 import random
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -219,3 +220,19 @@ def test_pages_are_reserved_when_a_request_is_admitted(model):
     _, errs = concurrently([lambda: eng.forward(eng.new_sequence(), [1, 2], reserve=refuse),
                             lambda: eng.forward(eng.new_sequence(), [1, 2, 3])])
     assert isinstance(errs[0], ContextError) and errs[1] is None
+
+
+def test_sequences_let_go_of_give_their_pages_back_without_another_step(model):
+    """The scheduler's thread does not hold the last step's sequences while it
+    waits for the next: a deleted context's pages go back to the pool at once,
+    not when some later request comes."""
+    eng = model.engine
+    before = eng.pool.n_used
+    seqs = [eng.new_sequence() for _ in range(3)]
+    _, errs = concurrently([lambda s=s: eng.forward(s, list(range(100, 150))) for s in seqs])
+    assert errs == [None] * 3 and eng.pool.n_used > before
+    del seqs
+    deadline = time.monotonic() + 5
+    while eng.pool.n_used != before and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert eng.pool.n_used == before

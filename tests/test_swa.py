@@ -5,6 +5,7 @@ the bits a sequence that never released anything gives."""
 import subprocess
 import sys
 import textwrap
+import time
 
 import numpy as np
 import pytest
@@ -41,6 +42,15 @@ def release_target(n: int) -> int:
     return max(0, n - WINDOW + 1 - PT) // PT
 
 
+def pools_return_to(engine, used: int, trimmed: int) -> bool:
+    """Whether the pools' pages in use come back to these counts (the scheduler's
+    thread lets go of the last step's sequences a moment after their callers)."""
+    deadline = time.monotonic() + 5
+    while (engine.pool.n_used, engine.trim_pool.n_used) != (used, trimmed) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return (engine.pool.n_used, engine.trim_pool.n_used) == (used, trimmed)
+
+
 def test_release_target_and_pools(engine):
     assert engine.kept_layers == [1, 3] and engine.trim_pool.page_bytes * 2 == engine.pool.page_bytes
     used, trimmed = engine.pool.n_used, engine.trim_pool.n_used
@@ -73,6 +83,55 @@ def test_released_pages_change_no_bits(engine):
     lb = engine.pool.page_bytes // CFG.n_layer
     full, released = keep_all.export_page(2), seq.export_page(2)
     assert released == full[1 * lb:2 * lb] + full[3 * lb:4 * lb]
+
+
+def test_forks_share_the_pages_they_release(engine):
+    """Branches of one conversation release the same pages as they advance:
+    the first to release a page makes its copy, the others take it (one copy,
+    one page for the attention to read), and each still gets the bits of a
+    sequence of its own."""
+    prefix, more = TOKENS[:96], TOKENS[96:156]  # the prefix: 6 full pages, the first 3 released
+    base = engine.new_sequence()
+    engine.forward(base, prefix)
+    used, trimmed = engine.pool.n_used, engine.trim_pool.n_used
+    branches = [base.fork() for _ in range(4)]
+    got = [engine.forward(b, more[:k] + more[k + 1:], all_logits=True) for k, b in enumerate(branches)]
+    n_rel = release_target(len(prefix) + len(more) - 1)
+    assert (base.n_released, n_rel) == (3, 7)
+    for b in branches:  # pages 3-5 are the prefix's, released once; page 6 is each branch's own
+        assert b.n_released == n_rel and b.pages[:6] == branches[0].pages[:6]
+    assert len({b.pages[6] for b in branches}) == 4
+    assert engine.trim_pool.n_used - trimmed == 3 + 4
+    for k, g in enumerate(got):
+        alone = engine.new_sequence()
+        want = engine.forward(alone, prefix + more[:k] + more[k + 1:], all_logits=True)[len(prefix):]
+        np.testing.assert_array_equal(g, want)
+    del branches, b, alone
+    assert pools_return_to(engine, used, trimmed)
+
+
+def test_a_page_written_again_after_a_fork_released_it_gets_its_own_copy(engine):
+    """Fork b keeps a page that fork a released; b steps back into it and writes
+    other tokens there; when b releases it in turn it must copy its own bytes,
+    not take a's copy of what the page held before."""
+    a = engine.new_sequence()
+    engine.forward(a, TOKENS[:48])  # pages 0-2 full, shared with the fork
+    b = a.fork()
+    engine.forward(a, TOKENS[48:100])  # a releases pages 0-3: 0-2 still held by b too
+    assert a.n_released == 4 and b.n_released == 0
+    b.truncate(40)  # b alone holds page 2 now, and writes into it again
+    other = [int(t) for t in rng.integers(0, 256, 60)]
+    got = engine.forward(b, other, all_logits=True)
+    assert b.n_released == 4 and b.pages[:2] == a.pages[:2] and b.pages[2] != a.pages[2]
+    want = engine.forward(engine.new_sequence(), TOKENS[:40] + other, all_logits=True)[40:]
+    np.testing.assert_array_equal(got, want)
+    # and both continue as sequences of their own would
+    tail = TOKENS[100:130]
+    np.testing.assert_array_equal(engine.forward(b, tail, all_logits=True),
+                                  engine.forward(engine.new_sequence(), TOKENS[:40] + other + tail,
+                                                 all_logits=True)[100:])
+    np.testing.assert_array_equal(engine.forward(a, tail, all_logits=True),
+                                  engine.forward(engine.new_sequence(), TOKENS[:130], all_logits=True)[100:])
 
 
 def test_fork_rewind_and_truncate(gemma_file):

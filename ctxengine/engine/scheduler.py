@@ -198,6 +198,9 @@ class Scheduler:
             with self._stepping(batch):
                 errors = self.forward(batch)
                 self.postprocess(batch, errors)
+            # Not held while waiting for the next step: a sequence whose caller has
+            # let go of it (a deleted context) gives its pages back now.
+            batch = errors = None
 
     @contextmanager
     def _stepping(self, batch: list[tuple[_Request, int]]):

@@ -1,6 +1,7 @@
 #include "kv/page_pool.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cassert>
 #include <cstring>
 #include <stdexcept>
@@ -23,8 +24,16 @@ KVDType kv_dtype_from_name(const std::string& name) {
   throw std::invalid_argument("unknown KV dtype '" + name + "' (f16, q8, vq8)");
 }
 
+namespace {
+std::atomic<uint64_t> next_pool_serial{1};
+}  // namespace
+
 PagePool::PagePool(PageLayout layout, int64_t max_pages)
-    : layout_(layout), page_bytes_(layout.page_bytes()), max_pages_(max_pages) {
+    : layout_(layout),
+      page_bytes_(layout.page_bytes()),
+      max_pages_(max_pages),
+      serial_(next_pool_serial.fetch_add(1)),
+      released_copies_(std::make_shared<ReleasedCopies>()) {
   if (page_bytes_ == 0) throw std::invalid_argument("page layout has zero size");
   if (layout.v_quantized() && layout.kv_dim % KV_BLOCK != 0)
     throw std::invalid_argument(std::string("a ") + kv_dtype_name(layout.dtype) + " KV needs kv_dim to be a multiple of " +
@@ -63,9 +72,11 @@ PageId PagePool::alloc() {
     id = static_cast<PageId>(refcounts_.size());
     if (id % kSlabPages == 0) slabs_.emplace_back(new uint8_t[page_bytes_ * kSlabPages]);
     refcounts_.push_back(0);
+    versions_.push_back(0);
   }
   assert(refcounts_[id] == 0);
   refcounts_[id] = 1;
+  ++versions_[id];
   ++n_used_;
   std::memset(slot_ptr(id), 0, page_bytes_);
   return id;
@@ -94,6 +105,26 @@ int PagePool::refcount(PageId id) const {
   return refcounts_[id];
 }
 
+uint64_t PagePool::version(PageId id) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  check(id);
+  return versions_[id];
+}
+
+void PagePool::touch(PageId id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  check(id);
+  ++versions_[id];
+}
+
+bool PagePool::incref_if(PageId id, uint64_t version) {
+  std::lock_guard<std::mutex> lock(mu_);
+  check(id);
+  if (refcounts_[id] <= 0 || versions_[id] != version) return false;
+  ++refcounts_[id];
+  return true;
+}
+
 PageId PagePool::copy(PageId src) {
   PageId dst = alloc();
   std::memcpy(data(dst), data(src), page_bytes_);
@@ -110,6 +141,25 @@ const uint8_t* PagePool::data(PageId id) const {
   std::lock_guard<std::mutex> lock(mu_);
   check(id);
   return slot_ptr(id);
+}
+
+// ---------------------------------------------------------------------------
+
+PageId ReleasedCopies::find(const PagePool& full, PageId id, PagePool& trim) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto pool = map_.find(full.serial());
+  if (pool == map_.end()) return -1;
+  auto it = pool->second.find(id);
+  if (it == pool->second.end()) return -1;
+  const Entry& e = it->second;
+  if (full.version(id) == e.full_version && trim.incref_if(e.copy, e.copy_version)) return e.copy;
+  pool->second.erase(it);  // stale: the full page was written or reused, or the copy freed
+  return -1;
+}
+
+void ReleasedCopies::remember(const PagePool& full, PageId id, const PagePool& trim, PageId copy) {
+  std::lock_guard<std::mutex> lock(mu_);
+  map_[full.serial()][id] = {full.version(id), copy, trim.version(copy)};
 }
 
 // ---------------------------------------------------------------------------
@@ -166,13 +216,19 @@ void KVSeq::release_outside_window() {
   const PageLayout& lay = pool_->layout();
   const size_t layer_bytes = lay.layer_bytes();
   PagePool& trim = *swa_->trim_pool;
+  ReleasedCopies& copies = trim.released_copies();
   for (int64_t i = n_released_; i < target; ++i) {
-    PageId released = trim.alloc();
-    const uint8_t* src = pool_->data(pages_[i]);
-    uint8_t* dst = trim.data(released);
-    // A layer's arrays are contiguous (page_pool.h), so each kept layer is one copy.
-    for (size_t k = 0; k < swa_->keep_layers.size(); ++k)
-      std::memcpy(dst + k * layer_bytes, src + lay.k_offset(swa_->keep_layers[k]), layer_bytes);
+    // A fork that released this page first made its copy: share it.
+    PageId released = copies.find(*pool_, pages_[i], trim);
+    if (released < 0) {
+      released = trim.alloc();
+      const uint8_t* src = pool_->data(pages_[i]);
+      uint8_t* dst = trim.data(released);
+      // A layer's arrays are contiguous (page_pool.h), so each kept layer is one copy.
+      for (size_t k = 0; k < swa_->keep_layers.size(); ++k)
+        std::memcpy(dst + k * layer_bytes, src + lay.k_offset(swa_->keep_layers[k]), layer_bytes);
+      if (pool_->refcount(pages_[i]) > 1) copies.remember(*pool_, pages_[i], trim, released);
+    }
     pool_->decref(pages_[i]);
     pages_[i] = released;
     n_released_ = i + 1;  // page i now lives in the trim pool (pool_of relies on it)
@@ -190,6 +246,8 @@ void KVSeq::prepare_append(int64_t n) {
       PageId own = pool_->copy(last);
       pool_->decref(last);
       last = own;
+    } else {
+      pool_->touch(last);  // written in place: a released copy made of it no longer holds its bytes
     }
   }
   const int64_t need = (n_tokens_ + n + pt - 1) / pt;
@@ -217,6 +275,8 @@ void KVSeq::truncate(int64_t n) {
     PageId own = pool_->copy(last);
     pool_->decref(last);
     last = own;
+  } else {
+    pool_->touch(last);  // written in place (below)
   }
   // Zero slots [used, pt) of every array of every layer (page_pool.h layout).
   uint8_t* base = pool_->data(last);

@@ -15,6 +15,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 namespace ctx {
@@ -77,6 +78,8 @@ struct PageLayout {
   bool operator!=(const PageLayout& o) const { return !(*this == o); }
 };
 
+class ReleasedCopies;
+
 class PagePool {
  public:
   PagePool(PageLayout layout, int64_t max_pages);
@@ -94,6 +97,17 @@ class PagePool {
   void decref(PageId id);                 // returns the page to the free list at zero
   int refcount(PageId id) const;
   PageId copy(PageId id);                 // new page (refcount 1) with the same bytes
+  // A page's version: new with every alloc of its id, and with every touch
+  // (the page is about to be written in place). While it is unchanged, the
+  // page holds the bytes it held then.
+  uint64_t version(PageId id) const;
+  void touch(PageId id);
+  // incref, if the page is in use at that version; false (and nothing done) otherwise.
+  bool incref_if(PageId id, uint64_t version);
+  // Which pool this is, unique in the process (never reused, unlike an address).
+  uint64_t serial() const { return serial_; }
+  // The released copies made into this pool (when it is a trim pool: SwaRelease).
+  ReleasedCopies& released_copies() { return *released_copies_; }
 
   uint8_t* data(PageId id);               // caller must hold a reference
   const uint8_t* data(PageId id) const;
@@ -108,9 +122,35 @@ class PagePool {
   static constexpr int kSlabPages = 16;   // memory grows a slab at a time, never moves
   std::vector<std::unique_ptr<uint8_t[]>> slabs_;
   std::vector<int> refcounts_;
+  std::vector<uint64_t> versions_;
   std::vector<PageId> free_ids_;
   int64_t n_used_ = 0;
+  uint64_t serial_;
+  std::shared_ptr<ReleasedCopies> released_copies_;
   mutable std::mutex mu_;
+};
+
+// The released copies (SwaRelease below) made of full pages: the forks that
+// share a page and release it one after another take the copy the first one
+// made, so they go on sharing their released prefix (one copy in memory, one
+// page for the attention to read) instead of holding one copy each. An entry
+// is used only while both pages are at the versions it saw: the full page
+// unchanged since it was copied, the copy not freed since.
+class ReleasedCopies {
+ public:
+  // A new reference to the copy of page `id` of `full` made into `trim`, or -1.
+  PageId find(const PagePool& full, PageId id, PagePool& trim);
+  void remember(const PagePool& full, PageId id, const PagePool& trim, PageId copy);
+
+ private:
+  struct Entry {
+    uint64_t full_version;
+    PageId copy;
+    uint64_t copy_version;
+  };
+  std::mutex mu_;
+  // By (the full pool's serial, page id): at most one entry a full page.
+  std::unordered_map<uint64_t, std::unordered_map<PageId, Entry>> map_;
 };
 
 // Sliding-window release (gemma3). The local layers of a sliding-window model
