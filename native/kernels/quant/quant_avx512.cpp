@@ -346,7 +346,7 @@ void matmul_q_avx512(DType t, const void* W, int n_in, int o0, int o1, const Blo
   // at 24 ms where the tiles take 30, and the register tiles beat them on
   // Q5_0). One row (decode) of Q8_0 has its own kernel
   // (quant_decode_avx512.cpp), and so have 3 to 15 rows (batched decode) of
-  // Q4_1 and Q8_0 (quant_rows_avx512.cpp; with the zmm tiles, Q8_0's 3 to 8
+  // Q4_1 and Q8_0 (quant_rows_avx512.cpp; with the zmm tiles, Q8_0's 4 to 8
   // rows take quant_rows_zmm_avx512.cpp's two pairs a zmm instead).
   const bool zmm = prefill_tiles() == PrefillTiles::zmm;
   const int tiles_from = !zmm ? 16 : t == DType::Q4_1 ? 8 : 9;

@@ -1,5 +1,5 @@
 // AVX-512 products of Q8_0 weights (the tied output matrix of SmolLM2 and
-// Gemma 3: 168 MB of Gemma's 247 MB a token) with 3 to 8 activation rows
+// Gemma 3: 168 MB of Gemma's 247 MB a token) with 4 to 8 activation rows
 // (batched decode: one row per sequence), on cores whose zmm operations are
 // whole (Intel: prefill_tiles() == zmm), in the canonical order of quant.h.
 //
@@ -34,7 +34,7 @@ namespace ctx::qk {
 
 namespace {
 
-constexpr int kMinRows = 3;
+constexpr int kMinRows = 4;  // at 3 the half-empty second pair costs what the ymm kernel gains
 constexpr int kMaxRows = 8;
 constexpr int kMaxPairs = kMaxRows / 2;
 constexpr int kNK = 4;  // weight rows a tile: with 4 pairs of rows, 16 accumulators
