@@ -22,6 +22,8 @@ def set_isa(name: str) -> None:
     """Force a path (all paths give bit-identical results); ValueError if the CPU lacks it."""
 def isa_features(name: str) -> list[tuple[str, str]]:
     """[(compiler name, /proc/cpuinfo flag)] of every feature the path is compiled with."""
+def parallel_chunks(n: int, grain: int, threads: int, guided: bool) -> list[tuple[int, int]]:
+    """The chunks a fresh thread pool hands out over [0, n), in the order they were claimed (tests)."""
 
 # -- elementwise and attention kernels, for tests (native/models/register_model.cpp) --
 

@@ -1,12 +1,14 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "core/cpu.h"
+#include "core/threads.h"
 #include "kernels/kernels.h"
 
 namespace py = pybind11;
@@ -36,6 +38,23 @@ void register_cpu(py::module_& m) {
       py::arg("name"),
       "[(compiler name, /proc/cpuinfo flag)] of every feature the path is compiled with; "
       "the path is chosen only on a CPU that has them all");
+  m.def(
+      "parallel_chunks",
+      [](int64_t n, int64_t grain, int threads, bool guided) {
+        ThreadPool pool(threads);
+        std::mutex mu;
+        std::vector<std::pair<int64_t, int64_t>> out;
+        auto note = [&](int64_t b, int64_t e) {
+          std::lock_guard<std::mutex> lock(mu);
+          out.emplace_back(b, e);
+        };
+        py::gil_scoped_release release;
+        if (guided) pool.parallel_for_guided(n, grain, note);
+        else pool.parallel_for(n, grain, note);
+        return out;
+      },
+      py::arg("n"), py::arg("grain"), py::arg("threads"), py::arg("guided"),
+      "the chunks (begin, end) a thread pool hands out over [0, n), in the order they were claimed (tests)");
 }
 
 }  // namespace ctx

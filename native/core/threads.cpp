@@ -1,5 +1,7 @@
 #include "core/threads.h"
 
+#include <algorithm>
+
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #define CTX_PAUSE() _mm_pause()
@@ -37,14 +39,28 @@ ThreadPool::~ThreadPool() {
 
 void ThreadPool::run_chunks() {
   for (;;) {
-    int64_t begin = next_.fetch_add(grain_, std::memory_order_relaxed);
-    if (begin >= n_) break;
-    int64_t end = begin + grain_ < n_ ? begin + grain_ : n_;
+    int64_t begin, end;
+    if (guided_) {
+      begin = next_.load(std::memory_order_relaxed);
+      do {
+        if (begin >= n_) return;
+        const int64_t share = (n_ - begin + 2 * n_threads_ - 1) / (2 * n_threads_);
+        end = std::min(n_, begin + std::max(grain_, (share + grain_ - 1) / grain_ * grain_));
+      } while (!next_.compare_exchange_weak(begin, end, std::memory_order_relaxed));
+    } else {
+      begin = next_.fetch_add(grain_, std::memory_order_relaxed);
+      if (begin >= n_) return;
+      end = std::min(n_, begin + grain_);
+    }
     (*fn_)(begin, end);
   }
 }
 
-void ThreadPool::parallel_for(int64_t n, int64_t grain, const RangeFn& fn) {
+void ThreadPool::parallel_for(int64_t n, int64_t grain, const RangeFn& fn) { run(n, grain, false, fn); }
+
+void ThreadPool::parallel_for_guided(int64_t n, int64_t grain, const RangeFn& fn) { run(n, grain, true, fn); }
+
+void ThreadPool::run(int64_t n, int64_t grain, bool guided, const RangeFn& fn) {
   if (n <= 0) return;
   if (grain < 1) grain = 1;
   if (n_threads_ == 1 || n <= grain) {
@@ -54,6 +70,7 @@ void ThreadPool::parallel_for(int64_t n, int64_t grain, const RangeFn& fn) {
   fn_ = &fn;
   n_ = n;
   grain_ = grain;
+  guided_ = guided;
   next_.store(0, std::memory_order_relaxed);
   n_active_.store(n_threads_ - 1, std::memory_order_relaxed);
   {

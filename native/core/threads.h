@@ -3,7 +3,8 @@
 // Decode runs a few hundred parallel regions per token, so waking workers must
 // cost microseconds: workers spin briefly on a generation counter before
 // sleeping on a condition variable. Work is handed out in chunks from an
-// atomic counter; which thread computes a chunk never changes the result,
+// atomic counter (fixed, or guided: shrinking as the work runs out); which
+// thread computes a chunk never changes the result,
 // because every output element is computed whole by one call (DESIGN.md:
 // split across rows/heads, never across a reduction).
 #pragma once
@@ -36,10 +37,17 @@ class ThreadPool {
   // thread including the caller; returns when all chunks are done. Not
   // re-entrant: one parallel_for at a time per pool (the model serializes).
   void parallel_for(int64_t n, int64_t grain, const RangeFn& fn);
+  // The same with chunks that shrink as the work runs out: each takes
+  // 1 / (2 * size()) of what is left, rounded up to a multiple of `grain`
+  // (and at least `grain`). A thread's first chunk is a long run of
+  // consecutive units (weights stream from memory best that way), and the
+  // last ones are short (a slow thread holds the others up by little).
+  void parallel_for_guided(int64_t n, int64_t grain, const RangeFn& fn);
 
  private:
   void worker_loop(int index);
   void run_chunks();
+  void run(int64_t n, int64_t grain, bool guided, const RangeFn& fn);
 
   int n_threads_;
   std::vector<std::thread> workers_;
@@ -48,6 +56,7 @@ class ThreadPool {
   const RangeFn* fn_ = nullptr;
   int64_t n_ = 0;
   int64_t grain_ = 1;
+  bool guided_ = false;
   std::atomic<int64_t> next_{0};
   std::atomic<int> n_active_{0};      // workers still inside the current job
   std::atomic<uint64_t> generation_{0};

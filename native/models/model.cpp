@@ -150,11 +150,11 @@ void Model::matmul(std::initializer_list<MatmulJob> jobs, const float* x, int n_
   // The adapters' A x tasks come first, `grain` units each, so that every one
   // is claimed before any chunk of output rows (model_lora.cpp).
   const int64_t n_lora = layer >= 0 ? lora_prepare(layer, jobs) : 0;
-  // Chunks of 16 output rows (the kernels' tile), about 8 chunks per thread
-  // so a slow core does not hold the others up at the barrier.
+  // With adapters: chunks of 16 output rows (the kernels' tile), about 8
+  // chunks per thread so a slow core does not hold the others up at the barrier.
   const int64_t grain = std::max<int64_t>(16, round_up(total / (pool_.size() * 8), 16));
   const int64_t first = n_lora * grain;
-  pool_.parallel_for(first + total, grain, [&](int64_t begin, int64_t end) {
+  const auto run = [&](int64_t begin, int64_t end) {
     for (; begin < std::min(end, first); begin += grain) lora_down(begin / grain, x, n_in);
     if (begin >= end) return;
     begin -= first, end -= first;
@@ -178,7 +178,13 @@ void Model::matmul(std::initializer_list<MatmulJob> jobs, const float* x, int n_
       base += n_out;
       ++job;
     }
-  });
+  };
+  // Without them, chunks of 16 rows or more that shrink as the work runs out
+  // (threads.h): a thread's weights stream as long runs (decode: 2-4% faster
+  // on SmolLM2, docs/PERFORMANCE.md), and the last chunks are as short as
+  // before. (The adapters' A tasks are numbered by a fixed grain.)
+  if (n_lora == 0) pool_.parallel_for_guided(total, 16, run);
+  else pool_.parallel_for(first + total, grain, run);
 }
 
 // Angles as ggml computes them (theta_i = pos * scale^i by repeated float
