@@ -145,21 +145,22 @@ const uint8_t* PagePool::data(PageId id) const {
 
 // ---------------------------------------------------------------------------
 
-PageId ReleasedCopies::find(const PagePool& full, PageId id, PagePool& trim) {
+PageId ReleasedCopies::find(const PagePool& full, PageId id, PagePool& trim, const std::vector<int>& kept) {
   std::lock_guard<std::mutex> lock(mu_);
   auto pool = map_.find(full.serial());
   if (pool == map_.end()) return -1;
   auto it = pool->second.find(id);
   if (it == pool->second.end()) return -1;
   const Entry& e = it->second;
-  if (full.version(id) == e.full_version && trim.incref_if(e.copy, e.copy_version)) return e.copy;
-  pool->second.erase(it);  // stale: the full page was written or reused, or the copy freed
+  if (e.kept == kept && full.version(id) == e.full_version && trim.incref_if(e.copy, e.copy_version)) return e.copy;
+  pool->second.erase(it);  // stale: the full page was written or reused, or the copy freed (or other layers)
   return -1;
 }
 
-void ReleasedCopies::remember(const PagePool& full, PageId id, const PagePool& trim, PageId copy) {
+void ReleasedCopies::remember(const PagePool& full, PageId id, const PagePool& trim, PageId copy,
+                              const std::vector<int>& kept) {
   std::lock_guard<std::mutex> lock(mu_);
-  map_[full.serial()][id] = {full.version(id), copy, trim.version(copy)};
+  map_[full.serial()][id] = {full.version(id), copy, trim.version(copy), kept};
 }
 
 // ---------------------------------------------------------------------------
@@ -219,7 +220,7 @@ void KVSeq::release_outside_window() {
   ReleasedCopies& copies = trim.released_copies();
   for (int64_t i = n_released_; i < target; ++i) {
     // A fork that released this page first made its copy: share it.
-    PageId released = copies.find(*pool_, pages_[i], trim);
+    PageId released = copies.find(*pool_, pages_[i], trim, swa_->keep_layers);
     if (released < 0) {
       released = trim.alloc();
       const uint8_t* src = pool_->data(pages_[i]);
@@ -227,7 +228,7 @@ void KVSeq::release_outside_window() {
       // A layer's arrays are contiguous (page_pool.h), so each kept layer is one copy.
       for (size_t k = 0; k < swa_->keep_layers.size(); ++k)
         std::memcpy(dst + k * layer_bytes, src + lay.k_offset(swa_->keep_layers[k]), layer_bytes);
-      if (pool_->refcount(pages_[i]) > 1) copies.remember(*pool_, pages_[i], trim, released);
+      if (pool_->refcount(pages_[i]) > 1) copies.remember(*pool_, pages_[i], trim, released, swa_->keep_layers);
     }
     pool_->decref(pages_[i]);
     pages_[i] = released;

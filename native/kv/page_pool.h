@@ -138,15 +138,17 @@ class PagePool {
 // unchanged since it was copied, the copy not freed since.
 class ReleasedCopies {
  public:
-  // A new reference to the copy of page `id` of `full` made into `trim`, or -1.
-  PageId find(const PagePool& full, PageId id, PagePool& trim);
-  void remember(const PagePool& full, PageId id, const PagePool& trim, PageId copy);
+  // A new reference to the copy of page `id` of `full` made into `trim` with
+  // these kept layers, or -1.
+  PageId find(const PagePool& full, PageId id, PagePool& trim, const std::vector<int>& kept);
+  void remember(const PagePool& full, PageId id, const PagePool& trim, PageId copy, const std::vector<int>& kept);
 
  private:
   struct Entry {
     uint64_t full_version;
     PageId copy;
     uint64_t copy_version;
+    std::vector<int> kept;  // the layers the copy holds (one model's sequences all keep the same)
   };
   std::mutex mu_;
   // By (the full pool's serial, page id): at most one entry a full page.
