@@ -89,3 +89,13 @@ def test_bad_model_file_is_one_line(tmp_path, smollm2_path):
     r = ctx("run", "-m", str(bad), "hi")
     assert r.returncode == 1 and "Traceback" not in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_the_command_runs_blas_on_one_thread_unless_told_otherwise():
+    """numpy's OpenBLAS threads spin after import; `ctx` (ctxengine.cli) asks for one, and a user's setting stands."""
+    code = "import ctxengine.cli, numpy, os; print(os.environ['OPENBLAS_NUM_THREADS'])"
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
+    for given, want in ((None, "1"), ("3", "3")):
+        run_env = env if given is None else {**env, "OPENBLAS_NUM_THREADS": given}
+        out = subprocess.run([sys.executable, "-c", code], env=run_env, capture_output=True, text=True, check=True)
+        assert out.stdout.strip() == want
