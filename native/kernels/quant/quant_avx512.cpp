@@ -346,11 +346,13 @@ void matmul_q_avx512(DType t, const void* W, int n_in, int o0, int o1, const Blo
   // at 24 ms where the tiles take 30, and the register tiles beat them on
   // Q5_0). One row (decode) of Q8_0 has its own kernel
   // (quant_decode_avx512.cpp), and so have 3 to 15 rows (batched decode) of
-  // Q4_1 and Q8_0 (quant_rows_avx512.cpp; with the zmm tiles, Q8_0's 4 to 8
-  // rows take quant_rows_zmm_avx512.cpp's two pairs a zmm instead).
+  // Q4_1 and Q8_0 (quant_rows_avx512.cpp), except Q8_0's 4 to 8 rows with
+  // the zmm tiles: there this file's register tiles, two pairs a zmm, are as
+  // fast at 4 rows and 1.07-1.18x at 8 (Intel Xeon, Gemma 3's output matrix,
+  // 2 threads; at 3 the half-empty second pair loses).
   const bool zmm = prefill_tiles() == PrefillTiles::zmm;
   const int tiles_from = !zmm ? 16 : t == DType::Q4_1 ? 8 : 9;
-  if (zmm && t == DType::Q8_0 && matmul_q8_rows_zmm_avx512(W, n_in, o0, o1, Xq, n_x, Y, y_stride)) return;
+  if (zmm && t == DType::Q8_0 && n_x >= 4 && n_x <= 8) return matmul_q_impl<DType::Q8_0>(W, n_in, o0, o1, Xq, n_x, Y, y_stride);
   if (n_x >= tiles_from)
     return matmul_q_prefill_avx512(t, W, n_in, o0, o1, Xq, n_x, Y, y_stride, x_id);
   if (matmul_q_rows_avx512(t, W, n_in, o0, o1, Xq, n_x, Y, y_stride)) return;
