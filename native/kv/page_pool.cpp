@@ -32,8 +32,7 @@ PagePool::PagePool(PageLayout layout, int64_t max_pages)
     : layout_(layout),
       page_bytes_(layout.page_bytes()),
       max_pages_(max_pages),
-      serial_(next_pool_serial.fetch_add(1)),
-      released_copies_(std::make_shared<ReleasedCopies>()) {
+      serial_(next_pool_serial.fetch_add(1)) {
   if (page_bytes_ == 0) throw std::invalid_argument("page layout has zero size");
   if (layout.v_quantized() && layout.kv_dim % KV_BLOCK != 0)
     throw std::invalid_argument(std::string("a ") + kv_dtype_name(layout.dtype) + " KV needs kv_dim to be a multiple of " +
@@ -147,20 +146,20 @@ const uint8_t* PagePool::data(PageId id) const {
 
 PageId ReleasedCopies::find(const PagePool& full, PageId id, PagePool& trim, const std::vector<int>& kept) {
   std::lock_guard<std::mutex> lock(mu_);
-  auto pool = map_.find(full.serial());
-  if (pool == map_.end()) return -1;
-  auto it = pool->second.find(id);
-  if (it == pool->second.end()) return -1;
+  const auto it = map_.find(id);
+  if (it == map_.end()) return -1;
   const Entry& e = it->second;
-  if (e.kept == kept && full.version(id) == e.full_version && trim.incref_if(e.copy, e.copy_version)) return e.copy;
-  pool->second.erase(it);  // stale: the full page was written or reused, or the copy freed (or other layers)
+  if (e.full_serial == full.serial() && e.kept == kept && full.version(id) == e.full_version &&
+      trim.incref_if(e.copy, e.copy_version))
+    return e.copy;
+  map_.erase(it);  // stale: another pool or layers, the full page written or reused, or the copy freed
   return -1;
 }
 
 void ReleasedCopies::remember(const PagePool& full, PageId id, const PagePool& trim, PageId copy,
                               const std::vector<int>& kept) {
   std::lock_guard<std::mutex> lock(mu_);
-  map_[full.serial()][id] = {full.version(id), copy, trim.version(copy), kept};
+  map_[id] = {full.serial(), full.version(id), copy, trim.version(copy), kept};
 }
 
 // ---------------------------------------------------------------------------

@@ -78,7 +78,32 @@ struct PageLayout {
   bool operator!=(const PageLayout& o) const { return !(*this == o); }
 };
 
-class ReleasedCopies;
+class PagePool;
+
+// The released copies (SwaRelease below) made of full pages: the forks that
+// share a page and release it one after another take the copy the first one
+// made, so they go on sharing their released prefix (one copy in memory, one
+// page for the attention to read) instead of holding one copy each. An entry
+// is used only for the same full pool and kept layers, and only while both
+// pages are at the versions it saw: the full page unchanged since it was
+// copied, the copy not freed since.
+class ReleasedCopies {
+ public:
+  // A new reference to the copy of page `id` of `full` made into `trim` with
+  // these kept layers, or -1.
+  PageId find(const PagePool& full, PageId id, PagePool& trim, const std::vector<int>& kept);
+  void remember(const PagePool& full, PageId id, const PagePool& trim, PageId copy, const std::vector<int>& kept);
+
+ private:
+  struct Entry {
+    uint64_t full_serial, full_version;
+    PageId copy;
+    uint64_t copy_version;
+    std::vector<int> kept;  // the layers the copy holds (one model's sequences all keep the same)
+  };
+  std::mutex mu_;
+  std::unordered_map<PageId, Entry> map_;  // by the full page's id
+};
 
 class PagePool {
  public:
@@ -107,7 +132,7 @@ class PagePool {
   // Which pool this is, unique in the process (never reused, unlike an address).
   uint64_t serial() const { return serial_; }
   // The released copies made into this pool (when it is a trim pool: SwaRelease).
-  ReleasedCopies& released_copies() { return *released_copies_; }
+  ReleasedCopies& released_copies() { return released_copies_; }
 
   uint8_t* data(PageId id);               // caller must hold a reference
   const uint8_t* data(PageId id) const;
@@ -126,33 +151,8 @@ class PagePool {
   std::vector<PageId> free_ids_;
   int64_t n_used_ = 0;
   uint64_t serial_;
-  std::shared_ptr<ReleasedCopies> released_copies_;
+  ReleasedCopies released_copies_;
   mutable std::mutex mu_;
-};
-
-// The released copies (SwaRelease below) made of full pages: the forks that
-// share a page and release it one after another take the copy the first one
-// made, so they go on sharing their released prefix (one copy in memory, one
-// page for the attention to read) instead of holding one copy each. An entry
-// is used only while both pages are at the versions it saw: the full page
-// unchanged since it was copied, the copy not freed since.
-class ReleasedCopies {
- public:
-  // A new reference to the copy of page `id` of `full` made into `trim` with
-  // these kept layers, or -1.
-  PageId find(const PagePool& full, PageId id, PagePool& trim, const std::vector<int>& kept);
-  void remember(const PagePool& full, PageId id, const PagePool& trim, PageId copy, const std::vector<int>& kept);
-
- private:
-  struct Entry {
-    uint64_t full_version;
-    PageId copy;
-    uint64_t copy_version;
-    std::vector<int> kept;  // the layers the copy holds (one model's sequences all keep the same)
-  };
-  std::mutex mu_;
-  // By (the full pool's serial, page id): at most one entry a full page.
-  std::unordered_map<uint64_t, std::unordered_map<PageId, Entry>> map_;
 };
 
 // Sliding-window release (gemma3). The local layers of a sliding-window model
