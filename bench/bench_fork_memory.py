@@ -3,9 +3,8 @@
     python bench/bench_fork_memory.py [--branches 8] [--prefix 2000] [--gen 256] [--core OLD/_core.so]
 
 Prefills a --prefix-token prompt, forks --branches sequences from it and
-decodes --gen greedy tokens on all of them together (one native forward a
-step, each branch starting from its own token, as bench_batched.py's
-branches do), then prints the pages the branches added to the page pool and
+decodes --gen greedy tokens on all of them together (bench_batched.py's
+branches: ctxengine/bench/batched.py's Branches and decode_together), then prints the pages the branches added to the page pool and
 to the sliding-window trim pool (released pages), and their MiB. --core
 loads another build of ctxengine._core, for before/after figures.
 """
@@ -26,21 +25,14 @@ def main() -> int:
     args = ap.parse_args()
     if args.core:
         use_core(args.core)
-    import numpy as np
-
-    from ctxengine.bench.batched import prompt_ids
+    from ctxengine.bench.batched import Branches, decode_together
     from ctxengine.engine.engine import Engine
 
     eng = Engine(model_path("gemma3"), threads=2)
-    prefix = eng.new_sequence()
-    eng.forward(prefix, prompt_ids(eng.tokenize, args.prefix))
+    branches = Branches(eng, args.branches, args.prefix)
     full0, trim0 = eng.pool.n_used, eng.trim_pool.n_used
-    seqs = [prefix.fork() for _ in range(args.branches)]
-    last = prompt_ids(eng.tokenize, args.branches)
-    bufs = [np.empty((1, eng.config.n_vocab), np.float32) for _ in seqs]
-    for _ in range(args.gen):
-        eng._core.forward([(s, np.array([t], np.int32), b, False, None) for s, t, b in zip(seqs, last, bufs)])
-        last = [int(np.argmax(b[0])) for b in bufs]
+    seqs = [branches.prefix.fork() for _ in branches.first]
+    decode_together(eng, list(seqs), branches.first, args.gen)  # it lets go of its list; seqs holds them still
     full, trim = eng.pool.n_used - full0, eng.trim_pool.n_used - trim0
     mib = lambda n, pool: n * pool.page_bytes / 2**20  # noqa: E731
     print(f"{args.branches} branches x {args.gen} tokens on a {args.prefix}-token prefix ({args.core or 'this build'}): "
