@@ -15,6 +15,7 @@ namespace {
 
 struct Avx2 : F32x8 {
   static constexpr int kAcc = 16, kMaxGroup = 1;  // one head's 16 sums a pass
+  static constexpr int kAccChunks = 12;  // weighted sums: 12 registers, a weight and a value of 16
 };
 
 }  // namespace

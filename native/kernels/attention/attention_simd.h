@@ -3,15 +3,18 @@
 // attention_avx512.cpp (16 a zmm), each built with its own flags; everything
 // here is in an anonymous namespace, so each translation unit keeps its own
 // copy. A path V is a float vector of simd_f32.h (F32x8, F32x16) with
-//   kAcc, kMaxGroup          the accumulators it keeps live, the queries a pass
+//   kAcc, kMaxGroup          the scores' accumulators it keeps live, the queries a pass
+//   kAccChunks               the weighted sums' accumulators (G x kAccChunks / G)
 //
 // G queries that read one KV head (the heads that share it, of one row or of
-// several rows over the same pages) go through K and V together: query g's
-// register (g, r) holds its partial sums over d = r (mod 16) (scores) or over
-// the keys in slot r of every page (values), in the order of attention.h,
-// made R = kAcc / G registers at a time so each K or V row is loaded and
-// widened once for all G queries; 16 sums of a query are then folded by
-// hsum16's steps, lane by lane. A query gets the same bits alone or in a group.
+// several rows over the same pages) go through K and V together, in the
+// orders of attention.h, so each K or V row is loaded and widened once for
+// all G queries. Scores: query g's register (g, r) holds its partial sums
+// over d = r (mod 16), R = kAcc / G registers at a time. Weighted sums: a
+// pass takes one slot of the pages and D = kAccChunks / G registers of each
+// query's output, whole cache lines of each V row. Each query's 16 partial
+// sums are then folded by hsum16's steps, lane by lane. A query gets the
+// same bits alone or in a group.
 #pragma once
 
 #include <immintrin.h>
@@ -103,57 +106,74 @@ void score_heads(const float* q, int g, int hd, int n, float scale, float* score
 // The weighted sums of V for G queries, kLanes values of the output a
 // register, over pages of 16 keys (slot = key % 16): query g sums its keys
 // [0, n[g]) into out[g]. value(g, i, j, d0) gives values d0.. of slot j of
-// query g's page i; weight(g, i, j, d0) the weight that meets them. Pages
-// [0, shared) are one page for every query: up to `full` (those whose 16 keys
-// every query sees) one load of a V row serves all G queries unconditionally;
-// past it each query takes only its own keys, in the same order.
-template <typename V, int G, typename Value, typename Weight>
+// query g's page i; weight(g, i, j, d0) the weight that meets them (kByDim:
+// it depends on d0; otherwise it is read once a key). Pages [0, shared) are
+// one page for every query: up to `full` (those whose 16 keys every query
+// sees) one load of a V row serves all G queries unconditionally; past it
+// each query takes only its own keys, in the same order.
+//
+// A pass takes one slot j and D registers of the output (D * kLanes values
+// of each V row, whole cache lines) for each of the G queries: register
+// (g, c) sums query g's keys in slot j over the pages in order, which is the
+// partial sum of attention.h's order; the 16 slots' sums are then folded by
+// hsum16's steps. So a key costs D loads of V and G weights for G * D fmas.
+template <typename V, int G, bool kByDim, typename Value, typename Weight>
 void accumulate_heads(const int* n, int shared, int hd, float* const* out, Value value, Weight weight) {
   using F = typename V::F;
-  constexpr int R = V::kAcc / G;
+  constexpr int D = std::max(1, V::kAccChunks / G);
+  constexpr bool kHoist = !kByDim && D > 1;  // one broadcast of a key's weight for its D registers
   int n_min = n[0], n_max = n[0];
   for (int g = 1; g < G; ++g) n_min = std::min(n_min, n[g]), n_max = std::max(n_max, n[g]);
   const int full = std::min(shared, n_min / 16), n_pages = (n_max + 15) / 16;
-  for (int d0 = 0; d0 < hd; d0 += V::kLanes) {
-    alignas(64) F part[G][16];
-    for (int jb = 0; jb < 16; jb += R) {
-      const int nr = 16 % R == 0 ? R : std::min(R, 16 - jb);
-      F acc[G][R];
+  const int chunks = hd / V::kLanes;
+  for (int c0 = 0; c0 < chunks; c0 += D) {
+    const int nd = std::min(D, chunks - c0);
+    alignas(64) F part[G][D][16];
+    for (int j = 0; j < 16; ++j) {
+      F acc[G][D];
 #pragma GCC unroll 16
-      for (int i = 0; i < G * R; ++i) acc[i / R][i % R] = V::zero();
+      for (int i = 0; i < G * D; ++i) acc[i / D][i % D] = V::zero();
       for (int i = 0; i < full; ++i) {
+        F w[G];
+        if constexpr (kHoist) {
 #pragma GCC unroll 16
-        for (int r = 0; r < R; ++r) {
-          if (r >= nr) break;
-          const F v = value(0, i, jb + r, d0);
+          for (int g = 0; g < G; ++g) w[g] = V::set1(weight(g, i, j, 0));
+        }
 #pragma GCC unroll 16
-          for (int g = 0; g < G; ++g) acc[g][r] = V::fma(V::set1(weight(g, i, jb + r, d0)), v, acc[g][r]);
+        for (int c = 0; c < D; ++c) {
+          if (c >= nd) break;
+          const int d0 = (c0 + c) * V::kLanes;
+          const F v = value(0, i, j, d0);
+#pragma GCC unroll 16
+          for (int g = 0; g < G; ++g)
+            acc[g][c] = V::fma(kHoist ? w[g] : V::set1(weight(g, i, j, d0)), v, acc[g][c]);
         }
       }
       for (int i = full; i < n_pages; ++i) {
-        for (int r = 0; r < nr; ++r) {
-          const int j = jb + r, k = i * 16 + j;
-          if (k >= n_max) break;
-          const bool one = i < shared;
+        const int k = i * 16 + j;
+        if (k >= n_max) break;
+        const bool one = i < shared;
+        for (int c = 0; c < nd; ++c) {
+          const int d0 = (c0 + c) * V::kLanes;
           const F v = one ? value(0, i, j, d0) : V::zero();
           for (int g = 0; g < G; ++g)
-            if (k < n[g]) acc[g][r] = V::fma(V::set1(weight(g, i, j, d0)), one ? v : value(g, i, j, d0), acc[g][r]);
+            if (k < n[g]) acc[g][c] = V::fma(V::set1(weight(g, i, j, d0)), one ? v : value(g, i, j, d0), acc[g][c]);
         }
       }
 #pragma GCC unroll 16
-      for (int i = 0; i < G * R; ++i)
-        if (i % R < nr) part[i / R][jb + i % R] = acc[i / R][i % R];
+      for (int i = 0; i < G * D; ++i)
+        if (i % D < nd) part[i / D][i % D][j] = acc[i / D][i % D];
     }
-#pragma GCC unroll 16
-    for (int g = 0; g < G; ++g) V::storeu(out[g] + d0, fold16<V>(part[g]));
+    for (int g = 0; g < G; ++g)
+      for (int c = 0; c < nd; ++c) V::storeu(out[g] + (c0 + c) * V::kLanes, fold16<V>(part[g][c]));
   }
 }
 
-template <typename V, typename Value, typename Weight>
+template <typename V, bool kByDim, typename Value, typename Weight>
 void accumulate_group(const float* p, int p_stride, int g, const int* n, int shared, int hd, float* const* out,
                       Value value, Weight weight) {
   by_groups<V>(g, [&](auto G, int h0) {
-    accumulate_heads<V, decltype(G)::value>(
+    accumulate_heads<V, decltype(G)::value, kByDim>(
         n + h0, shared, hd, out + h0, [&](int h, int i, int j, int d0) { return value(h0 + h, i, j, d0); },
         [&](int h, int i, int j, int d0) {
           return weight(p + static_cast<size_t>(h0 + h) * p_stride, h0 + h, i, j, d0);
@@ -182,7 +202,7 @@ void path_scores_q8(const float* q, int g, const int8_t* kq, const uint16_t* ks,
 template <typename V>
 void path_accumulate(const float* p, int p_stride, int g, const uint16_t* const* const* pages, int shared,
                      int v_stride, const int* n, int hd, float* const* out) {
-  accumulate_group<V>(
+  accumulate_group<V, false>(
       p, p_stride, g, n, shared, hd, out,
       [&](int h, int i, int j, int d0) { return V::load_f16(pages[h][i] + d0 + j * v_stride); },
       [](const float* ph, int, int i, int j, int) { return ph[i * 16 + j]; });
@@ -193,7 +213,7 @@ void path_accumulate_q8(const float* p, int p_stride, int g, const int8_t* const
                         const uint16_t* const* const* scales, int shared, int v_stride, int s_stride, const int* n,
                         int hd, float* const* out) {
   // The q8 weight is p times the scale of the value's block of 32 (attention.h).
-  accumulate_group<V>(
+  accumulate_group<V, true>(
       p, p_stride, g, n, shared, hd, out,
       [&](int h, int i, int j, int d0) { return V::load_i8(pages[h][i] + d0 + j * v_stride); },
       [&](const float* ph, int h, int i, int j, int d0) {
