@@ -83,3 +83,7 @@ def test_refused_requests_are_anthropic_errors(anthropic_client, server):
     r = server.post("/v1/messages", {"model": "smollm2", "messages": HELLO})  # no max_tokens
     assert r.status_code == 400
     assert r.json()["error"] == {"type": "invalid_request_error", "message": "'max_tokens' is required"}
+    with pytest.raises(anthropic.BadRequestError, match="'messages' is empty"):
+        anthropic_client.messages.create(model="smollm2", max_tokens=4, messages=[])
+    with pytest.raises(anthropic.BadRequestError, match="'messages' is empty"):
+        anthropic_client.messages.count_tokens(model="smollm2", messages=[])

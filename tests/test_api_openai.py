@@ -1,5 +1,6 @@
 """The OpenAI dialect of `ctx serve`, driven by the real `openai` client."""
 import http.client
+import json
 import math
 import time
 from urllib.parse import urlsplit
@@ -80,6 +81,29 @@ def test_seed_reproduces_a_sampled_reply(openai_client):
     assert len(others | {a}) > 1  # the seed matters
 
 
+def test_logit_bias_steers_the_reply_as_it_steers_the_engine(openai_client, model):
+    token = model.tokenize(" banana")[0]
+    kw = dict(model="smollm2", messages=QUESTION, max_tokens=6, temperature=0)
+    forced = openai_client.chat.completions.create(logit_bias={str(token): 100}, **kw)
+    assert forced.choices[0].message.content == model.detokenize([token] * 6)
+    first = model.tokenize(greedy_reply(model, messages=QUESTION, max_tokens=1))[0]
+    banned = openai_client.chat.completions.create(logit_bias={str(first): -100}, **kw).choices[0].message.content
+    ctx = model.context(None)  # the engine's own reply under the same bias
+    try:
+        ctx.append(model.chat_prompt(QUESTION), parse_special=True)
+        want = "".join(p.text for p in ctx.generate(6, temperature=0.0, logit_bias={first: -100}))
+    finally:
+        ctx.delete()
+    assert banned == want != greedy_reply(model, messages=QUESTION, max_tokens=6)
+    assert model.tokenize(banned)[0] != first
+    streamed = "".join(c.choices[0].delta.content or "" for c in openai_client.chat.completions.create(
+        stream=True, logit_bias={str(first): -100}, **kw) if c.choices)
+    assert streamed == banned
+    text = openai_client.completions.create(model="smollm2", prompt="The capital of France is", max_tokens=3,
+                                            temperature=0, logit_bias={str(token): 100}).choices[0].text
+    assert text == model.detokenize([token] * 3)
+
+
 def test_completions_continue_text(openai_client, model):
     prompt = "The capital of France is"
     r = openai_client.completions.create(model="smollm2", prompt=prompt, max_tokens=6, temperature=0)
@@ -126,9 +150,31 @@ def test_refused_requests_are_openai_errors(openai_client):
                                               tool_choice={"type": "function", "function": {"name": "g"}})
     with pytest.raises(openai.BadRequestError, match="temperature"):
         openai_client.chat.completions.create(model="smollm2", messages=QUESTION, max_tokens=2, temperature=-1)
+    with pytest.raises(openai.BadRequestError, match="token id 99999999 is outside the vocabulary"):
+        openai_client.chat.completions.create(model="smollm2", messages=QUESTION, max_tokens=2,
+                                              logit_bias={"99999999": 1})
+    with pytest.raises(openai.BadRequestError, match=r"logit_bias\[5\] must be in \[-100, 100\]"):
+        openai_client.chat.completions.create(model="smollm2", messages=QUESTION, max_tokens=2, logit_bias={"5": 300})
+    with pytest.raises(openai.BadRequestError, match="'messages' is empty"):
+        openai_client.chat.completions.create(model="smollm2", messages=[], max_tokens=2)
     with pytest.raises(openai.BadRequestError, match="role"):
         openai_client.chat.completions.create(model="smollm2", messages=[{"role": "critic", "content": "x"}],
                                               max_tokens=2)
+
+
+def test_a_non_finite_number_is_named_as_what_it_is(server):
+    # JSON has no NaN, but Python's json (and so many clients) writes one: say which value was wrong.
+    url = urlsplit(server.url)
+    conn = http.client.HTTPConnection(url.hostname, url.port, timeout=30)
+    try:
+        conn.request("POST", "/v1/chat/completions", headers={"content-type": "application/json"},
+                     body='{"model": "smollm2", "messages": [{"role": "user", "content": "hi"}], "temperature": NaN}')
+        r = conn.getresponse()
+        error = json.loads(r.read())["error"]
+        assert r.status == 400 and error["param"] == "temperature"
+        assert error["message"] == "'temperature' must be a finite number, got nan"
+    finally:
+        conn.close()
 
 
 def test_an_idle_keep_alive_connection_is_kept_past_the_clients_idle_limit(server):

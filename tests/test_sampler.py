@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from ctxengine.engine.sampler import (Sampler, SamplerParams, StopMatcher, apply_penalties, sample_candidates,
-                                      splitmix64, top_k_ids, uniform)
+from ctxengine.engine.sampler import (Sampler, SamplerParams, StopMatcher, apply_bias, apply_penalties,
+                                      sample_candidates, splitmix64, top_k_ids, uniform)
 from ctxengine.errors import CtxError
 
 OFF = dict(top_k=0, top_p=1.0, min_p=0.0)  # every filter off
@@ -172,6 +172,52 @@ def test_penalties_steer_greedy_away_from_repeats():
 def test_history_outside_the_vocabulary_is_refused():
     with pytest.raises(CtxError, match="outside the vocabulary"):
         Sampler(SamplerParams(repeat_penalty=1.1)).sample(np.zeros(4, dtype=np.float32), [1, 4])
+
+
+# -- logit bias --------------------------------------------------------------------------------
+def test_logit_bias_is_added_before_the_penalties_and_steers_greedy():
+    x = np.array([3.0, 2.5, 0.0, -1.0], dtype=np.float32)
+    assert Sampler(SamplerParams(temperature=0, logit_bias={"3": 4.5})).sample(x, []) == 3   # -1 + 4.5 > 3
+    assert Sampler(SamplerParams(temperature=0, logit_bias=[[0, -100]])).sample(x, []) == 1  # banned
+    # llama.cpp's order: the bias first, then repeat_penalty divides the biased positive logit
+    s = Sampler(SamplerParams(temperature=0, repeat_penalty=2.0, logit_bias={2: 2.0}))
+    assert s.sample(np.array([1.5, 0.0, 0.0], dtype=np.float32), [2]) == 0  # (0 + 2) / 2 = 1 < 1.5
+    assert x.tolist() == [3.0, 2.5, 0.0, -1.0]  # the caller's logits are untouched
+
+
+def test_logit_bias_changes_only_the_listed_tokens_in_float32():
+    x = random_logits(np.random.default_rng(21), 50)
+    p = SamplerParams(logit_bias={7: 0.1, 30: -2.75, 49: 100})
+    ids, bias = np.array([i for i, _ in p.logit_bias]), np.array([b for _, b in p.logit_bias], np.float32)
+    want = x.copy()
+    for i, b in p.logit_bias:
+        want[i] = np.float32(x[i]) + np.float32(b)
+    got = apply_bias(x, ids, bias)
+    assert got.dtype == np.float32 and np.array_equal(got, want)
+    assert not np.array_equal(x, want)  # a copy: the caller's logits are untouched
+
+
+def test_logit_bias_is_kept_in_the_state_and_normalised():
+    p = SamplerParams(temperature=1.0, seed=3, logit_bias={"12": 1, 4: -0.5})
+    assert p.logit_bias == ((4, -0.5), (12, 1.0))
+    assert p == SamplerParams(temperature=1.0, seed=3, logit_bias=[(12, 1.0), (4, -0.5)])
+    state = json.loads(json.dumps(Sampler(p).state()))
+    assert state["params"]["logit_bias"] == [[4, -0.5], [12, 1.0]]
+    assert Sampler.from_state(state).params == p
+
+
+@pytest.mark.parametrize("bias", [
+    {"x": 1}, {"-1": 1}, {"1.5": 1}, {"٣": 1}, {1: 101}, {1: -100.5}, {1: math.nan}, {1: "big"}, {1: True},
+    "1:5", [[1]], [[1, 2, 3]], 5,
+])
+def test_bad_logit_bias_is_refused(bias):
+    with pytest.raises(CtxError, match="logit_bias"):
+        SamplerParams(logit_bias=bias)
+
+
+def test_logit_bias_outside_the_vocabulary_is_refused():
+    with pytest.raises(CtxError, match="token id 9, outside the vocabulary"):
+        Sampler(SamplerParams(logit_bias={9: 1.0})).sample(np.zeros(4, dtype=np.float32), [])
 
 
 # -- the distribution -------------------------------------------------------------------------

@@ -129,6 +129,22 @@ def test_lookup_speculation_is_bit_identical(model, monkeypatch, sampling, text)
         assert spec[5].accepted > len(plain[0]) // 3, spec[5]  # the document is copied: drafts land
 
 
+@pytest.mark.parametrize("sampling", SAMPLINGS[:2], ids=["greedy", "t0.7"])
+def test_logit_bias_under_speculation_is_bit_identical(model, monkeypatch, sampling):
+    # The bias is applied to each verified row as to a plain one: a banned token that the
+    # document's copy would draft is rejected there, and the rest goes on from the new token.
+    free_rows(monkeypatch, model)
+    prompt = chat(model, EDIT)
+    unbiased = run(model, prompt, "unbiased", speculative=False, **sampling)[0]
+    bias = {unbiased[6]: -100, unbiased[11]: 2.5}
+    plain = run(model, prompt, "plain", speculative=False, logit_bias=bias, **sampling)
+    spec = run(model, prompt, "spec", speculative=True, logit_bias=bias, **sampling)
+    assert spec[:5] == plain[:5]
+    assert plain[0] != unbiased and unbiased[6] not in plain[0]  # banned
+    if sampling["temperature"] == 0:
+        assert spec[5].accepted > 0, spec[5]
+
+
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_adversarial_drafts_change_nothing_and_switch_speculation_off(model, monkeypatch, seed):
     rec = Recorder(monkeypatch)

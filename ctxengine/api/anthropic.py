@@ -27,7 +27,7 @@ from ..serving.generation import GenerationRequest, Generations
 from ..serving.prompts import Prompt, prompt_ids
 from ..text.tools import ToolUse
 from .errors import ANTHROPIC, ApiError, error_body
-from .fields import Fields, json_body, text_content
+from .fields import Fields, json_body, messages_of, text_content
 from .options import Sampling
 from .streaming import GenerationStream, Writer, collected, sse, started
 from .structured import anthropic_grammar
@@ -38,7 +38,7 @@ def messages_prompt(f: Fields, tools: ToolUse | None = None) -> Prompt:
     messages = []
     if "system" in f:
         messages.append({"role": "system", "content": text_content(f.data["system"], "system", "content blocks")})
-    for i, m in enumerate(f.list("messages")):
+    for i, m in enumerate(messages_of(f)):
         mf = Fields(m, f"messages[{i}].")
         role = mf.str("role")
         if role not in ("user", "assistant"):

@@ -84,7 +84,7 @@ class Fields:
         if value is default:
             return value
         if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
-            raise self._bad(name, "a number", value)
+            raise self._bad(name, "a finite number", value)
         return float(value)
 
     def str_list(self, name: str, default: Any = _MISSING, *, one: bool = True) -> Any:
@@ -122,6 +122,16 @@ class Fields:
             raise ApiError(400, f"'{self.where}{name}' is not supported: {why}", param=name)
 
 
+def messages_of(f: Fields) -> list:
+    """A chat request's ``messages``: at least one, unless it continues a named ``context``
+    (as OpenAI and Anthropic refuse an empty list)."""
+    messages = f.list("messages")
+    if not messages and f.str("context", None) is None:
+        raise ApiError(400, "'messages' is empty: send at least one message (or name a 'context' to continue)",
+                       param="messages")
+    return messages
+
+
 def text_content(value: Any, where: str, what: str = "text parts") -> str:
     """Message content as OpenAI and Anthropic send it: a string, or a list of
     ``{"type": "text", "text": ...}`` parts (joined); anything else is refused."""
@@ -144,5 +154,7 @@ def text_content(value: Any, where: str, what: str = "text parts") -> str:
 def _kind(value: Any) -> str:
     if value is None:
         return "null"
+    if isinstance(value, float) and not math.isfinite(value):
+        return repr(value)  # nan, inf, -inf (JSON's NaN and Infinity)
     return {bool: "a boolean", str: "a string", int: "an integer", float: "a number",
             list: "a list", dict: "an object"}.get(type(value), type(value).__name__)

@@ -3,7 +3,7 @@
 
 Sampling fields: ``max_tokens`` / ``max_completion_tokens``, ``temperature``,
 ``top_p``, ``seed``, ``stop``, ``presence_penalty``, ``frequency_penalty``,
-and llama.cpp's ``top_k``, ``min_p``, ``repeat_penalty``. ``n`` must be 1;
+``logit_bias``, and llama.cpp's ``top_k``, ``min_p``, ``repeat_penalty``. ``n`` must be 1;
 logprobs are refused rather than ignored. ``response_format`` and
 ``grammar`` constrain the reply (api/structured.py); ``tools`` and
 ``tool_choice`` offer tools (api/tools.py). ``context`` (our
@@ -24,7 +24,7 @@ from ..serving.generation import GenerationRequest, Generations
 from ..serving.prompts import Prompt
 from .embeddings import embed
 from .errors import OPENAI, ApiError, error_body
-from .fields import Fields, json_body
+from .fields import Fields, json_body, messages_of
 from .options import Sampling
 from .streaming import GenerationStream, Writer, collected, sse, started
 from .structured import openai_grammar
@@ -42,6 +42,8 @@ def sampling(f: Fields) -> Sampling:
         params["top_k"] = f.int("top_k")
     if "seed" in f:
         params["seed"] = f.int("seed", min=0)
+    if "logit_bias" in f:  # {"token id": bias}; checked as the sampler checks it
+        params["logit_bias"] = f.data["logit_bias"]
     max_tokens = f.int("max_completion_tokens", None, min=0)
     if max_tokens is None:
         max_tokens = f.int("max_tokens", None, min=0)
@@ -110,7 +112,7 @@ def routes(runtime, generations: Generations, metrics) -> APIRouter:
         f = Fields(await json_body(request))
         _refuse_unsupported(f)
         tools = openai_tool_use(f)
-        prompt = Prompt(messages=chat_messages(f.list("messages")), tools=tools and tools.prompt_tools)
+        prompt = Prompt(messages=chat_messages(messages_of(f)), tools=tools and tools.prompt_tools)
         req = GenerationRequest(f.str("model", None), prompt, sampling(f), context=f.str("context", None),
                                 grammar=openai_grammar(f), tools=tools, lora=f.data.get("lora"))
         return await _respond(generations, f, req, chat=True, client=request)

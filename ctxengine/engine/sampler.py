@@ -2,6 +2,8 @@
 
 The chain, in llama.cpp's default order (less the samplers we do not have):
 
+0. logit_bias: each listed token's logit plus its bias, in float32 (OpenAI's
+   ``logit_bias``; llama.cpp adds it before the rest of the chain too);
 1. penalties: repeat (llama.cpp: ``logit > 0 ? logit / p : logit * p``), then
    frequency and presence (OpenAI: ``logit -= count * freq + (count > 0) * presence``),
    all over the distinct ids among the last ``repeat_last_n`` tokens of the
@@ -16,7 +18,7 @@ The chain, in llama.cpp's default order (less the samplers we do not have):
    probability descending then id ascending, whose cumulative weight exceeds
    u * total (inverse CDF).
 
-temperature 0 is greedy: the argmax of the penalised logits (ties: lowest id),
+temperature 0 is greedy: the argmax of the biased, penalised logits (ties: lowest id),
 with no draw.  Every other call draws exactly once, even when a single
 candidate survives, so the RNG position is the number of sampled tokens.
 
@@ -89,6 +91,31 @@ def _int(name: str, v: Any, ok, what: str) -> int:
     return n
 
 
+BIAS_LIMIT = 100.0  # OpenAI's range for a logit bias: -100 bans a token, 100 all but forces it
+
+
+def _logit_bias(v: Any) -> tuple[tuple[int, float], ...]:
+    """logit_bias as (token id, bias) pairs by ascending id, from {id: bias} (ids may be
+    strings of digits, as JSON object keys are) or [[id, bias], ...]."""
+    what = "a map of token ids to numbers in [-100, 100]"
+    if isinstance(v, (str, bytes)):
+        raise CtxError(f"sampling option logit_bias must be {what}, got {v!r}")
+    try:
+        pairs = [tuple(item) for item in (v.items() if isinstance(v, Mapping) else v)]
+    except TypeError:
+        raise CtxError(f"sampling option logit_bias must be {what}, got {v!r}") from None
+    out: dict[int, float] = {}
+    for pair in pairs:
+        if len(pair) != 2:
+            raise CtxError(f"sampling option logit_bias must be {what}, got the entry {list(pair)!r}")
+        key, bias = pair
+        if isinstance(key, str) and key.isascii() and key.isdigit():
+            key = int(key)
+        token = _int("logit_bias", key, lambda n: n >= 0, "keyed by token ids >= 0")
+        out[token] = _real(f"logit_bias[{token}]", bias, lambda x: abs(x) <= BIAS_LIMIT, "in [-100, 100]")
+    return tuple(sorted(out.items()))
+
+
 @dataclass(frozen=True)
 class SamplerParams:
     temperature: float = 0.8     # 0 → greedy
@@ -100,6 +127,7 @@ class SamplerParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     seed: int | None = None      # None → drawn when a Sampler is made, and recorded
+    logit_bias: tuple = ()       # ((token id, bias), ...) by id; {id: bias} is taken too
 
     def __post_init__(self):
         # Normalise types (so to_dict() is plain JSON) and refuse nonsense early.
@@ -114,12 +142,13 @@ class SamplerParams:
             "frequency_penalty": _real("frequency_penalty", self.frequency_penalty, lambda x: True, "finite"),
             "seed": None if self.seed is None else _int(
                 "seed", self.seed, lambda n: 0 <= n <= _MASK64, "None or in [0, 2**64)"),
+            "logit_bias": _logit_bias(self.logit_bias),
         }
         for name, value in checked.items():
             object.__setattr__(self, name, value)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        return {**asdict(self), "logit_bias": [list(pair) for pair in self.logit_bias]}  # as JSON reads it back
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "SamplerParams":
@@ -141,6 +170,15 @@ def checked_logits(logits: np.ndarray) -> np.ndarray:
         raise CtxError("logits contain NaN or +inf")
     if not np.any(x > -np.inf):
         raise CtxError("every logit is -inf: nothing can be sampled")
+    return x
+
+
+def apply_bias(x: np.ndarray, ids: np.ndarray, bias: np.ndarray) -> np.ndarray:
+    """x with bias[i] added to x[ids[i]] in float32 (a copy)."""
+    if ids[-1] >= len(x):
+        raise CtxError(f"logit_bias names token id {int(ids[-1])}, outside the vocabulary (0..{len(x) - 1})")
+    x = x.copy()
+    x[ids] += bias
     return x
 
 
@@ -240,6 +278,8 @@ class Sampler:
             params = replace(params, seed=secrets.randbits(53))
         self.params = params
         self._rng = params.seed
+        self._bias_ids = np.array([i for i, _ in params.logit_bias], dtype=np.int64)
+        self._bias = np.array([b for _, b in params.logit_bias], dtype=np.float32)
 
     def _uniform(self) -> float:
         self._rng, bits = splitmix64(self._rng)
@@ -247,7 +287,10 @@ class Sampler:
 
     def sample(self, logits: np.ndarray, history: Sequence[int]) -> int:
         p = self.params
-        x = apply_penalties(checked_logits(logits), history, p)
+        x = checked_logits(logits)
+        if len(self._bias_ids):
+            x = apply_bias(x, self._bias_ids, self._bias)
+        x = apply_penalties(x, history, p)
         if p.temperature == 0:
             return int(np.argmax(x))  # first maximum: the lowest id
         return sample_candidates(x, p, self._uniform())

@@ -191,8 +191,8 @@ class Context:
                  json_schema=None, close_json: bool = True, speculative=None, **sampling) -> Iterator[Piece]:
         """Stream up to max_tokens sampled tokens as pieces of text.
 
-        Sampling options are SamplerParams fields (temperature, top_k, top_p,
-        min_p, repeat_penalty, presence_penalty, frequency_penalty, seed). With
+        Sampling options are SamplerParams fields (temperature, top_k, top_p, min_p, repeat_penalty,
+        presence_penalty, frequency_penalty, seed, logit_bias). With
         no seed, the RNG continues from this context's last generation, so a
         restored context goes on exactly as the original would.
 
@@ -362,14 +362,14 @@ class Context:
         if unknown:
             raise ContextError(f"unknown sampling option(s): {', '.join(sorted(unknown))}")
         params = SamplerParams(**overrides)
+        self._token_ids(i for i, _ in params.logit_bias)  # named now, not at the first token
         if params.seed is None and self.sampler_state is not None:
             return Sampler.from_state(self.sampler_state).with_params(params)
         return Sampler(params)
 
     def _token_ids(self, ids: Sequence[int]) -> list[int]:
         ids, n_vocab = [int(i) for i in ids], self.engine.config.n_vocab
-        bad = [i for i in ids if not 0 <= i < n_vocab]
-        if bad:
+        if bad := [i for i in ids if not 0 <= i < n_vocab]:
             raise ContextError(f"token id {bad[0]} is outside the vocabulary (0..{n_vocab - 1})")
         return ids
 
