@@ -1,7 +1,8 @@
 """Prefill and decode speed, ours and llama.cpp's, alternated in one run.
 
     python bench/bench_core.py [-m MODEL] [--threads 1,2] [--rounds 5] [--prompt 512] [--gen 128]
-        [--llama-python /path/to/venv/bin/python] [--ik-python /path/to/venv/bin/python] [--isa avx2] [--json]
+        [--llama-python /path/to/venv/bin/python] [--ik-python /path/to/venv/bin/python] [--isa avx2]
+        [--no-avx-vnni] [--json]
 
 Prefill: a 512-token prompt into an empty context (like llama-bench pp512).
 Decode: 128 single-token steps after a short prompt (like tg128).
@@ -37,15 +38,20 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 KEYS = ("prefill_tps", "decode_tps")
 
 
-def ours(path: str, threads: int, n_prompt: int, n_gen: int, isa: str | None = None) -> dict:
+def ours(path: str, threads: int, n_prompt: int, n_gen: int, isa: str | None = None, vnni: bool = True) -> dict:
     from ctxengine import _core
     from ctxengine.bench.speed import measure_ours
 
     if isa:
         _core.set_isa(isa)  # e.g. the AVX2 path on an AVX-512 machine
+    if not vnni:
+        _core.quant.set_avx2_vnni(False)  # the AVX2 path's prefill as on a CPU without AVX-VNNI
 
     r = measure_ours(path, threads, n_prompt, n_gen, reps=1, batches=())  # warms up before measuring
-    return {**{k: r[k] for k in KEYS}, "isa": _core.active_isa()}
+    path_name = _core.active_isa()
+    if path_name == "avx2" and _core.quant.avx2_vnni():
+        path_name += "+avx_vnni"
+    return {**{k: r[k] for k in KEYS}, "isa": path_name}
 
 
 def llama(path: str, threads: int, n_prompt: int, n_gen: int) -> dict:
@@ -94,6 +100,7 @@ def run_rounds(args, threads: list[int], peers: dict[str, str]) -> dict:
     def child(python: str, engine: str, t: int) -> dict:
         cmd = [python, os.path.abspath(__file__), "--engine", engine, "-m", args.model, "--threads", str(t),
                "--prompt", str(args.prompt), "--gen", str(args.gen)] + (["--isa", args.isa] if args.isa else [])
+        cmd += ["--no-avx-vnni"] if args.no_avx_vnni and engine == "ours" else []
         done = subprocess.run(cmd, capture_output=True, text=True)
         if done.returncode != 0:
             sys.exit(f"bench_core: {engine} failed: {(done.stderr.strip().splitlines() or ['?'])[-1]}")
@@ -171,13 +178,16 @@ def main() -> int:
     ap.add_argument("--llama-python", default=None)
     ap.add_argument("--ik-python", default=None, help="a Python with ik-llama-cpp-python (module ik_llama_cpp)")
     ap.add_argument("--isa", default=None, choices=["scalar", "avx2", "avx512"], help="our path (default: the best)")
+    ap.add_argument("--no-avx-vnni", action="store_true",
+                    help="our AVX2 path's prefill without AVX-VNNI, as on a CPU that lacks it")
     ap.add_argument("--engine", choices=["ours", "llama", "ik"], default=None, help=argparse.SUPPRESS)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     threads = [int(t) for t in args.threads.split(",")]
 
     if args.engine:  # one measurement, in a child process (llama.cpp's may lack ctxengine)
-        fn = {"ours": lambda *a: ours(*a, isa=args.isa), "llama": llama, "ik": ik}[args.engine]
+        mine = lambda *a: ours(*a, isa=args.isa, vnni=not args.no_avx_vnni)  # noqa: E731
+        fn = {"ours": mine, "llama": llama, "ik": ik}[args.engine]
         print(json.dumps(fn(args.model, threads[0], args.prompt, args.gen)))
         return 0
 

@@ -20,3 +20,6 @@ def why_untested(path: str) -> str:
 
 EVERY_PATH = [pytest.param(p, id=p) if p in AVAILABLE else pytest.param(p, id=p, marks=pytest.mark.skip(why_untested(p)))
               for p in PATHS]
+# The AVX2 path's prefill has a second build for CPUs with AVX-VNNI (the same bits);
+# on_each_path (test_kernels.py) runs both where this CPU has it.
+HAS_AVX_VNNI = "avx_vnni" in cpu_flags()

@@ -74,3 +74,21 @@ def test_the_prefill_tile_form_follows_the_cpu():
             _core.quant.set_prefill_tiles("xmm")
     finally:
         _core.quant.set_prefill_tiles(before)
+
+
+def test_the_avx2_prefill_takes_avx_vnni_where_the_cpu_has_it():
+    """AVX-VNNI's vpdpbusd where /proc/cpuinfo says avx_vnni; it can be turned off, and
+    on only where the CPU has it (tests/test_kernels.py compares the bits of both)."""
+    has = "avx_vnni" in cpu_flags()
+    assert _core.quant.avx2_vnni() == has
+    try:
+        _core.quant.set_avx2_vnni(False)
+        assert not _core.quant.avx2_vnni()
+        if has:
+            _core.quant.set_avx2_vnni(True)
+            assert _core.quant.avx2_vnni()
+        else:
+            with pytest.raises(ValueError, match="no AVX-VNNI"):
+                _core.quant.set_avx2_vnni(True)
+    finally:
+        _core.quant.set_avx2_vnni(has)

@@ -19,7 +19,7 @@ from hypothesis.extra import numpy as hnp
 from ctxengine import _core
 
 Q = _core.quant
-from simd_paths import AVAILABLE, EVERY_PATH
+from simd_paths import AVAILABLE, EVERY_PATH, HAS_AVX_VNNI
 
 QUANTIZED = [G.Q4_0, G.Q4_1, G.Q5_0, G.Q5_1, G.Q8_0]  # blocks of 32, Q8A activations
 FLOATS = [G.F32, G.F16, G.BF16]
@@ -38,10 +38,11 @@ HAS_MIN = (G.Q4_1, G.Q5_1)
 
 @pytest.fixture(autouse=True)
 def restore_isa():
-    before, tiles = _core.active_isa(), Q.prefill_tiles()
+    before, tiles, vnni = _core.active_isa(), Q.prefill_tiles(), Q.avx2_vnni()
     yield
     _core.set_isa(before)
     Q.set_prefill_tiles(tiles)
+    Q.set_avx2_vnni(vnni)
 
 
 @pytest.fixture(params=EVERY_PATH)  # a path this CPU lacks is a counted skip
@@ -53,9 +54,10 @@ def isa(request):
 def on_each_path(fn):
     """{path: fn()} for every path this CPU has; the AVX-512 path in both of
     its prefill tile forms ("avx512": ymm, "avx512/zmm"), whichever this CPU
-    would pick."""
+    would pick, and the AVX2 path's prefill without AVX-VNNI ("avx2") and,
+    where the CPU has it, with ("avx2/vnni")."""
     out = {}
-    tiles = Q.prefill_tiles()
+    tiles, vnni = Q.prefill_tiles(), Q.avx2_vnni()
     for path in AVAILABLE:
         _core.set_isa(path)
         if path == "avx512":
@@ -64,6 +66,13 @@ def on_each_path(fn):
             Q.set_prefill_tiles("zmm")
             out["avx512/zmm"] = fn()
             Q.set_prefill_tiles(tiles)
+        elif path == "avx2":
+            Q.set_avx2_vnni(False)
+            out[path] = fn()
+            if HAS_AVX_VNNI:
+                Q.set_avx2_vnni(True)
+                out["avx2/vnni"] = fn()
+            Q.set_avx2_vnni(vnni)
         else:
             out[path] = fn()
     return out

@@ -25,6 +25,10 @@ Isa detect_isa();          // best path this CPU supports (CPUID, once)
 // whole. (Zen 5 laptop parts split them too but report family 0x1A: they are
 // taken as whole, which costs them a few percent and no bits.)
 bool whole_512_bit_units();
+// Whether the CPU has AVX-VNNI (the VEX-encoded 256-bit vpdpbusd: Intel's
+// cores since Alder Lake, its AVX2-only Xeons since Sierra Forest): the AVX2
+// path's prefill uses it where it can (kernels/quant/quant_impl.h avx2_vnni).
+bool has_avx_vnni();
 // (The path in use, active_isa / set_isa, is the kernel table's: kernels/kernels.h.)
 const char* isa_name(Isa isa);
 // Every feature the *_<isa>.cpp files are compiled with (CMakeLists.txt);

@@ -360,6 +360,17 @@ qk::PrefillTiles qk::prefill_tiles() {
 
 void qk::set_prefill_tiles(PrefillTiles tiles) { g_prefill_tiles.store(static_cast<int>(tiles), std::memory_order_relaxed); }
 
+namespace {
+std::atomic<bool> g_avx2_vnni{has_avx_vnni()};
+}  // namespace
+
+bool qk::avx2_vnni() { return g_avx2_vnni.load(std::memory_order_relaxed); }
+
+void qk::set_avx2_vnni(bool on) {
+  if (on && !has_avx_vnni()) throw std::invalid_argument("this CPU has no AVX-VNNI");
+  g_avx2_vnni.store(on, std::memory_order_relaxed);
+}
+
 // ---------------------------------------------------------------------------
 // The public entry points: check the type, then the chosen path's kernel.
 

@@ -238,7 +238,9 @@ void matmul_q_avx2(DType t, const void* W, int n_in, int o0, int o1, const Block
                    size_t y_stride, uint64_t x_id) {
   // From 4 activation rows on, unpacking each weight tile once (to memory)
   // beats unpacking it per tile of 2 x 2 pairs (quant_prefill_avx2.cpp).
-  if (n_x >= 4) return matmul_q_prefill_avx2(t, W, n_in, o0, o1, Xq, n_x, Y, y_stride, x_id);
+  if (n_x >= 4)
+    return (avx2_vnni() ? matmul_q_prefill_avxvnni : matmul_q_prefill_avx2)(t, W, n_in, o0, o1, Xq, n_x, Y, y_stride,
+                                                                              x_id);
   switch (t) {
     case DType::Q4_0: return matmul_q_impl<DType::Q4_0>(W, n_in, o0, o1, Xq, n_x, Y, y_stride);
     case DType::Q4_1: return matmul_q_impl<DType::Q4_1>(W, n_in, o0, o1, Xq, n_x, Y, y_stride);

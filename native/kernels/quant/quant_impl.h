@@ -114,9 +114,16 @@ static inline void q8s_pairs(const BlockQ8K* x, size_t n, int32_t* out) {
 
 void matmul_q_avx2(DType t, const void* W, int n_in, int o0, int o1, const BlockQ8A* Xq, int n_x, float* Y,
                    size_t y_stride, uint64_t x_id);
-// Many activation rows (quant_prefill_avx2.cpp); x_id as matmul_q's.
+// Many activation rows (quant_prefill_avx2.h); x_id as matmul_q's. Built
+// twice: with AVX2 alone, and with AVX-VNNI too (the same bits, fewer
+// instructions), which the AVX2 path takes where the CPU has it (core/cpu.h
+// has_avx_vnni) unless set_avx2_vnni(false); the tests force each.
 void matmul_q_prefill_avx2(DType t, const void* W, int n_in, int o0, int o1, const BlockQ8A* Xq, int n_x, float* Y,
                            size_t y_stride, uint64_t x_id);
+void matmul_q_prefill_avxvnni(DType t, const void* W, int n_in, int o0, int o1, const BlockQ8A* Xq, int n_x,
+                              float* Y, size_t y_stride, uint64_t x_id);
+bool avx2_vnni();
+void set_avx2_vnni(bool on);  // std::invalid_argument for on where the CPU lacks AVX-VNNI
 void matmul_f_avx2(DType t, const void* W, int n_in, int o0, int o1, const float* Xf, int n_x, float* Y,
                    size_t y_stride);
 void f32_to_f16_row_avx2(const float* x, uint16_t* y, int n);

@@ -159,6 +159,9 @@ void register_quant(py::module_& m) {
     if (name != "ymm" && name != "zmm") throw py::value_error("prefill tiles are 'ymm' or 'zmm', got '" + name + "'");
     qk::set_prefill_tiles(name == "zmm" ? qk::PrefillTiles::zmm : qk::PrefillTiles::ymm);
   }, py::arg("name"), "force the AVX-512 prefill's tile form (both give the same bits; tests force each)");
+  m.def("avx2_vnni", &qk::avx2_vnni, "whether the AVX2 path's prefill uses AVX-VNNI (where the CPU has it)");
+  m.def("set_avx2_vnni", &qk::set_avx2_vnni, py::arg("on"),
+        "force the AVX2 path's prefill with or without AVX-VNNI (the same bits; ValueError where the CPU lacks it)");
 }
 
 }  // namespace ctx
