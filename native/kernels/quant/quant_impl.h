@@ -97,6 +97,9 @@ void matmul_q4k_tiles_avx512(const void* W, int n_in, int o0, int o1, const Bloc
                              size_t y_stride);
 void matmul_q4k_tiles_avx2(const void* W, int n_in, int o0, int o1, const BlockQ8K* Xk, int n_x, float* Y,
                            size_t y_stride);
+// The same with AVX-VNNI (q4k_tiles_avx2.h; avx2_vnni below).
+void matmul_q4k_tiles_avxvnni(const void* W, int n_in, int o0, int o1, const BlockQ8K* Xk, int n_x, float* Y,
+                              size_t y_stride);
 
 // The Q4_K tiles' activation side: out[4b + k] = q8s[2k] | q8s[2k + 1] << 16
 // (int16 halves, q8s[s] = bsums[2s] + bsums[2s + 1], at most 32 * 127) for

@@ -1,0 +1,133 @@
+// Q4_K tiles (q4k_tiles_simd.h) on AVX2: 8 weight rows a ymm, written once for
+// two builds: q4k_tiles_avx2.cpp (AVX2 alone) and q4k_tiles_avxvnni.cpp (with
+// AVX-VNNI's 256-bit vpdpbusd, where the CPU has it: kernels/quant/quant_impl.h
+// avx2_vnni). Both give the sub-block sums times their scales as the same
+// int32s, so the same bits.
+//
+// Exactness without VNNI: vpmaddubsw gives int16 sums of two u8 x s8 products, at most
+// 2 * 15 * 127 = 3810 in size (|y| <= 127), so a sub-block's 8 of them add
+// up (vpaddw) to at most 30480 < 32767 per int16; vpmaddwd against the scale
+// in both halves of the lane then gives sc * (the 32-value sum) as int32.
+// With VNNI: vpdpbusd adds the products straight into int32 (at most
+// 32 * 15 * 127 = 60960), and vpmulld by the scale gives the same int32.
+// The mins are as on AVX-512 (vpmaddwd, no saturation).
+#pragma once
+
+#include "kernels/quant/q4k_tiles_simd.h"
+
+namespace ctx::qk {
+
+namespace {
+
+
+// One super-block of a tile, lane j = weight row j of the tile.
+struct alignas(32) TileBlock256 {
+  __m256i q[8][8];  // sub-block s, group g: row j's nibbles 32s + 4g .. 32s + 4g + 3, one per byte
+  __m256i sc[8];    // sub-block s's 6-bit scale: in both int16 halves (vpmaddwd), or as int32 (VNNI's vpmulld)
+  __m256i mins[4];  // m[2k] | m[2k + 1] << 16, for vpmaddwd against the activation's q8s pair
+  __m256 d, dmin;   // f16(d), f16(dmin)
+};
+
+inline __m256i bits(__m256i v, int shift, int mask) {
+  return _mm256_and_si256(_mm256_srli_epi32(v, shift), _mm256_set1_epi32(mask));
+}
+
+// r[j] = 8 dwords of row j -> r[c] = dword c of rows 0..7.
+void transpose8(__m256i r[8]) {
+  __m256i t[8], u[8];
+  for (int i = 0; i < 4; ++i) {
+    t[2 * i] = _mm256_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm256_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+  }
+  // u[4i + c], lane L: dword 4L + c of rows 4i .. 4i + 3.
+  for (int i = 0; i < 2; ++i) {
+    u[4 * i + 0] = _mm256_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+    u[4 * i + 1] = _mm256_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+    u[4 * i + 2] = _mm256_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+    u[4 * i + 3] = _mm256_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+  }
+  for (int c = 0; c < 4; ++c) {
+    r[c] = _mm256_permute2x128_si256(u[c], u[4 + c], 0x20);
+    r[4 + c] = _mm256_permute2x128_si256(u[c], u[4 + c], 0x31);
+  }
+}
+
+// 8 f16 values, the low halves of v's dwords, as floats.
+inline __m256 halves_to_ps(__m256i v) {
+  const __m256i lo = _mm256_and_si256(v, _mm256_set1_epi32(0xFFFF));
+  return _mm256_cvtph_ps(_mm_packus_epi32(_mm256_castsi256_si128(lo), _mm256_extracti128_si256(lo, 1)));
+}
+
+// Unpacks super-block i of the tile's rows (row j at w + j * row_bytes);
+// rows past n_rows repeat the last one (their lanes are never stored).
+template <bool kVnni>
+void unpack_tile_block(const uint8_t* w, int row_bytes, int n_rows, int i, TileBlock256& t) {
+  const uint8_t* b = w + static_cast<size_t>(i) * sizeof(BlockQ4_K);
+  const auto row = [&](int j) { return b + static_cast<size_t>(std::min(j, n_rows - 1)) * row_bytes; };
+  for (int quarter = 0; quarter < 4; ++quarter) {
+    __m256i r[8];
+    for (int j = 0; j < 8; ++j)
+      r[j] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row(j) + offsetof(BlockQ4_K, qs) + 32 * quarter));
+    transpose8(r);
+    // qs dword g of chunk jj holds elements 64jj + 4g.. (low nibbles, sub-block 2jj) and 64jj + 32 + 4g.. (high, 2jj + 1).
+    for (int g = 0; g < 8; ++g) {
+      t.q[2 * quarter][g] = bits(r[g], 0, 0x0F0F0F0F);
+      t.q[2 * quarter + 1][g] = bits(r[g], 4, 0x0F0F0F0F);
+    }
+  }
+  // The 16 header bytes (d, dmin, scales): lane L of h[q] is row q + 4L, then a 4 x 4 dword transpose in lanes.
+  __m256i h[4];
+  for (int q = 0; q < 4; ++q)
+    h[q] = _mm256_loadu2_m128i(reinterpret_cast<const __m128i*>(row(q + 4)), reinterpret_cast<const __m128i*>(row(q)));
+  const __m256i t0 = _mm256_unpacklo_epi32(h[0], h[1]), t1 = _mm256_unpackhi_epi32(h[0], h[1]);
+  const __m256i t2 = _mm256_unpacklo_epi32(h[2], h[3]), t3 = _mm256_unpackhi_epi32(h[2], h[3]);
+  const __m256i dd = _mm256_unpacklo_epi64(t0, t2);  // d | dmin << 16
+  const __m256i u0 = _mm256_unpackhi_epi64(t0, t2), u1 = _mm256_unpacklo_epi64(t1, t3), u2 = _mm256_unpackhi_epi64(t1, t3);
+  // The 12 scale bytes as unpack_k4_scales reads them, on 8 rows at once.
+  __m256i sc[8], m[8];
+  for (int j = 0; j < 4; ++j) {
+    sc[j] = bits(u0, 8 * j, 63);
+    m[j] = bits(u1, 8 * j, 63);
+    sc[j + 4] = _mm256_or_si256(bits(u2, 8 * j, 0xF), _mm256_slli_epi32(bits(u0, 8 * j + 6, 3), 4));
+    m[j + 4] = _mm256_or_si256(bits(u2, 8 * j + 4, 0xF), _mm256_slli_epi32(bits(u1, 8 * j + 6, 3), 4));
+  }
+  for (int s = 0; s < 8; ++s) t.sc[s] = kVnni ? sc[s] : _mm256_or_si256(sc[s], _mm256_slli_epi32(sc[s], 16));
+  for (int k = 0; k < 4; ++k) t.mins[k] = _mm256_or_si256(m[2 * k], _mm256_slli_epi32(m[2 * k + 1], 16));
+  t.d = halves_to_ps(dd);
+  t.dmin = halves_to_ps(_mm256_srli_epi32(dd, 16));
+}
+
+template <bool kVnni>
+struct Avx2 {
+  static constexpr int kRows = 8;  // weight rows per tile: one per int32 lane
+  static constexpr int kNX = 2;    // activation rows per pass (measured fastest; 16 ymm registers)
+  using F = __m256;
+  using I = __m256i;
+  using Raw = __m256i;  // vpmaddubsw's int16 pair sums, added up by vpaddw; with VNNI, vpdpbusd's int32 sums
+  using Mask = __m256i;
+  using TileBlock = TileBlock256;
+  static constexpr auto unpack = unpack_tile_block<kVnni>;
+  static F zero() { return _mm256_setzero_ps(); }
+  static Raw zero_raw() { return _mm256_setzero_si256(); }
+  static Raw dot4(Raw raw, I wq, const int8_t* x) {
+    if constexpr (kVnni) return _mm256_dpbusd_avx_epi32(raw, wq, _mm256_set1_epi32(load4(x)));
+    else return _mm256_add_epi16(raw, _mm256_maddubs_epi16(wq, _mm256_set1_epi32(load4(x))));
+  }
+  static I scaled(Raw raw, I sc) {
+    if constexpr (kVnni) return _mm256_mullo_epi32(raw, sc);
+    else return _mm256_madd_epi16(raw, sc);
+  }
+  static I add_i(I a, I b) { return _mm256_add_epi32(a, b); }
+  static I mins(I m, int32_t pair) { return _mm256_madd_epi16(m, _mm256_set1_epi32(pair)); }
+  static F cvt(I v) { return _mm256_cvtepi32_ps(v); }
+  static F set1(float v) { return _mm256_set1_ps(v); }
+  static F mul(F a, F b) { return _mm256_mul_ps(a, b); }
+  static F sub(F a, F b) { return _mm256_sub_ps(a, b); }
+  static F fma(F a, F b, F c) { return _mm256_fmadd_ps(a, b, c); }
+  static Mask rows(int n) { return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)); }
+  static void store(float* p, Mask m, F v) { _mm256_maskstore_ps(p, m, v); }
+};
+
+}  // namespace
+
+}  // namespace ctx::qk
