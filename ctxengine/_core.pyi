@@ -178,5 +178,11 @@ class _Quant:
     @staticmethod
     def set_prefill_tiles(name: str) -> None:
         """Force the AVX-512 prefill's tile form, 'ymm' or 'zmm' (both give the same bits; tests force each)."""
+    @staticmethod
+    def avx2_vnni() -> bool:
+        """Whether the AVX2 path's prefill uses AVX-VNNI (by default, where the CPU has it)."""
+    @staticmethod
+    def set_avx2_vnni(on: bool) -> None:
+        """Force the AVX2 path's prefill with or without AVX-VNNI (the same bits; ValueError where the CPU lacks it)."""
 
 quant: _Quant
