@@ -49,13 +49,14 @@ def running(home: Path, *args: str):
 
 
 def greedy_reply(model, *, messages: list[dict] | None = None, text: str | None = None, max_tokens: int = 16,
-                 stop=()) -> str:
+                 stop=(), **sampling) -> str:
     """What the engine itself generates, greedily, in this process: the reference
-    a server's reply must equal (whatever it batched or took from cache)."""
+    a server's reply must equal (whatever it batched or took from cache).
+    ``sampling``: further options for generate (e.g. logit_bias)."""
     ctx = model.context(None)
     try:
         ctx.append(model.chat_prompt(messages) if messages is not None else text, parse_special=True)
-        return "".join(p.text for p in ctx.generate(max_tokens, temperature=0.0, stop=list(stop)))
+        return "".join(p.text for p in ctx.generate(max_tokens, temperature=0.0, stop=list(stop), **sampling))
     finally:
         ctx.delete()
 

@@ -5,7 +5,7 @@
 // per 64 values, one per pair of mins) are done for kRows pairs by one vector
 // instruction instead of after a horizontal sum each.
 //
-// Included by q4k_tiles_avx2.cpp (8 rows a ymm) and q4k_tiles_avx512.cpp (16
+// Included by q4k_tiles_avx2.h (8 rows a ymm) and q4k_tiles_avx512.cpp (16
 // rows a zmm), each built with its own flags; everything here is in an
 // anonymous namespace, so each translation unit keeps its own copy (see
 // quant_impl.h on inline functions and ISA flags). A path V gives:

@@ -1,6 +1,6 @@
 // The prefill matmul (many activation rows) for the blocks-of-32 integer
 // types, its driver written once for both widths: included by
-// quant_prefill_avx2.cpp and quant_prefill_avx512.cpp, each built with its
+// quant_prefill_avx2.h and quant_prefill_avx512.cpp, each built with its
 // own flags (everything is in an anonymous namespace).
 //
 // Per (weight row, activation row) pair one 8-lane accumulator holds the
