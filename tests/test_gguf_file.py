@@ -116,6 +116,33 @@ def test_gemma3_opens_fast(gemma3_path):
     assert elapsed < 1.5, f"opening Gemma took {elapsed:.2f} s"
 
 
+def test_header_only_leaves_the_vocabulary_undecoded(gemma3_path, tmp_path):
+    from ctxengine.engine.config import ModelConfig, unsupported_reason
+    from ctxengine.engine.gguf_cursor import UnreadStrings
+
+    with open_gguf(gemma3_path) as full, open_gguf(gemma3_path, header_only=True) as head:
+        tokens = head.get("tokenizer.ggml.tokens")
+        assert isinstance(tokens, UnreadStrings) and len(tokens) == 262144
+        with pytest.raises(TypeError, match="header only"):
+            tokens[0]
+        assert head.get("tokenizer.ggml.scores") == full.get("tokenizer.ggml.scores")  # numbers are read
+        assert head.tensors.keys() == full.tensors.keys() and head.data_offset == full.data_offset
+        assert ModelConfig.from_gguf(head) == ModelConfig.from_gguf(full)
+        assert unsupported_reason(head) == unsupported_reason(full) is None
+    small = write_gguf(tmp_path / "small.gguf")
+    with open_gguf(small, header_only=True) as f:  # short string arrays are read as ever
+        assert f.get("tokenizer.ggml.tokens") == ["a", "b", "<s>"]
+
+
+@pytest.mark.parametrize("cut", [500_000, 1_000_000])
+def test_header_only_still_checks_the_vocabulary_bounds(tmp_path, smollm2_path, cut):
+    path = tmp_path / "cut.gguf"
+    with open(smollm2_path, "rb") as src:
+        path.write_bytes(src.read(cut))
+    with pytest.raises(ModelFileError, match="truncated"):
+        open_gguf(path, header_only=True)
+
+
 def test_smollm2_matches_gguf_reader(smollm2_path):
     # The reference reader is slow (seconds) but trusted on well-formed files.
     ref = gguf.GGUFReader(smollm2_path)

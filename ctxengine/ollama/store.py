@@ -265,7 +265,7 @@ def _check_gguf(path: Path) -> None:
     """What the engine would refuse, read from the header only (no weights loaded)."""
     from ..engine.config import unsupported_reason  # loads the native core: only when a manifest is read
 
-    with open_gguf(path) as f:
+    with open_gguf(path, header_only=True) as f:
         why = unsupported_reason(f)
     if why is not None:
         raise _Refused(why)

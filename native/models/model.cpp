@@ -147,15 +147,20 @@ void Model::matmul(std::initializer_list<MatmulJob> jobs, const float* x, int n_
   }
   if (need_q8a) quantize_rows(x, n_rows, n_in, ActFormat::q8a);
   if (need_q8k) quantize_rows(x, n_rows, n_in, ActFormat::q8k);
-  // The adapters' A x tasks come first, `grain` units each, so that every one
-  // is claimed before any chunk of output rows (model_lora.cpp).
+  // The adapters' A x tasks come first, kTile units each, so that every one is
+  // claimed before any chunk of output rows (model_lora.cpp). Chunks are
+  // guided (threads.h), at least kTile units (the kernels' tile of output
+  // rows) and multiples of it, so a chunk holds whole A tasks: a thread's
+  // weights stream as long runs (decode: 2-4% faster on SmolLM2,
+  // docs/PERFORMANCE.md), and the last chunks are as short as before. The
+  // first thread takes every A task at the head of its first chunk, while
+  // the others start on the base rows; only a thread about to add B t waits
+  // for A tasks still running.
+  constexpr int64_t kTile = 16;
   const int64_t n_lora = layer >= 0 ? lora_prepare(layer, jobs) : 0;
-  // With adapters: chunks of 16 output rows (the kernels' tile), about 8
-  // chunks per thread so a slow core does not hold the others up at the barrier.
-  const int64_t grain = std::max<int64_t>(16, round_up(total / (pool_.size() * 8), 16));
-  const int64_t first = n_lora * grain;
+  const int64_t first = n_lora * kTile;
   const auto run = [&](int64_t begin, int64_t end) {
-    for (; begin < std::min(end, first); begin += grain) lora_down(begin / grain, x, n_in);
+    for (; begin < std::min(end, first); begin += kTile) lora_down(begin / kTile, x, n_in);
     if (begin >= end) return;
     begin -= first, end -= first;
     int64_t base = 0;
@@ -179,12 +184,7 @@ void Model::matmul(std::initializer_list<MatmulJob> jobs, const float* x, int n_
       ++job;
     }
   };
-  // Without them, chunks of 16 rows or more that shrink as the work runs out
-  // (threads.h): a thread's weights stream as long runs (decode: 2-4% faster
-  // on SmolLM2, docs/PERFORMANCE.md), and the last chunks are as short as
-  // before. (The adapters' A tasks are numbered by a fixed grain.)
-  if (n_lora == 0) pool_.parallel_for_guided(total, 16, run);
-  else pool_.parallel_for(first + total, grain, run);
+  pool_.parallel_for_guided(first + total, kTile, run);
 }
 
 // Angles as ggml computes them (theta_i = pos * scale^i by repeated float
