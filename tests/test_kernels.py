@@ -330,7 +330,8 @@ def test_matmul_q_prefill_tiles_and_chunks(t, n_in):
 # count from 3 to 15 has its own tile (4, 2 or 1 weight rows), whose leftover
 # weight rows go one by one; chunks of 8 blocks (nb = 18: two whole, one of 2).
 # With the zmm tiles, Q8_0's 4 to 8 rows go to quant_avx512.cpp's register
-# tiles instead (two pairs of rows a zmm; odd counts a half pair).
+# tiles instead (two pairs of rows a zmm; odd counts a half pair), and its 9
+# to 16 to quant_rows_zmm_avx512.cpp (the same pairs, tiles of 2 weight rows).
 @pytest.mark.parametrize("t", [G.Q4_1, G.Q8_0, G.Q4_0], ids=lambda t: t.name)
 def test_matmul_q_batched_decode_rows(t):
     n_in = 576

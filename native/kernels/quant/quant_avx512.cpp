@@ -349,9 +349,13 @@ void matmul_q_avx512(DType t, const void* W, int n_in, int o0, int o1, const Blo
   // Q4_1 and Q8_0 (quant_rows_avx512.cpp), except Q8_0's 4 to 8 rows with
   // the zmm tiles: there this file's register tiles, two pairs a zmm, are as
   // fast at 4 rows and 1.07-1.18x at 8 (Intel Xeon, Gemma 3's output matrix,
-  // 2 threads; at 3 the half-empty second pair loses).
+  // 2 threads; at 3 the half-empty second pair loses); Q8_0's 9 to 16 rows
+  // take quant_rows_zmm_avx512.cpp, the rows kernel with two pairs a zmm
+  // (1.2-1.5x the zmm tiles on that matrix: Gemma 3's 16 streams 1.09x).
   const bool zmm = prefill_tiles() == PrefillTiles::zmm;
   const int tiles_from = !zmm ? 16 : t == DType::Q4_1 ? 8 : 9;
+  if (zmm && t == DType::Q8_0 && n_x >= 9 && n_x <= 16)
+    return matmul_q_rows_zmm_avx512(W, n_in, o0, o1, Xq, n_x, Y, y_stride);
   if (zmm && t == DType::Q8_0 && n_x >= 4 && n_x <= 8) return matmul_q_impl<DType::Q8_0>(W, n_in, o0, o1, Xq, n_x, Y, y_stride);
   if (n_x >= tiles_from)
     return matmul_q_prefill_avx512(t, W, n_in, o0, o1, Xq, n_x, Y, y_stride, x_id);
