@@ -140,13 +140,13 @@ void tile(const uint8_t* w0, size_t row_bytes, int nb, int nx, XView xr, float* 
   }
 }
 
-// Weight rows [o0, o1) in tiles of NK rows (16 accumulators), the rest one by one.
+// Weight rows [o0, o1) in tiles of 2 rows (5-8 pairs: at most 16
+// accumulators), a last odd row alone.
 template <int NP>
 void rows(const uint8_t* w, size_t row_bytes, int nb, int nx, int o0, int o1, XView xr, float* Y, size_t y_stride) {
-  constexpr int nk = NP <= 4 ? 4 : 2;
   int o = o0;
-  for (; o + nk <= o1; o += nk) tile<nk, NP>(w + o * row_bytes, row_bytes, nb, nx, xr, Y + o, y_stride);
-  for (; o < o1; ++o) tile<1, NP>(w + o * row_bytes, row_bytes, nb, nx, xr, Y + o, y_stride);
+  for (; o + 2 <= o1; o += 2) tile<2, NP>(w + o * row_bytes, row_bytes, nb, nx, xr, Y + o, y_stride);
+  if (o < o1) tile<1, NP>(w + o * row_bytes, row_bytes, nb, nx, xr, Y + o, y_stride);
 }
 
 template <int NP = (kMinRows + 1) / 2>
