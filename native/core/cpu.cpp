@@ -33,6 +33,7 @@ bool cpu_has(const std::string& f) {
   if (f == "avx512dq") return __builtin_cpu_supports("avx512dq");
   if (f == "avx512vnni") return __builtin_cpu_supports("avx512vnni");
   if (f == "avx512bf16") return __builtin_cpu_supports("avx512bf16");
+  if (f == "avxvnni") return __builtin_cpu_supports("avxvnni");
   return false;  // a feature nobody taught this function: never assume it
 }
 
@@ -78,9 +79,10 @@ bool whole_512_bit_units() {
 
 bool has_avx_vnni() {
 #if defined(__x86_64__) || defined(__i386__)
+  // The *_avxvnni.cpp files are built with the AVX2 path's flags and -mavxvnni.
   static const bool has = [] {
     __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("avxvnni");
+    return cpu_has_all(Isa::avx2) && cpu_has("avxvnni");
   }();
   return has;
 #else

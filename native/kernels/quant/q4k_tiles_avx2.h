@@ -19,7 +19,6 @@ namespace ctx::qk {
 
 namespace {
 
-
 // One super-block of a tile, lane j = weight row j of the tile.
 struct alignas(32) TileBlock256 {
   __m256i q[8][8];  // sub-block s, group g: row j's nibbles 32s + 4g .. 32s + 4g + 3, one per byte

@@ -24,6 +24,7 @@
 // so prefill_tiles() picks per CPU (quant_impl.h).
 #include "kernels/quant/quant_prefill_simd.h"
 #include "kernels/quant/simd_common.h"
+#include "kernels/quant/zmm_pairs_simd.h"
 
 namespace ctx::qk {
 
@@ -190,12 +191,6 @@ void Avx512::tile(const WBlock* wq, const XBlock* x, const float* sc, const floa
   }
 }
 
-// Rows j and j + 1 of a group as one zmm: [a | b] with their dwords interleaved.
-__m512i interleave_dwords(__m256i a, __m256i b) {
-  const __m512i ab = _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1);
-  return _mm512_permutexvar_epi32(_mm512_setr_epi32(0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15), ab);
-}
-
 // Activation rows X[0, rows) into groups of kGroup rows, by pairs of rows
 // (a missing second row: zero bytes, its scale 0; never stored).
 template <DType T>
@@ -210,9 +205,7 @@ void Avx512Zmm::prep_x(const BlockQ8A* X, int nb, int rows, Scratch<Avx512Zmm>& 
 
 template <DType T>
 void Avx512Zmm::unpack_w(const uint8_t* w, size_t row_bytes, int nk, int nb, Scratch<Avx512Zmm>& s) {
-  const __m512i twice = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
-  unpack_tile<T>(w, row_bytes, nk, nb, s,
-                 [&](size_t i, __m256i v) { s.wq[i].v = _mm512_permutexvar_epi32(twice, _mm512_castsi256_si512(v)); });
+  unpack_tile<T>(w, row_bytes, nk, nb, s, [&](size_t i, __m256i v) { s.wq[i].v = doubled_dwords(v); });
 }
 
 // hsum8 of both pairs of four interleaved accumulators: lane k of the low

@@ -31,6 +31,7 @@
 
 #include "kernels/quant/quant_impl.h"
 #include "kernels/quant/simd_common.h"
+#include "kernels/quant/zmm_pairs_simd.h"
 
 namespace ctx::qk {
 
@@ -54,12 +55,6 @@ struct XView {
   const float* d;
 };
 
-// Rows a and b of a pair as one zmm: [a | b] with their dwords interleaved.
-inline __m512i interleave_dwords(__m256i a, __m256i b) {
-  const __m512i ab = _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1);
-  return _mm512_permutexvar_epi32(_mm512_setr_epi32(0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15), ab);
-}
-
 void prep(const BlockQ8A* X, int nb, int rows, XRows& xr) {
   const int np = (rows + 1) / 2;
   xr.q.resize(static_cast<size_t>(nb) * np);
@@ -80,9 +75,7 @@ void prep(const BlockQ8A* X, int nb, int rows, XRows& xr) {
 // A block's 32 signed weights with each dword doubled (dword 2l + h:
 // elements 4l..4l+3), and start = -128 * their 4-sums.
 inline __m512i unpack(const uint8_t* p, __m512i& start) {
-  const __m512i twice = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
-  const __m512i q = _mm512_permutexvar_epi32(
-      twice, _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 2))));
+  const __m512i q = doubled_dwords(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 2)));
   start = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(-128), q));
   return q;
 }
