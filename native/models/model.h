@@ -105,6 +105,8 @@ struct RunState {
   std::vector<float> rope;    // (rows, 2, rope_dim / 2) cos, then sin, per position (full-attention layers)
   std::vector<float> rope_swa;  // (rows, 2, rope_dim / 2) the same for sliding-window layers
   std::vector<float> scores;  // (threads, kMaxGroup, score_row + head_dim) attention scores, then q
+  std::vector<float> split_scores;  // (tasks, kMaxGroup, score_row) scores of a step split by parts of the KV
+  std::vector<float> split_q;       // (tasks, kMaxGroup, head_dim) their queries, rounded
   int score_row = 0;          // this step's longest context, rounded up to whole pages of 16
   std::vector<float> xlog;    // (rows, n_embd) rows that want logits or hidden states, normed
   std::vector<float> logits;  // (rows, n_vocab) logits before they are copied out
@@ -188,7 +190,16 @@ class Model {
   struct AttnLayer;   // one layer's attention constants (model_attention.cpp)
   struct AttnView;    // what one row sees of the KV on a layer
   struct AttnBundle;  // rows that read the same pages, attended together
-  void attend(const AttnLayer& at, const AttnView* rows, int n_rows, int64_t shared, int kv_head, int h0, int g);
+  struct AttnTask;    // a bundle's heads that one task attends
+  static constexpr int kMaxSplitRows = 32;  // most rows a step splits by parts of the KV (their scores held at once)
+  std::vector<AttnTask> attention_tasks(const AttnLayer& at, const std::vector<AttnView>& views) const;
+  bool split_by_parts(const AttnLayer& at, const std::vector<AttnView>& views,
+                      const std::vector<AttnTask>& tasks) const;
+  void attend_in_parts(const AttnLayer& at, const std::vector<AttnTask>& tasks);
+  void attend_q(const AttnLayer& at, const AttnTask& k, float* q);
+  void attend_scores(const AttnLayer& at, const AttnTask& k, const float* q, float* sc, int64_t pa, int64_t pb);
+  void attend_softmax(const AttnLayer& at, const AttnTask& k, float* sc);
+  void attend_values(const AttnLayer& at, const AttnTask& k, const float* sc, int d0, int d1);
   void ensure_scratch(int rows);
 
   ModelConfig cfg_;

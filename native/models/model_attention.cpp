@@ -1,7 +1,9 @@
 // Attention of one layer over the paged KV (kernels/attention/attention.h has the
 // kernels and their orders), and the KV writes it reads back.
 #include <algorithm>
+#include <cstdint>
 #include <cmath>
+#include <utility>
 #include <vector>
 
 #include "kernels/activations/activations.h"
@@ -26,6 +28,8 @@ struct Model::AttnView {
   int64_t n_kv, k0, p0, n_pages;
   int64_t n_rel;                        // its sequence's released pages (never in a window)
   const std::vector<uint8_t*>* pg;      // its sequence's pages
+  // Its keys in the scores, counted from its first page's first key (a bundle's rows share that page).
+  int span(const AttnLayer& L) const { return static_cast<int>(n_kv - p0 * L.pt); }
   // The layer's array at `off` in page p (a released page holds it `shift` bytes earlier).
   const uint8_t* at(const AttnLayer& L, int64_t p, size_t off) const { return (*pg)[p] + (off - (p < n_rel ? L.shift : 0)); }
   // How many of the visible pages of this view and b are the same pages: all
@@ -50,10 +54,18 @@ struct Model::AttnBundle {
   int64_t shared;
 };
 
+// One task's rows and heads: heads [h0, h0 + g) (sharing KV head kv_head) of
+// rows [0, n_rows), whose first `shared` visible pages are the same pages.
+struct Model::AttnTask {
+  const AttnView* rows;
+  int n_rows;
+  int64_t shared;
+  int kv_head, h0, g;
+};
+
 void Model::attention(int layer, const std::vector<Row>& rows, size_t r0, int n_rows,
                       const std::vector<std::vector<uint8_t*>>& pages) {
   const int hd = cfg_.head_dim;
-  const int group = cfg_.n_head / cfg_.n_head_kv;
   const PageLayout& lay = layout_;
   AttnLayer at;
   at.hd = hd;
@@ -87,19 +99,36 @@ void Model::attention(int layer, const std::vector<Row>& rows, size_t r0, int n_
     v.n_rel = released_[row.item];
     v.pg = &pages[row.item];
   }
-  // The heads that share a KV head, and the same heads of rows that read the
-  // same pages (a prompt's rows; branches over their common prefix), go
-  // through K and V together, up to kMaxGroup queries: each K and V row is
-  // read once for all of them, and a query's bits do not depend on its
-  // company (attention.h). Bundles stay small enough for two tasks a thread;
-  // with too few tasks to keep every thread busy even so (decode), heads go
-  // one at a time instead.
+  const std::vector<AttnTask> tasks = attention_tasks(at, views);
+  if (split_by_parts(at, views, tasks)) return attend_in_parts(at, tasks);
+  pool_.parallel_for(static_cast<int64_t>(tasks.size()), 1, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const AttnTask& k = tasks[t];
+      float* sc = s_.scores.data() + static_cast<size_t>(ThreadPool::thread_index()) * kMaxGroup * (at.sr + hd);
+      float* q = sc + static_cast<size_t>(kMaxGroup) * at.sr;
+      attend_q(at, k, q);
+      attend_scores(at, k, q, sc, k.rows[0].p0, INT64_MAX);
+      attend_softmax(at, k, sc);
+      attend_values(at, k, sc, 0, hd);
+    }
+  });
+}
+
+// The heads that share a KV head, and the same heads of rows that read the
+// same pages (a prompt's rows; branches over their common prefix), go
+// through K and V together, up to kMaxGroup queries: each K and V row is
+// read once for all of them, and a query's bits do not depend on its
+// company (attention.h). Bundles stay small enough for two tasks a thread;
+// with too few tasks to keep every thread busy even so (decode), heads go
+// one at a time instead. A task is a bundle's heads that share a KV head.
+std::vector<Model::AttnTask> Model::attention_tasks(const AttnLayer& at, const std::vector<AttnView>& views) const {
+  const int n_rows = static_cast<int>(views.size()), group = cfg_.n_head / cfg_.n_head_kv;
   const int heads = std::min(group, kMaxGroup);
   const int64_t per_row = static_cast<int64_t>(cfg_.n_head_kv) * ((group + heads - 1) / heads);
   // At most 1,024 / hd queries a bundle (16 at hd 64): a longer head means
   // more register passes over a bundle's weights, which past that fall out
   // of L1 (Gemma 3, hd 256: 16 queries ran 4% slower than its 4 heads alone).
-  const int most = std::max(heads, std::min(kMaxGroup, 1024 / hd));
+  const int most = std::max(heads, std::min(kMaxGroup, 1024 / at.hd));
   const int widest = static_cast<int>(std::clamp<int64_t>(n_rows * per_row / (2 * pool_.size()), 1, most / heads));
   // As even as the count allows: 8 rows at most 5 a bundle go as 4 + 4, not 5 + 3.
   const int n_bundles = (n_rows + widest - 1) / widest, fit = (n_rows + n_bundles - 1) / n_bundles;
@@ -120,93 +149,188 @@ void Model::attention(int layer, const std::vector<Row>& rows, size_t r0, int n_
   }
   const int64_t n_wide = static_cast<int64_t>(bundles.size()) * per_row;
   const int g_max = n_wide >= 2 * pool_.size() ? heads : 1;
-  const int per_kv = (group + g_max - 1) / g_max;  // tasks per (bundle, KV head)
+  std::vector<AttnTask> tasks;
+  for (const AttnBundle& b : bundles)
+    for (int kv_head = 0; kv_head < cfg_.n_head_kv; ++kv_head)
+      for (int h0 = kv_head * group; h0 < (kv_head + 1) * group; h0 += g_max)
+        tasks.push_back({&views[b.first], b.count, b.shared, kv_head, h0, std::min(g_max, (kv_head + 1) * group - h0)});
+  return tasks;
+}
 
-  pool_.parallel_for(static_cast<int64_t>(bundles.size()) * cfg_.n_head_kv * per_kv, 1, [&](int64_t t0, int64_t t1) {
-    for (int64_t t = t0; t < t1; ++t) {
-      const AttnBundle& b = bundles[t / (cfg_.n_head_kv * per_kv)];
-      const int kv_head = static_cast<int>(t / per_kv % cfg_.n_head_kv);
-      const int h0 = kv_head * group + static_cast<int>(t % per_kv) * g_max;
-      attend(at, &views[b.first], b.count, b.shared, kv_head, h0, std::min(g_max, (kv_head + 1) * group - h0));
+// Branches of one conversation decoding together (each row a sequence of its
+// own, every bundle over the same shared prefix) split their attention by
+// parts of the KV instead of by rows: each thread scores every row against
+// its share of the pages, and sums its share of the value dimensions. So each
+// core reads each line of the shared prefix once a step, where by rows each
+// read all of it (a prefix of 2,000 tokens is 2 MB of K and V a layer on
+// Gemma 3, as large as a core's L2). A query's bits are the same either way:
+// a key's score does not depend on the others, nor a dimension's weighted sum.
+bool Model::split_by_parts(const AttnLayer& at, const std::vector<AttnView>& views,
+                           const std::vector<AttnTask>& tasks) const {
+  // Worth it where each thread would read the prefix twice or more: two or
+  // more tasks a thread for each KV head.
+  const size_t threads = static_cast<size_t>(pool_.size()), per_bundle = cfg_.n_head_kv;
+  if (threads < 2 || tasks.size() < 2 * threads * per_bundle || views.size() > static_cast<size_t>(kMaxSplitRows))
+    return false;
+  // Bundles of other sequences, each sharing its first pages with the first bundle.
+  const AttnView& first = *tasks[0].rows;
+  int others = 0;
+  for (size_t t = 1; t < tasks.size(); ++t) {
+    if (tasks[t].rows == tasks[t - 1].rows) continue;
+    const AttnView& v = *tasks[t].rows;
+    if (v.pg == first.pg || first.shared_with(at, v) <= 0) return false;
+    ++others;
+  }
+  return others > 0;
+}
+
+void Model::attend_in_parts(const AttnLayer& at, const std::vector<AttnTask>& tasks) {
+  const int parts = pool_.size();
+  const int64_t n_tasks = static_cast<int64_t>(tasks.size());
+  const size_t per_task = static_cast<size_t>(kMaxGroup) * at.sr, q_per_task = static_cast<size_t>(kMaxGroup) * at.hd;
+  if (s_.split_scores.size() < n_tasks * per_task) s_.split_scores.resize(n_tasks * per_task);
+  if (s_.split_q.size() < n_tasks * q_per_task) s_.split_q.resize(n_tasks * q_per_task);
+  auto scores_of = [&](int64_t t) { return s_.split_scores.data() + t * per_task; };
+  auto q_of = [&](int64_t t) { return s_.split_q.data() + t * q_per_task; };
+  // Part i of n of the range [a, b), cut at multiples of `unit`.
+  auto cut = [](int64_t a, int64_t b, int i, int n, int64_t unit) {
+    return a + (b - a) / unit * i / n * unit + (i == n ? (b - a) % unit : 0);
+  };
+  for (int64_t t = 0; t < n_tasks; ++t) attend_q(at, tasks[t], q_of(t));
+  // Each part scores a page for every task before the next page: a page's K
+  // is read from memory once and then from L1.
+  pool_.parallel_for(parts, 1, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      thread_local std::vector<std::pair<int64_t, int64_t>> range;  // each task's pages in this part
+      range.resize(n_tasks);
+      int64_t first = INT64_MAX, last = 0;
+      for (int64_t t = 0; t < n_tasks; ++t) {
+        const AttnTask& k = tasks[t];
+        int64_t end = 0;
+        for (int m = 0; m < k.n_rows; ++m) end = std::max(end, k.rows[m].n_pages);
+        range[t] = {cut(k.rows[0].p0, end, i, parts, 1), cut(k.rows[0].p0, end, i + 1, parts, 1)};
+        first = std::min(first, range[t].first), last = std::max(last, range[t].second);
+      }
+      for (int64_t p = first; p < last; ++p)
+        for (int64_t t = 0; t < n_tasks; ++t)
+          if (range[t].first <= p && p < range[t].second) attend_scores(at, tasks[t], q_of(t), scores_of(t), p, p + 1);
+    }
+  });
+  pool_.parallel_for(n_tasks, 1, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) attend_softmax(at, tasks[t], scores_of(t));
+  });
+  // Dimensions in blocks of 32: a q8 V row's scales cover 32 values each.
+  pool_.parallel_for(parts, 1, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      const int d0 = static_cast<int>(cut(0, at.hd, i, parts, KV_BLOCK)),
+                d1 = static_cast<int>(cut(0, at.hd, i + 1, parts, KV_BLOCK));
+      if (d0 < d1)
+        for (int64_t t = 0; t < n_tasks; ++t) attend_values(at, tasks[t], scores_of(t), d0, d1);
     }
   });
 }
 
-// Heads [h0, h0 + g) (sharing KV head kv_head) of each of the bundle's rows
+// Heads [h0, h0 + g) (sharing KV head kv_head) of each of the task's rows
 // over the keys each sees: scores, softmax, the weighted sum of V into s_.att.
-// Query m * g + h is row m's head h0 + h.
-void Model::attend(const AttnLayer& at, const AttnView* rows, int n_rows, int64_t shared, int kv_head, int h0, int g) {
-  const int hd = at.hd, pt = at.pt, sr = at.sr, hb = at.hb, nq = n_rows * g;
-  const PageLayout& lay = layout_;
-  // This thread's scratch: kMaxGroup rows of scores, then the queries' q.
-  float* sc = s_.scores.data() + static_cast<size_t>(ThreadPool::thread_index()) * kMaxGroup * (sr + hd);
-  float* q = sc + static_cast<size_t>(kMaxGroup) * sr;
-  // Q and the softmax weights are rounded to f16 before they meet the f16
-  // K and V, as llama.cpp's (non-flash) attention does: its logits are
-  // the reference we are held to, and the rounding moves them measurably.
-  for (int m = 0; m < n_rows; ++m) {
-    const float* q32 = s_.q.data() + static_cast<size_t>(rows[m].r) * cfg_.q_dim() + h0 * hd;
+// Query m * g + h is row m's head h0 + h; sc holds its scores at row
+// (m * g + h) of at.sr, sc[j] scoring key p0 * pt + j.
+//
+// The task's queries, rounded to f16 into q. Q and the softmax weights are
+// rounded to f16 before they meet the f16 K and V, as llama.cpp's
+// (non-flash) attention does: its logits are the reference we are held to,
+// and the rounding moves them measurably.
+void Model::attend_q(const AttnLayer& at, const AttnTask& k, float* q) {
+  const int hd = at.hd, g = k.g;
+  for (int m = 0; m < k.n_rows; ++m) {
+    const float* q32 = s_.q.data() + static_cast<size_t>(k.rows[m].r) * cfg_.q_dim() + k.h0 * hd;
     std::copy(q32, q32 + g * hd, q + static_cast<size_t>(m) * g * hd);
   }
-  scale_round_f16(q, nq * hd, at.q_scale);
-  // sc[j] of every query scores key p0 * pt + j. A shared page is scored once
-  // for every query, up to the last key any of them sees; each row's own pages alone.
+  scale_round_f16(q, k.n_rows * g * hd, at.q_scale);
+}
+
+// The scores of pages [pa, pb) (of those the task's rows see) for the
+// queries q (attend_q).
+void Model::attend_scores(const AttnLayer& at, const AttnTask& k, const float* q, float* sc, int64_t pa, int64_t pb) {
+  const int hd = at.hd, pt = at.pt, sr = at.sr, hb = at.hb, g = k.g, nq = k.n_rows * g;
+  const AttnView* rows = k.rows;
+  const PageLayout& lay = layout_;
+  // A shared page is scored once for every query, up to the last key any of
+  // them sees; each row's own pages alone.
   const int64_t p0 = rows[0].p0;
   int64_t n_pages = 0;
-  for (int m = 0; m < n_rows; ++m) n_pages = std::max(n_pages, rows[m].n_pages);
+  for (int m = 0; m < k.n_rows; ++m) n_pages = std::max(n_pages, rows[m].n_pages);
   auto score = [&](const AttnView& v, int64_t p, const float* qs, int nqs, int n, float* out) {
     if (lay.k_quantized()) {
-      const int8_t* kq = reinterpret_cast<const int8_t*>(v.at(at, p, at.k_off)) + static_cast<size_t>(kv_head) * hd * pt;
-      const uint16_t* ks = reinterpret_cast<const uint16_t*>(v.at(at, p, at.ks_off)) + static_cast<size_t>(kv_head) * hb * pt;
+      const int8_t* kq = reinterpret_cast<const int8_t*>(v.at(at, p, at.k_off)) + static_cast<size_t>(k.kv_head) * hd * pt;
+      const uint16_t* ks =
+          reinterpret_cast<const uint16_t*>(v.at(at, p, at.ks_off)) + static_cast<size_t>(k.kv_head) * hb * pt;
       attn_scores_q8(qs, nqs, kq, ks, hd, pt, n, at.scale, out, sr);
     } else {
-      const uint16_t* kt = reinterpret_cast<const uint16_t*>(v.at(at, p, at.k_off)) + static_cast<size_t>(kv_head) * hd * pt;
+      const uint16_t* kt =
+          reinterpret_cast<const uint16_t*>(v.at(at, p, at.k_off)) + static_cast<size_t>(k.kv_head) * hd * pt;
       attn_scores_f16(qs, nqs, kt, hd, pt, n, at.scale, out, sr);
     }
   };
   auto keys_in = [&](const AttnView& v, int64_t p) { return static_cast<int>(std::min<int64_t>(pt, v.n_kv - p * pt)); };
-  for (int64_t p = p0; p < n_pages; ++p) {
-    if (p - p0 < shared) {
+  for (int64_t p = std::max(pa, p0); p < std::min(pb, n_pages); ++p) {
+    if (p - p0 < k.shared) {
       int n = 0;
-      for (int m = 0; m < n_rows; ++m) n = std::max(n, keys_in(rows[m], p));
+      for (int m = 0; m < k.n_rows; ++m) n = std::max(n, keys_in(rows[m], p));
       score(rows[0], p, q, nq, n, sc + (p - p0) * pt);
     } else {
-      for (int m = 0; m < n_rows; ++m)
+      for (int m = 0; m < k.n_rows; ++m)
         if (p < rows[m].n_pages)
           score(rows[m], p, q + static_cast<size_t>(m) * g * hd, g, keys_in(rows[m], p),
                 sc + static_cast<size_t>(m) * g * sr + (p - p0) * pt);
     }
   }
-  // Softmax over each row's visible keys, as llama.cpp computes it: the
-  // masked head of the first page is -inf (weight 0) so the sum's chunks of
-  // 16 stay aligned with the pages; the sum is a double.
-  int spans[kMaxGroup];
-  float* outs[kMaxGroup];
-  for (int m = 0; m < n_rows; ++m) {
-    const int skip = static_cast<int>(rows[m].k0 - p0 * pt), n_span = static_cast<int>(rows[m].n_kv - p0 * pt);
-    for (int h = 0; h < g; ++h) {
-      float* s = sc + static_cast<size_t>(m * g + h) * sr;
+}
+
+// Softmax over each row's visible keys, as llama.cpp computes it: the masked
+// head of the first page is -inf (weight 0) so the sum's chunks of 16 stay
+// aligned with the pages; the sum is a double.
+void Model::attend_softmax(const AttnLayer& at, const AttnTask& k, float* sc) {
+  for (int m = 0; m < k.n_rows; ++m) {
+    const AttnView& v = k.rows[m];
+    const int skip = static_cast<int>(v.k0 - v.p0 * at.pt), n_span = v.span(at);
+    for (int h = 0; h < k.g; ++h) {
+      float* s = sc + static_cast<size_t>(m * k.g + h) * at.sr;
       std::fill(s, s + skip, -INFINITY);
       const float mx = max_f32(s + skip, n_span - skip);
       const double sum = exp_shift_sum(s, n_span, mx);
       scale_round_f16(s, n_span, static_cast<float>(1.0 / sum));
-      spans[m * g + h] = n_span;
-      outs[m * g + h] = s_.att.data() + static_cast<size_t>(rows[m].r) * cfg_.q_dim() + (h0 + h) * hd;
     }
   }
+}
+
+// Dimensions [d0, d1) of each query's weighted sum of V (d0, d1 multiples of 32).
+void Model::attend_values(const AttnLayer& at, const AttnTask& k, const float* sc, int d0, int d1) {
+  const int hd = d1 - d0, pt = at.pt, g = k.g, nq = k.n_rows * g;
+  const AttnView* rows = k.rows;
+  const PageLayout& lay = layout_;
+  int spans[kMaxGroup];
+  float* outs[kMaxGroup];
+  for (int m = 0; m < k.n_rows; ++m)
+    for (int h = 0; h < g; ++h) {
+      spans[m * g + h] = rows[m].span(at);
+      outs[m * g + h] = s_.att.data() + static_cast<size_t>(rows[m].r) * cfg_.q_dim() + (k.h0 + h) * at.hd + d0;
+    }
   // Per thread, each row's V blocks of its visible pages (grown once, reused);
   // query m * g + h reads row m's.
   thread_local std::vector<const uint16_t*> v16, v_scales;
   thread_local std::vector<const int8_t*> v8;
-  const size_t n_vis = static_cast<size_t>(n_pages - p0), v_head = static_cast<size_t>(kv_head) * hd,
-               s_head = static_cast<size_t>(kv_head) * hb;
-  const int s = static_cast<int>(shared);
+  const int64_t p0 = rows[0].p0;
+  int64_t n_pages = 0;
+  for (int m = 0; m < k.n_rows; ++m) n_pages = std::max(n_pages, rows[m].n_pages);
+  const size_t n_vis = static_cast<size_t>(n_pages - p0), v_head = static_cast<size_t>(k.kv_head) * at.hd + d0,
+               s_head = static_cast<size_t>(k.kv_head) * at.hb + d0 / KV_BLOCK;
+  const int s = static_cast<int>(k.shared);
   if (lay.v_quantized()) {
-    v8.resize(n_rows * n_vis);
-    v_scales.resize(n_rows * n_vis);
+    v8.resize(k.n_rows * n_vis);
+    v_scales.resize(k.n_rows * n_vis);
     const int8_t* const* l8[kMaxGroup];
     const uint16_t* const* ls[kMaxGroup];
-    for (int m = 0; m < n_rows; ++m) {
+    for (int m = 0; m < k.n_rows; ++m) {
       for (int64_t p = p0; p < rows[m].n_pages; ++p) {
         v8[m * n_vis + p - p0] = reinterpret_cast<const int8_t*>(rows[m].at(at, p, at.v_off)) + v_head;
         v_scales[m * n_vis + p - p0] = reinterpret_cast<const uint16_t*>(rows[m].at(at, p, at.vs_off)) + s_head;
@@ -214,16 +338,16 @@ void Model::attend(const AttnLayer& at, const AttnView* rows, int n_rows, int64_
       std::fill(l8 + m * g, l8 + (m + 1) * g, &v8[m * n_vis]);
       std::fill(ls + m * g, ls + (m + 1) * g, &v_scales[m * n_vis]);
     }
-    attn_accumulate_q8(sc, sr, nq, l8, ls, s, pt, cfg_.kv_dim(), lay.n_blocks(), spans, hd, outs);
+    attn_accumulate_q8(sc, at.sr, nq, l8, ls, s, pt, cfg_.kv_dim(), lay.n_blocks(), spans, hd, outs);
   } else {
-    v16.resize(n_rows * n_vis);
+    v16.resize(k.n_rows * n_vis);
     const uint16_t* const* l16[kMaxGroup];
-    for (int m = 0; m < n_rows; ++m) {
+    for (int m = 0; m < k.n_rows; ++m) {
       for (int64_t p = p0; p < rows[m].n_pages; ++p)
         v16[m * n_vis + p - p0] = reinterpret_cast<const uint16_t*>(rows[m].at(at, p, at.v_off)) + v_head;
       std::fill(l16 + m * g, l16 + (m + 1) * g, &v16[m * n_vis]);
     }
-    attn_accumulate_f16(sc, sr, nq, l16, s, pt, cfg_.kv_dim(), spans, hd, outs);
+    attn_accumulate_f16(sc, at.sr, nq, l16, s, pt, cfg_.kv_dim(), spans, hd, outs);
   }
 }
 
