@@ -12,7 +12,8 @@ its own copy of the same KV bytes (same arithmetic, nothing shared).
 ctxengine/bench/batched.py has the measurements.
 
 Prompts are prefilled once; each round then decodes every kind once, in turn,
-from fresh forks, so the kinds see the same load. Medians and per-round ranges
+from fresh forks, so the kinds see the same load, in an order that rotates
+from round to round (so no kind always gets the pages another just freed). Medians and per-round ranges
 are printed, and each ratio is taken within a round. The tokens must not
 depend on the batch: a stream's tokens are the same at every B, and a
 branch's the same shared or not (checked).
@@ -94,14 +95,21 @@ def measure_ours(path: Path, args, streams: list[int]) -> dict:
         cpu[kind].append(got.cpu)
         return got.tokens
 
-    for _ in range(args.rounds):
-        alone = record(str(streams[0]), st.decode(streams[0], args.gen))[0]
+    for rnd in range(args.rounds):
+        # The order rotates each round: each decode's pages come from the free
+        # list the one before left, so a fixed order gives a kind the same memory
+        # every round (worth a steady few percent either way on machine C).
+        order = kinds[rnd % len(kinds):] + kinds[:rnd % len(kinds)]
+        toks = {}
+        for kind in order:
+            if kind in ("shared", "unrelated"):
+                toks[kind] = record(kind, br.decode(kind == "shared", args.gen))
+            else:
+                toks[kind] = record(kind, st.decode(int(kind), args.gen))
+        alone = toks[str(streams[0])][0]
         for b in streams[1:]:
-            toks = record(str(b), st.decode(b, args.gen))
-            assert toks[0] == alone, "a stream's tokens must not depend on how many share its steps"
-        shared = record("shared", br.decode(True, args.gen))
-        unrelated = record("unrelated", br.decode(False, args.gen))
-        assert shared == unrelated, "a branch's tokens must not depend on whether its prefix pages are shared"
+            assert toks[str(b)][0] == alone, "a stream's tokens must not depend on how many share its steps"
+        assert toks["shared"] == toks["unrelated"], "a branch's tokens must not depend on whether its pages are shared"
     model.close()
     return {"wall": wall, "cpu": cpu}
 
