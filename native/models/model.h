@@ -105,8 +105,8 @@ struct RunState {
   std::vector<float> rope;    // (rows, 2, rope_dim / 2) cos, then sin, per position (full-attention layers)
   std::vector<float> rope_swa;  // (rows, 2, rope_dim / 2) the same for sliding-window layers
   std::vector<float> scores;  // (threads, kMaxGroup, score_row + head_dim) attention scores, then q
-  std::vector<float> split_scores;  // (tasks, kMaxGroup, score_row) scores of a step split by parts of the KV
-  std::vector<float> split_q;       // (tasks, kMaxGroup, head_dim) their queries, rounded
+  std::vector<float> split_scores;  // (queries, score_row) scores of a step split by parts of the KV, task by task
+  std::vector<float> split_q;       // (queries, head_dim) their queries, rounded
   int score_row = 0;          // this step's longest context, rounded up to whole pages of 16
   std::vector<float> xlog;    // (rows, n_embd) rows that want logits or hidden states, normed
   std::vector<float> logits;  // (rows, n_vocab) logits before they are copied out

@@ -187,11 +187,13 @@ bool Model::split_by_parts(const AttnLayer& at, const std::vector<AttnView>& vie
 void Model::attend_in_parts(const AttnLayer& at, const std::vector<AttnTask>& tasks) {
   const int parts = pool_.size();
   const int64_t n_tasks = static_cast<int64_t>(tasks.size());
-  const size_t per_task = static_cast<size_t>(kMaxGroup) * at.sr, q_per_task = static_cast<size_t>(kMaxGroup) * at.hd;
-  if (s_.split_scores.size() < n_tasks * per_task) s_.split_scores.resize(n_tasks * per_task);
-  if (s_.split_q.size() < n_tasks * q_per_task) s_.split_q.resize(n_tasks * q_per_task);
-  auto scores_of = [&](int64_t t) { return s_.split_scores.data() + t * per_task; };
-  auto q_of = [&](int64_t t) { return s_.split_q.data() + t * q_per_task; };
+  // Every task's queries, one after another: first_q[t] is task t's first.
+  std::vector<size_t> first_q(n_tasks + 1, 0);
+  for (int64_t t = 0; t < n_tasks; ++t) first_q[t + 1] = first_q[t] + static_cast<size_t>(tasks[t].n_rows) * tasks[t].g;
+  if (s_.split_scores.size() < first_q[n_tasks] * at.sr) s_.split_scores.resize(first_q[n_tasks] * at.sr);
+  if (s_.split_q.size() < first_q[n_tasks] * at.hd) s_.split_q.resize(first_q[n_tasks] * at.hd);
+  auto scores_of = [&](int64_t t) { return s_.split_scores.data() + first_q[t] * at.sr; };
+  auto q_of = [&](int64_t t) { return s_.split_q.data() + first_q[t] * at.hd; };
   // Part i of n of the range [a, b), cut at multiples of `unit`.
   auto cut = [](int64_t a, int64_t b, int i, int n, int64_t unit) {
     return a + (b - a) / unit * i / n * unit + (i == n ? (b - a) % unit : 0);
