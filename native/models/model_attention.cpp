@@ -1,8 +1,8 @@
 // Attention of one layer over the paged KV (kernels/attention/attention.h has the
 // kernels and their orders), and the KV writes it reads back.
 #include <algorithm>
-#include <cstdint>
 #include <cmath>
+#include <cstdint>
 #include <utility>
 #include <vector>
 
