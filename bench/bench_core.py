@@ -11,7 +11,8 @@ Each round measures, for every thread count, ours, then llama.cpp, then
 ik_llama.cpp, then this machine's memory read bandwidth
 (ctxengine.bench.facts.read_bandwidth), each engine in a fresh process that warms up
 before it measures; the rounds alternate (ours, llama.cpp, ik_llama.cpp, ours,
-...) so a load that comes and goes on a shared machine falls on all of them.
+...) so a load that comes and goes on a shared machine falls on all of them,
+and which engine opens a round rotates from round to round.
 Medians over the rounds are reported, with their spread, and ratios only
 between figures of this run. llama.cpp is measured when `llama_cpp` is
 importable here, or under --llama-python / $CTX_LLAMA_PYTHON (a venv with
@@ -111,7 +112,8 @@ def run_rounds(args, threads: list[int], peers: dict[str, str]) -> dict:
     out["bandwidth"] = {t: [] for t in threads}
     for r in range(args.rounds):
         for t in threads:
-            for name, python, engine in engines:
+            # Which engine goes first rotates: on a shared guest the first of a round can run a few percent faster.
+            for name, python, engine in engines[r % len(engines):] + engines[:r % len(engines)]:
                 out[name][t].append(child(python, engine, t))
             out["bandwidth"][t].append(read_bandwidth(t, reps=3))
         print(f"round {r + 1}/{args.rounds} done", file=sys.stderr)
