@@ -12,9 +12,9 @@ its own copy of the same KV bytes (same arithmetic, nothing shared).
 ctxengine/bench/batched.py has the measurements.
 
 Prompts are prefilled once; each round then decodes every kind once, in turn,
-from fresh forks, so the kinds see the same load, in an order that rotates
-from round to round (so no kind always gets the pages another just freed). Medians and per-round ranges
-are printed, and each ratio is taken within a round. The tokens must not
+from fresh forks, so the kinds see the same load, in an order rotated each
+round (facts.round_order). Medians and per-round ranges are printed, and each
+ratio is taken within a round. The tokens must not
 depend on the batch: a stream's tokens are the same at every B, and a
 branch's the same shared or not (checked).
 
@@ -79,6 +79,7 @@ def spread(xs: list[float], fmt: str = "7.1f") -> str:
 def measure_ours(path: Path, args, streams: list[int]) -> dict:
     import ctxengine as ce
     from ctxengine.bench.batched import Branches, Streams
+    from ctxengine.bench.facts import round_order
 
     model = ce.load(str(path), threads=args.threads)
     eng = model.engine
@@ -96,12 +97,8 @@ def measure_ours(path: Path, args, streams: list[int]) -> dict:
         return got.tokens
 
     for rnd in range(args.rounds):
-        # The order rotates each round: each decode's pages come from the free
-        # list the one before left, so a fixed order gives a kind the same memory
-        # every round (worth a steady few percent either way on machine C).
-        order = kinds[rnd % len(kinds):] + kinds[:rnd % len(kinds)]
         toks = {}
-        for kind in order:
+        for kind in round_order(kinds, rnd):
             if kind in ("shared", "unrelated"):
                 toks[kind] = record(kind, br.decode(kind == "shared", args.gen))
             else:

@@ -6,7 +6,7 @@
 Keep a build aside before changing the code (`scripts/dev-build.sh && cp build/dev/_core*.so /tmp/old_core.so`),
 then compare it with the new one. Each round runs every build in a fresh process, its `_core` loaded in place
 of the installed one (as bench_batched.py --core does), which warms up and then times --prompts prompts of
---prompt tokens, each into an empty context; which build goes first rotates from round to round. Printed: each
+--prompt tokens, each into an empty context; which build goes first rotates (facts.round_order). Printed: each
 round's median per build, then each build's median of the rounds and its ratio to the first build's, round by
 round.
 """
@@ -52,14 +52,13 @@ def main() -> int:
         return 0
     if not args.cores:
         ap.error("name at least one _core .so")
-    from ctxengine.bench.facts import describe_machine, machine_facts
+    from ctxengine.bench.facts import describe_machine, machine_facts, round_order
 
     print(describe_machine(machine_facts(args.threads)))
     print(f"{args.model}: {args.prompt}-token prompts, {args.threads} threads, median of {args.prompts} a round")
     got: dict[str, list[float]] = {c: [] for c in args.cores}
     for r in range(args.rounds):
-        # Which build goes first rotates: on machine C the first of a round ran 1-4% faster.
-        for core in args.cores[r % len(args.cores):] + args.cores[:r % len(args.cores)]:
+        for core in round_order(args.cores, r):
             cmd = [sys.executable, __file__, "--child", core, "-m", args.model, "--threads", str(args.threads),
                    "--prompt", str(args.prompt), "--prompts", str(args.prompts)]
             done = subprocess.run(cmd, capture_output=True, text=True, check=True)

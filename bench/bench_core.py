@@ -12,7 +12,7 @@ ik_llama.cpp, then this machine's memory read bandwidth
 (ctxengine.bench.facts.read_bandwidth), each engine in a fresh process that warms up
 before it measures; the rounds alternate (ours, llama.cpp, ik_llama.cpp, ours,
 ...) so a load that comes and goes on a shared machine falls on all of them,
-and which engine opens a round rotates from round to round.
+and which engine opens a round rotates (facts.round_order).
 Medians over the rounds are reported, with their spread, and ratios only
 between figures of this run. llama.cpp is measured when `llama_cpp` is
 importable here, or under --llama-python / $CTX_LLAMA_PYTHON (a venv with
@@ -96,7 +96,7 @@ def peer_python(args, name: str) -> str | None:
 
 def run_rounds(args, threads: list[int], peers: dict[str, str]) -> dict:
     """{engine: {threads: [per-round result]}} and {"bandwidth": {threads: [bytes/s]}}."""
-    from ctxengine.bench.facts import read_bandwidth
+    from ctxengine.bench.facts import read_bandwidth, round_order
 
     def child(python: str, engine: str, t: int) -> dict:
         cmd = [python, os.path.abspath(__file__), "--engine", engine, "-m", args.model, "--threads", str(t),
@@ -112,8 +112,7 @@ def run_rounds(args, threads: list[int], peers: dict[str, str]) -> dict:
     out["bandwidth"] = {t: [] for t in threads}
     for r in range(args.rounds):
         for t in threads:
-            # Which engine goes first rotates: on a shared guest the first of a round can run a few percent faster.
-            for name, python, engine in engines[r % len(engines):] + engines[:r % len(engines)]:
+            for name, python, engine in round_order(engines, r):
                 out[name][t].append(child(python, engine, t))
             out["bandwidth"][t].append(read_bandwidth(t, reps=3))
         print(f"round {r + 1}/{args.rounds} done", file=sys.stderr)

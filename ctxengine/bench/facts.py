@@ -24,6 +24,16 @@ from ..engine.gguf_file import open_gguf
 PROBE_MIN_BYTES = 256 << 20  # and at least 8x the last-level cache, so the probe reads DRAM
 
 
+def round_order(items: list, round_no: int) -> list:
+    """The order to measure items in, round number round_no: rotated one further each round.
+    Alternating alone is not fair on the machines we measure: the first engine or build of a
+    round ran 1-4% faster, and each decode's pages come from the free list the one before it
+    left, so a fixed order gives an item the same memory every round (2-10% on machine C,
+    docs/PERFORMANCE.md)."""
+    k = round_no % len(items) if items else 0
+    return items[k:] + items[:k]
+
+
 def simd_flags() -> list[str]:
     """The /proc/cpuinfo flags our SIMD paths need, in their order (present or not)."""
     names: list[str] = []
