@@ -61,6 +61,12 @@ struct Model::AttnTask {
   int n_rows;
   int64_t shared;
   int kv_head, h0, g;
+  // One past the last page any of its rows sees.
+  int64_t end() const {
+    int64_t e = 0;
+    for (int m = 0; m < n_rows; ++m) e = std::max(e, rows[m].n_pages);
+    return e;
+  }
 };
 
 void Model::attention(int layer, const std::vector<Row>& rows, size_t r0, int n_rows,
@@ -208,9 +214,7 @@ void Model::attend_in_parts(const AttnLayer& at, const std::vector<AttnTask>& ta
       int64_t first = INT64_MAX, last = 0;
       for (int64_t t = 0; t < n_tasks; ++t) {
         const AttnTask& k = tasks[t];
-        int64_t end = 0;
-        for (int m = 0; m < k.n_rows; ++m) end = std::max(end, k.rows[m].n_pages);
-        range[t] = {cut(k.rows[0].p0, end, i, parts, 1), cut(k.rows[0].p0, end, i + 1, parts, 1)};
+        range[t] = {cut(k.rows[0].p0, k.end(), i, parts, 1), cut(k.rows[0].p0, k.end(), i + 1, parts, 1)};
         first = std::min(first, range[t].first), last = std::max(last, range[t].second);
       }
       for (int64_t p = first; p < last; ++p)
@@ -258,9 +262,7 @@ void Model::attend_scores(const AttnLayer& at, const AttnTask& k, const float* q
   const PageLayout& lay = layout_;
   // A shared page is scored once for every query, up to the last key any of
   // them sees; each row's own pages alone.
-  const int64_t p0 = rows[0].p0;
-  int64_t n_pages = 0;
-  for (int m = 0; m < k.n_rows; ++m) n_pages = std::max(n_pages, rows[m].n_pages);
+  const int64_t p0 = rows[0].p0, n_pages = k.end();
   auto score = [&](const AttnView& v, int64_t p, const float* qs, int nqs, int n, float* out) {
     if (lay.k_quantized()) {
       const int8_t* kq = reinterpret_cast<const int8_t*>(v.at(at, p, at.k_off)) + static_cast<size_t>(k.kv_head) * hd * pt;
@@ -321,9 +323,7 @@ void Model::attend_values(const AttnLayer& at, const AttnTask& k, const float* s
   // query m * g + h reads row m's.
   thread_local std::vector<const uint16_t*> v16, v_scales;
   thread_local std::vector<const int8_t*> v8;
-  const int64_t p0 = rows[0].p0;
-  int64_t n_pages = 0;
-  for (int m = 0; m < k.n_rows; ++m) n_pages = std::max(n_pages, rows[m].n_pages);
+  const int64_t p0 = rows[0].p0, n_pages = k.end();
   const size_t n_vis = static_cast<size_t>(n_pages - p0), v_head = static_cast<size_t>(k.kv_head) * at.hd + d0,
                s_head = static_cast<size_t>(k.kv_head) * at.hb + d0 / KV_BLOCK;
   const int s = static_cast<int>(k.shared);
