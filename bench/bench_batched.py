@@ -2,7 +2,7 @@
 
     python bench/bench_batched.py [-m smollm2,gemma3] [--threads 2] [--streams 1,8,16]
         [--prompt 128] [--gen 64] [--branches 8] [--prefix 2000] [--rounds 3]
-        [--llama-python /opt/llamavenv/bin/python] [--llama-rounds 1] [--core OLD/_core.so]
+        [--llama-python /opt/llamavenv/bin/python] [--llama-rounds 1] [--core OLD/_core.so] [--isa avx2]
 
 Streams: B sequences, each with its own 128-token prompt, decode one token a
 step together (one native forward a step for all B; like llama-batched-bench's
@@ -163,14 +163,20 @@ def main() -> int:
     ap.add_argument("--llama-python", default="/opt/llamavenv/bin/python", help="'' to skip llama.cpp")
     ap.add_argument("--llama-rounds", type=int, default=1, help="llama.cpp's rounds (slow under load)")
     ap.add_argument("--core", default=None, help="a _core .so to use instead of the installed one")
+    ap.add_argument("--isa", choices=["scalar", "avx2", "avx512"], default=None, help="the path (default: the best)")
     args = ap.parse_args()
     if args.core:
         use_core(args.core)
+    if args.isa:
+        from ctxengine import _core
+
+        _core.set_isa(args.isa)
 
     from ctxengine.bench.facts import describe_machine, machine_facts
 
     streams = [int(x) for x in args.streams.split(",")]
-    print(describe_machine(machine_facts(args.threads)) + (f"; core {args.core}" if args.core else ""))
+    print(describe_machine(machine_facts(args.threads)) + (f"; core {args.core}" if args.core else "")
+          + (f"; path forced: {args.isa}" if args.isa else ""))
     print(f"{args.threads} threads; streams: {args.prompt}-token prompts; branches: {args.branches} on a "
           f"{args.prefix}-token prefix; {args.gen} tokens decoded each; median (range) of {args.rounds} rounds")
     for spec in args.models.split(","):

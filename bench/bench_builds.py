@@ -1,7 +1,7 @@
 """Prefill of builds of the native core, alternated: before/after figures on a noisy machine.
 
     python bench/bench_builds.py OLD_core.so NEW_core.so [...] [-m smollm2|gemma3|PATH] [--rounds 3]
-        [--prompts 4] [--prompt 512] [--threads 2]
+        [--prompts 4] [--prompt 512] [--threads 2] [--isa avx2]
 
 Keep a build aside before changing the code (`scripts/dev-build.sh && cp build/dev/_core*.so /tmp/old_core.so`),
 then compare it with the new one. Each round runs every build in a fresh process, its `_core` loaded in place
@@ -20,12 +20,15 @@ import sys
 from pathlib import Path
 
 
-def child(core: str, model: str, threads: int, n_prompt: int, prompts: int) -> float:
+def child(core: str, model: str, threads: int, n_prompt: int, prompts: int, isa: str | None) -> float:
     """The median prefill tok/s of this build (run in its own process)."""
     from bench_batched import model_path, use_core
 
     use_core(core)
-    from ctxengine import load
+    from ctxengine import _core, load
+
+    if isa:
+        _core.set_isa(isa)
     from ctxengine.bench.speed import prefill_rate, prompt_ids
 
     m = load(model_path(model), threads=threads)
@@ -45,22 +48,25 @@ def main() -> int:
     ap.add_argument("--prompts", type=int, default=4)
     ap.add_argument("--prompt", type=int, default=512)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--isa", choices=["scalar", "avx2", "avx512"], default=None, help="the path (default: the best)")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        print(json.dumps(child(args.child, args.model, args.threads, args.prompt, args.prompts)))
+        print(json.dumps(child(args.child, args.model, args.threads, args.prompt, args.prompts, args.isa)))
         return 0
     if not args.cores:
         ap.error("name at least one _core .so")
     from ctxengine.bench.facts import describe_machine, machine_facts, round_order
 
     print(describe_machine(machine_facts(args.threads)))
-    print(f"{args.model}: {args.prompt}-token prompts, {args.threads} threads, median of {args.prompts} a round")
+    print(f"{args.model}: {args.prompt}-token prompts, {args.threads} threads, path {args.isa or 'the best'}, "
+          f"median of {args.prompts} a round")
     got: dict[str, list[float]] = {c: [] for c in args.cores}
     for r in range(args.rounds):
         for core in round_order(args.cores, r):
             cmd = [sys.executable, __file__, "--child", core, "-m", args.model, "--threads", str(args.threads),
                    "--prompt", str(args.prompt), "--prompts", str(args.prompts)]
+            cmd += ["--isa", args.isa] if args.isa else []
             done = subprocess.run(cmd, capture_output=True, text=True, check=True)
             got[core].append(json.loads(done.stdout.strip().splitlines()[-1]))
         print(f"  round {r + 1}: " + "  ".join(f"{Path(c).name} {got[c][-1]:.0f}" for c in args.cores))
