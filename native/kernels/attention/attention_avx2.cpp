@@ -1,6 +1,12 @@
-// Attention kernels on AVX2 (attention_simd.h): 8 keys or values a ymm, one
-// head a pass, its 16 sums in one pass over K or V (16 registers: the
-// compiler spills a few, which measured faster than two passes of 8).
+// Attention kernels on AVX2 (attention_simd.h): 8 keys or values a ymm and
+// 16 registers. Up to 4 queries that read one KV head go through K and V
+// together, as on AVX-512 (a K or V row loaded and widened once for all of
+// them): the scores hold R = 14 / G residues of each query a pass (one query
+// alone keeps all 16 and lets the compiler spill a few, which measured faster
+// than two passes of 8), the weighted sums D = (15 - G) / G registers of each
+// query's output (at most 12). Groups of 4 made the kernels 1.5-1.9x single
+// queries and a 512-token prefill 1.06x (docs/PERFORMANCE.md, session 21);
+// 8 or 16 a group spill and lose.
 #include <immintrin.h>
 
 #include <cmath>
@@ -14,8 +20,8 @@ namespace ctx::attn {
 namespace {
 
 struct Avx2 : F32x8 {
-  static constexpr int kAcc = 16, kMaxGroup = 1;  // one head's 16 sums a pass
-  static constexpr int kAccChunks = 12;  // weighted sums: 12 registers, a weight and a value of 16
+  static constexpr int kAcc = 16, kMaxGroup = 4;  // the scores' sums at most; queries a group
+  static constexpr int kAccChunks = 12, kRegs = 16;  // the weighted sums' at most; the registers there are
 };
 
 }  // namespace

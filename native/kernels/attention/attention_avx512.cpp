@@ -13,7 +13,7 @@ namespace {
 
 struct Avx512 : F32x16 {
   static constexpr int kAcc = 16, kMaxGroup = 16;  // 32 registers: a group's sums, R = 16 / G a query at a time
-  static constexpr int kAccChunks = 16;  // weighted sums: G x (16 / G) registers, G weights, a value
+  static constexpr int kAccChunks = 16, kRegs = 32;  // weighted sums: G x (16 / G) registers, G weights, a value
 };
 
 }  // namespace

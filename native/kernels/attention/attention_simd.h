@@ -3,16 +3,18 @@
 // attention_avx512.cpp (16 a zmm), each built with its own flags; everything
 // here is in an anonymous namespace, so each translation unit keeps its own
 // copy. A path V is a float vector of simd_f32.h (F32x8, F32x16) with
-//   kAcc, kMaxGroup          the scores' accumulators it keeps live, the queries a pass
-//   kAccChunks               the weighted sums' accumulators (G x kAccChunks / G)
+//   kAcc, kMaxGroup          the scores' accumulators it keeps live at most, the queries a pass
+//   kAccChunks, kRegs        the weighted sums' accumulators at most; the vector registers there are
 //
 // G queries that read one KV head (the heads that share it, of one row or of
 // several rows over the same pages) go through K and V together, in the
 // orders of attention.h, so each K or V row is loaded and widened once for
 // all G queries. Scores: query g's register (g, r) holds its partial sums
-// over d = r (mod 16), R = kAcc / G registers at a time. Weighted sums: a
-// pass takes one slot of the pages and D = kAccChunks / G registers of each
-// query's output, whole cache lines of each V row. Each query's 16 partial
+// over d = r (mod 16), R registers at a time (G x R of them, a key and a
+// query's value within kRegs; one query takes kAcc). Weighted sums: a
+// pass takes one slot of the pages and D registers of each query's output
+// (G x D of them, G weights and a value within kRegs: none spilled), whole
+// cache lines of each V row where D allows. Each query's 16 partial
 // sums are then folded by hsum16's steps, lane by lane. A query gets the
 // same bits alone or in a group.
 #pragma once
@@ -63,7 +65,8 @@ void by_groups(int g, Fn f) {
 template <typename V, int G, bool kFull, typename Key>
 inline void score_block(const float* q, int hd, int n, int j0, float scale, float* scores, int score_stride, Key key) {
   using F = typename V::F;
-  constexpr int R = V::kAcc / G;
+  // G x R sums, a key and a query's value in registers (one query spills a few: that measured faster than two passes)
+  constexpr int R = G == 1 ? V::kAcc : std::min(V::kAcc, V::kRegs - 2) / G;
   const typename V::Mask m = V::first(kFull ? V::kLanes : n - j0);
   alignas(64) F part[G][16];
   for (int rb = 0; rb < 16; rb += R) {
@@ -120,7 +123,8 @@ void score_heads(const float* q, int g, int hd, int n, float scale, float* score
 template <typename V, int G, bool kByDim, typename Value, typename Weight>
 void accumulate_heads(const int* n, int shared, int hd, float* const* out, Value value, Weight weight) {
   using F = typename V::F;
-  constexpr int D = std::max(1, V::kAccChunks / G);
+  // G x D sums, G weights and a value in registers (none spilled: a spill costs more than a pass)
+  constexpr int D = std::max(1, std::min(V::kAccChunks, V::kRegs - 1 - G) / G);
   constexpr bool kHoist = !kByDim && D > 1;  // one broadcast of a key's weight for its D registers
   int n_min = n[0], n_max = n[0];
   for (int g = 1; g < G; ++g) n_min = std::min(n_min, n[g]), n_max = std::max(n_max, n[g]);
