@@ -67,7 +67,8 @@ const Kernels& avx2_table() {
     t.rope = act::rope_avx2;
     t.lora_up = lora::up_avx2;
     t.lora_up_f16 = lora::up_f16_avx2;
-    return t;  // quantize_row_q8k: the scalar one (no AVX2 version)
+    t.quantize_row_q8k = qk::quantize_row_q8k_avx2;
+    return t;
   }();
   return k;
 }

@@ -2,7 +2,56 @@
 #define KQ_VNNI 0
 #include "kernels/quant/kquant_simd.h"
 
+#include <cstring>
+
 namespace ctx::qk {
+
+// quantize_row_q8k on 8 lanes, byte for byte the scalar definition, as
+// kquant_avx512.cpp's on 16: the max is exact, the first element of largest
+// |x| is found by a compare, the product iscale * x rounds the same,
+// vcvtps2dq rounds half to even as nearbyint does, and the group sums are
+// exact integers.
+void quantize_row_q8k_avx2(const float* x, BlockQ8K* y, int n) {
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+  for (int b = 0; b < n / QK_K; ++b, x += QK_K) {
+    BlockQ8K& out = y[b];
+    __m256 vmax = _mm256_setzero_ps();
+    for (int j = 0; j < QK_K; j += 8) vmax = _mm256_max_ps(vmax, _mm256_and_ps(_mm256_loadu_ps(x + j), abs_mask));
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(vmax), _mm256_extractf128_ps(vmax, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    const float amax = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
+    if (amax == 0.0f) {
+      std::memset(&out, 0, sizeof(out));
+      continue;
+    }
+    int first = 0;
+    for (int j = 0; j < QK_K; j += 8) {
+      const int hit = _mm256_movemask_ps(
+          _mm256_cmp_ps(_mm256_and_ps(_mm256_loadu_ps(x + j), abs_mask), _mm256_set1_ps(amax), _CMP_EQ_OQ));
+      if (hit) {
+        first = j + __builtin_ctz(hit);
+        break;
+      }
+    }
+    const float iscale = -127.0f / x[first];
+    const __m256 vs = _mm256_set1_ps(iscale);
+    const __m256i top = _mm256_set1_epi32(127);
+    for (int g = 0; g < QK_K / 16; ++g) {
+      const __m256i lo = _mm256_min_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(vs, _mm256_loadu_ps(x + 16 * g))), top);
+      const __m256i hi = _mm256_min_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(vs, _mm256_loadu_ps(x + 16 * g + 8))), top);
+      // int32 -> int16 -> int8 with signed saturation (the values are within -127..127), lanes back in order
+      const __m256i w = _mm256_permute4x64_epi64(_mm256_packs_epi32(lo, hi), _MM_SHUFFLE(3, 1, 2, 0));
+      const __m128i bytes = _mm_packs_epi16(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(out.qs + 16 * g), bytes);
+      __m256i sum = _mm256_add_epi32(lo, hi);
+      __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
+      s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, _MM_SHUFFLE(1, 0, 3, 2)));
+      s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, _MM_SHUFFLE(2, 3, 0, 1)));
+      out.bsums[g] = static_cast<int16_t>(_mm_cvtsi128_si32(s4));
+    }
+    out.d = 1.0f / iscale;
+  }
+}
 
 void matmul_k_avx2(DType t, const void* W, int n_in, int o0, int o1, const BlockQ8K* Xk, int n_x, float* Y,
                    size_t y_stride) {

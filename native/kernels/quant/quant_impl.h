@@ -87,6 +87,7 @@ void matmul_k_scalar(DType t, const void* W, int n_in, int o0, int o1, const Blo
 void matmul_f_scalar(DType t, const void* W, int n_in, int o0, int o1, const float* Xf, int n_x, float* Y,
                      size_t y_stride);
 
+void quantize_row_q8k_avx2(const float* x, BlockQ8K* y, int n);
 void quantize_row_q8k_avx512(const float* x, BlockQ8K* y, int n);
 void matmul_k_avx2(DType t, const void* W, int n_in, int o0, int o1, const BlockQ8K* Xk, int n_x, float* Y,
                    size_t y_stride);
