@@ -21,7 +21,7 @@ namespace {
 
 struct Avx2 : F32x8 {
   static constexpr int kAcc = 16, kMaxGroup = 4;  // the scores' sums at most; queries a group
-  static constexpr int kAccChunks = 12, kRegs = 16;  // the weighted sums' at most; the registers there are
+  static constexpr int kAccChunks = 12, kRegs = 16;  // the weighted sums' at most; the vector registers
 };
 
 }  // namespace

@@ -4,7 +4,7 @@
 // here is in an anonymous namespace, so each translation unit keeps its own
 // copy. A path V is a float vector of simd_f32.h (F32x8, F32x16) with
 //   kAcc, kMaxGroup          the scores' accumulators it keeps live at most, the queries a pass
-//   kAccChunks, kRegs        the weighted sums' accumulators at most; the vector registers there are
+//   kAccChunks, kRegs        the weighted sums' accumulators at most; the vector registers
 //
 // G queries that read one KV head (the heads that share it, of one row or of
 // several rows over the same pages) go through K and V together, in the
