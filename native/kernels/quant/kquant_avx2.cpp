@@ -17,9 +17,7 @@ void quantize_row_q8k_avx2(const float* x, BlockQ8K* y, int n) {
     BlockQ8K& out = y[b];
     __m256 vmax = _mm256_setzero_ps();
     for (int j = 0; j < QK_K; j += 8) vmax = _mm256_max_ps(vmax, _mm256_and_ps(_mm256_loadu_ps(x + j), abs_mask));
-    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(vmax), _mm256_extractf128_ps(vmax, 1));
-    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-    const float amax = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
+    const float amax = hmax8_ps(vmax);
     if (amax == 0.0f) {
       std::memset(&out, 0, sizeof(out));
       continue;
@@ -43,11 +41,7 @@ void quantize_row_q8k_avx2(const float* x, BlockQ8K* y, int n) {
       const __m256i w = _mm256_permute4x64_epi64(_mm256_packs_epi32(lo, hi), _MM_SHUFFLE(3, 1, 2, 0));
       const __m128i bytes = _mm_packs_epi16(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1));
       _mm_storeu_si128(reinterpret_cast<__m128i*>(out.qs + 16 * g), bytes);
-      __m256i sum = _mm256_add_epi32(lo, hi);
-      __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
-      s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, _MM_SHUFFLE(1, 0, 3, 2)));
-      s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, _MM_SHUFFLE(2, 3, 0, 1)));
-      out.bsums[g] = static_cast<int16_t>(_mm_cvtsi128_si32(s4));
+      out.bsums[g] = static_cast<int16_t>(hsum8_epi32(_mm256_add_epi32(lo, hi)));
     }
     out.d = 1.0f / iscale;
   }

@@ -3,6 +3,7 @@
 #include <immintrin.h>
 
 #include "kernels/quant/quant_impl.h"
+#include "kernels/quant/simd_common.h"
 
 namespace ctx::qk {
 
@@ -14,9 +15,7 @@ void quantize_row_q8a_avx2(const float* x, BlockQ8A* y, int n) {
       v[i] = _mm256_loadu_ps(x + 8 * i);
       m = _mm256_max_ps(m, _mm256_and_ps(v[i], abs_mask));
     }
-    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
-    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-    const float amax = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
+    const float amax = hmax8_ps(m);
     const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
     __m256i q[4];
     for (int i = 0; i < 4; ++i) q[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], _mm256_set1_ps(id)));
@@ -25,10 +24,7 @@ void quantize_row_q8a_avx2(const float* x, BlockQ8A* y, int n) {
     const __m256i q16 = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
     const __m256i q8 = _mm256_permutevar8x32_epi32(q16, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(y[b].qs), q8);
-    const __m256i s8 = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
-    __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s8), _mm256_extracti128_si256(s8, 1));
-    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, _MM_SHUFFLE(1, 0, 3, 2)));
-    const int sum = _mm_cvtsi128_si32(_mm_add_epi32(s4, _mm_shuffle_epi32(s4, _MM_SHUFFLE(2, 3, 0, 1))));
+    const int sum = hsum8_epi32(_mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3])));
     const float d = amax / 127.0f;
     y[b].s = f16_to_f32_hw(f32_to_f16_hw(d * static_cast<float>(sum)));
     y[b].d = f16_to_f32_hw(f32_to_f16_hw(d));

@@ -31,6 +31,20 @@ static inline float hsum8_ps(__m256 a) {
   return _mm_cvtss_f32(_mm_add_ss(s2, _mm_movehdup_ps(s2)));
 }
 
+// The largest of 8 lanes (exact, in any order).
+static inline float hmax8_ps(__m256 a) {
+  __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+  m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+  return _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
+}
+
+// The sum of 8 int32 lanes (exact).
+static inline int hsum8_epi32(__m256i a) {
+  __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(a), _mm256_extracti128_si256(a, 1));
+  s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, _MM_SHUFFLE(1, 0, 3, 2)));
+  return _mm_cvtsi128_si32(_mm_add_epi32(s4, _mm_shuffle_epi32(s4, _MM_SHUFFLE(2, 3, 0, 1))));
+}
+
 // The 32 bits at p as 32 bytes, 0xFF where the bit is set: byte k is bit k
 // (Q5_*'s bit 4 of element k).
 static inline __m256i bytes_from_bits(const uint8_t* p) {
