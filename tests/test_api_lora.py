@@ -23,8 +23,10 @@ def adapters(tmp_path_factory, smollm2_path):
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, adapters):
     missing = tmp_path_factory.mktemp("missing") / "gone.gguf"  # skipped, with its reason kept
+    copy = missing.with_name("copy.gguf")  # the same bytes as "tuned": skipped too, not listed
+    copy.write_bytes(adapters["tuned"].read_bytes())
     args = ("--lora", f"tuned={adapters['tuned']}:0", "--lora", f"other={adapters['other']}:0",
-            "--lora", f"gone={missing}")
+            "--lora", f"gone={missing}", "--lora", f"copy={copy}:0.5")
     with running(tmp_path_factory.mktemp("lora"), *args) as s:
         yield s
 
@@ -97,10 +99,31 @@ def test_anthropic_and_ollama_routes_take_lora(server, model):
     ([{"name": "nope", "scale": 1.0}], "unknown LoRA adapter 'nope'"),
     ([{"name": "gone", "scale": 1.0}], r"unknown LoRA adapter 'gone' \(.*gone.gguf.*\); loaded: tuned, other"),
     ([{"id": 5, "scale": 1.0}], "invalid adapter id 5"),
-    ([{"name": "tuned", "scale": "NaN"}], "must be a finite number"),
+    ([{"name": "tuned", "scale": "NaN"}], "must be a number"),
     ({"tuned": 1.0}, "'lora' must be a list"),
+    ([{"name": "copy", "scale": 1.0}], r"unknown LoRA adapter 'copy' \(.*the same file as adapter 'tuned'\)"),
+    ([{"name": ["tuned"], "scale": 1.0}], r"lora\[0\]\.name must be a string"),
+    ([{"id": 1, "name": "tuned"}], "name different adapters"),
+    ([{"id": 0, "scale": 1.0}, {"name": "tuned", "scale": 0.5}], r"lora\[1\]: adapter 0 \('tuned'\) is already listed"),
+    ([{"id": 0, "scale": 10**400}], "must be a finite number"),
+    ([{"id": 0, "scale": 1e39}], "must be a finite number"),
+    ([{"id": 0, "scale": "0.5"}], "must be a number"),
+    ([{"id": 0, "scale": True}], "must be a number"),
 ])
 def test_bad_lora_is_a_400_and_the_server_stays_up(client, model, lora, message):
     with pytest.raises(openai.BadRequestError, match=message):
         chat(client, lora)
     assert chat(client) == greedy(model)
+
+
+def test_responses_route_takes_lora_and_its_chain_keeps_it(client, model):
+    tuned = greedy(model, {"tuned": 1.0})
+    first = client.responses.create(model="smollm2", input=QUESTION, max_output_tokens=12, temperature=0,
+                                    extra_body={"lora": [{"name": "tuned", "scale": 1.0}]})
+    assert first.output_text == tuned != greedy(model)
+    with pytest.raises(openai.BadRequestError, match="cannot change its adapters .*asks for no adapters"):
+        client.responses.create(model="smollm2", input="And another?", previous_response_id=first.id,
+                                max_output_tokens=4, extra_body={"lora": []})
+    with pytest.raises(openai.BadRequestError, match="unknown LoRA adapter 'nope'"):
+        client.responses.create(model="smollm2", input=QUESTION, max_output_tokens=4,
+                                extra_body={"lora": [{"name": "nope"}]})

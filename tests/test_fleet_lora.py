@@ -62,7 +62,7 @@ def test_a_context_with_adapters_goes_only_where_they_are_served(hosts, fleet, t
             # b serves the weights but not the adapter: refused, pointing at a.
             r = httpx.get(b.url + "/v1/contexts/conv", timeout=60)
             assert r.status_code == 400, r.text
-            assert (f"made by weights {wid} ({model.engine.name}) with LoRA {aid[:12]} x 1, which this host "
+            assert (f"made by weights {wid} ({model.engine.name}) with LoRA {aid[:12]} x 1.0, which this host "
                     f"does not serve; hosts serving them: a") in r.json()["error"]["message"]
 
             # a restores it with the adapter and continues it as the maker would have.

@@ -185,6 +185,32 @@ def test_refusals(tmp_path, tiny):
         engine.load_lora("good", good)
 
 
+def test_bad_names_scales_and_sets_refused(tmp_path, tiny):
+    engine, _ = tiny
+    good, mats = adapter_file(tmp_path, "good", 4)
+    pair = mats["blk.0.attn_q"]
+    for name in ("blk.00.attn_q", "blk.2147483648.attn_q", "blk.1e3.attn_q"):  # llama.cpp matches none of these
+        write_lora(tmp_path / "odd.gguf", CFG.arch, {name: pair})
+        refuse(engine, tmp_path / "odd.gguf", "is not a LoRA matrix this engine applies")
+    write_lora(tmp_path / "huge.gguf", CFG.arch, {"blk.999999999.attn_q": pair})
+    refuse(engine, tmp_path / "huge.gguf", "blk.999999999.attn_q: the model has 2 layers")
+    engine.load_lora("good", good)
+    for scale in (True, "0.5", 10**400, 1e39, -1e39, None):
+        with pytest.raises(ValueError, match=r"must be a (finite )?number"):
+            engine.lora_set({"good": scale})
+    assert engine.lora_set({"good": np.float32(0.5)}).identity[0][1] == 0.5
+    with pytest.raises(ValueError, match="given as {name: scale}"):
+        engine.lora_set("good")
+    copy = tmp_path / "copy.gguf"
+    copy.write_bytes(good.read_bytes())
+    engine.load_lora("copy", copy)
+    with pytest.raises(ValueError, match="'copy' and 'good' are the same file|'good' and 'copy' are the same file"):
+        engine.lora_set({"good": 1.0, "copy": 1.0})
+    # the same bytes are the same adapter, whatever name a set was built from
+    assert engine.lora_set({"copy": 0.5}) == engine.lora_set({"good": 0.5})
+    assert len({engine.lora_set({"copy": 0.5}), engine.lora_set({"good": 0.5})}) == 1
+
+
 def test_adapter_of_another_engine_refused(tmp_path, tiny):
     engine, _ = tiny
     path = adapter_file(tmp_path, "one", 4)[0]

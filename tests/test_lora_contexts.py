@@ -38,7 +38,7 @@ def test_context_keeps_its_adapters(model):
     tuned.append(PROMPT)
     assert not np.array_equal(base._sync(), tuned._sync())
     assert model.context("tuned") is tuned and model.context("tuned", lora={"one": 1.0}) is tuned
-    with pytest.raises(ContextError, match="context 'tuned' runs with one .* x 1; its adapters cannot change "
+    with pytest.raises(ContextError, match="context 'tuned' runs with one .* x 1.0; its adapters cannot change "
                                            "to no adapters"):
         model.context("tuned", lora={})
     with pytest.raises(ContextError, match="cannot change to one .* x 0.5"):

@@ -68,10 +68,12 @@ class ResponseStore:
             raise ApiError(404, f"no response with id '{rid}'") from None
 
     # -- a new turn -----------------------------------------------------------------
-    def open(self, rid: str, model: str | None, previous: str | None) -> "Context":
-        """The context for response ``rid``: a fork of ``previous``'s, or a new empty one."""
+    def open(self, rid: str, model: str | None, previous: str | None, lora: object = None) -> "Context":
+        """The context for response ``rid``: a fork of ``previous``'s (whose adapters
+        it keeps: a ``lora`` field that differs is refused with the turn), or a new
+        empty one that runs with ``lora`` (serving/lora.py; None: the defaults)."""
         if previous is None:
-            return self.sessions.create(context_name(rid), model, client=False)
+            return self.sessions.create(context_name(rid), model, lora=lora, client=False)
         prev = self.get(previous)  # 404 first
         if model and model != prev["model"]:
             raise ApiError(400, f"response '{previous}' was made by model '{prev['model']}', not '{model}'",

@@ -123,7 +123,7 @@ class _Turn:
     def request(self, model: str | None) -> GenerationRequest:
         prompt = Prompt(messages=self.messages, tools=self.tools and self.tools.prompt_tools)
         return GenerationRequest(model, prompt, _sampling(self.f), context=context_name(self.id),
-                                 grammar=responses_grammar(self.f), tools=self.tools)
+                                 grammar=responses_grammar(self.f), tools=self.tools, lora=self.f.data.get("lora"))
 
     def body(self, model: str, status: str, output: list, usage: dict | None, fin: Finished | None = None) -> dict:
         f = self.f
@@ -172,7 +172,7 @@ def routes(runtime, generations: Generations) -> APIRouter:
         previous = await anyio.to_thread.run_sync(responses.get, previous_id) if previous_id else None
         turn = _Turn(f, new_id(), previous)
         model = f.str("model", None)
-        ctx = await anyio.to_thread.run_sync(responses.open, turn.id, model, previous_id)
+        ctx = await anyio.to_thread.run_sync(responses.open, turn.id, model, previous_id, f.data.get("lora"))
         try:
             gen = await started(generations, turn.request(model or (previous and previous["model"])))
         except BaseException:

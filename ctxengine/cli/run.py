@@ -26,6 +26,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    from ..errors import CtxError
     from ..serving.lora import LoraSpec
 
     constraint = grammar_options(args)
@@ -34,7 +35,10 @@ def main(args: argparse.Namespace) -> int:
     for spec in specs:
         model.load_lora(spec.name, spec.path)
     use_template = not args.raw and model.chat_template is not None
-    ctx = model.context("run", lora={spec.name: spec.scale for spec in specs})
+    try:
+        ctx = model.context("run", lora={spec.name: spec.scale for spec in specs})
+    except ValueError as err:  # two names for one adapter file
+        raise CtxError(f"--lora: {err}") from None
     sampling = sampling_options(args)
     messages = [{"role": "system", "content": args.system}] if args.system and use_template else []
 

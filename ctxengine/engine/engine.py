@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 
@@ -123,6 +123,8 @@ class Engine:
             return NO_LORA
         if isinstance(scales, LoraSet):
             return scales
+        if not isinstance(scales, Mapping):
+            raise ValueError(f"LoRA adapters are given as {{name: scale}}, not {type(scales).__name__}")
         unknown = [n for n in scales if n not in self.adapters]
         if unknown:
             have = ", ".join(sorted(self.adapters)) or "none"

@@ -12,6 +12,7 @@ them in, so two sets that compare equal compute the same bits.
 from __future__ import annotations
 
 import math
+import numbers
 import os
 import re
 from dataclasses import dataclass, field
@@ -27,7 +28,7 @@ from ..errors import ContextError, CorruptDataError, ModelFileError, WeightMisma
 from .gguf_file import GGUFFile, open_gguf
 
 TARGETS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
-_TENSOR = re.compile(r"blk\.(\d+)\.([a-z_]+)\.weight\.lora_([ab])")
+_TENSOR = re.compile(r"blk\.(0|[1-9]\d{0,8})\.([a-z_]+)\.weight\.lora_([ab])")  # as llama.cpp names them
 _T = gguf.GGMLQuantizationType
 _TYPES = {int(_T.F32), int(_T.F16), int(_T.BF16), int(_T.Q8_0)}
 
@@ -51,30 +52,50 @@ class LoraAdapter:
 
 
 def check_scale(scale: object, what: str = "LoRA scale") -> float:
-    """A scale as the core uses it (float32), or a ValueError naming the bad one."""
+    """A scale as the core uses it (float32), or a ValueError naming the bad one:
+    a real number (not a bool, not a string) that is finite in float32."""
+    if isinstance(scale, (bool, np.bool_)) or not isinstance(scale, numbers.Real):
+        raise ValueError(f"{what} must be a number, not {scale!r}")
     try:
-        value = float(scale)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        raise ValueError(f"{what} must be a number, not {scale!r}") from None
-    if not math.isfinite(value) or not math.isfinite(float(np.float32(value))):
-        raise ValueError(f"{what} must be a finite number, not {scale!r}")
-    return float(np.float32(value))
+        value = float(scale)
+    except (OverflowError, TypeError, ValueError):
+        value = math.inf
+    with np.errstate(over="ignore"):  # a float32 overflow is the error below, not a warning
+        single = float(np.float32(value)) if math.isfinite(value) else value
+    if not math.isfinite(single):
+        raise ValueError(f"{what} must be a finite number, not {_short(scale)}")
+    return single
 
 
-@dataclass(frozen=True)
+def _short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def scale_text(scale: float) -> str:
+    """A scale as the core holds it, in the fewest digits that name that float32
+    (1.0000001 is not 1): errors that compare two sets must show the difference."""
+    return str(np.float32(scale))
+
+
+@dataclass(frozen=True, eq=False)
 class LoraSet:
     """The adapters a context runs with and their scales, in canonical order
-    (by adapter id): part of what made its KV."""
+    (by adapter id): part of what made its KV. Two sets are equal when their
+    (adapter id, scale) pairs are, whatever names the adapters were loaded under."""
 
     uses: tuple[tuple[LoraAdapter, float], ...] = ()
 
     @classmethod
     def of(cls, uses: Iterable[tuple[LoraAdapter, object]]) -> "LoraSet":
-        pairs, seen = [], set()
+        pairs, seen = [], {}
         for adapter, scale in uses:
             if adapter.id in seen:
-                raise ValueError(f"LoRA adapter {adapter.name!r} is listed twice")
-            seen.add(adapter.id)
+                first = seen[adapter.id]
+                raise ValueError(f"LoRA adapter {adapter.name!r} is listed twice" if first == adapter.name else
+                                 f"LoRA adapters {first!r} and {adapter.name!r} are the same file "
+                                 f"(BLAKE3 {adapter.id[:12]}); list it once")
+            seen[adapter.id] = adapter.name
             value = check_scale(scale, f"scale of LoRA adapter {adapter.name!r}")
             if value != 0.0:  # a zero scale adds exactly nothing: the same KV as without it
                 pairs.append((adapter, value))
@@ -93,6 +114,12 @@ class LoraSet:
     def __bool__(self) -> bool:
         return bool(self.uses)
 
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, LoraSet) and self.key == other.key
+
+    def __hash__(self) -> int:
+        return hash(self.key)
+
     @property
     def identity(self) -> list[list]:
         """[[adapter id, scale], ...]: what a snapshot records and caches key by."""
@@ -107,7 +134,7 @@ class LoraSet:
         return [(a.core, s) for a, s in self.uses] or None
 
     def describe(self) -> str:
-        return ", ".join(f"{a.name} ({a.id[:12]}) x {s:g}" for a, s in self.uses) or "no adapters"
+        return ", ".join(f"{a.name} ({a.id[:12]}) x {scale_text(s)}" for a, s in self.uses) or "no adapters"
 
 
 NO_LORA = LoraSet()
@@ -115,7 +142,7 @@ NO_LORA = LoraSet()
 
 def describe_identity(identity: list) -> str:
     """A recorded [[id, scale], ...] in words, for errors."""
-    return ", ".join(f"{i[:12]} x {s:g}" for i, s in identity) or "no adapters"
+    return ", ".join(f"{i[:12]} x {scale_text(s)}" for i, s in identity) or "no adapters"
 
 
 def continuing_set(made_with: list, loaded: Iterable[LoraAdapter], lora: LoraSet | None, what: str) -> LoraSet:
@@ -196,7 +223,7 @@ def _build(core_model, arch: str, f: GGUFFile, label: str):
     if f.arch != arch:
         raise bad(f"an adapter for architecture {f.arch!r}, and this model is {arch!r}")
     alpha = f.get("adapter.lora.alpha", 0.0)
-    if not isinstance(alpha, (int, float)) or not math.isfinite(alpha):
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not math.isfinite(alpha):
         raise bad(f"adapter.lora.alpha is {alpha!r}, not a finite number")
     pairs: dict[tuple[int, str], dict[str, np.ndarray]] = {}
     for t in f.tensors.values():
@@ -206,7 +233,10 @@ def _build(core_model, arch: str, f: GGUFFile, label: str):
                       f"(blk.N.<{'|'.join(TARGETS)}>.weight.lora_a/_b)")
         if m[2] not in TARGETS:
             raise bad(f"LoRA on {m[2]} ({t.name}) is not supported (only {', '.join(TARGETS)})")
-        pairs.setdefault((int(m[1]), m[2]), {})[m[3]] = _matrix(t, bad)
+        pair = pairs.setdefault((int(m[1]), m[2]), {})
+        if m[3] in pair:
+            raise bad(f"blk.{int(m[1])}.{m[2]} has two lora_{m[3]} tensors (one is {t.name})")
+        pair[m[3]] = _matrix(t, bad)
     if not pairs:
         raise bad("the adapter holds no LoRA matrices")
     core = _core.LoraAdapter(core_model, float(alpha))
@@ -218,6 +248,8 @@ def _build(core_model, arch: str, f: GGUFFile, label: str):
         a, b = ab["a"], ab["b"]
         if a.shape[0] != b.shape[1]:
             raise bad(f"{what}: lora_a has rank {a.shape[0]} and lora_b rank {b.shape[1]}")
+        if layer >= core_model.n_layer:
+            raise bad(f"{what}: the model has {core_model.n_layer} layers")
         try:
             core.set(layer, target, a, b)
         except ValueError as err:

@@ -231,9 +231,9 @@ class Generation:
             if ctx.engine is not model.engine:
                 raise RequestError(f"context '{ctx.name}' belongs to model '{ctx.engine.name}', "
                                    f"not '{self.entry.name}'")
-            if self.request.lora is not None and self._lora() != ctx.lora:
+            if self.request.lora is not None and (asked := self._lora()) != ctx.lora:
                 raise RequestError(f"context '{ctx.name}' runs with {ctx.lora.describe()}; a request cannot "
-                                   f"change its adapters", param="lora")
+                                   f"change its adapters (this one asks for {asked.describe()})", param="lora")
             cached = ctx.n_cached
             text = continuation_text(model, self.entry, self.request.prompt, ctx.tokens)
             t = time.perf_counter_ns()

@@ -9,13 +9,12 @@ always applies them.
 """
 from __future__ import annotations
 
-import math
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
-from ..engine.lora import LoraAdapter, LoraSet, check_scale
+from ..engine.lora import LoraAdapter, LoraSet, cached_file_id, check_scale
 from ..errors import CtxError, RequestError
 
 if TYPE_CHECKING:
@@ -47,8 +46,10 @@ class LoraSpec:
             path = rest
         if not name or not path:
             raise CtxError(f"--lora {text!r}: expected name=path[:scale]")
-        if not math.isfinite(scale):
-            raise CtxError(f"--lora {text!r}: the scale must be a finite number")
+        try:
+            scale = check_scale(scale)
+        except ValueError as err:
+            raise CtxError(f"--lora {text!r}: {err}") from None
         return cls(name, Path(path), scale)
 
 
@@ -67,10 +68,16 @@ class ServedLoras:
             self.scales.append(1.0)
         for spec in specs:
             try:
-                self.adapters.append(model.load_lora(spec.name, spec.path))
-                self.scales.append(check_scale(spec.scale))
+                scale = check_scale(spec.scale)
+                same = [a.name for a in self.adapters if a.id == cached_file_id(spec.path)]
+                if same:
+                    raise CtxError(f"{spec.path} is the same file as adapter {same[0]!r}")
+                adapter = model.load_lora(spec.name, spec.path)
             except (CtxError, OSError, ValueError) as err:
                 self.skipped[spec.name] = str(err)
+                continue
+            self.adapters.append(adapter)
+            self.scales.append(scale)
 
     def describe(self) -> list[dict]:
         """GET /lora-adapters: llama-server's fields (id, path, scale) and ours."""
@@ -103,22 +110,32 @@ class ServedLoras:
             raise ValueError("'lora' must be a list of {\"id\" or \"name\", \"scale\"} objects")
         scales = [0.0] * len(self.adapters)
         names = {a.name: i for i, a in enumerate(self.adapters)}
+        listed: dict[int, int] = {}
         for n, entry in enumerate(entries):
             where = f"lora[{n}]"
             if not isinstance(entry, dict):
                 raise ValueError(f"{where} must be an object with \"id\" or \"name\" and \"scale\"")
             i = self._index(entry, names, where)
+            if i in listed:
+                raise ValueError(f"{where}: adapter {i} ({self.adapters[i].name!r}) is already listed in "
+                                 f"lora[{listed[i]}]")
+            listed[i] = n
             scales[i] = check_scale(entry.get("scale", 1.0), f"{where}.scale")
         return scales
 
     def _index(self, entry: dict, names: dict[str, int], where: str) -> int:
         if "name" in entry:
             name = entry["name"]
-            if name in names:
-                return names[name]
-            why = f" ({self.skipped[name]})" if name in self.skipped else ""
-            raise ValueError(f"{where}: unknown LoRA adapter {name!r}{why}; loaded: "
-                             f"{', '.join(names) or 'none'}")
+            if not isinstance(name, str):
+                raise ValueError(f"{where}.name must be a string, not {type(name).__name__}")
+            if name not in names:
+                why = f" ({self.skipped[name]})" if name in self.skipped else ""
+                raise ValueError(f"{where}: unknown LoRA adapter {name!r}{why}; loaded: "
+                                 f"{', '.join(names) or 'none'}")
+            if "id" in entry and entry["id"] != names[name]:
+                raise ValueError(f"{where}: \"id\" {entry['id']!r} and \"name\" {name!r} name different "
+                                 f"adapters (give one)")
+            return names[name]
         i = entry.get("id")
         if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < len(self.adapters):
             raise ValueError(f"{where}: invalid adapter id {i!r}; ids are 0..{len(self.adapters) - 1}"
