@@ -64,3 +64,13 @@ def test_file_by_path():
     assert pick("hf://o/r/Qwen3-0.6B-Q8_0.gguf") == ("Qwen3-0.6B-Q8_0.gguf",)
     with pytest.raises(ModelNotFoundError, match="has no file nope.gguf"):
         pick("hf://o/r/nope.gguf")
+
+
+def test_latest_is_no_tag_and_names_leading_out_are_never_a_choice():
+    spec = parse_hf_spec("hf://o/r:latest")
+    assert spec.tag is None and parse_hf_spec(spec.name) == spec  # the name a pull lists parses back
+    assert choose(parse_hf_spec("hf://o/r:LATEST"), ["m-Q4_K_M.gguf"]).first == "m-Q4_K_M.gguf"
+    hostile = ["../evil-Q4_K_M.gguf", "/abs-Q4_K_M.gguf", "a/./b-Q4_K_M.gguf", "a//b-Q4_K_M.gguf"]
+    with pytest.raises(ModelNotFoundError, match="no GGUF model files"):
+        choose(parse_hf_spec("hf://o/r:Q4_K_M"), hostile)
+    assert choose(parse_hf_spec("hf://o/r:Q4_K_M"), [*hostile, "ok/m-Q4_K_M.gguf"]).first == "ok/m-Q4_K_M.gguf"

@@ -132,3 +132,16 @@ def test_server_ignoring_the_range_gets_the_file_started_over(hub, tmp_path, smo
     assert r.returncode == 0, r.stderr
     assert hub.sent - before == smollm2_path.stat().st_size and "resumed" not in r.stderr
     assert (tmp_path / r.stdout.strip()).read_bytes() == smollm2_path.read_bytes()
+
+
+@pytest.mark.parametrize("etag", ["../../../../escaped", "/tmp/escaped-abs", "B" * 64])
+def test_an_etag_that_is_no_hash_names_no_file(hub, tmp_path, etag):
+    name = "SmolLM2-135M-Instruct-Q4_1.gguf"
+    hub.etags[name] = etag
+    try:
+        r = pull(f"hf://{SMOL_REPO}:Q4_1", home=tmp_path, env=hub_env(hub, tmp_path))
+    finally:
+        del hub.etags[name]
+    assert r.returncode == 1 and "not a sha256 or git hash: refusing to name a file" in r.stderr
+    assert not list(tmp_path.rglob("*escaped*")) and not list((tmp_path / "hf").rglob("*.gguf"))
+    assert not list(tmp_path.parent.glob("escaped*")) and not (tmp_path.parent.parent / "escaped").exists()

@@ -139,3 +139,17 @@ def test_full_disk_and_unwritable_store_are_named(registry, tmp_path, monkeypatc
     with pytest.raises(CtxError, match="cannot write into .*file/blobs"):
         pull_ollama("smollm2:135m", store=tmp_path / "file")
     assert not list((tmp_path / "store").rglob("*-partial")) and not (tmp_path / "store" / "manifests").exists()
+
+
+@pytest.mark.parametrize("digest", ["sha256:" + "AB" * 32, "sha256:" + "ab" * 32 + "\n", "sha256:../" + "a" * 61,
+                                    "sha256-" + "ab" * 32, "sha512:" + "ab" * 32])
+def test_a_layer_digest_a_registry_would_not_write_is_refused(digest):
+    from ctxengine.errors import CtxError
+    from ctxengine.ollama.registry_pull import _blobs_of
+    from ctxengine.ollama.store import parse_model_name
+
+    raw = json.dumps({"layers": [{"digest": digest, "size": 10}]}).encode()
+    with pytest.raises(CtxError, match=r"without a sha256 digest \(sha256:<64 lowercase hex>\)"):
+        _blobs_of(raw, parse_model_name("m:1"))
+    assert _blobs_of(json.dumps({"layers": [{"digest": "sha256:" + "ab" * 32, "size": 10}]}).encode(),
+                     parse_model_name("m:1")) == [("ab" * 32, 10)]

@@ -96,8 +96,15 @@ def _pull_snapshot(args: argparse.Namespace) -> int:
 def _pull_hf(spec: str) -> int:
     from ..engine.hf_pull import pull_hf
 
+    from ..engine.catalog import unservable_reason
+    from ..errors import CtxError
+
     pulled = pull_hf(spec)
-    _report(pulled.spec.name, pulled.total, pulled.received, pulled.resumed, pulled.seconds)
+    error = unservable_reason(pulled.path)
+    _report(pulled.spec.name, pulled.total, pulled.received, pulled.resumed, pulled.seconds, error is None)
+    if error is not None:
+        raise CtxError(f"pulled {pulled.spec.name} into the Hugging Face cache, but it cannot be served "
+                       f"here: {error}")
     print(pulled.path)
     return 0
 
@@ -120,7 +127,7 @@ def _pull_ollama(spec: str, ollama_models: str | None) -> int:
     if ollama_models is not None:
         store = ollama_models or os.environ.get("OLLAMA_MODELS") or str(Path.home() / ".ollama" / "models")
     pulled = pull_ollama(spec, store=store)
-    _report(pulled.entry.name, pulled.total, pulled.received, pulled.resumed, pulled.seconds)
+    _report(pulled.entry.name, pulled.total, pulled.received, pulled.resumed, pulled.seconds, pulled.entry.servable)
     if not pulled.entry.servable:
         raise CtxError(f"pulled {pulled.entry.name} into {pulled.manifest.parents[4]}, but it cannot be "
                        f"served here: {pulled.entry.error}")
@@ -128,12 +135,12 @@ def _pull_ollama(spec: str, ollama_models: str | None) -> int:
     return 0
 
 
-def _report(name: str, total: int, received: int, resumed: int, seconds: float) -> None:
+def _report(name: str, total: int, received: int, resumed: int, seconds: float, servable: bool) -> None:
     import sys
 
     rate = f" in {seconds:.2f} s ({received / seconds / 1e6:.0f} MB/s)" if received and seconds else ""
     how = f"{received / 2**20:.1f} MiB fetched{rate}" if received else "already here, nothing fetched"
     if resumed:
         how += f", {resumed / 2**20:.1f} MiB resumed from an earlier pull"
-    print(f"ctx pull: {name} ({total / 2**20:.1f} MiB): {how}; ctx run -m {name} runs it, ctx serve serves it",
-          file=sys.stderr)
+    then = f"; ctx run -m {name} runs it, ctx serve serves it" if servable else ""
+    print(f"ctx pull: {name} ({total / 2**20:.1f} MiB): {how}{then}", file=sys.stderr)

@@ -136,15 +136,20 @@ def _mtime(path: Path | None) -> float:
         return 0.0
 
 
-def _file_entry(path: Path, source: str, *, name: str | None = None) -> CatalogEntry:
-    """A GGUF file; one the engine cannot run is listed with the reason, not served."""
-    from .config import unsupported_reason  # loads the native core: only when a file is listed
+def unservable_reason(path: Path) -> str | None:
+    """Why the engine cannot run this GGUF file (a split model: its first part), or None."""
+    from .config import unsupported_reason  # loads the native core: only when a file is looked at
 
-    stem = path.name[:-5] if path.name.endswith(".gguf") else path.name
     try:
         with open_gguf(path, header_only=True) as f:
-            error = unsupported_reason(f)
+            return unsupported_reason(f)
     except CtxError as err:
-        error = str(err)
+        return str(err)
+
+
+def _file_entry(path: Path, source: str, *, name: str | None = None) -> CatalogEntry:
+    """A GGUF file; one the engine cannot run is listed with the reason, not served."""
+    stem = path.name[:-5] if path.name.endswith(".gguf") else path.name
+    error = unservable_reason(path)
     return CatalogEntry(name or stem, path if error is None else None, source,
                         aliases=(path.name,) if name is None else (stem,), error=error, modified=_mtime(path))

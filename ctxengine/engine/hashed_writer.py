@@ -11,6 +11,7 @@ two threads do run at once. http_fetch.py, the loop both pulls share, uses it.
 from __future__ import annotations
 
 import hashlib
+import os
 import threading
 from collections import deque
 from pathlib import Path
@@ -33,7 +34,7 @@ def hash_partial(partial: Path, size: int | None) -> tuple["hashlib._Hash", int]
     except FileNotFoundError:
         return h, 0
     if size is not None and have > size:
-        partial.unlink()
+        os.truncate(partial, 0)  # the same file, so that a lock held on it (http_fetch.claimed) still holds
         return hashlib.sha256(), 0
     return h, have
 

@@ -56,6 +56,8 @@ def parse_hf_spec(spec: str) -> HfSpec:
     tag = None
     if len(parts) == 2 and ":" in parts[1]:
         parts[1], tag = parts[1].split(":", 1)
+        if tag.lower() == "latest":  # the name a pull without a tag is listed by (HfSpec.name)
+            tag = None
     if len(parts) < 2 or not all(_PART.match(p) for p in parts[:2]) or tag == "":
         raise InvalidNameError(f"'{spec}' is not a Hugging Face model: write hf://ORG/REPO[:QUANT] "
                                "or hf://ORG/REPO/FILE.gguf")
@@ -93,8 +95,16 @@ def model_choices(files: list[str]) -> list[Choice]:
     return out
 
 
+def safe_path(name: str) -> bool:
+    """A file name a repo listing may hold that stays inside the folder it is put in."""
+    parts = name.split("/")
+    return bool(name) and "\\" not in name and "\0" not in name and all(p not in ("", ".", "..") for p in parts)
+
+
 def choose(spec: HfSpec, files: list[str]) -> Choice:
-    """The model a spec means among a repo's files (an error lists the choices)."""
+    """The model a spec means among a repo's files (an error lists the choices); names that
+    would lead out of the cache's folder (``../x.gguf``, ``/x.gguf``) are never a choice."""
+    files = [f for f in files if safe_path(f)]
     choices = model_choices(files)
     if spec.file is not None:
         found = next((c for c in choices if c.first == spec.file), None)
@@ -115,7 +125,7 @@ def choose(spec: HfSpec, files: list[str]) -> Choice:
         raise ModelNotFoundError(f"quant '{tag}' is ambiguous in {spec.repo}: it matches "
                                  f"{', '.join(c.first for c in matches)}; name one more exactly "
                                  f"(hf://{spec.repo}:QUANT or hf://{spec.repo}/FILE.gguf)")
-    asked = f"quant '{tag}'" if spec.tag else f"no quant given and no {DEFAULT_QUANT} file"
+    asked = f"no file matches quant '{tag}'" if spec.tag else f"no quant given and no {DEFAULT_QUANT} file"
     raise ModelNotFoundError(f"{asked} in {spec.repo}; {_listing(spec, choices)}")
 
 

@@ -31,9 +31,11 @@ from ..errors import CorruptDataError, CtxError, ModelNotFoundError
 from .disk import check_free_space, storage_error
 from .hf_files import Choice, HfSpec, choose, parse_hf_spec
 from .hf_transfer import download
+from .http_fetch import check_complete, claimed
 
 INDEX = "hf-models.json"
-_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+_ETAG = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")  # a git blob's sha1, or an LFS file's sha256: a blob's name
 
 
 @dataclass
@@ -77,13 +79,14 @@ def pull_hf(text: str) -> PulledHf:
     try:
         info = HfApi(endpoint=hub.endpoint).model_info(spec.repo, files_metadata=True)
         siblings = {s.rfilename: s.size or 0 for s in info.siblings or []}
+        lfs = {s.rfilename: s.lfs.sha256 for s in info.siblings or [] if s.lfs is not None and s.lfs.sha256}
         choice = choose(spec, list(siblings))
         Path(hub.cache_dir).mkdir(parents=True, exist_ok=True)
         check_free_space(Path(hub.cache_dir), sum(siblings[f] for f in choice.files))
         pulled = PulledHf(spec, info.sha, choice.files, Path())
         started = time.perf_counter()
         for i, name in enumerate(choice.files):
-            path, received, resumed = _download(spec.repo, name, info.sha, hub)
+            path, received, resumed = _download(spec.repo, name, info.sha, hub, lfs.get(name))
             pulled.path = path if i == 0 else pulled.path
             pulled.total += path.stat().st_size
             pulled.received += received
@@ -97,8 +100,9 @@ def pull_hf(text: str) -> PulledHf:
     return pulled
 
 
-def _download(repo: str, filename: str, commit: str, hub: HubSettings) -> tuple[Path, int, int]:
-    """One file into the cache, resumable; (path in the snapshot, bytes received, bytes resumed)."""
+def _download(repo: str, filename: str, commit: str, hub: HubSettings, sha256: str | None) -> tuple[Path, int, int]:
+    """One file into the cache, resumable, checked against ``sha256`` (the LFS hash model_info
+    gave) and its etag; (path in the snapshot, bytes received, bytes resumed)."""
     from huggingface_hub import get_hf_file_metadata, hf_hub_download, hf_hub_url, try_to_load_from_cache
     from huggingface_hub.file_download import repo_folder_name
     from huggingface_hub.utils import build_hf_headers
@@ -107,28 +111,36 @@ def _download(repo: str, filename: str, commit: str, hub: HubSettings) -> tuple[
     if isinstance(cached, str):
         return Path(cached), 0, 0
     meta = get_hf_file_metadata(hf_hub_url(repo, filename, revision=commit, endpoint=hub.endpoint))
+    if not isinstance(meta.etag, str) or not _ETAG.fullmatch(meta.etag):
+        raise CtxError(f"{hub.endpoint} gave {filename} the etag {str(meta.etag)[:80]!r}, not a sha256 or git "
+                       "hash: refusing to name a file in the cache after it")
     blob = Path(hub.cache_dir, repo_folder_name(repo_id=repo, repo_type="model"), "blobs", meta.etag)
     received = resumed = 0
     if not blob.is_file():
         partial = blob.with_name(blob.name + ".incomplete")
         blob.parent.mkdir(parents=True, exist_ok=True)
-        # The token goes only to the Hub itself, never to the CDN a file redirects to.
-        same_host = meta.location.startswith(hub.endpoint + "/")
-        got = download(meta.location, partial, size=meta.size, name=filename.rsplit("/", 1)[-1],
-                       headers=build_hf_headers() if same_host else {})
-        resumed, received = got.kept, got.received
-        _verify(partial, meta.etag, filename, got.sha256)
-        os.replace(partial, blob)
+        with claimed(partial, blob):
+            if not blob.is_file():  # else another pull finished it while this one waited
+                # The token goes only to the Hub itself, never to the CDN a file redirects to.
+                same_host = meta.location.startswith(hub.endpoint + "/")
+                got = download(meta.location, partial, size=meta.size, name=filename.rsplit("/", 1)[-1],
+                               headers=build_hf_headers() if same_host else {})
+                resumed, received = got.kept, got.received
+                _verify(partial, filename, got.sha256, [meta.etag, sha256])
+                check_complete(partial, meta.size, filename)
+                os.replace(partial, blob)
     path = hf_hub_download(repo, filename, revision=commit, cache_dir=hub.cache_dir, endpoint=hub.endpoint)
     return Path(path), received, resumed
 
 
-def _verify(partial: Path, etag: str, filename: str, digest: str) -> None:
-    """An LFS file's etag is its sha256: a mismatch deletes the partial file."""
-    if _SHA256.match(etag) and digest != etag:
-        partial.unlink(missing_ok=True)
-        raise CorruptDataError(f"{filename}: the downloaded bytes have sha256 {digest}, the Hub says "
-                               f"{etag}; the partial download was deleted (run the pull again)")
+def _verify(partial: Path, filename: str, digest: str, expected: list[str | None]) -> None:
+    """An LFS file's etag is its sha256, and model_info names it too: a mismatch with
+    either deletes the partial file."""
+    for want in expected:
+        if want is not None and _SHA256.fullmatch(want.lower()) and digest != want.lower():
+            partial.unlink(missing_ok=True)
+            raise CorruptDataError(f"{filename}: the downloaded bytes have sha256 {digest}, the Hub says "
+                                   f"{want}; the partial download was deleted (run the pull again)")
 
 
 # -- the cache, offline ------------------------------------------------------------------

@@ -12,18 +12,22 @@ Redirects are followed; a token does not follow one to another host.
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import http.client
 import logging
+import os
 import queue
+import re
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
-from ..errors import CtxError
+from ..errors import CorruptDataError, CtxError
 from .disk import storage_error
 from .hashed_writer import LIMIT, HashedWriter
 
@@ -51,6 +55,50 @@ class _TokenStaysHome(urllib.request.HTTPRedirectHandler):
 
 
 _OPENER = urllib.request.build_opener(_TokenStaysHome)  # with the default handlers: *_proxy, https
+_CONTENT_RANGE = re.compile(r"bytes (\d+)-")
+
+
+@contextlib.contextmanager
+def claimed(partial: Path, final: Path) -> Iterator[None]:
+    """Hold ``partial`` for this pull alone until the block ends (rename it into place
+    inside the block): an exclusive lock (flock) on the file itself, so a second pull of
+    the same file says that one is running instead of truncating or appending to the
+    bytes this one writes. The lock is taken on the name's current file: one that the
+    pull before us renamed into place (or deleted) while we waited is let go."""
+    while True:
+        try:
+            fd = os.open(partial, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as err:
+            raise storage_error(err, partial.parent) from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise CtxError(f"another pull is downloading {final.name} into {partial.parent} right now: "
+                           f"let it finish (or stop it), then pull again") from None
+        try:
+            current = os.stat(partial)
+        except FileNotFoundError:
+            current = None
+        if current is not None and os.path.samestat(os.fstat(fd), current):
+            break
+        os.close(fd)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(OSError):  # an empty partial (a failed first request) is not left behind
+            if os.fstat(fd).st_size == 0 and os.path.samestat(os.fstat(fd), os.stat(partial)):
+                partial.unlink()
+        os.close(fd)
+
+
+def check_complete(partial: Path, size: int | None, what: str) -> None:
+    """The last check before a verified partial is renamed into place: the file on disk
+    holds as many bytes as were hashed (a writer that ignored the lock would show here)."""
+    if size is not None and (have := partial.stat().st_size) != size:
+        partial.unlink(missing_ok=True)
+        raise CorruptDataError(f"{what}: the partial download holds {have} bytes on disk, not the {size} that were "
+                               f"verified (something else wrote to it); it was deleted: run the pull again")
 
 
 def fetch(url: str, partial: Path, sha256, kept: int, *, size: int | None, headers: dict[str, str],
@@ -67,7 +115,7 @@ def fetch(url: str, partial: Path, sha256, kept: int, *, size: int | None, heade
             out.truncate(kept)
             out.seek(kept)
             with HashedWriter(out, sha256, progress) as writer:
-                body = _Body(url, headers, timeout, writer, kept)
+                body = _Body(url, headers, timeout, writer, kept, size)
                 tries = retries
                 while size is None or body.pos < size:
                     try:
@@ -76,47 +124,83 @@ def fetch(url: str, partial: Path, sha256, kept: int, *, size: int | None, heade
                     except (urllib.error.URLError, http.client.HTTPException, TimeoutError, ConnectionError) as err:
                         if isinstance(err, urllib.error.HTTPError):
                             err.close()  # its status and reason stay; its socket is not left for the GC
+                            if err.code == 416 and body.pos:
+                                raise _Wrong(f"answered 416 (range not satisfiable) for the bytes from "
+                                             f"{body.pos}: what is kept is not the start of its file") from None
                             raise
                         tries = (retries if body.moved else tries) - 1
                         body.broke_off(err, partial, last=tries < 0)
                 writer.wait()
                 digest = writer.sha256.hexdigest()
+    except _Wrong as err:
+        partial.unlink(missing_ok=True)
+        raise CorruptDataError(f"{url} {err}; the partial download was deleted (run the pull again)") from None
     except OSError as err:
         if isinstance(err, (urllib.error.URLError, ConnectionError, TimeoutError)):
             raise
         raise storage_error(err, partial.parent) from None
+    if size is not None and body.pos != size and (body.whole or not body.moved and body.kept):
+        partial.unlink(missing_ok=True)  # a whole answer (or none past what is kept): the file is shorter
+        raise CorruptDataError(f"{url} has {body.pos} bytes, not the {size} declared for it; the partial "
+                               "download was deleted")
     if size is not None and body.pos != size:
         raise CtxError(f"{url} sent {body.pos} bytes of {size}; they are kept in {partial}: run the pull again")
     return Fetched(body.kept, body.received, digest)
+
+
+class _Wrong(Exception):
+    """A server's answer that cannot be part of the file: the partial is deleted."""
 
 
 class _Body:
     """The response body as it arrives, over as many requests as it takes: where it is
     (``pos``), how much came from the network, and the reused buffers it is read into."""
 
-    def __init__(self, url: str, headers: dict[str, str], timeout: float, writer: HashedWriter, kept: int):
-        self.url, self.headers, self.timeout, self.writer = url, headers, timeout, writer
+    def __init__(self, url: str, headers: dict[str, str], timeout: float, writer: HashedWriter, kept: int,
+                 size: int | None):
+        self.url, self.headers, self.timeout, self.writer, self.size = url, headers, timeout, writer, size
         self.pos = self.kept = kept
         self.received = 0
         self.moved = False   # whether the last request brought a byte
+        self.whole = False   # whether it ended where the server meant it to end
         self.free: queue.Queue = queue.Queue()
         for _ in range(BUFFERS):
             self.free.put(memoryview(bytearray(CHUNK)))
 
     def get(self) -> None:
         """One request, from pos to the end."""
-        self.moved = False
+        self.moved = self.whole = False
         ranged = {**self.headers, "Range": f"bytes={self.pos}-"} if self.pos else self.headers
         with _OPENER.open(urllib.request.Request(self.url, headers=ranged), timeout=self.timeout) as response:
             if self.pos and response.status != 206:  # the server ignored the range: start over
                 self.writer.rewind()
                 self.writer.progress(-self.pos)
                 self.pos = self.kept = 0
-            while n := response.readinto(view := self.free.get()):
+            elif self.pos and (m := _CONTENT_RANGE.match(response.headers.get("Content-Range", ""))) \
+                    and int(m[1]) != self.pos:
+                raise _Wrong(f"answered the range from byte {self.pos} with bytes from {m[1]}")
+            # A read never takes more than one byte past the declared size: a server that
+            # sends more (a hostile one would fill the disk) is refused at that byte.
+            while n := self._read(response, view := self.free.get()):
                 self.writer.write(view[:n], release=lambda view=view: self.free.put(view))
                 self.pos, self.received, self.moved = self.pos + n, self.received + n, True
             if response.length:  # closed short of its Content-Length: http.client just ends
                 raise http.client.IncompleteRead(b"", response.length)
+            # All the server meant to send (a length or chunks, whole), not a connection that just closed.
+            self.whole = response.getheader("Content-Length") is not None or response.chunked
+
+    def _read(self, response, view: memoryview) -> int:
+        """Bytes read into view, or 0 at the end, when view goes back to the free ones."""
+        try:
+            n = response.readinto(view if self.size is None else view[: min(CHUNK, self.size - self.pos + 1)])
+            if self.size is not None and self.pos + n > self.size:
+                raise _Wrong(f"sent more than the {self.size} bytes declared for it")
+        except BaseException:
+            self.free.put(view)
+            raise
+        if not n:
+            self.free.put(view)
+        return n
 
     def broke_off(self, err: Exception, partial: Path, *, last: bool) -> None:
         """Say so, and wait a moment before the next request (or give up)."""

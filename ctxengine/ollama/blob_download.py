@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..engine.hashed_writer import hash_partial
-from ..engine.http_fetch import fetch
+from ..engine.http_fetch import check_complete, claimed, fetch
 from ..errors import CorruptDataError, CtxError
 
 
@@ -40,15 +40,20 @@ def fetch_blob(url: str, final: Path, sha256_hex: str, size: int | None, *, head
         progress(final.stat().st_size)
         return Fetched(final, 0, 0)
     partial = partial_path(final)
-    h, have = hash_partial(partial, size)
-    progress(have)
-    try:
-        got = fetch(url, partial, h, have, size=size, headers=headers, progress=progress)
-    except urllib.error.HTTPError as err:
-        raise describe(err) from None
-    if got.sha256 != sha256_hex:
-        partial.unlink(missing_ok=True)
-        raise CorruptDataError(f"{final.name}: the downloaded bytes have sha256 {got.sha256}, not the digest the "
-                               f"manifest names; the partial download was deleted (run the pull again)")
-    os.replace(partial, final)
+    with claimed(partial, final):
+        if final.is_file():  # another pull finished it while this one waited to claim it
+            progress(final.stat().st_size)
+            return Fetched(final, 0, 0)
+        h, have = hash_partial(partial, size)
+        progress(have)
+        try:
+            got = fetch(url, partial, h, have, size=size, headers=headers, progress=progress)
+        except urllib.error.HTTPError as err:
+            raise describe(err) from None
+        if got.sha256 != sha256_hex:
+            partial.unlink(missing_ok=True)
+            raise CorruptDataError(f"{final.name}: the downloaded bytes have sha256 {got.sha256}, not the digest "
+                                   f"the manifest names; the partial download was deleted (run the pull again)")
+        check_complete(partial, size, final.name)
+        os.replace(partial, final)
     return Fetched(final, got.kept, got.received)

@@ -23,8 +23,10 @@ the default registry, as ``HF_ENDPOINT`` does for the Hub.
 """
 from __future__ import annotations
 
+import http.client
 import json
 import os
+import re
 import tempfile
 import time
 import urllib.error
@@ -39,11 +41,13 @@ from ..errors import CtxError, ModelNotFoundError
 from ..engine.disk import check_free_space, storage_error
 from ..engine.http_fetch import TIMEOUT
 from .blob_download import fetch_blob, partial_path
-from .store import DEFAULT_HOST, DIGEST, OllamaName, manifests, parse_model_name, read_manifest
+from .store import DEFAULT_HOST, OllamaName, manifests, parse_model_name, read_manifest
 
 MANIFEST_TYPE = "application/vnd.docker.distribution.manifest.v2+json"
 REGISTRY_ENV = "CTX_OLLAMA_REGISTRY"
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
+DIGEST = re.compile(r"sha256:([0-9a-f]{64})")  # as a registry writes one (fullmatch: no case, no newline)
+MANIFEST_LIMIT = 4 << 20  # bytes: a model's manifest is about 1 KB
 
 
 def own_store() -> Path:
@@ -107,12 +111,21 @@ def _manifest(base: str, name: OllamaName, root: Path) -> bytes:
     request = urllib.request.Request(url, headers={"Accept": MANIFEST_TYPE})
     try:
         with urllib.request.urlopen(request, timeout=TIMEOUT) as response:
-            return response.read()
+            raw = response.read(MANIFEST_LIMIT + 1)
+            if response.length and len(raw) <= MANIFEST_LIMIT:  # closed short of its Content-Length
+                raise http.client.IncompleteRead(raw, response.length)
     except urllib.error.HTTPError as err:
         raise _http_error(err, name, base, "manifest") from None
-    except (urllib.error.URLError, TimeoutError, ConnectionError) as err:
+    except (urllib.error.URLError, TimeoutError, ConnectionError, UnicodeError) as err:
         raise ModelNotFoundError(f"cannot reach the registry {base} ({getattr(err, 'reason', err)}): "
                                  f"{name.display} was not pulled; {_stored(root, name)}") from None
+    except http.client.HTTPException as err:
+        raise CtxError(f"the registry {base}'s answer for the manifest of {name.display} broke off "
+                       f"({err.__class__.__name__}): run the pull again") from None
+    if len(raw) > MANIFEST_LIMIT:
+        raise CtxError(f"the registry {base} sent more than {MANIFEST_LIMIT >> 20} MiB for the manifest of "
+                       f"{name.display}; a manifest is a few KB: refusing it")
+    return raw
 
 
 def _stored(root: Path, wanted: OllamaName) -> str:
@@ -132,12 +145,13 @@ def _blobs_of(raw: bytes, name: OllamaName) -> list[tuple[str, int]]:
         raise CtxError(f"the registry's manifest for {name.display} is not an image manifest") from None
     out = []
     for layer in layers:
-        m = DIGEST.match(layer.get("digest", "") if isinstance(layer, dict) else "")
+        digest = layer.get("digest") if isinstance(layer, dict) else None
+        m = DIGEST.fullmatch(digest) if isinstance(digest, str) else None
         size = layer.get("size") if isinstance(layer, dict) else None
         if m is None or type(size) is not int or size < 0:
             raise CtxError(f"the registry's manifest for {name.display} has a layer without a "
-                           f"sha256 digest and size: {layer!r}"[:300])
-        out.append((m.group(1).lower(), size))
+                           f"sha256 digest (sha256:<64 lowercase hex>) and size: {layer!r}"[:300])
+        out.append((m.group(1), size))
     return list(dict.fromkeys(out))
 
 

@@ -33,7 +33,7 @@ from ..engine.model_source import CatalogEntry
 DEFAULT_HOST = "registry.ollama.ai"
 DEFAULT_NAMESPACE = "library"
 DEFAULT_TAG = "latest"
-DIGEST = re.compile(r"^sha256[:-]([0-9a-fA-F]{64})$")
+DIGEST = re.compile(r"^sha256[:-]([0-9a-fA-F]{64})\Z")
 
 MODEL = "application/vnd.ollama.image.model"
 ADAPTER = "application/vnd.ollama.image.adapter"  # a Modelfile's ADAPTER: a LoRA GGUF, served in place
