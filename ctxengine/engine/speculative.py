@@ -11,13 +11,14 @@ anything that proposes token ids:
   sequence itself (prompt lookup) and in its relatives (forks and siblings
   sharing its prefix), whose token lists may still be growing;
 - ``ModelDrafter``: a smaller model with the same vocabulary, greedy;
+  ``ForkDrafter``: the model itself, greedy, on a fork of the context's KV;
 - ``DraftLength``: the length that pays best for this model's measured step
   costs and the drafts' acceptance, and the switch that turns drafting off
   for a while when no length pays.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol, Sequence
+from typing import TYPE_CHECKING, Callable, Protocol, Sequence
 
 import numpy as np
 
@@ -25,6 +26,7 @@ from ..errors import CtxError
 from .speculation_stats import SpeculationStats  # noqa: F401 (the stats its callers keep)
 
 if TYPE_CHECKING:
+    from .. import _core
     from .engine import Engine
 
 NGRAM_SIZES = (6, 4, 3, 2, 1)  # longest first: a longer match is a more specific guess
@@ -42,18 +44,26 @@ class NgramIndex:
     among positions that have a token after them."""
 
     def __init__(self, tokens: Sequence[int], start: int = 0):
-        self.tokens = tokens   # a live list: it may grow between lookups
+        self.tokens = tokens   # a live list: it may grow, or be cut back (a rewind), between lookups
         self._last: dict[tuple, int] = {}
-        self._done = max(0, start)  # positions < _done are indexed
+        self._start = self._done = max(0, start)  # positions in [_start, _done) are indexed
 
     def update(self) -> None:
         toks, last = self.tokens, self._last
         end = len(toks) - 1  # the last position has no follower yet
+        if end < self._done:  # cut back: positions past its end are stale
+            self._rebuild()
+            return
         for j in range(self._done, end):
             for n in NGRAM_SIZES:
                 if j + 1 >= n:
                     last[tuple(toks[j + 1 - n:j + 1])] = j
         self._done = max(self._done, end)
+
+    def _rebuild(self) -> None:
+        self._last.clear()
+        self._done = self._start
+        self.update()
 
     def follow(self, key: tuple, k: int, *, periodic: bool = False) -> list[int]:
         """The (up to k) tokens after the last occurrence of key; [] if it never occurred.
@@ -61,6 +71,9 @@ class NgramIndex:
         says the text repeats with period p, and the guess goes on past the list's end
         (a reply caught in a loop, a run of equal lines): k tokens, not p."""
         j = self._last.get(key)
+        if j is not None and (j >= len(self.tokens) - 1 or tuple(self.tokens[j + 1 - len(key):j + 1]) != key):
+            self._rebuild()  # cut back and grown again since: what was indexed there has changed
+            j = self._last.get(key)
         if j is None:
             return []
         draft = list(self.tokens[j + 1:j + 1 + k])
@@ -117,11 +130,50 @@ class ModelDrafter:
                 self._seq, n = self.engine.new_sequence(), 0
         draft: list[int] = []
         pending = tokens[n:]
-        while len(draft) < k and len(tokens) + len(draft) < self.engine.config.n_ctx:
-            logits = self.engine.forward(self._seq, pending)
-            draft.append(int(np.argmax(logits)))
-            pending = draft[-1:]
+        try:
+            while len(draft) < k and len(tokens) + len(draft) < self.engine.config.n_ctx:
+                logits = self.engine.forward(self._seq, pending)
+                draft.append(int(np.argmax(logits)))
+                pending = draft[-1:]
+        except (ValueError, CtxError):
+            # No room for the draft model's KV (a model drafting for itself shares the
+            # context's page pool, outside its budget): no draft, never a failed reply;
+            # its pages go back, and it starts over at the next draft.
+            self._seq, self._held = self.engine.new_sequence(), []
+            return []
         self._held = tokens + draft[:-1]
+        return draft
+
+
+class ForkDrafter:
+    """Greedy drafts from the model itself (``draft=`` its own file), on a copy-on-write
+    fork of the context's own KV: no second copy of the context in the page pool the
+    two share (a model drafting for itself through ModelDrafter held one, outside the
+    context table's budget, and could fill the pool where plain decoding fits), only
+    the pages the k drafted tokens write, released with the fork."""
+
+    def __init__(self, engine: "Engine", live_seq: Callable[[], "_core.KVSeq | None"], lora: object = None):
+        """``live_seq()``: the context's KVSeq now (None when it has none); ``lora``: the
+        adapters its KV was made with, so a draft continues it as the context would."""
+        self.engine, self.live_seq, self.lora = engine, live_seq, lora
+
+    def propose(self, tokens: Sequence[int], k: int) -> list[int]:
+        seq = self.live_seq()
+        if seq is None or seq.n_tokens != len(tokens) - 1:
+            return []
+        fork = seq.fork()
+        draft: list[int] = []
+        pending = [tokens[-1]]
+        extra = {} if self.lora is None else {"lora": self.lora}
+        try:
+            while len(draft) < k and len(tokens) + len(draft) < self.engine.config.n_ctx:
+                logits = self.engine.forward(fork, pending, **extra)
+                draft.append(int(np.argmax(logits)))
+                pending = draft[-1:]
+        except (ValueError, CtxError):
+            return []  # no room for even the draft's pages: no draft, never a failed reply
+        finally:
+            del fork  # its pages go back now
         return draft
 
 

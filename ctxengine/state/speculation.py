@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING, Protocol, Sequence
 import numpy as np
 
 from ..engine.lora import LoraSet
-from ..engine.speculative import Drafter, DraftLength, LookupDrafter, ModelDrafter, SpeculationStats
+from ..engine.speculative import (Drafter, DraftLength, ForkDrafter, LookupDrafter, ModelDrafter,
+                                  SpeculationStats)
 from .residency import KVState, Residency
 
 if TYPE_CHECKING:
@@ -126,7 +127,10 @@ class Speculation:
         self.stats.add(len(draft), accepted)
         self.length.update(len(draft), accepted)
         ctx.engine.speculation.add(len(draft), accepted)
-        keep = min(self._base + 1 + accepted, len(toks) - 1)
+        # The KV plain decoding holds: the tokens whose logits were asked for (the rows handed
+        # out), never a token a grammar's closer forced after them without asking, even
+        # where it matches a draft (plain decoding computes its KV only at the next ask).
+        keep = min(self._base + self._used, len(toks) - 1)
         rows, self._rows = self._rows, None
         kv = ctx._kv
         if kv.state is not Residency.LIVE:
@@ -153,6 +157,8 @@ def start_speculation(ctx: Speculating, speculative, max_tokens: int) -> Specula
 def default_drafter(ctx: Speculating) -> Drafter:
     """The draft model if one is loaded, else lookup over the context and its relatives."""
     draft_engine = getattr(ctx.engine, "draft", None)
+    if draft_engine is ctx.engine:  # a model drafting for itself: on a fork of the context's own KV
+        return ForkDrafter(ctx.engine, lambda: ctx._kv.seq if ctx._kv.state is Residency.LIVE else None, ctx.lora)
     if draft_engine is not None:
         return ModelDrafter(draft_engine)
     return LookupDrafter(ctx._tokens, relatives(ctx, ctx._table.others(ctx)))

@@ -1,0 +1,96 @@
+"""Speculation at its edges, each once broken: a generation paused and its context
+rewound (the lookup index held positions past the cut), a model drafting for
+itself in a pool plain decoding fits (it held a second copy of the context), and
+a JSON reply whose closer forces its last tokens (settle kept KV for forced
+tokens that matched drafts, which plain decoding does not compute)."""
+import gc
+import json
+
+import pytest
+
+import ctxengine as ce
+from ctxengine.engine.engine import Engine
+from ctxengine.engine.speculative import LookupDrafter
+from ctxengine.state.model import Model, attach_draft
+from test_speculative import EDIT, chat, free_rows
+
+REPEAT = "Repeat this line ten times: the cat sat on the mat. " + "the cat sat on the mat. " * 10
+
+
+@pytest.fixture(scope="module")
+def model(smollm2_path):
+    m = ce.load(smollm2_path, threads=2)
+    yield m
+    m.close()
+
+
+def test_lookup_index_follows_a_list_cut_back_and_grown_again():
+    toks = list(range(1, 13))
+    d = LookupDrafter(toks)
+    assert d.propose(toks, 4) == []
+    del toks[-3:]         # a rewind ...
+    toks.append(10)       # ... and the same token generated again: indexed positions past the cut were stale
+    assert d.propose(toks, 4) == []
+    toks += [11, 12, 1, 2]
+    assert d.propose(toks, 3) == [3, 4, 5]
+    del toks[-4:]
+    toks += [7, 7, 2]     # cut back and grown to a longer list with other tokens
+    assert d.propose(toks, 3) == [3, 4, 5]
+
+
+@pytest.mark.parametrize("pause,cut", [(2, 1), (3, 3), (9, 2), (17, 3)])
+def test_rewound_mid_generation_continues_as_plain_decoding(model, monkeypatch, pause, cut):
+    free_rows(monkeypatch, model)
+    outs = []
+    for speculative in (False, True):
+        c = model.context(f"rewound-{speculative}")
+        c.append(chat(model, REPEAT), parse_special=True)
+        g = c.generate(40, speculative=speculative, temperature=0.0)
+        head = [next(g).token_id for _ in range(pause)]
+        c.rewind(cut)
+        outs.append((head, [p.token_id for p in g], c.tokens, c.n_cached))
+        c.delete()
+    assert outs[0] == outs[1]
+
+
+def test_a_model_drafting_for_itself_fits_where_plain_decoding_fits(smollm2_path, model, monkeypatch):
+    ids = model.tokenize(REPEAT * 6, add_bos=True)[:200]  # 13 pages of 16, and 40 more tokens: 16 of the pool's 20
+    pages = Engine(smollm2_path, threads=1, kv_budget=20 * model.engine.pool.page_bytes)
+    attach_draft(pages, smollm2_path)  # as load(path, draft=path)
+    small = Model(pages)
+    free_rows(monkeypatch, small)
+    try:
+        outs = []
+        for speculative in (False, True):
+            c = small.context(f"self-{speculative}")
+            c.append(ids)
+            outs.append([p.token_id for p in c.generate(40, speculative=speculative, temperature=0.0)])
+            stats = c.speculation
+            c.delete()
+            gc.collect()
+            assert pages.pool.n_used == 0
+        assert outs[0] == outs[1] and len(outs[0]) == 40
+        assert stats.drafted > 0 and stats.accepted == stats.drafted  # the same model, the same KV: every draft right
+    finally:
+        small.close()
+
+
+@pytest.mark.parametrize("n", [20, 48])
+def test_a_closed_json_reply_leaves_the_kv_plain_decoding_leaves(model, monkeypatch, n):
+    free_rows(monkeypatch, model)
+    schema = {"type": "object", "required": ["name", "version", "authors"], "properties": {
+        "name": {"type": "string"}, "version": {"type": "string"},
+        "authors": {"type": "array", "items": {"type": "object", "required": ["name", "email"], "properties": {
+            "name": {"type": "string"}, "email": {"type": "string"}}}}}}
+    prompt = chat(model, EDIT + " Answer with the name, new version and authors as JSON.")
+    outs = []
+    for speculative in (False, True):
+        c = model.context(f"json-{speculative}")
+        c.append(prompt, parse_special=True)
+        toks = [p.token_id for p in c.generate(n, json_schema=schema, temperature=0.0, speculative=speculative)]
+        seq = c._seq
+        outs.append((toks, c.n_tokens, c.n_cached, c.finish_reason,
+                     [seq.export_page(i) for i in range(len(seq.pages))]))
+        c.delete()
+    assert outs[0] == outs[1]
+    json.loads(model.detokenize(outs[0][0]))  # closed: it parses
