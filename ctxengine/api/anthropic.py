@@ -85,7 +85,7 @@ def routes(runtime, generations: Generations) -> APIRouter:
         req = GenerationRequest(model, messages_prompt(f, tools), sampling(f), context=f.str("context", None),
                                 grammar=grammar, tools=tools, lora=f.data.get("lora"))
         stream = f.bool("stream", False)
-        gen = await started(generations, req)
+        gen = await started(generations, req, request)
         reply = MessageWriter(gen.started, model, tools_offered=tools is not None and tools.parses)
         if stream:
             return GenerationStream(gen, reply)

@@ -36,14 +36,17 @@ class _Contexts:
         self.sessions = runtime.sessions
 
     def card(self, ctx, *, text: bool = False, tokens: bool = False) -> dict:
+        """What a context is now, read without waiting for a request that uses it (so a
+        GET never stalls behind a generation): ``n_cached`` is null meanwhile."""
+        ids = ctx.tokens
         out = {"object": "context", "name": ctx.name, "model": self.sessions.loaded_entry(ctx).entry.name,
-               "weight_id": ctx.weight_id, "n_tokens": ctx.n_tokens, "n_cached": ctx.n_cached,
+               "weight_id": ctx.weight_id, "n_tokens": len(ids), "n_cached": ctx.cached_now(),
                "labels": ctx.labels, "snapshot_id": ctx.snapshot_id, "host": self.runtime.host_id,
                "lora": [{"name": a.name, "blake3": a.id, "scale": s} for a, s in ctx.lora.uses]}
         if text:
-            out["text"] = ctx.text
+            out["text"] = ctx.engine.detokenize(ids)
         if tokens:
-            out["tokens"] = ctx.tokens
+            out["tokens"] = ids
         return out
 
     def add_content(self, ctx, f: Fields) -> int:
@@ -80,7 +83,7 @@ def _context_routes(router: APIRouter, ops: _Contexts) -> None:
 
     @router.get("/v1/contexts")
     async def list_contexts():
-        return {"object": "list", "data": [ops.card(c) for c in runtime.contexts()]}
+        return {"object": "list", "data": await _run(lambda: [ops.card(c) for c in runtime.contexts()])}
 
     @router.post("/v1/contexts")
     async def create(request: Request):
@@ -125,12 +128,17 @@ def _context_routes(router: APIRouter, ops: _Contexts) -> None:
 
     @router.get("/v1/contexts/{name:path}")
     async def get(name: str, tokens: bool = False):
-        return ops.card(sessions.find(name), text=True, tokens=tokens)
+        return await _run(lambda: ops.card(sessions.find(name), text=True, tokens=tokens))
 
     @router.delete("/v1/contexts/{name:path}")
     async def delete(name: str):
         ctx = sessions.find(name)
-        await _run(ctx.delete)
+
+        def go():
+            with ctx.hold(resident=False):  # after the request using it, as fork and rewind wait
+                ctx.delete()
+
+        await _run(go)
         return {"object": "context.deleted", "name": name, "deleted": True}
 
 

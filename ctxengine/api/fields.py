@@ -18,15 +18,45 @@ from .errors import ApiError
 _MISSING = object()
 
 
+MAX_NESTING = 128  # arrays and objects within each other: a deep tool schema is a few dozen
+
+
+def parse_json(raw: bytes) -> Any:
+    """A request body's JSON value; a 400 when it is malformed or nested deeper than
+    MAX_NESTING (what reads it afterwards, a schema compiler say, recurses)."""
+    try:
+        value = json.loads(raw)
+    except RecursionError:
+        value = None
+        depth = MAX_NESTING + 1
+    except (ValueError, UnicodeDecodeError) as err:
+        raise ApiError(400, f"malformed JSON in the request body: {err}") from None
+    else:
+        depth = _nesting(value)
+    if depth > MAX_NESTING:
+        raise ApiError(400, f"the request body nests arrays and objects more than {MAX_NESTING} deep")
+    return value
+
+
+def _nesting(value: Any) -> int:
+    deepest, todo = 0, [(value, 1)]
+    while todo:
+        v, d = todo.pop()
+        if isinstance(v, dict):
+            v = list(v.values())
+        if isinstance(v, list):
+            deepest = max(deepest, d)
+            if d <= MAX_NESTING:
+                todo.extend((x, d + 1) for x in v)
+    return deepest
+
+
 async def json_body(request: Request) -> dict:
     """The request body as a JSON object (400 when it is not one)."""
     raw = await request.body()
     if not raw.strip():
         raise ApiError(400, "the request body is empty; expected a JSON object")
-    try:
-        body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as err:
-        raise ApiError(400, f"malformed JSON in the request body: {err}") from None
+    body = parse_json(raw)
     if not isinstance(body, dict):
         raise ApiError(400, f"the request body must be a JSON object, not {type(body).__name__}")
     return body

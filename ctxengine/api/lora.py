@@ -3,13 +3,12 @@ served with and the scales requests without a ``lora`` field run with
 (serving/lora.py). ``?model=`` picks the model (default: the default one)."""
 from __future__ import annotations
 
-import json
-
 from fastapi import APIRouter, Request
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import JSONResponse
 
 from .errors import ApiError
+from .fields import parse_json
 
 
 def routes(runtime) -> APIRouter:
@@ -22,10 +21,7 @@ def routes(runtime) -> APIRouter:
 
     @router.post("/lora-adapters")
     async def set_scales(request: Request):
-        try:
-            entries = json.loads(await request.body())
-        except (ValueError, UnicodeDecodeError) as err:
-            raise ApiError(400, f"malformed JSON in the request body: {err}") from None
+        entries = parse_json(await request.body())
         loras = await run_in_threadpool(runtime.loras, request.query_params.get("model"))
         try:
             loras.set_scales(entries)

@@ -121,7 +121,7 @@ class _Ollama:
         req = GenerationRequest(name, prompt, _sampling(f), context=context, keep_alive=_keep_alive(f),
                                 grammar=ollama_grammar(f), tools=tools, lora=f.data.get("lora"))
         stream = f.bool("stream", True)
-        gen = await started(self.generations, req)
+        gen = await started(self.generations, req, client)
         reply = LineWriter(gen.started, req.model, chat)
         if stream:
             return GenerationStream(gen, reply)
@@ -146,10 +146,12 @@ def _model_routes(router: APIRouter, o: _Ollama) -> None:
         return PlainTextResponse("Ollama is running")
 
     @router.get("/api/version")
+    @router.head("/api/version")  # a load balancer's check: the headers alone
     async def version():
         return {"version": __version__}
 
     @router.get("/api/tags")
+    @router.head("/api/tags")  # a load balancer's check: the headers alone
     async def tags():
         return {"models": [o.listing(e) for e in runtime.catalog.entries()]}
 

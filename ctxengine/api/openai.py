@@ -100,6 +100,7 @@ def routes(runtime, generations: Generations, metrics) -> APIRouter:
         return card
 
     @router.get("/v1/models")
+    @router.head("/v1/models")  # a load balancer's check: the headers alone
     async def list_models():
         return {"object": "list", "data": [model_card(e) for e in runtime.catalog.entries()]}
 
@@ -158,7 +159,7 @@ def routes(runtime, generations: Generations, metrics) -> APIRouter:
 
 async def _respond(generations: Generations, f: Fields, req: GenerationRequest, *, chat: bool, client: Request):
     include_usage = f.obj("stream_options").bool("include_usage", False)
-    gen = await started(generations, req)
+    gen = await started(generations, req, client)
     reply = (ChatWriter if chat else CompletionWriter)(gen.started, req.model or gen.entry.name, include_usage)
     if f.bool("stream", False):
         return GenerationStream(gen, reply)

@@ -118,11 +118,13 @@ def routes(runtime, metrics) -> APIRouter:
     router = APIRouter()
 
     @router.get("/health")
+    @router.head("/health")  # a load balancer's check: the headers alone
     async def health():
         return JSONResponse({"status": "ok", "uptime_s": round(time.time() - runtime.started_at, 3),
                              "models_loaded": len(runtime.loaded())})
 
     @router.get("/metrics")
+    @router.head("/metrics")  # a load balancer's check: the headers alone
     async def prometheus(request: Request):
         return Response(metrics.exposition(), media_type="text/plain; version=0.0.4; charset=utf-8")
 

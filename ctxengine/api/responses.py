@@ -142,7 +142,10 @@ class _Turn:
 
 def usage(s: Started, fin: Finished) -> dict:
     return {"input_tokens": s.prompt_tokens, "input_tokens_details": {"cached_tokens": s.cached_tokens},
-            "output_tokens": fin.completion_tokens, "output_tokens_details": {"reasoning_tokens": 0},
+            "output_tokens": fin.completion_tokens,
+            # reasoning_tokens as OpenAI's; the drafts speculation verified as chat completions names them
+            "output_tokens_details": {"reasoning_tokens": 0, "accepted_prediction_tokens": fin.accepted_tokens,
+                                      "rejected_prediction_tokens": fin.drafted_tokens - fin.accepted_tokens},
             "total_tokens": s.prompt_tokens + fin.completion_tokens}
 
 
@@ -174,7 +177,7 @@ def routes(runtime, generations: Generations) -> APIRouter:
         model = f.str("model", None)
         ctx = await anyio.to_thread.run_sync(responses.open, turn.id, model, previous_id, f.data.get("lora"))
         try:
-            gen = await started(generations, turn.request(model or (previous and previous["model"])))
+            gen = await started(generations, turn.request(model or (previous and previous["model"])), request)
         except BaseException:
             responses.discard_later(ctx)
             raise

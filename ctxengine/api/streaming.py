@@ -29,12 +29,24 @@ if TYPE_CHECKING:
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
-async def started(generations: "Generations", request: "GenerationRequest") -> "Generation":
-    """A running generation whose prompt is prefilled; an ApiError if it was refused."""
+async def started(generations: "Generations", request: "GenerationRequest", client: "Request") -> "Generation":
+    """A running generation whose prompt is prefilled; an ApiError if it was refused.
+    ``client``'s request going away first (while it waits its turn on a busy context,
+    say) abandons it: it then never touches the context it was queued on."""
+    start = asyncio.ensure_future(generations.start(request))
+    watch = asyncio.ensure_future(_watch_disconnect(client))
     try:
-        return await generations.start(request)
+        await asyncio.wait({start, watch}, return_when=asyncio.FIRST_COMPLETED)
+        if not start.done():  # the client left: cancelling the start abandons the generation
+            start.cancel()
+            raise ApiError(499, "the client closed the request before its reply began")
+        return start.result()
+    except ApiError:
+        raise
     except Exception as err:
         raise as_api_error(err) from None
+    finally:
+        watch.cancel()
 
 
 async def collected(gen: "Generation", client: "Request") -> Finished:
@@ -51,11 +63,15 @@ async def collected(gen: "Generation", client: "Request") -> Finished:
 
 
 async def _watch(gen: "Generation", client: "Request") -> None:
+    await _watch_disconnect(client)
+    gen.cancel()
+
+
+async def _watch_disconnect(client: "Request") -> None:
     # The body is read, so the next ASGI message is the disconnect (streams
     # have starlette's own watch: GenerationStream).
     while (await client.receive())["type"] != "http.disconnect":
         pass
-    gen.cancel()
 
 
 class Writer:

@@ -124,6 +124,7 @@ class Generation:
         self._loop = asyncio.get_running_loop()
         self._queue: asyncio.Queue = asyncio.Queue()
         self._cancel = threading.Event()
+        self._gone = threading.Event()  # nobody waits for it any more (abandon)
         self._thread = threading.Thread(target=self._run, name="ctx-generation", daemon=True)
         self._timer: asyncio.TimerHandle | None = None
 
@@ -138,6 +139,9 @@ class Generation:
         self._thread.start()
         try:
             event = await self._queue.get()
+        except asyncio.CancelledError:  # whoever waited for it is gone
+            self.abandon()
+            raise
         except BaseException:
             self.cancel()
             raise
@@ -174,6 +178,13 @@ class Generation:
     def cancel(self) -> None:
         self._cancel.set()
 
+    def abandon(self) -> None:
+        """Cancel it before it begins: one still waiting its turn on a busy context
+        then leaves the context untouched (a cancelled one that has begun still
+        closes its turn)."""
+        self._gone.set()
+        self._cancel.set()
+
     # -- the generation's side (its own thread) -------------------------------------------
     def _emit(self, event) -> None:
         try:
@@ -202,6 +213,8 @@ class Generation:
         return self._runtime.loras(self.entry.name).for_request(self.request.lora)
 
     def _run_fresh(self, model, load_ns: int, t0: int) -> None:
+        if self._gone.is_set():
+            raise RequestError("the client went away before the generation began")
         ids = prompt_ids(model, self.entry, self.request.prompt)
         limit = self._limit(model)
         if len(ids) >= limit:
@@ -228,6 +241,8 @@ class Generation:
 
     def _continue_named(self, model, load_ns: int, t0: int) -> None:
         with self._runtime.hold_context(self.request.context) as ctx:
+            if self._gone.is_set():  # abandoned while it waited for the context: append nothing
+                raise RequestError("the client went away before the context was free")
             if ctx.engine is not model.engine:
                 raise RequestError(f"context '{ctx.name}' belongs to model '{ctx.engine.name}', "
                                    f"not '{self.entry.name}'")

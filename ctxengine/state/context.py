@@ -114,6 +114,16 @@ class Context:
         with self.hold():
             return self._kv.seq.n_tokens
 
+    def cached_now(self) -> int | None:
+        """``n_cached`` without waiting or reading an evicted context back: None while a
+        request holds the context (its KV is growing), 0 while its KV is not in memory."""
+        if not self._lock.acquire(blocking=False):
+            return None
+        try:
+            return self._kv.seq.n_tokens if self._kv.state is Residency.LIVE else 0
+        finally:
+            self._lock.release()
+
     def page_ids(self) -> list[int] | None:
         """Ids of the KV pages this context holds in its model's pool (forks share
         them until one writes; empty while evicted), or None while another thread
