@@ -87,6 +87,11 @@ class KVSeq:
         """How many leading pages a sequence of n tokens keeps released."""
     def can_truncate(self, n_tokens: int) -> bool:
         """Whether truncate(n) keeps every page the sliding window at n needs."""
+    def defer_release(self, defer: bool) -> None:
+        """While deferred, appends release no page (rows that may be truncated away);
+        ending it releases what the length then calls for."""
+    @property
+    def release_deferred(self) -> bool: ...
     @property
     def pages(self) -> list[int]: ...
     @property

@@ -94,3 +94,44 @@ def test_a_closed_json_reply_leaves_the_kv_plain_decoding_leaves(model, monkeypa
         c.delete()
     assert outs[0] == outs[1]
     json.loads(model.detokenize(outs[0][0]))  # closed: it parses
+
+
+class ThirdRight:
+    """Drafts of up to 15 tokens whose first third is the true continuation."""
+
+    def __init__(self, n0, reply):
+        self.n0, self.reply = n0, reply
+
+    def propose(self, tokens, k):
+        at = len(tokens) - self.n0
+        draft = list(self.reply[at:at + min(k, 15)])
+        cut = len(draft) // 3
+        return draft[:cut] + [(t + 1) % 1000 for t in draft[cut:]]
+
+
+@pytest.mark.parametrize("length", [548, 589])
+def test_gemma3_drafts_rejected_past_a_page_release_leave_plain_decodings_pages(gemma3_path, monkeypatch, length):
+    # A stop string ends the reply inside a verified draft whose rows reached past a
+    # sliding-window release point: the pages released must be plain decoding's.
+    import random
+    model = ce.load(gemma3_path, threads=2)
+    free_rows(monkeypatch, model)
+    rng = random.Random(length)
+    ids = [rng.randrange(100, 20000) for _ in range(length)]
+    try:
+        c = model.context("reference")
+        c.append(ids)
+        reply = [p.token_id for p in c.generate(40, temperature=0.0, speculative=False)]
+        c.delete()
+        stop = model.detokenize(reply[18:20])
+        outs = []
+        for speculative in (False, ThirdRight(length, reply)):
+            c = model.context(f"stop-{bool(speculative)}")
+            c.append(ids)
+            toks = [p.token_id for p in c.generate(40, temperature=0.0, speculative=speculative, stop=[stop])]
+            seq = c._seq
+            outs.append((toks, seq.n_tokens, seq.n_released, [seq.export_page(i) for i in range(len(seq.pages))]))
+            c.delete()
+        assert outs[0] == outs[1]
+    finally:
+        model.close()

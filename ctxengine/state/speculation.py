@@ -98,7 +98,14 @@ class Speculation:
             self.length.plain_step()
             return ctx._sync()
         base = seq.n_tokens
-        rows = ctx.engine.verify(seq, [ctx._tokens[-1], *draft], reserve=ctx._reserve_pages, lora=ctx.lora)
+        # The drafts' rows may be taken back: no page is released past what the kept
+        # length calls for (settle ends the deferral), so the pages end as plain decoding's.
+        seq.defer_release(True)
+        try:
+            rows = ctx.engine.verify(seq, [ctx._tokens[-1], *draft], reserve=ctx._reserve_pages, lora=ctx.lora)
+        except BaseException:
+            seq.defer_release(False)
+            raise
         self._base, self._draft, self._rows, self._used = base, draft, rows, 1
         return rows[0]
 
@@ -137,9 +144,11 @@ class Speculation:
             return  # deleted meanwhile (an eviction settles it first)
         if kv.seq.can_truncate(keep):
             kv.seq.truncate(keep)
+            kv.seq.defer_release(False)  # now release what the kept length calls for
             if keep > self._base:  # else nothing was sampled from the rows: the old logits stand
                 kv.set_kv(kv.seq, rows[keep - self._base - 1].copy())
         else:  # a sliding-window release stepped past keep: recompute (bit-identical)
+            kv.seq.defer_release(False)
             kv.set_kv(ctx._truncated(kv.seq, keep), None)
 
 

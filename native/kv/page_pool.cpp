@@ -207,7 +207,12 @@ bool KVSeq::can_truncate(int64_t n) const {
 
 void KVSeq::commit_append(int64_t n) {
   n_tokens_ += n;
-  release_outside_window();
+  if (!defer_release_) release_outside_window();
+}
+
+void KVSeq::defer_release(bool defer) {
+  defer_release_ = defer;
+  if (!defer) release_outside_window();
 }
 
 void KVSeq::release_outside_window() {

@@ -189,6 +189,12 @@ class KVSeq {
   int64_t release_target(int64_t n) const;
   // Whether truncate(n) keeps every page the window at n needs.
   bool can_truncate(int64_t n) const;
+  // Rows that may be taken back (a speculative verify's drafts): while deferred,
+  // appends release nothing, so truncating them away leaves the pages released
+  // that a sequence which never held them would have (a release cannot be undone).
+  // Ending the deferral releases what the length then calls for.
+  void defer_release(bool defer);
+  bool release_deferred() const { return defer_release_; }
   PagePool& pool() const { return *pool_; }
   const std::shared_ptr<PagePool>& pool_ptr() const { return pool_; }
 
@@ -219,6 +225,7 @@ class KVSeq {
   std::vector<PageId> pages_;  // [0, n_released_) in swa_->trim_pool, the rest in pool_
   int64_t n_tokens_ = 0;
   int64_t n_released_ = 0;
+  bool defer_release_ = false;
 };
 
 }  // namespace ctx

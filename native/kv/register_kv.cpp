@@ -75,6 +75,10 @@ void register_kv(py::module_& m) {
            "how many leading pages a sequence of n tokens keeps released")
       .def("can_truncate", &KVSeq::can_truncate, py::arg("n_tokens"),
            "whether truncate(n) keeps every page the sliding window at n needs")
+      .def("defer_release", &KVSeq::defer_release, py::arg("defer"),
+           "while deferred, appends release no page (rows that may be truncated away); ending it releases "
+           "what the length calls for")
+      .def_property_readonly("release_deferred", &KVSeq::release_deferred)
       .def_property_readonly("pages", [](const KVSeq& s) { return s.pages(); })
       .def_property_readonly("pool", [](const KVSeq& s) { return s.pool_ptr(); })
       .def("fork", &KVSeq::fork, "share every page copy-on-write: O(pages), no KV bytes copied")
