@@ -108,3 +108,11 @@ def test_a_body_nested_too_deep_is_a_400(server, route):
 def test_head_answers_where_get_does(server, path):
     head, get = httpx.head(server.url + path), httpx.get(server.url + path)
     assert head.status_code == get.status_code == 200 and head.content == b""
+
+
+def test_a_prompt_that_cannot_fit_is_refused_before_it_is_tokenized(server):
+    t = time.perf_counter()
+    r = httpx.post(server.url + "/v1/completions", json={"model": "smollm2", "prompt": "x" * (4 << 20), "max_tokens": 1},
+                   timeout=120)
+    assert r.status_code == 400 and "the prompt is at least" in r.text and "the context length is" in r.text
+    assert time.perf_counter() - t < 20  # tokenizing a 4 MB word took a minute of BPE

@@ -215,8 +215,8 @@ class Generation:
     def _run_fresh(self, model, load_ns: int, t0: int) -> None:
         if self._gone.is_set():
             raise RequestError("the client went away before the generation began")
-        ids = prompt_ids(model, self.entry, self.request.prompt)
         limit = self._limit(model)
+        ids = prompt_ids(model, self.entry, self.request.prompt, limit)
         if len(ids) >= limit:
             raise ContextError(f"the prompt is {len(ids)} tokens; the context length is {limit}")
         lora = self._lora()

@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from ..errors import CtxError, UnsupportedTemplateError
+from ..errors import ContextError, CtxError, UnsupportedTemplateError
 from ..ollama.template import render_go_template
 from ..text.chat import with_system
 
@@ -64,10 +64,13 @@ def chat_text(model: "Model", entry: "CatalogEntry", messages: list[dict], *,
     return model.chat.render(messages, system=entry.system, tools=tools, generation_prompt=add_generation_prompt)
 
 
-def prompt_ids(model: "Model", entry: "CatalogEntry", prompt: Prompt) -> list[int]:
-    """Every token of a fresh request's prompt, BOS included where the model wants one."""
+def prompt_ids(model: "Model", entry: "CatalogEntry", prompt: Prompt, limit: int | None = None) -> list[int]:
+    """Every token of a fresh request's prompt, BOS included where the model wants one;
+    with a ``limit``, a text that cannot fit in it is refused before it is tokenized."""
     text = (chat_text(model, entry, prompt.messages, template=prompt.template, tools=prompt.tools)
             if prompt.is_chat else prompt.text or "")
+    if limit is not None and (least := model.tokenizer.at_least_tokens(text)) >= limit:
+        raise ContextError(f"the prompt is at least {least} tokens; the context length is {limit}")
     ids = model.tokenize(text, parse_special=True)
     ids = list(prompt.prefix_ids) + ids if prompt.prefix_ids else model.tokenizer.with_bos(ids)
     if not ids:

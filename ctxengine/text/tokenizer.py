@@ -8,6 +8,8 @@ scores (``tokenizer_spm``).
 """
 from __future__ import annotations
 
+import functools
+
 import codecs
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -116,6 +118,18 @@ class Tokenizer:
         if strip_space and pieces and pieces[0].startswith(b" "):
             pieces[0] = pieces[0][1:]
         return b"".join(pieces).decode("utf-8", errors="replace")
+
+    @functools.cached_property
+    def max_piece_bytes(self) -> int:
+        """The most bytes one token stands for: a text of n bytes is at least
+        n / max_piece_bytes tokens (n + 1 where a space is put in front)."""
+        return max(1, max((len(p) for p in self._pieces), default=1))
+
+    def at_least_tokens(self, text: str) -> int:
+        """A lower bound on len(encode(text)), without encoding it (a 10 MB prompt
+        is refused as too long at once, not after a minute of BPE)."""
+        n = len(text.encode("utf-8", errors="surrogatepass")) + (1 if self._add_space_prefix else 0)
+        return -(-n // self.max_piece_bytes)
 
     def token_bytes(self, token_id: int) -> bytes:
         """The bytes ``token_id`` stands for; a control token's are its text."""
