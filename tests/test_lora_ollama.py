@@ -25,6 +25,9 @@ def served(tmp_path):
     make_ollama_store(root, "tuned", tmp_path / "tiny.gguf",
                       extra_layers=[(ADAPTER, (tmp_path / "lora.gguf").read_bytes())])
     make_ollama_store(root, "broken", tmp_path / "tiny.gguf", extra_layers=[(ADAPTER, b"not a gguf")])
+    make_ollama_store(root, "twice", tmp_path / "tiny.gguf",
+                      extra_layers=[(ADAPTER, (tmp_path / "lora.gguf").read_bytes())] * 2)
+    make_ollama_store(root, "plain", tmp_path / "tiny.gguf")
     catalog = ModelCatalog([])
     add_ollama_models(catalog, [root])
     rt = Runtime(catalog, threads=1)
@@ -55,3 +58,41 @@ def test_an_adapter_that_does_not_load_refuses_the_model(served):
     with pytest.raises(ModelFileError, match="sha256-[0-9a-f]{64}: "):
         rt.model("broken")
     assert rt.model("tuned") is not None  # the runtime goes on serving the others
+
+
+def test_an_adapter_layer_listed_twice_refuses_the_model(served):
+    rt, _ = served
+    with pytest.raises(ModelFileError, match="lists this ADAPTER layer twice"):
+        rt.model("twice")
+
+
+def test_kv_made_without_the_fine_tune_never_comes_back_under_its_name(served, tmp_path):
+    from ctxengine.store import Store
+    rt, _ = served
+    plain, tuned = rt.model("plain"), rt.model("tuned")
+    assert plain.weight_id == tuned.weight_id
+    with Store(tmp_path / "store") as store:
+        for name, model, lora in (("p", plain, None), ("t", tuned, rt.loras("tuned").for_request(None))):
+            ctx = model.context(name, lora=lora)
+            ctx.append(TOKENS)
+            ctx.snapshot(store, ref=name)
+            ctx.delete()
+        assert rt.served_name(plain.weight_id, []) == "plain:latest"
+        tuned_ids = [a for a, _ in rt.loras("tuned").for_request(None).key]
+        assert rt.served_name(plain.weight_id, tuned_ids) == "tuned:latest"
+        assert rt.sessions._restore(store, store.resolve("p"), "p2").lora.uses == ()
+
+
+def test_a_models_own_adapter_cannot_be_turned_off(served):
+    rt, _ = served
+    loras = rt.loras("tuned")
+    own = loras.for_request(None)
+    assert loras.for_request([]) == own  # a request that lists none still gets it
+    assert loras.for_request([{"name": "adapter", "scale": 1}]) == own
+    from ctxengine.errors import RequestError
+    for scale in (0, 0.5):
+        with pytest.raises(RequestError, match="the model's own ADAPTER layer: part of the model"):
+            loras.for_request([{"name": "adapter", "scale": scale}])
+        with pytest.raises(ValueError, match="own ADAPTER layer"):
+            loras.set_scales([{"id": 0, "scale": scale}])
+    assert loras.for_request(None) == own

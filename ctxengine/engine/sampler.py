@@ -323,6 +323,17 @@ class Sampler:
         s._rng = int(hex_state, 16)
         return s
 
+    @classmethod
+    def continuing(cls, state: Mapping[str, Any] | None, options: Mapping[str, Any]) -> "Sampler":
+        """A generation's sampler: ``options`` (SamplerParams fields; a ValueError names an
+        unknown one) on the RNG stream ``state`` left (a context's last generation), or a
+        new stream where there is none or ``options`` seed one."""
+        unknown = set(options) - set(SamplerParams.__dataclass_fields__)
+        if unknown:
+            raise ValueError(f"unknown sampling option(s): {', '.join(sorted(unknown))}")
+        params = SamplerParams(**options)
+        return cls.from_state(state).with_params(params) if params.seed is None and state is not None else cls(params)
+
     def __repr__(self) -> str:
         return f"Sampler({self.params!r})"
 

@@ -244,7 +244,9 @@ class Generation:
             if self._gone.is_set():  # abandoned while it waited for the context: append nothing
                 raise RequestError("the client went away before the context was free")
             if ctx.engine is not model.engine:
-                raise RequestError(f"context '{ctx.name}' belongs to model '{ctx.engine.name}', "
+                owner = self._runtime.loaded_entry_of(ctx)
+                raise RequestError(f"context '{ctx.name}' belongs to model "
+                                   f"'{owner.entry.name if owner is not None else ctx.engine.name}', "
                                    f"not '{self.entry.name}'")
             if self.request.lora is not None and (asked := self._lora()) != ctx.lora:
                 raise RequestError(f"context '{ctx.name}' runs with {ctx.lora.describe()}; a request cannot "

@@ -5,7 +5,8 @@ scales (``GET`` / ``POST /lora-adapters``) unless it names its own in a
 ``lora`` field, ``[{"id": 0, "scale": 0.5}]`` or ``[{"name": "x", "scale": 1}]``,
 where adapters it does not list get scale 0. An Ollama model's ADAPTER layers
 come first, named "adapter" (or "adapter0", ...), at scale 1, as Ollama
-always applies them.
+always applies them: a request or POST /lora-adapters may list them (at 1)
+or leave them out, and they still apply; another scale is refused.
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
 from ..engine.lora import LoraAdapter, LoraSet, cached_file_id, check_scale
-from ..errors import CtxError, RequestError
+from ..errors import CtxError, ModelFileError, RequestError
 
 if TYPE_CHECKING:
     from ..state.model import Model
@@ -63,8 +64,14 @@ class ServedLoras:
         self.scales: list[float] = []
         self.skipped: dict[str, str] = {}  # name -> why this model could not take it
         self._lock = threading.Lock()
+        self.n_own = len(own)  # the first n_own adapters are the model's own: always at scale 1
         for i, path in enumerate(own):
-            self.adapters.append(model.load_lora(f"adapter{i}" if len(own) > 1 else "adapter", path))
+            adapter = model.load_lora(f"adapter{i}" if len(own) > 1 else "adapter", path)
+            same = [a.name for a in self.adapters if a.id == adapter.id]
+            if same:  # the same weights listed twice: which scale the model means is not ours to guess
+                raise ModelFileError(f"{path}: the model lists this ADAPTER layer twice ({same[0]} and "
+                                     f"{adapter.name}, BLAKE3 {adapter.id[:12]})")
+            self.adapters.append(adapter)
             self.scales.append(1.0)
         for spec in specs:
             try:
@@ -108,7 +115,7 @@ class ServedLoras:
         """[{"id" | "name", "scale"}] as one scale per adapter; ValueError naming the bad entry."""
         if not isinstance(entries, list):
             raise ValueError("'lora' must be a list of {\"id\" or \"name\", \"scale\"} objects")
-        scales = [0.0] * len(self.adapters)
+        scales = [1.0] * self.n_own + [0.0] * (len(self.adapters) - self.n_own)
         names = {a.name: i for i, a in enumerate(self.adapters)}
         listed: dict[int, int] = {}
         for n, entry in enumerate(entries):
@@ -121,6 +128,9 @@ class ServedLoras:
                                  f"lora[{listed[i]}]")
             listed[i] = n
             scales[i] = check_scale(entry.get("scale", 1.0), f"{where}.scale")
+            if i < self.n_own and scales[i] != 1.0:
+                raise ValueError(f"{where}: {self.adapters[i].name!r} is the model's own ADAPTER layer: part of "
+                                 f"the model, it always applies at scale 1 (serve the base model to go without)")
         return scales
 
     def _index(self, entry: dict, names: dict[str, int], where: str) -> int:

@@ -260,9 +260,23 @@ class ServedModels:
                 continue
 
     def _serving(self, weight_id: str, adapters: Sequence[str]) -> CatalogEntry | None:
-        """The first servable model with these weights that runs with (at least) these adapters."""
-        return next((e for e, w in self._servable() if w == weight_id and set(adapters) <= self._adapter_ids(e)),
-                    None)
+        """The servable model with these weights that runs with (at least) these adapters
+        and whose own ADAPTER layers (always applied: an Ollama fine-tune) are among
+        them, one whose adapters are exactly these first; None if there is none. So KV
+        made without a fine-tune's adapter never comes back under the fine-tune's name."""
+        wanted = set(adapters)
+        fits = [(e, ids) for e, w in self._servable() if w == weight_id
+                and wanted <= (ids := self._adapter_ids(e)) and self._own_adapter_ids(e) <= wanted]
+        return next((e for e, ids in fits if ids == wanted), fits[0][0] if fits else None)
+
+    def _own_adapter_ids(self, entry: CatalogEntry) -> set[str]:
+        ids = set()
+        for path in entry.adapters:
+            try:
+                ids.add(cached_file_id(path))
+            except OSError:
+                continue
+        return ids
 
     def _adapter_ids(self, entry: CatalogEntry) -> set[str]:
         """The adapters a model runs with: those loaded, or (not loaded) the files it would load."""

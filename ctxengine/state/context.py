@@ -20,7 +20,7 @@ from .constraint import forked_constraint, started_constraint, stored_constraint
 from ..text.closing import Closer
 from ..text.grammar import Constraint, Grammar, as_grammar
 from ..engine.lora import NO_LORA, LoraSet
-from ..engine.sampler import Sampler, SamplerParams, StopMatcher
+from ..engine.sampler import Sampler, StopMatcher
 from ..engine.speculative import SpeculationStats
 from .piece import Piece
 from .residency import KVState, Residency
@@ -117,23 +117,12 @@ class Context:
     def cached_now(self) -> int | None:
         """``n_cached`` without waiting or reading an evicted context back: None while a
         request holds the context (its KV is growing), 0 while its KV is not in memory."""
-        if not self._lock.acquire(blocking=False):
-            return None
-        try:
-            return self._kv.seq.n_tokens if self._kv.state is Residency.LIVE else 0
-        finally:
-            self._lock.release()
+        return self._if_idle(lambda: self._kv.seq.n_tokens if self._kv.state is Residency.LIVE else 0)
 
     def page_ids(self) -> list[int] | None:
-        """Ids of the KV pages this context holds in its model's pool (forks share
-        them until one writes; empty while evicted), or None while another thread
-        uses it: its page table may be growing then, so it is not read."""
-        if not self._lock.acquire(blocking=False):
-            return None
-        try:
-            return list(self._kv.seq.pages) if self._kv.state is Residency.LIVE else []
-        finally:
-            self._lock.release()
+        """Ids of the KV pages this context holds in its model's pool (forks share them until one
+        writes; empty while evicted), or None while another thread uses it (its table may be growing)."""
+        return self._if_idle(lambda: list(self._kv.seq.pages) if self._kv.state is Residency.LIVE else [])
 
     @property
     def text(self) -> str:
@@ -202,22 +191,18 @@ class Context:
         """Stream up to max_tokens sampled tokens as pieces of text.
 
         Sampling options are SamplerParams fields (temperature, top_k, top_p, min_p, repeat_penalty,
-        presence_penalty, frequency_penalty, seed, logit_bias). With
-        no seed, the RNG continues from this context's last generation, so a
-        restored context goes on exactly as the original would.
+        presence_penalty, frequency_penalty, seed, logit_bias). With no seed, the RNG continues from
+        this context's last generation, so a restored context goes on exactly as the original would.
 
-        ``grammar`` (GBNF text or a Grammar) or ``json_schema`` (a dict or its
-        JSON text) constrain the output; it ends ("stop") when the grammar is
-        complete, or ("length") unfinished, and then a later generate()
-        without a grammar continues it. Under a JSON grammar (a schema, a
-        forced tool call) ``close_json`` steers the output to close within
-        max_tokens whenever its shortest completion fits (text/closing.py);
-        ``close_json=False`` cuts it where max_tokens falls, to continue later.
+        ``grammar`` (GBNF text or a Grammar) or ``json_schema`` (a dict or its JSON text) constrain the
+        output; it ends ("stop") when the grammar is complete, or ("length") unfinished, and then a
+        later generate() without a grammar continues it. Under a JSON grammar (a schema, a forced tool
+        call) ``close_json`` steers the output to close within max_tokens whenever its shortest
+        completion fits (text/closing.py); ``close_json=False`` cuts it where max_tokens falls.
 
-        ``speculative``: verify drafted tokens several to a forward (state/speculation.py);
-        the output is the same bits either way. None: the model's default (on); False: off;
-        or a draft source (an object with ``propose(tokens, k)``). ``self.speculation``
-        counts the drafted and accepted tokens.
+        ``speculative``: verify drafted tokens several to a forward (state/speculation.py); the output
+        is the same bits either way. None: the model's default (on); False: off; or a draft source
+        (an object with ``propose(tokens, k)``). ``self.speculation`` counts drafted and accepted tokens.
         """
         with self.hold():
             if max_tokens < 0:
@@ -368,14 +353,12 @@ class Context:
     def _make_sampler(self, overrides: dict) -> Sampler:
         if not self._tokens:
             raise ContextError(f"context '{self.name}' is empty: append a prompt before generating")
-        unknown = set(overrides) - set(SamplerParams.__dataclass_fields__)
-        if unknown:
-            raise ContextError(f"unknown sampling option(s): {', '.join(sorted(unknown))}")
-        params = SamplerParams(**overrides)
-        self._token_ids(i for i, _ in params.logit_bias)  # named now, not at the first token
-        if params.seed is None and self.sampler_state is not None:
-            return Sampler.from_state(self.sampler_state).with_params(params)
-        return Sampler(params)
+        try:
+            sampler = Sampler.continuing(self.sampler_state, overrides)
+        except ValueError as err:
+            raise ContextError(str(err)) from None
+        self._token_ids(i for i, _ in sampler.params.logit_bias)  # named now, not at the first token
+        return sampler
 
     def _token_ids(self, ids: Sequence[int]) -> list[int]:
         ids, n_vocab = [int(i) for i in ids], self.engine.config.n_vocab
@@ -388,6 +371,14 @@ class Context:
         if len(self._tokens) + n_new > n_ctx:
             raise ContextError(f"context '{self.name}' would hold {len(self._tokens) + n_new} tokens; "
                                f"the model's context length is {n_ctx}")
+
+    def _if_idle(self, read):
+        if not self._lock.acquire(blocking=False):
+            return None
+        try:
+            return read()
+        finally:
+            self._lock.release()
 
     def _check_live(self) -> None:
         if self._speculation is not None:  # a generation paused between pieces: its drafts go
@@ -403,8 +394,7 @@ class Context:
             raise ContextError(f"context '{self.name}' was deleted")
         self._kv.require_live()  # EVICTING here: a use that skipped the lock the writer holds
 
-    # Read-only views of the KV state (its page table, last logits, and the snapshot
-    # holding it while evicted), for the tests that look inside.
+    # Read-only views of the KV state (page table, last logits, snapshot while evicted), for tests.
     _seq = property(lambda self: self._kv.seq)
     _last_logits = property(lambda self: self._kv.logits)
     _evicted = property(lambda self: self._kv.snapshot)
