@@ -109,29 +109,32 @@ class ThirdRight:
         return draft[:cut] + [(t + 1) % 1000 for t in draft[cut:]]
 
 
+@pytest.fixture(scope="module")
+def gemma(gemma3_path):
+    m = ce.load(gemma3_path, threads=2)
+    yield m
+    m.close()
+
+
 @pytest.mark.parametrize("length", [548, 589])
-def test_gemma3_drafts_rejected_past_a_page_release_leave_plain_decodings_pages(gemma3_path, monkeypatch, length):
+def test_gemma3_drafts_rejected_past_a_page_release_leave_plain_decodings_pages(gemma, monkeypatch, length):
     # A stop string ends the reply inside a verified draft whose rows reached past a
     # sliding-window release point: the pages released must be plain decoding's.
     import random
-    model = ce.load(gemma3_path, threads=2)
-    free_rows(monkeypatch, model)
+    free_rows(monkeypatch, gemma)
     rng = random.Random(length)
     ids = [rng.randrange(100, 20000) for _ in range(length)]
-    try:
-        c = model.context("reference")
+    c = gemma.context("reference")
+    c.append(ids)
+    reply = [p.token_id for p in c.generate(40, temperature=0.0, speculative=False)]
+    c.delete()
+    stop = gemma.detokenize(reply[18:20])
+    outs = []
+    for speculative in (False, ThirdRight(length, reply)):
+        c = gemma.context(f"stop-{bool(speculative)}")
         c.append(ids)
-        reply = [p.token_id for p in c.generate(40, temperature=0.0, speculative=False)]
+        toks = [p.token_id for p in c.generate(40, temperature=0.0, speculative=speculative, stop=[stop])]
+        seq = c._seq
+        outs.append((toks, seq.n_tokens, seq.n_released, [seq.export_page(i) for i in range(len(seq.pages))]))
         c.delete()
-        stop = model.detokenize(reply[18:20])
-        outs = []
-        for speculative in (False, ThirdRight(length, reply)):
-            c = model.context(f"stop-{bool(speculative)}")
-            c.append(ids)
-            toks = [p.token_id for p in c.generate(40, temperature=0.0, speculative=speculative, stop=[stop])]
-            seq = c._seq
-            outs.append((toks, seq.n_tokens, seq.n_released, [seq.export_page(i) for i in range(len(seq.pages))]))
-            c.delete()
-        assert outs[0] == outs[1]
-    finally:
-        model.close()
+    assert outs[0] == outs[1]
