@@ -116,3 +116,10 @@ def test_a_prompt_that_cannot_fit_is_refused_before_it_is_tokenized(server):
                    timeout=120)
     assert r.status_code == 400 and "the prompt is at least" in r.text and "the context length is" in r.text
     assert time.perf_counter() - t < 20  # tokenizing a 4 MB word took a minute of BPE
+
+
+def test_a_method_not_allowed_is_the_clients_error(server):
+    r = httpx.delete(server.url + "/v1/models")
+    assert r.status_code == 405 and r.json()["error"]["type"] == "invalid_request_error"
+    r = httpx.delete(server.url + "/v1/messages")
+    assert r.status_code == 405 and r.json()["error"]["type"] == "invalid_request_error"

@@ -63,3 +63,15 @@ def test_run_dash_hf_pulls_then_runs(servers, tmp_path):
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip()
     assert list((tmp_path / "hf" / "hub").glob("models--*/snapshots/*/SmolLM2-135M-Instruct-Q4_1.gguf"))
+
+
+def test_a_name_the_hf_cache_holds_is_served_though_no_pull_listed_it(served):
+    # Pulled as hf://ORG/REPO:Q4_K_M; asked for as hf.co/ORG/REPO (no quant: Q4_K_M), which
+    # `ctx run -m` finds in the cache: the server finds it there too.
+    with openai.OpenAI(base_url=f"{served.url}/v1", api_key="x", max_retries=0) as c:
+        r = c.chat.completions.create(model=f"hf.co/{GEMMA_REPO}", messages=[{"role": "user", "content": "Hi."}],
+                                      max_tokens=4, temperature=0)
+        assert r.choices[0].message.content.strip() and r.usage.completion_tokens > 0
+        with pytest.raises(openai.NotFoundError, match="not found"):
+            c.chat.completions.create(model=f"hf.co/{GEMMA_REPO}:Q8_0", messages=[{"role": "user", "content": "Hi."}],
+                                      max_tokens=4)

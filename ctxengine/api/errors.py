@@ -94,9 +94,10 @@ def error_body(dialect: str, err: ApiError) -> dict:
     if dialect == OLLAMA:
         return {"error": err.message}
     if dialect == ANTHROPIC:
-        return {"type": "error", "error": {"type": _ANTHROPIC_TYPES.get(err.status, "api_error"),
-                                           "message": err.message}}
-    return {"error": {"message": err.message, "type": _OPENAI_TYPES.get(err.status, "server_error"),
+        other = "invalid_request_error" if err.status < 500 else "api_error"  # a 405, a 422: the client's
+        return {"type": "error", "error": {"type": _ANTHROPIC_TYPES.get(err.status, other), "message": err.message}}
+    other = "invalid_request_error" if err.status < 500 else "server_error"
+    return {"error": {"message": err.message, "type": _OPENAI_TYPES.get(err.status, other),
                       "param": err.param, "code": err.status}}
 
 

@@ -16,6 +16,7 @@ from typing import Iterable, Sequence
 from ..errors import CtxError, ModelNotFoundError
 from .gguf_file import open_gguf
 from .gguf_split import is_later_part
+from .hf_files import is_hf_spec
 from .model_source import CatalogEntry, ModelSource, canonical_name, find_in_sources
 from .registry import DEFAULT, MODELS, is_known_name, resolve_model
 
@@ -121,7 +122,22 @@ class ModelCatalog:
         if entry is None and key:
             canonical = canonical_name(self.sources, key)
             entry = self._by_name.get(canonical.lower()) if canonical is not None else None
+        if entry is None and is_hf_spec(key):
+            entry = self._from_hf_cache(name.strip())
         return entry
+
+    def _from_hf_cache(self, name: str) -> CatalogEntry | None:
+        """A Hugging Face name the cache holds though no ``ctx pull`` listed it (another
+        tool's download, another quant of a pulled repo), found as ``ctx run -m`` finds it."""
+        from .hf_files import parse_hf_spec
+        from .hf_pull import cached_model  # imports huggingface_hub: only for such names
+
+        try:
+            spec = parse_hf_spec(name)
+            path = cached_model(name)
+        except CtxError:
+            return None
+        return self.add(_file_entry(path, "hf", name=spec.name)) if path is not None else None
 
     @property
     def default(self) -> CatalogEntry | None:
