@@ -76,6 +76,8 @@ def claimed(partial: Path, final: Path) -> Iterator[None]:
             os.close(fd)
             raise CtxError(f"another pull is downloading {final.name} into {partial.parent} right now: "
                            f"let it finish (or stop it), then pull again") from None
+        except OSError:  # a file system without locks (some network ones): the size check before the rename remains
+            pass
         try:
             current = os.stat(partial)
         except FileNotFoundError:
