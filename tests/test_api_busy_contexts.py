@@ -23,12 +23,15 @@ def ask(name, text, n, **extra):
 
 class Paused:
     """A streamed turn on a context whose client reads one chunk, then stops
-    reading: the generation holds the context until the stream is read out."""
+    reading: the generation holds the context until the stream is read out.
+    Its end of turn is banned and it drafts nothing, so it runs for seconds."""
 
     def __init__(self, server, name):
         self.client = httpx.Client(timeout=120)
+        no_end = {"0": -100, "1": -100, "2": -100}  # SmolLM2's <|endoftext|>, <|im_start|>, <|im_end|>
         self.stream = self.client.stream("POST", f"{server.url}/v1/chat/completions",
-                                         json=ask(name, "Tell a long story about the sea.", 400, stream=True))
+                                         json=ask(name, "Tell a long story about the sea.", 1000, stream=True,
+                                                  logit_bias=no_end, speculative=False))
         self.response = self.stream.__enter__()
         self.lines = self.response.iter_lines()
         next(line for line in self.lines if line.startswith("data:"))  # it has begun

@@ -37,8 +37,7 @@ async def started(generations: "Generations", request: "GenerationRequest", clie
     watch = asyncio.ensure_future(_watch_disconnect(client))
     try:
         await asyncio.wait({start, watch}, return_when=asyncio.FIRST_COMPLETED)
-        if not start.done():  # the client left: cancelling the start abandons the generation
-            start.cancel()
+        if not start.done():
             raise ApiError(499, "the client closed the request before its reply began")
         return start.result()
     except ApiError:
@@ -47,6 +46,8 @@ async def started(generations: "Generations", request: "GenerationRequest", clie
         raise as_api_error(err) from None
     finally:
         watch.cancel()
+        if not start.done():  # the client left, or this request was cancelled: the generation is abandoned
+            start.cancel()
 
 
 async def collected(gen: "Generation", client: "Request") -> Finished:
