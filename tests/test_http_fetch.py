@@ -9,7 +9,7 @@ import urllib.error
 
 import pytest
 
-from ctxengine.engine.http_fetch import check_complete, claimed, fetch
+from ctxengine.engine.http_fetch import claimed, fetch, install
 from ctxengine.errors import CorruptDataError, CtxError
 from hub_servers import FakeHub
 
@@ -122,8 +122,11 @@ def test_a_second_pull_of_the_same_file_is_told_one_is_running(tmp_path):
 
 
 def test_a_partial_that_changed_on_disk_is_not_renamed_into_place(tmp_path):
-    partial = tmp_path / "p"
+    partial, final = tmp_path / "p", tmp_path / "f"
     partial.write_bytes(b"x" * 10)
     with pytest.raises(CorruptDataError, match="holds 10 bytes on disk, not the 12 that were verified"):
-        check_complete(partial, 12, "blob")
-    assert not partial.exists()
+        install(partial, final, 12, "blob")
+    assert not partial.exists() and not final.exists()
+    partial.write_bytes(b"x" * 12)
+    install(partial, final, 12, "blob")
+    assert final.read_bytes() == b"x" * 12 and not partial.exists()

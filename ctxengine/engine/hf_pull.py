@@ -31,7 +31,7 @@ from ..errors import CorruptDataError, CtxError, ModelNotFoundError
 from .disk import check_free_space, storage_error
 from .hf_files import Choice, HfSpec, choose, parse_hf_spec
 from .hf_transfer import download
-from .http_fetch import check_complete, claimed
+from .http_fetch import claimed, install
 
 INDEX = "hf-models.json"
 _SHA256 = re.compile(r"[0-9a-f]{64}")
@@ -127,8 +127,7 @@ def _download(repo: str, filename: str, commit: str, hub: HubSettings, sha256: s
                                headers=build_hf_headers() if same_host else {})
                 resumed, received = got.kept, got.received
                 _verify(partial, filename, got.sha256, [meta.etag, sha256])
-                check_complete(partial, meta.size, filename)
-                os.replace(partial, blob)
+                install(partial, blob, meta.size, filename)
     path = hf_hub_download(repo, filename, revision=commit, cache_dir=hub.cache_dir, endpoint=hub.endpoint)
     return Path(path), received, resumed
 

@@ -94,13 +94,14 @@ def claimed(partial: Path, final: Path) -> Iterator[None]:
         os.close(fd)
 
 
-def check_complete(partial: Path, size: int | None, what: str) -> None:
-    """The last check before a verified partial is renamed into place: the file on disk
-    holds as many bytes as were hashed (a writer that ignored the lock would show here)."""
+def install(partial: Path, final: Path, size: int | None, what: str) -> None:
+    """Rename a verified partial into place, after the last check: the file on disk holds
+    as many bytes as were hashed (a writer that ignored the lock would show here)."""
     if size is not None and (have := partial.stat().st_size) != size:
         partial.unlink(missing_ok=True)
         raise CorruptDataError(f"{what}: the partial download holds {have} bytes on disk, not the {size} that were "
                                f"verified (something else wrote to it); it was deleted: run the pull again")
+    os.replace(partial, final)
 
 
 def fetch(url: str, partial: Path, sha256, kept: int, *, size: int | None, headers: dict[str, str],

@@ -128,17 +128,8 @@ class ModelDrafter:
                 self._seq.truncate(n)
             else:
                 self._seq, n = self.engine.new_sequence(), 0
-        draft: list[int] = []
-        pending = tokens[n:]
-        try:
-            while len(draft) < k and len(tokens) + len(draft) < self.engine.config.n_ctx:
-                logits = self.engine.forward(self._seq, pending)
-                draft.append(int(np.argmax(logits)))
-                pending = draft[-1:]
-        except (ValueError, CtxError):
-            # No room for the draft model's KV (a model drafting for itself shares the
-            # context's page pool, outside its budget): no draft, never a failed reply;
-            # its pages go back, and it starts over at the next draft.
+        draft = _greedy(self.engine, self._seq, tokens[n:], k, len(tokens))
+        if draft is None:  # its pages go back, and it starts over at the next draft
             self._seq, self._held = self.engine.new_sequence(), []
             return []
         self._held = tokens + draft[:-1]
@@ -162,19 +153,25 @@ class ForkDrafter:
         if seq is None or seq.n_tokens != len(tokens) - 1:
             return []
         fork = seq.fork()
-        draft: list[int] = []
-        pending = [tokens[-1]]
-        extra = {} if self.lora is None else {"lora": self.lora}
         try:
-            while len(draft) < k and len(tokens) + len(draft) < self.engine.config.n_ctx:
-                logits = self.engine.forward(fork, pending, **extra)
-                draft.append(int(np.argmax(logits)))
-                pending = draft[-1:]
-        except (ValueError, CtxError):
-            return []  # no room for even the draft's pages: no draft, never a failed reply
+            return _greedy(self.engine, fork, [tokens[-1]], k, len(tokens), self.lora) or []
         finally:
             del fork  # its pages go back now
-        return draft
+
+
+def _greedy(engine: "Engine", seq, pending: list[int], k: int, n_tokens: int, lora=None) -> list[int] | None:
+    """Up to k greedy tokens after ``pending`` appended to seq (which holds the rest of
+    the n_tokens), within the context length; None when they find no room (no KV pages
+    left: a draft source that cannot run drafts nothing, never failing the reply)."""
+    draft: list[int] = []
+    extra = {} if lora is None else {"lora": lora}
+    try:
+        while len(draft) < k and n_tokens + len(draft) < engine.config.n_ctx:
+            draft.append(int(np.argmax(engine.forward(seq, pending, **extra))))
+            pending = draft[-1:]
+    except (ValueError, CtxError):
+        return None
+    return draft
 
 
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:

@@ -10,14 +10,13 @@ move through engine/http_fetch.py, as the Hub's do.
 """
 from __future__ import annotations
 
-import os
 import urllib.error
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 from ..engine.hashed_writer import hash_partial
-from ..engine.http_fetch import check_complete, claimed, fetch
+from ..engine.http_fetch import claimed, fetch, install
 from ..errors import CorruptDataError, CtxError
 
 
@@ -54,6 +53,5 @@ def fetch_blob(url: str, final: Path, sha256_hex: str, size: int | None, *, head
             partial.unlink(missing_ok=True)
             raise CorruptDataError(f"{final.name}: the downloaded bytes have sha256 {got.sha256}, not the digest "
                                    f"the manifest names; the partial download was deleted (run the pull again)")
-        check_complete(partial, size, final.name)
-        os.replace(partial, final)
+        install(partial, final, size, final.name)
     return Fetched(final, got.kept, got.received)

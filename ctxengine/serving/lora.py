@@ -76,7 +76,8 @@ class ServedLoras:
         for spec in specs:
             try:
                 scale = check_scale(spec.scale)
-                same = [a.name for a in self.adapters if a.id == cached_file_id(spec.path)]
+                spec_id = cached_file_id(spec.path)
+                same = [a.name for a in self.adapters if a.id == spec_id]
                 if same:
                     raise CtxError(f"{spec.path} is the same file as adapter {same[0]!r}")
                 adapter = model.load_lora(spec.name, spec.path)

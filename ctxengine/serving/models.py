@@ -270,13 +270,7 @@ class ServedModels:
         return next((e for e, ids in fits if ids == wanted), fits[0][0] if fits else None)
 
     def _own_adapter_ids(self, entry: CatalogEntry) -> set[str]:
-        ids = set()
-        for path in entry.adapters:
-            try:
-                ids.add(cached_file_id(path))
-            except OSError:
-                continue
-        return ids
+        return _file_ids(entry.adapters)
 
     def _adapter_ids(self, entry: CatalogEntry) -> set[str]:
         """The adapters a model runs with: those loaded, or (not loaded) the files it would load."""
@@ -284,13 +278,7 @@ class ServedModels:
             loaded = self._loaded.get(entry.name)
         if loaded is not None and loaded.loras is not None:
             return {a.id for a in loaded.loras.adapters}
-        ids = set()
-        for path in (*entry.adapters, *(spec.path for spec in self.lora)):
-            try:
-                ids.add(cached_file_id(path))
-            except OSError:
-                continue  # (loading the model says why)
-        return ids
+        return _file_ids((*entry.adapters, *(spec.path for spec in self.lora)))
 
     def _load(self, entry: CatalogEntry) -> "Model":
         from ..engine.engine import Engine
@@ -330,3 +318,13 @@ class ServedModels:
         self.changed()
         return True
 
+
+def _file_ids(paths) -> set[str]:
+    """The adapter ids (BLAKE3) of the files that can be read (loading says why the others cannot)."""
+    ids = set()
+    for path in paths:
+        try:
+            ids.add(cached_file_id(path))
+        except OSError:
+            continue
+    return ids
