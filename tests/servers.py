@@ -34,7 +34,8 @@ def ctx(*args, home: Path, env: dict | None = None, timeout: float = 120) -> sub
 class CtxServer:
     """``ctx serve`` in a child process: gRPC on a free port (``--port 0``), or
     with ``http=True`` HTTP on a free port (``--grpc-port 0``). The machine's
-    own Ollama models are left out unless ``--ollama-models`` is given."""
+    own Ollama models are left out unless ``--ollama-models`` or (in ``env``)
+    ``OLLAMA_MODELS`` is given."""
 
     def __init__(self, root: Path, *extra: str, host: str = "127.0.0.1", prefix: tuple[str, ...] = (),
                  env: dict | None = None, timeout: float = 60, http: bool = False):
@@ -47,7 +48,7 @@ class CtxServer:
         root.mkdir(parents=True, exist_ok=True)
         self._log = open(root / "serve.log", "w+")
         ports = ["--port", str(self.port), "--grpc-port", "0"] if http else ["--port", "0", "--grpc-port", str(self.port)]
-        if "--ollama-models" not in extra:
+        if "--ollama-models" not in extra and "OLLAMA_MODELS" not in (env or {}):
             extra = (*extra, "--no-ollama")
         cmd = [*prefix, *CTX, "serve", *ports, "--host", host, "--store", str(self.store), *extra]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=self._log,

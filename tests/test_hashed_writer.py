@@ -39,6 +39,25 @@ def test_a_full_disk_is_raised_to_the_receiver_and_buffers_still_come_back():
     assert released == [0]
 
 
+def test_progress_that_refuses_to_go_on_stops_the_writer_and_reaches_the_receiver(tmp_path):
+    # A server's pull whose client left: its progress raises on the writer thread; the
+    # receiver gets that exception, the buffers written so far stay, none after them.
+    class Left(Exception):
+        pass
+
+    def progress(n):
+        if sum(seen) >= 3 << 20:
+            raise Left()
+        seen.append(n)
+
+    seen, released = [], []
+    with pytest.raises(Left):
+        with open(tmp_path / "f", "wb") as out, HashedWriter(out, hashlib.sha256(), progress) as writer:
+            for i in range(16):
+                writer.write(os.urandom(1 << 20), release=lambda i=i: released.append(i))
+    assert (tmp_path / "f").stat().st_size == 4 << 20 and sorted(released) == list(range(len(released)))
+
+
 def test_leaving_by_an_exception_keeps_what_was_received(tmp_path):
     with pytest.raises(ConnectionResetError):
         with open(tmp_path / "f", "wb") as out, HashedWriter(out, hashlib.sha256()) as writer:

@@ -1,11 +1,14 @@
 """Pulled models, served by name: `ctx serve` answers the ollama and openai
 clients with a model pulled from the (loopback) Hub and one pulled from the
 (loopback) Ollama registry, and `ctx run -hf` pulls and runs one."""
+import json
+
 import ollama
 import openai
 import pytest
 
-from pull_fixtures import GEMMA_REPO, SMOL_REPO, make_hub, make_registry, pull
+from ollama_layout import make_ollama_store
+from pull_fixtures import GEMMA_REPO, SMOL_REPO, make_hub, make_registry, pull, server_set
 from servers import CtxServer, ctx
 
 GEMMA = f"hf.co/{GEMMA_REPO}:Q4_K_M"
@@ -75,3 +78,87 @@ def test_a_name_the_hf_cache_holds_is_served_though_no_pull_listed_it(served):
         with pytest.raises(openai.NotFoundError, match="not found"):
             c.chat.completions.create(model=f"hf.co/{GEMMA_REPO}:Q8_0", messages=[{"role": "user", "content": "Hi."}],
                                       max_tokens=4)
+
+
+def test_a_server_serves_what_is_pulled_and_removed_while_it_runs(servers, smollm2_path, tmp_path):
+    # No store at the start: `ctx pull` (another process) and the ollama client's pull
+    # (through the server) both add a model the next request finds, with no restart.
+    _, registry = servers
+    other = tmp_path / "ollama-store"  # OLLAMA_MODELS: read, never written by the server
+    env = {"CTX_OLLAMA_REGISTRY": registry.url, "OLLAMA_MODELS": str(other)}
+    server = CtxServer(tmp_path, "-t", "1", http=True, env=env)
+    try:
+        with ollama.Client(host=server.url) as c:
+            assert "gemma3:270m" not in {m.model for m in c.list().models}
+            with pytest.raises(ollama.ResponseError) as err:
+                c.generate(model="gemma3:270m", prompt="Hi", options={"num_predict": 2})
+            assert err.value.status_code == 404
+
+            assert pull("ollama://gemma3:270m", home=tmp_path / "home", env=env).returncode == 0
+            r = c.chat(model="gemma3:270m", messages=[{"role": "user", "content": "Hi"}],
+                       options={"num_predict": 4, "temperature": 0})
+            assert r.model == "gemma3:270m" and r.eval_count > 0
+
+            lines = list(c.pull("smollm2:135m", stream=True))
+            assert lines[0].status == "pulling manifest" and lines[-1].status == "success"
+            blobs = [p for p in lines if p.digest]
+            assert blobs and all(p.status == f"pulling {p.digest[7:19]}" for p in blobs)
+            last = {p.digest: p for p in blobs}  # each blob's last line: all of it in
+            assert all(p.completed == p.total for p in last.values())
+            assert max(p.total for p in last.values()) > 50 << 20
+            assert {"gemma3:270m", "smollm2:135m"} <= {m.model for m in c.list().models}
+            assert c.pull("smollm2:135m", stream=False).status == "success"  # all there: nothing fetched
+            with pytest.raises(ollama.ResponseError, match="not found|not pulled"):
+                list(c.pull("library/nothing:1", stream=True))
+
+            own = tmp_path / "home"
+            gemma_blobs = {b.name for b in own.rglob("blobs/sha256-*")} - {f"sha256-{p.digest[7:]}" for p in blobs}
+            assert gemma_blobs
+            c.delete("gemma3:270m")
+            assert not any(b.name in gemma_blobs for b in own.rglob("blobs/sha256-*"))
+            assert list(own.rglob("manifests/*/library/smollm2/135m"))  # the other model's are kept
+            assert "gemma3:270m" not in {m.model for m in c.list().models}
+            with pytest.raises(ollama.ResponseError) as err:
+                c.chat(model="gemma3:270m", messages=[{"role": "user", "content": "Hi"}])
+            assert err.value.status_code == 404
+
+            make_ollama_store(other, "elsewhere:1", smollm2_path)  # Ollama's own store, say
+            assert "elsewhere:1" in {m.model for m in c.list().models}
+            with pytest.raises(ollama.ResponseError, match="not in .*it is not deleted") as err:
+                c.delete("elsewhere:1")
+            assert err.value.status_code == 400 and (other / "manifests").is_dir()
+    finally:
+        server.stop()
+
+
+def test_a_client_that_leaves_mid_pull_stops_it_and_the_next_pull_resumes(servers, tmp_path):
+    import time
+
+    import httpx
+
+    _, registry = servers
+    env = {"CTX_OLLAMA_REGISTRY": registry.url}
+    (tmp_path / "store").mkdir()
+    server = CtxServer(tmp_path, "-t", "1", "--ollama-models", str(tmp_path / "store"), http=True, env=env)
+    try:
+        with server_set(registry, rate=20e6):
+            with httpx.stream("POST", f"{server.url}/api/pull", json={"model": "smollm2:135m"}, timeout=60) as r:
+                for line in r.iter_lines():
+                    if json.loads(line).get("completed", 0) > 8 << 20:
+                        break  # and the connection closes
+            sizes = []
+            for _ in range(40):
+                partials = list((tmp_path / "store" / "blobs").glob("*-partial"))
+                sizes.append(partials[0].stat().st_size if partials else None)
+                if len(sizes) > 3 and sizes[-1] == sizes[-4]:
+                    break
+                time.sleep(0.25)
+        assert sizes[-1] is not None and 8 << 20 < sizes[-1] < 90 << 20  # stopped well before the end
+        assert not list((tmp_path / "store").rglob("manifests/*/library/smollm2/135m"))
+        before = registry.sent
+        with ollama.Client(host=server.url) as c:
+            assert c.pull("smollm2:135m", stream=False).status == "success"
+            assert registry.sent - before < (98 << 20) - sizes[-1] + (1 << 20)  # only the rest was fetched
+            assert c.generate(model="smollm2:135m", prompt="Hi", options={"num_predict": 2}).eval_count > 0
+    finally:
+        server.stop()

@@ -117,3 +117,43 @@ def test_weight_ids_map_to_served_models(tiny_paths):
     with pytest.raises(ModelNotFoundError, match="no model with weight_id 00"):
         rt.model_for_weight_id("00" * 32)
     rt.close()
+
+
+def test_a_served_catalog_sees_models_added_replaced_and_removed(tiny_paths, tmp_path, monkeypatch):
+    # `ctx serve`'s catalog is live: a model written into a store or the models folder
+    # after the start is served by name, one pulled again under its name replaces the
+    # loaded one once nothing holds it, and one removed is gone.
+    from argparse import Namespace
+
+    from ctxengine.engine.weights import cached_weight_id
+    from ctxengine.serving.catalog import catalog_from_args
+    from ollama_layout import make_ollama_store, manifest_path
+
+    monkeypatch.setattr("ctxengine.serving.catalog.RECHECK_S", 0.0)  # a known name is looked up afresh too
+    store, folder = tmp_path / "ollama", tmp_path / "models"
+    store.mkdir(), folder.mkdir()
+    args = Namespace(model=[], models_dir=str(folder), ollama_models=[str(store)], no_ollama=False)
+    runtime = Runtime(catalog_from_args(args), threads=1)
+    try:
+        with pytest.raises(ModelNotFoundError):
+            runtime.model("m:1")
+        make_ollama_store(store, "m:1", tiny_paths[0])
+        first = runtime.model("m:1")
+        assert first.weight_id == cached_weight_id(tiny_paths[0])
+        (folder / "late.gguf").write_bytes(tiny_paths[1].read_bytes())
+        assert "late" in [e.name for e in runtime.catalog.entries()]
+        assert runtime.model("late").weight_id == cached_weight_id(tiny_paths[1])
+
+        with runtime.lease("m:1"):
+            make_ollama_store(store, "m:1", tiny_paths[1])  # pulled again: other weights
+            assert runtime.model("m:1") is first  # a request holds it: it serves on
+        second = runtime.model("m:1")
+        assert second is not first and second.weight_id == cached_weight_id(tiny_paths[1])
+        assert runtime.model("m:1") is second
+
+        manifest_path(store, "m:1").unlink()
+        with pytest.raises(ModelNotFoundError):
+            runtime.model("m:1")
+        assert "m:1" not in [e.name for e in runtime.catalog.entries()]
+    finally:
+        runtime.close()

@@ -22,7 +22,7 @@ from starlette.exceptions import HTTPException
 from ..errors import CtxError
 from ..serving.exports import __version__
 from ..serving.generation import Generations
-from . import anthropic, contexts, fleet, lora, ollama, openai, ops
+from . import anthropic, contexts, fleet, lora, ollama, ollama_store, openai, ops
 from . import responses, studio
 from .arguments import DEFAULT_MAX_BODY
 from .errors import ApiError, as_api_error, dialect_of, error_response
@@ -48,6 +48,7 @@ def build_app(runtime, *, api_key: str | None = None, max_body: int = DEFAULT_MA
     app.include_router(openai.routes(runtime, generations, metrics))
     app.include_router(anthropic.routes(runtime, generations))
     app.include_router(ollama.routes(runtime, generations, metrics))
+    app.include_router(ollama_store.routes(runtime))
     app.include_router(contexts.routes(runtime))
     app.include_router(responses.routes(runtime, generations))
     app.include_router(fleet.routes(runtime))

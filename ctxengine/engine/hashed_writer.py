@@ -45,8 +45,9 @@ class HashedWriter:
     ``release()`` if one was given (to reuse the buffer). At most LIMIT bytes wait for the
     writer: slack enough that neither thread often sleeps on the other, which on a busy
     machine costs a wake-up each time. ``wait()`` returns once all that was handed over is
-    written; the first write error (a full disk) is raised by the next ``write``, ``wait``
-    or ``close``, and nothing after it is written (buffers are still released). Use it as
+    written; the first write error (a full disk), or exception from ``progress`` (a
+    server's pull whose client left), is raised by the next ``write``, ``wait`` or
+    ``close``, and nothing after it is written (buffers are still released). Use it as
     a context manager: leaving it (even by an exception) writes what was handed over and
     stops the thread, so a broken-off download keeps every byte it received."""
 
@@ -55,7 +56,7 @@ class HashedWriter:
         self._pending: deque = deque()   # (data, release) handed over and not yet taken by the writer
         self._held = 0                   # bytes handed over and not yet written
         self._closing = False
-        self._failed: OSError | None = None
+        self._failed: Exception | None = None
         self._cond = threading.Condition()
         self._thread = threading.Thread(target=self._run, name="hashed-writer", daemon=True)
         self._thread.start()
@@ -125,7 +126,7 @@ class HashedWriter:
                 self.out.write(data)
                 if self.progress is not None:
                     self.progress(len(data))
-        except OSError as err:
+        except Exception as err:  # noqa: BLE001 - raised again on the thread that hands buffers over
             self._failed = err
         finally:
             if release is not None:

@@ -34,6 +34,7 @@ import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from .. import paths
 from ..engine.model_source import CatalogEntry
@@ -75,12 +76,19 @@ def registry_base(name: OllamaName) -> str:
     return f"{scheme}://{name.host}"
 
 
-def pull_ollama(spec: str, *, store: str | os.PathLike | None = None, progress=None) -> PulledModel:
+def pull_ollama(spec: str, *, store: str | os.PathLike | None = None, progress=None,
+                stage: Callable[[str, str | None, int | None], None] | None = None) -> PulledModel:
     """Pull ``[HOST/]NAMESPACE/NAME:TAG`` into store (default: own_store()).
-    ``progress(total)`` makes a context manager whose ``update(n)`` is told each n bytes."""
+    ``progress(total)`` makes a context manager whose ``update(n)`` is told each n bytes.
+    ``stage(status, digest, size)`` is told each step as Ollama's server names it:
+    "pulling manifest"; "pulling <12 hex>" before each blob (with its digest and size);
+    "verifying sha256 digest" once every blob is in (each was checked as it landed);
+    "writing manifest"."""
+    stage = stage or (lambda status, digest, size: None)
     name = parse_model_name(spec)
     root = Path(store).expanduser() if store is not None else own_store()
     base = registry_base(name)
+    stage("pulling manifest", None, None)
     raw = _manifest(base, name, root)
     blobs = _blobs_of(raw, name)
     total = sum(size for _, size in blobs)
@@ -96,12 +104,15 @@ def pull_ollama(spec: str, *, store: str | os.PathLike | None = None, progress=N
     started = time.perf_counter()
     with _bar(progress, total, name) as bar:
         for hex_, size in blobs:
+            stage(f"pulling {hex_[:12]}", f"sha256:{hex_}", size)
             url = f"{base}/v2/{name.namespace}/{name.model}/blobs/sha256:{hex_}"
             got = fetch_blob(url, blob_dir / f"sha256-{hex_}", hex_, size, headers={},
                              progress=bar.update, describe=lambda err: _http_error(err, name, base, "blob"))
             received += got.received
             resumed += got.resumed_from
     seconds = time.perf_counter() - started
+    stage("verifying sha256 digest", None, None)
+    stage("writing manifest", None, None)
     manifest = _write_manifest(root, name, raw)
     return PulledModel(read_manifest(root, name, manifest), manifest, total, received, resumed, seconds)
 

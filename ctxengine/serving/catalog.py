@@ -2,18 +2,31 @@
 packaged models give (engine/catalog.py), then every model in Ollama's stores
 (ollama/store.py). ``ctx serve`` (HTTP and gRPC alike) and ``ctx models`` build
 theirs here.
+
+A server's catalog is live (``LiveCatalog``): a model pulled, copied into a
+store or folder, or removed while it serves is listed, served or gone by the
+next request, as Ollama's server sees ``ollama pull`` and ``ollama rm``.
 """
 from __future__ import annotations
 
 import argparse
 import os
+import threading
+import time
 from pathlib import Path
-from typing import Iterable
+from typing import Callable, Iterable
 
+from .. import paths
 from ..engine.catalog import ModelCatalog
+from ..engine.hf_pull import INDEX
+from ..engine.model_source import CatalogEntry
+from ..engine.registry import MODELS
 from ..errors import ModelNotFoundError
+from ..ollama.registry_pull import own_store
 from ..ollama.store import add_ollama_models, ollama_roots
 from ..state.model import MODEL_SOURCES
+
+RECHECK_S = 1.0  # how stale a served catalog may be for a name it knows (LiveCatalog)
 
 
 def build_catalog(model_paths: Iterable[str | os.PathLike] = (), models_dir: str | os.PathLike | None = None, *,
@@ -32,14 +45,100 @@ def found_ollama_stores() -> list[Path]:
     return [r for r in ollama_roots() if r.is_dir()]
 
 
-def catalog_from_args(args: argparse.Namespace) -> ModelCatalog:
+def catalog_from_args(args: argparse.Namespace) -> "LiveCatalog":
     """``ctx serve``'s catalog: -m, --models-dir, then --ollama-models (default: the
-    usual stores) unless --no-ollama."""
-    roots: list[Path] = []
-    if not getattr(args, "no_ollama", False):
+    usual stores, those that exist at each look) unless --no-ollama."""
+    given: list[Path] = []
+    use_ollama = not getattr(args, "no_ollama", False)
+    if use_ollama:
         given = [Path(d).expanduser() for d in getattr(args, "ollama_models", [])]
         for d in given:
             if not d.is_dir():
                 raise ModelNotFoundError(f"Ollama model store {d} does not exist")
-        roots = given or found_ollama_stores()
-    return build_catalog(args.model, args.models_dir, ollama=roots)
+
+    def roots() -> list[Path]:
+        return (given or found_ollama_stores()) if use_ollama else []
+
+    def build() -> ModelCatalog:
+        return build_catalog(args.model, args.models_dir, ollama=roots())
+
+    def watched() -> tuple:
+        return _watched(args.model, args.models_dir, roots())
+
+    writable = (given[0] if given else own_store()) if use_ollama else None
+    return LiveCatalog(build, watched, ollama_roots=roots, writable=writable)
+
+
+class LiveCatalog(ModelCatalog):
+    """A catalog built again whenever what it was built from has changed: the
+    ``-m`` files, the models folder's GGUF files, the Ollama stores' manifests,
+    the Hugging Face pulls' index, the packaged models' files. It looks (a stat
+    of each of those files, no model file read) before every listing, on every
+    name it does not know, and at most every ``RECHECK_S`` on names it knows:
+    a request right after ``ctx pull`` finds the model, and one a second after
+    a model was pulled again gets the new one. An entry handed out never changes."""
+
+    def __init__(self, build: Callable[[], ModelCatalog], watched: Callable[[], object], *,
+                 ollama_roots: Callable[[], list[Path]] = list, writable: Path | None = None):
+        super().__init__()
+        self._build, self._watched = build, watched
+        self.ollama_roots = ollama_roots  # the Ollama stores it serves, as they are now
+        self.writable = writable  # the one a client's pull writes into (serving/pulls.py); None: no pulls
+        self._seen: object = None
+        self._checked = 0.0  # time.monotonic() of the last look
+        self._rebuilding = threading.Lock()
+        self.refresh()
+
+    def refresh(self) -> bool:
+        """Build the catalog again if what it reads has changed; whether it did."""
+        self._checked = time.monotonic()
+        if self._watched() == self._seen:
+            return False
+        with self._rebuilding:
+            seen = self._watched()  # before the build: a change during it is seen next time
+            if seen == self._seen:
+                return False
+            fresh = self._build()
+            self.sources = fresh.sources
+            self._entries, self._by_name = fresh._entries, fresh._by_name
+            self._seen = seen
+        return True
+
+    def entries(self) -> list[CatalogEntry]:
+        self.refresh()
+        return super().entries()
+
+    def lookup(self, name: str) -> CatalogEntry | None:
+        if time.monotonic() - self._checked >= RECHECK_S:
+            self.refresh()
+        entry = super().lookup(name)
+        if entry is None and self.refresh():
+            entry = super().lookup(name)
+        return entry
+
+    @property
+    def default(self) -> CatalogEntry | None:
+        self.refresh()
+        return super().default
+
+
+def _watched(model_paths: Iterable[str | os.PathLike], models_dir: str | os.PathLike | None,
+             roots: Iterable[Path]) -> tuple:
+    """(path, mtime, size) of every file a catalog is built from."""
+    files = [Path(os.path.expanduser(p)) for p in model_paths]
+    if models_dir is not None:
+        folder = Path(os.path.expanduser(models_dir))
+        files += sorted(folder.rglob("*.gguf")) if folder.is_dir() else [folder]
+    for root in roots:
+        base = root / "manifests"
+        files += [base, *sorted(base.glob("*/*/*/*"))]
+    files += [paths.data_dir() / INDEX, *(known.target for known in MODELS)]
+    return tuple(_stat(p) for p in files)
+
+
+def _stat(path: Path) -> tuple:
+    try:
+        st = path.stat()
+    except OSError:
+        return (str(path),)
+    return (str(path), st.st_mtime_ns, st.st_size)

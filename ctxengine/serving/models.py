@@ -97,14 +97,14 @@ class ServedModels:
         """The loaded model for a name, loading it (and unloading others) if needed."""
         entry = self.resolve(name)
         with self._lock:
-            loaded = self._loaded.get(entry.name)
+            loaded = self._current(entry)
             if loaded is not None:
                 loaded.last_used = time.time()
                 return loaded.model
             gate = self._loading.setdefault(entry.name, threading.Lock())
         with gate:  # one load per model at a time; other models load in parallel
             with self._lock:
-                loaded = self._loaded.get(entry.name)
+                loaded = self._current(entry)
                 if loaded is not None:
                     return loaded.model
             model = self._load(entry)
@@ -295,6 +295,15 @@ class ServedModels:
         model.contexts.store = self.store  # idle contexts are evicted there when pages run out
         return model
 
+    def _current(self, entry: CatalogEntry) -> LoadedEntry | None:
+        """The loaded model for a catalog entry. A name whose model changed since it
+        was loaded (pulled again, its file replaced) is unloaded so that the new one
+        loads, unless a request or a named context holds it: then it serves on."""
+        loaded = self._loaded.get(entry.name)
+        if loaded is not None and not _same_model(loaded.entry, entry) and self._maybe_unload(loaded):
+            return None
+        return loaded
+
     def _expire(self) -> None:
         now = time.time()
         for loaded in list(self._loaded.values()):
@@ -317,6 +326,13 @@ class ServedModels:
         loaded.model.close()
         self.changed()
         return True
+
+
+def _same_model(loaded: CatalogEntry, listed: CatalogEntry) -> bool:
+    """Whether a catalog entry still names the model loaded from an older one (a packaged
+    model listed before its file was built, modified 0, is the file built since)."""
+    return ((loaded.path, loaded.digest, loaded.adapters) == (listed.path, listed.digest, listed.adapters)
+            and loaded.modified in (0.0, listed.modified))
 
 
 def _file_ids(paths) -> set[str]:
