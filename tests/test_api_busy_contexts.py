@@ -121,6 +121,19 @@ def test_a_prompt_that_cannot_fit_is_refused_before_it_is_tokenized(server):
     assert time.perf_counter() - t < 20  # tokenizing a 4 MB word took a minute of BPE
 
 
+def test_text_that_cannot_fit_a_named_context_is_refused_before_it_is_tokenized(server):
+    assert server.post("/v1/contexts", {"name": "roomy", "model": "smollm2"}).status_code == 201
+    assert server.post("/v1/contexts/roomy/append", {"text": "Hello there."}).status_code == 200
+    t = time.perf_counter()
+    for path, body in (("/v1/contexts/roomy/append", {"text": "x" * (4 << 20)}),
+                       ("/v1/chat/completions", {"model": "smollm2", "context": "roomy", "max_tokens": 1,
+                                                 "messages": [{"role": "user", "content": "y" * (4 << 20)}]})):
+        r = server.post(path, body)
+        assert r.status_code == 400 and "would hold at least" in r.text, r.text
+    assert time.perf_counter() - t < 30  # each would have been a minute of BPE
+    assert server.get("/v1/contexts/roomy").json()["n_tokens"] < 10  # and nothing was added
+
+
 def test_a_method_not_allowed_is_the_clients_error(server):
     r = httpx.delete(server.url + "/v1/models")
     assert r.status_code == 405 and r.json()["error"]["type"] == "invalid_request_error"

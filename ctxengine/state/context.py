@@ -142,6 +142,7 @@ class Context:
         """
         with self.hold():
             if isinstance(content, str):
+                self._check_room(self.engine.tokenizer.at_least_tokens(content), "at least ")  # before any BPE
                 ids = self.engine.tokenize(content, parse_special=parse_special)
                 if not self._tokens:
                     ids = self.engine.tokenizer.with_bos(ids)
@@ -366,10 +367,9 @@ class Context:
             raise ContextError(f"token id {bad[0]} is outside the vocabulary (0..{n_vocab - 1})")
         return ids
 
-    def _check_room(self, n_new: int) -> None:
-        n_ctx = self.engine.config.n_ctx
-        if len(self._tokens) + n_new > n_ctx:
-            raise ContextError(f"context '{self.name}' would hold {len(self._tokens) + n_new} tokens; "
+    def _check_room(self, n_new: int, bound: str = "") -> None:
+        if len(self._tokens) + n_new > (n_ctx := self.engine.config.n_ctx):
+            raise ContextError(f"context '{self.name}' would hold {bound}{len(self._tokens) + n_new} tokens; "
                                f"the model's context length is {n_ctx}")
 
     def _if_idle(self, read):
