@@ -136,13 +136,14 @@ def test_models_store_gc_and_export(server, tmp_path):
 
 
 def test_live_counters_count_tokens_as_they_stream(server, openai_client):
-    before = server.metric("ctx_sampled_tokens_total")
-    r = openai_client.chat.completions.create(model="smollm2", max_tokens=6, temperature=0,
-                                              messages=[{"role": "user", "content": "Count: one, two,"}])
-    sampled = server.metric("ctx_sampled_tokens_total") - before
-    # every generated token is counted as it streams, less an end-of-turn token (never streamed)
-    n = r.usage.completion_tokens
-    assert sampled == (n if r.choices[0].finish_reason == "length" else n - 1)
+    for max_tokens in (6, 200):  # the second ends with an end-of-turn token, which streams no text
+        before = server.metric("ctx_sampled_tokens_total"), server.metric("ctx_generated_tokens_total")
+        r = openai_client.chat.completions.create(model="smollm2", max_tokens=max_tokens, temperature=0,
+                                                  messages=[{"role": "user", "content": "Say hi."}])
+        sampled = server.metric("ctx_sampled_tokens_total") - before[0]
+        generated = server.metric("ctx_generated_tokens_total") - before[1]
+        assert sampled == generated == r.usage.completion_tokens  # every sampled token, when it ends
+    assert r.choices[0].finish_reason == "stop"
     assert "ctx_forward_queue{" in server.get("/metrics").text
 
 

@@ -297,10 +297,12 @@ class Generation:
         pieces = ctx.generate(max_tokens, stop=s.stop, grammar=self._grammar(model), speculative=s.speculative,
                               **s.params)
         sampled = self.metrics.sampled_tokens.labels(self.entry.name) if self.metrics is not None else None
+        counted = 0
         try:
             for piece in pieces:
                 if piece.token_id is not None and sampled is not None:
                     sampled.inc()
+                    counted += 1
                 if piece.text:
                     parts.append(piece.text)
                     self._text(split.push(piece.text) if split is not None else piece.text)
@@ -315,6 +317,8 @@ class Generation:
             self._text(split.finish()[0])  # the held text that was no call
             text, calls = parse_tool_calls(reply)
         new = ctx.tokens[n0:]
+        if sampled is not None and len(new) > counted:
+            sampled.inc(len(new) - counted)  # those no piece carried: the end of turn a reply ends with
         stop = None
         if ctx.finish_reason == "stop" and new and new[-1] not in model.tokenizer.eog_ids:
             stop = _which_stop(model.detokenize(new), reply, s.stop)
