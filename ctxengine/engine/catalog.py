@@ -152,15 +152,30 @@ def _mtime(path: Path | None) -> float:
         return 0.0
 
 
+_reasons: dict[tuple, str | None] = {}  # by the file's identity (a served catalog is built again often)
+
+
 def unservable_reason(path: Path) -> str | None:
-    """Why the engine cannot run this GGUF file (a split model: its first part), or None."""
+    """Why the engine cannot run this GGUF file (a split model: its first part), or None.
+    Remembered while the file is the same (device, inode, size, mtime): reading a header
+    walks the whole vocabulary, tens of milliseconds a model."""
     from .config import unsupported_reason  # loads the native core: only when a file is looked at
 
     try:
+        st = path.stat()
+        key = (str(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    except OSError:
+        key = None
+    if key is not None and key in _reasons:
+        return _reasons[key]
+    try:
         with open_gguf(path, header_only=True) as f:
-            return unsupported_reason(f)
+            why = unsupported_reason(f)
     except CtxError as err:
-        return str(err)
+        why = str(err)
+    if key is not None:
+        _reasons[key] = why
+    return why
 
 
 def _file_entry(path: Path, source: str, *, name: str | None = None) -> CatalogEntry:

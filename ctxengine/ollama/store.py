@@ -26,8 +26,7 @@ from typing import Iterable
 
 from .. import paths
 from ..errors import CtxError, InvalidNameError
-from ..engine.catalog import ModelCatalog
-from ..engine.gguf_file import open_gguf
+from ..engine.catalog import ModelCatalog, unservable_reason
 from ..engine.model_source import CatalogEntry
 
 DEFAULT_HOST = "registry.ollama.ai"
@@ -263,10 +262,7 @@ def _read_layers(root: Path, layers: list, entry: CatalogEntry) -> Path:
 
 def _check_gguf(path: Path) -> None:
     """What the engine would refuse, read from the header only (no weights loaded)."""
-    from ..engine.config import unsupported_reason  # loads the native core: only when a manifest is read
-
-    with open_gguf(path, header_only=True) as f:
-        why = unsupported_reason(f)
+    why = unservable_reason(path)
     if why is not None:
         raise _Refused(why)
 

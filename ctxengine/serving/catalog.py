@@ -66,7 +66,7 @@ def catalog_from_args(args: argparse.Namespace) -> "LiveCatalog":
         return _watched(args.model, args.models_dir, roots())
 
     writable = (given[0] if given else own_store()) if use_ollama else None
-    return LiveCatalog(build, watched, ollama_roots=roots, writable=writable)
+    return LiveCatalog(build, watched, writable=writable)
 
 
 class LiveCatalog(ModelCatalog):
@@ -74,15 +74,15 @@ class LiveCatalog(ModelCatalog):
     ``-m`` files, the models folder's GGUF files, the Ollama stores' manifests,
     the Hugging Face pulls' index, the packaged models' files. It looks (a stat
     of each of those files, no model file read) before every listing, on every
-    name it does not know, and at most every ``RECHECK_S`` on names it knows:
-    a request right after ``ctx pull`` finds the model, and one a second after
-    a model was pulled again gets the new one. An entry handed out never changes."""
+    name it does not know, and at most every ``RECHECK_S`` on names it knows
+    and on the default model: a request right after ``ctx pull`` finds the
+    model, and one a second after a model was pulled again gets the new one.
+    An entry handed out never changes."""
 
     def __init__(self, build: Callable[[], ModelCatalog], watched: Callable[[], object], *,
-                 ollama_roots: Callable[[], list[Path]] = list, writable: Path | None = None):
+                 writable: Path | None = None):
         super().__init__()
         self._build, self._watched = build, watched
-        self.ollama_roots = ollama_roots  # the Ollama stores it serves, as they are now
         self.writable = writable  # the one a client's pull writes into (serving/pulls.py); None: no pulls
         self._seen: object = None
         self._checked = 0.0  # time.monotonic() of the last look
@@ -118,7 +118,8 @@ class LiveCatalog(ModelCatalog):
 
     @property
     def default(self) -> CatalogEntry | None:
-        self.refresh()
+        if time.monotonic() - self._checked >= RECHECK_S or super().default is None:
+            self.refresh()
         return super().default
 
 
