@@ -32,6 +32,31 @@ def test_tokenizer_matches_llama_cpp_live(smol, texts, smollm2_ref, llamacpp, sm
         assert smol.tokenize(text) == want, f"{text[:40]!r}"
 
 
+def test_code_points_are_classed_as_llama_cpp_classes_them(smol, llamacpp, smollm2_path):
+    # The pre-tokenizer's letters, digits, punctuation and whitespace are llama.cpp's tables',
+    # whatever Unicode version the `regex` module knows: every code point the two disagree on,
+    # a sample of the rest and the whitespace, each between a letter, a contraction and a digit.
+    import random
+    import re
+
+    import regex
+
+    from ctxengine.text.tokenizer_bpe import llama_classes
+
+    ours = re.compile(llama_classes(r"\p{L}|\p{N}|\p{P}"))
+    theirs = regex.compile(r"\p{L}|\p{N}|\p{P}")
+    points = [c for c in range(0x110000) if not 0xD800 <= c < 0xE000]
+    rng = random.Random(20261203)
+    odd = [c for c in points if (ours.fullmatch(chr(c)) is None) != (theirs.fullmatch(chr(c)) is None)]
+    spaces = [*range(0x9, 0xE), *range(0x1C, 0x21), 0x85, 0xA0, 0x1680, 0x180E, *range(0x2000, 0x200C),
+              0x2028, 0x2029, 0x202F, 0x205F, 0x3000, 0xFEFF]  # llama.cpp's whitespace, and some it is not
+    texts = [f"a{chr(c)}'s {chr(c)}7" for c in odd[::7] + rng.sample(points, 3000) + spaces]
+    texts += [f"a {chr(c)}{chr(c)} b{chr(c)}\n{chr(c)}" for c in spaces]
+    want = llamacpp.run(smollm2_path, [{"kind": "tokenize", "texts": texts}])[0]["ids"]
+    bad = [(t, smol.tokenize(t), w) for t, w in zip(texts, want) if smol.tokenize(t) != w]
+    assert not bad, f"{len(bad)} of {len(texts)} differ, e.g. {bad[:3]}"
+
+
 def test_full_vocabulary_logits_equal_llama_cpp_bit_for_bit(smol, texts, llamacpp, smollm2_path):
     worst = (0.0, None)
     n_positions = n_differ = 0

@@ -8,12 +8,13 @@ rank first. Words never merge with each other, so each word's ids are cached.
 from __future__ import annotations
 
 import heapq
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-import regex
-
 from ctxengine.errors import TokenizerError
+
+from . import unicode_classes
 
 
 def _byte_alphabet() -> list[str]:
@@ -39,8 +40,10 @@ _LATIN1_TO_ALPHABET = {b: c for b, c in enumerate(BYTE_TO_CHAR)}
 
 # The regexes of llama.cpp's llm_tokenizer_bpe, by pre-tokenizer family. They
 # run one after the other: each splits the pieces the previous one left, and
-# text between matches stays a piece of its own. llama.cpp's Unicode tables are
-# generated from this `regex` module's \p{L}, \p{N} and \s, so the classes agree.
+# text between matches stays a piece of its own. Their \p{L}, \p{N}, \p{P} and
+# \s are llama.cpp's classes (llama_classes), not the `regex` module's, which
+# knows letters Unicode has added since llama.cpp's table was made; spelled out,
+# they run in the standard library's `re`, whose big sets are bitmaps.
 _GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
 _CONTRACTIONS = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"
 _LLAMA3 = (
@@ -166,7 +169,7 @@ class BpeEncoder:
                  pre: PreTokenizer):
         self._token_to_id = token_to_id
         self._ranks = ranks
-        self._patterns = [regex.compile(p) for p in pre.patterns]
+        self._patterns = [re.compile(llama_classes(p)) for p in pre.patterns]
         self._ignore_merges = pre.ignore_merges
         self._cache: dict[str, list[int]] = {}
 
@@ -214,7 +217,46 @@ class BpeEncoder:
         return ids
 
 
-def _split_keeping_gaps(pattern: regex.Pattern, piece: str) -> list[str]:
+def _class_body(ranges: str) -> str:
+    return "".join(rf"\U{int(a, 16):08x}-\U{int(b, 16):08x}" for a, b in (r.split("-") for r in ranges.split()))
+
+
+_CLASSES = {r"\p{L}": _class_body(unicode_classes.LETTER), r"\p{N}": _class_body(unicode_classes.NUMBER),
+            r"\p{P}": _class_body(unicode_classes.PUNCTUATION), r"\s": _class_body(unicode_classes.WHITESPACE)}
+_NOT_SPACE = "[^" + _CLASSES[r"\s"] + "]"
+
+
+def llama_classes(pattern: str) -> str:
+    """``pattern`` with each \\p{L}, \\p{N}, \\p{P}, \\s and \\S spelled as llama.cpp's tables
+    have them (text/unicode_classes.py): the ranges alone inside a [set], a set outside one."""
+    out, in_set, i = [], False, 0
+    while i < len(pattern):
+        c = pattern[i]
+        name = next((n for n in _CLASSES if pattern.startswith(n, i)), None)
+        if name is not None:
+            out.append(_CLASSES[name] if in_set else f"[{_CLASSES[name]}]")
+            i += len(name)
+            continue
+        if pattern.startswith(r"\S", i):
+            if in_set:
+                raise ValueError(rf"\S inside a set cannot be spelled out: {pattern!r}")
+            out.append(_NOT_SPACE)
+            i += 2
+            continue
+        if c == "\\":  # an escape: its next character is never a set's bracket
+            out.append(pattern[i: i + 2])
+            i += 2
+            continue
+        if c == "[" and not in_set:
+            in_set = True
+        elif c == "]" and in_set:
+            in_set = False
+        out.append(c)
+        i += 1
+    return "".join(out)
+
+
+def _split_keeping_gaps(pattern: re.Pattern, piece: str) -> list[str]:
     """The matches of ``pattern`` in ``piece`` and the text between them, in order."""
     parts: list[str] = []
     done = 0
