@@ -2,7 +2,9 @@
 rewound (the lookup index held positions past the cut), a model drafting for
 itself in a pool plain decoding fits (it held a second copy of the context), and
 a JSON reply whose closer forces its last tokens (settle kept KV for forced
-tokens that matched drafts, which plain decoding does not compute)."""
+tokens that matched drafts, which plain decoding does not compute), drafts in a
+nearly full pool (their pages failed the reply, or evicted an idle context),
+and a second generator on one context (closing the first dropped its drafts)."""
 import gc
 import json
 
@@ -73,6 +75,53 @@ def test_a_model_drafting_for_itself_fits_where_plain_decoding_fits(smollm2_path
         assert stats.drafted > 0 and stats.accepted == stats.drafted  # the same model, the same KV: every draft right
     finally:
         small.close()
+
+
+def test_drafts_never_take_pages_plain_decoding_would_not(smollm2_path, model, monkeypatch, tmp_path):
+    # Nearly full pool: a reply that copies the prompt's end is drafted past its own end of
+    # turn. Plain decoding fits; the drafts once asked for pages it never needs and the reply
+    # failed ("page pool is full"), or (with a store) evicted an idle context. Now they go
+    # only onto pages free at the time, else the draft is cut to plain decoding's pages.
+    prompt = model.tokenize(chat(model, "Repeat exactly: the cat sat on the mat."), parse_special=True)
+    outs = []
+    for speculative in (False, True):
+        for store in (None, ce.Store(tmp_path / f"store-{speculative}")):
+            small = Model(Engine(smollm2_path, threads=1, kv_budget=16 * model.engine.pool.page_bytes))
+            small.contexts.store = store
+            free_rows(monkeypatch, small)
+            try:
+                idle = small.context("idle")
+                idle.append([200 + i for i in range(240 - 16 * -(-len(prompt) // 16))])
+                c = small.context("c")
+                c.append(prompt)
+                toks = [p.token_id for p in c.generate(40, speculative=speculative, temperature=0.0)]
+                outs.append((toks, c.finish_reason, c.n_cached, idle.residency.name))
+                if speculative:
+                    assert c.speculation.drafted > 0
+            finally:
+                small.close()
+    assert outs[0] == outs[1] == outs[2] == outs[3] and outs[0][1] == "stop" and outs[0][3] == "LIVE"
+
+
+def test_a_second_generation_on_a_context_keeps_its_drafts_settled(model, monkeypatch, tmp_path):
+    # One thread, two generators on one context: closing the first once dropped the second's
+    # speculation, whose drafts then stayed in the KV (a snapshot refused n_tokens > tokens).
+    free_rows(monkeypatch, model)
+    store = ce.Store(tmp_path / "store")
+    outs = []
+    for speculative in (False, True):
+        c = model.context(f"twice-{speculative}")
+        c.append(chat(model, REPEAT), parse_special=True)
+        first = c.generate(40, speculative=speculative, temperature=0.0)
+        head = [next(first).token_id for _ in range(5)]
+        second = c.generate(40, speculative=speculative, temperature=0.0, seed=1)
+        head += [next(second).token_id for _ in range(7)]
+        first.close()
+        c.snapshot(store, ref=f"twice-{speculative}")
+        assert c.n_cached <= c.n_tokens
+        outs.append((head, [p.token_id for p in second], c.tokens, c.n_cached))
+        c.delete()
+    assert outs[0] == outs[1]
 
 
 @pytest.mark.parametrize("n", [20, 48])

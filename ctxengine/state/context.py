@@ -251,8 +251,7 @@ class Context:
                     yield Piece(rest, None)
             finally:
                 if spec is not None:
-                    spec.settle()
-                    self._speculation, self.speculation = None, spec.stats
+                    spec.finish()
                 self.sampler_state = sampler.state()
                 # A finished grammar is over; an unfinished one waits for the next generate().
                 if constraint is not None and self.finish_reason == "stop":

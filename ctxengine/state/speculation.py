@@ -24,13 +24,14 @@ from typing import TYPE_CHECKING, Protocol, Sequence
 import numpy as np
 
 from ..engine.lora import LoraSet
+from ..engine.scheduler import pages_needed
 from ..engine.speculative import (Drafter, DraftLength, ForkDrafter, LookupDrafter, ModelDrafter,
                                   SpeculationStats)
 from .residency import KVState, Residency
 
 if TYPE_CHECKING:
     from ..engine.engine import Engine
-    from .budget import Promise
+    from .budget import PageBudget, Promise
 
 MIN_SHARED = 16  # a relative shares at least this many leading tokens (or all of the shorter)
 # Among other streams a sequence drafts at most its share of SHARED_ROWS a step,
@@ -40,6 +41,8 @@ SHARED_ROWS = 16
 
 class Relatives(Protocol):
     """The table a speculating context lives in, as far as its drafter looks."""
+
+    budget: PageBudget  # the page pool's promises
 
     def others(self, ctx: Speculating) -> Sequence[Speculating]: ...
 
@@ -55,6 +58,7 @@ class Speculating(Protocol):
     _tokens: list[int]
     _kv: KVState
     _table: Relatives
+    _speculation: "Speculation | None"  # the generation's now under way, if any
 
     @property
     def engine(self) -> Engine: ...
@@ -97,17 +101,44 @@ class Speculation:
         if not draft:
             self.length.plain_step()
             return ctx._sync()
+        draft, reserve = self._fit(seq, draft)
+        if not draft:
+            self.length.plain_step()
+            return ctx._sync()
         base = seq.n_tokens
         # The drafts' rows may be taken back: no page is released past what the kept
         # length calls for (settle ends the deferral), so the pages end as plain decoding's.
         seq.defer_release(True)
         try:
-            rows = ctx.engine.verify(seq, [ctx._tokens[-1], *draft], reserve=ctx._reserve_pages, lora=ctx.lora)
+            rows = ctx.engine.verify(seq, [ctx._tokens[-1], *draft], reserve=reserve, lora=ctx.lora)
         except BaseException:
             seq.defer_release(False)
             raise
         self._base, self._draft, self._rows, self._used = base, draft, rows, 1
         return rows[0]
+
+    def _fit(self, seq, draft: list[int]):
+        """(the drafts to verify, how their pages are reserved): the drafts never make the
+        pool evict a context or wait where plain decoding would not. Rows on pages beyond
+        the ones plain decoding's one row needs go only onto pages free right now; when
+        there are none, the draft is cut back to the pages plain decoding takes anyway."""
+        page = self.ctx.engine.scheduler.page_tokens
+        plain = pages_needed(seq, 1, page)
+        if pages_needed(seq, 1 + len(draft), page) > plain:
+            held = self.ctx._table.budget.promise(pages_needed(seq, 1 + len(draft), page))
+            if held is not None:
+                return draft, lambda n: held
+            while draft and pages_needed(seq, 1 + len(draft), page) > plain:
+                draft = draft[:-1]
+        return draft, self.ctx._reserve_pages
+
+    def finish(self) -> None:
+        """The generation is over: settle, count, and let go of the context (unless a later
+        generate() of the same context has taken it over)."""
+        self.settle()
+        self.ctx.speculation = self.stats
+        if self.ctx._speculation is self:
+            self.ctx._speculation = None
 
     def _budget(self, room: int) -> int:
         """How many tokens to draft now, at most ``room``: the length that pays best
@@ -155,6 +186,8 @@ class Speculation:
 def start_speculation(ctx: Speculating, speculative, max_tokens: int) -> Speculation | None:
     """A generation's speculation: ``speculative`` None (the model's default), False
     (none: the context's counts are reset), True (the default drafter) or a drafter."""
+    if ctx._speculation is not None:  # another generate() of this context, paused: its drafts go first
+        ctx._speculation.settle()
     if speculative is None:
         speculative = ctx.engine.speculative
     if speculative is False:
