@@ -121,3 +121,32 @@ def test_refusals_lose_nothing(server, openai_client):
     assert server.get("/v1/contexts/_prefix/1").status_code == 400
     assert "_prefix" not in str(server.get("/v1/contexts").json())
     assert server.post("/v1/contexts", {"name": "x", "labels": {"a": 1}}).status_code == 400
+
+
+def test_a_context_restored_under_another_name_for_the_same_weights_goes_on(tmp_path, smollm2_path, model):
+    # Two served names for one file: a snapshot made under the second is restored under
+    # the first with those weights; a request naming the second continued it with a 400
+    # ("belongs to model ..."). The same weights and adapters now run it.
+    from api_server import running
+
+    alias = tmp_path / "alias.gguf"
+    alias.symlink_to(smollm2_path)
+    with running(tmp_path / "home", "-m", str(alias), "-m", "smollm2", "-m", "gemma3") as server:
+        assert server.post("/v1/contexts", {"name": "talk", "model": "smollm2"}).status_code == 201
+        turn = {"model": "smollm2", "context": "talk", "max_tokens": 8, "temperature": 0,
+                "messages": [{"role": "user", "content": "Name a fruit."}]}
+        first = server.post("/v1/chat/completions", turn)
+        assert first.status_code == 200, first.text
+        assert server.post("/v1/contexts/talk/snapshot", {"ref": "talk"}).status_code == 200
+        httpx.delete(f"{server.url}/v1/contexts/talk")
+        restored = server.post("/v1/contexts/talk/restore", {"ref": "talk"})
+        assert restored.status_code == 201 and restored.json()["model"] == "alias"  # the first with those weights
+        again = server.post("/v1/chat/completions", {**turn, "messages": [{"role": "user", "content": "Another."}]})
+        assert again.status_code == 200, again.text
+        server.post("/v1/contexts", {"name": "same", "model": "smollm2"})  # the same two turns, never moved
+        server.post("/v1/chat/completions", {**turn, "context": "same"})
+        want = server.post("/v1/chat/completions", {**turn, "context": "same",
+                                                     "messages": [{"role": "user", "content": "Another."}]})
+        assert again.json()["choices"][0]["message"] == want.json()["choices"][0]["message"]
+        other = server.post("/v1/chat/completions", {**turn, "model": "gemma3"})
+        assert other.status_code == 400 and "belongs to model 'alias'" in other.text  # other weights: never

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import ctxengine as ce
-from ctxengine.engine.catalog import ModelCatalog
+from ctxengine.engine.catalog import CatalogEntry, ModelCatalog
 from ctxengine.errors import ModelFileError
 from ctxengine.ollama.store import add_ollama_models
 from ctxengine.serving.runtime import Runtime
@@ -96,3 +96,30 @@ def test_a_models_own_adapter_cannot_be_turned_off(served):
         with pytest.raises(ValueError, match="own ADAPTER layer"):
             loras.set_scales([{"id": 0, "scale": scale}])
     assert loras.for_request(None) == own
+
+
+def test_a_context_goes_on_under_another_name_only_with_the_same_adapters(served):
+    # A named context may be continued under another served name for the same weights
+    # (a snapshot restored under the first of two names), never under one whose adapters
+    # differ: base KV continued as the fine-tune, or the fine-tune's as the base.
+    import asyncio
+
+    from ctxengine.errors import RequestError
+    from ctxengine.serving.generate import Sampling
+    from ctxengine.serving.generation import GenerationRequest, Generations
+    from ctxengine.serving.prompts import Prompt
+
+    rt, _ = served
+    gens = Generations(rt)
+    rt.model("plain").context("p").append(TOKENS)
+    rt.model("tuned").context("t", lora=rt.loras("tuned").for_request(None)).append(TOKENS)
+    plain_copy = rt.catalog.add(CatalogEntry("plain-copy", rt.resolve("plain").path, "file"))
+
+    async def turn(model, context):
+        gen = await gens.start(GenerationRequest(model, Prompt(text=" more"), Sampling(max_tokens=2), context=context))
+        return await gen.collect()
+
+    assert asyncio.run(turn(plain_copy.name, "p")).completion_tokens == 2  # the same weights, no adapters either
+    for model, context in (("tuned", "p"), ("plain", "t"), (plain_copy.name, "t")):
+        with pytest.raises(RequestError, match="belongs to model"):
+            asyncio.run(turn(model, context))

@@ -212,6 +212,12 @@ class Generation:
         """The adapters this request runs with (a RequestError for a bad ``lora`` field)."""
         return self._runtime.loras(self.entry.name).for_request(self.request.lora)
 
+    def _same_weights(self, ctx, model) -> bool:
+        """Whether a context held by another served name runs as this request's model would:
+        the same weights and the same adapters (two names for one file, say, a snapshot
+        restored under the first of them). Its own engine then goes on with it."""
+        return ctx.engine.weight_id == model.engine.weight_id and ctx.lora == self._lora()
+
     def _run_fresh(self, model, load_ns: int, t0: int) -> None:
         if self._gone.is_set():
             raise RequestError("the client went away before the generation began")
@@ -243,7 +249,7 @@ class Generation:
         with self._runtime.hold_context(self.request.context) as ctx:
             if self._gone.is_set():  # abandoned while it waited for the context: append nothing
                 raise RequestError("the client went away before the context was free")
-            if ctx.engine is not model.engine:
+            if ctx.engine is not model.engine and not self._same_weights(ctx, model):
                 owner = self._runtime.loaded_entry_of(ctx)
                 raise RequestError(f"context '{ctx.name}' belongs to model "
                                    f"'{owner.entry.name if owner is not None else ctx.engine.name}', "
