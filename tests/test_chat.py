@@ -1,5 +1,6 @@
 """Chat templates: the real SmolLM2 template, the Gemma fallback, the sandbox, message checks."""
 import json
+import random
 import re
 
 import pytest
@@ -80,9 +81,52 @@ def test_gemma_fallback_without_system_and_generation_prompt():
     assert text == "<start_of_turn>user\nHi<end_of_turn>\n"  # content trimmed, as Gemma's template does
 
 
-def test_gemma_fallback_wants_alternating_turns():
+# Gemma 3's own chat template (Hugging Face's tokenizer_config.json, text only).
+HF_GEMMA3 = (
+    "{%- if messages[0]['role'] == 'system' -%}{%- set first_user_prefix = messages[0]['content'] + '\n\n' -%}"
+    "{%- set loop_messages = messages[1:] -%}{%- else -%}{%- set first_user_prefix = '' -%}"
+    "{%- set loop_messages = messages -%}{%- endif -%}"
+    "{%- for message in loop_messages -%}"
+    "{%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}"
+    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{%- endif -%}"
+    "{%- set role = 'model' if message['role'] == 'assistant' else message['role'] -%}"
+    "{{ '<start_of_turn>' + role + '\n' + (first_user_prefix if loop.first else '') }}"
+    "{{ message['content'] | trim }}{{ '<end_of_turn>\n' }}{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{ '<start_of_turn>model\n' }}{%- endif -%}"
+)
+
+
+def test_gemma_fallback_is_gemma3s_own_template_wherever_that_renders():
+    rng = random.Random(20261203)
+    texts = ["Hi", " padded \n", "", "\xa0nbsp\u3000", "two\n\nlines", "<start_of_turn>"]
+    rendered = 0
+    for _ in range(3000):
+        roles = [rng.choice(["system", "user", "assistant"]) for _ in range(rng.randrange(1, 6))]
+        messages = [{"role": r, "content": rng.choice(texts)} for r in roles]
+        gp = rng.random() < 0.5
+        try:
+            want = ChatTemplate(HF_GEMMA3).render(messages, add_generation_prompt=gp)
+        except CtxError:
+            continue  # roles that do not alternate: below
+        rendered += 1
+        assert ChatTemplate(GEMMA_FALLBACK).render(messages, add_generation_prompt=gp) == want, messages
+    assert rendered > 300
+
+
+@pytest.mark.parametrize("messages, text", [
+    ([("user", "a"), ("user", "b")], "<start_of_turn>user\na<end_of_turn>\n<start_of_turn>user\nb<end_of_turn>\n"),
+    ([("system", "Be kind."), ("assistant", "Hello! Ask me."), ("user", "Hi")],
+     "<start_of_turn>model\nHello! Ask me.<end_of_turn>\n<start_of_turn>user\nBe kind.\n\nHi<end_of_turn>\n"),
+    ([("system", "s1"), ("system", "s2"), ("user", "b")], "<start_of_turn>user\ns1s2\n\nb<end_of_turn>\n"),
+])
+def test_gemma_fallback_renders_what_gemma3s_template_refuses_as_llama_cpp_does(messages, text):
+    # Two user turns in a row (an agent's), a chat that opens with the model's greeting, two
+    # system messages: Gemma 3's template raises; llama.cpp's gemma template (and so this
+    # fallback) gives each message its turn and the opening system text to the first user turn.
+    turns = [{"role": r, "content": c} for r, c in messages]
     with pytest.raises(CtxError, match="alternate"):
-        ChatTemplate(GEMMA_FALLBACK).render([{"role": "user", "content": "a"}, {"role": "user", "content": "b"}])
+        ChatTemplate(HF_GEMMA3).render(turns, add_generation_prompt=False)
+    assert ChatTemplate(GEMMA_FALLBACK).render(turns, add_generation_prompt=False) == text
 
 
 @pytest.mark.parametrize("arch, fallback", [("gemma", True), ("gemma2", True), ("gemma3", True),

@@ -11,7 +11,9 @@ access (``''.__class__``...) outright instead of rendering it as empty.
 Without a template in the file, ``ChatTemplate.for_model`` falls back by
 ``general.architecture``: gemma, gemma2 and gemma3 get Gemma's turn format
 (``<start_of_turn>user\\n...<end_of_turn>\\n``, assistant as ``model``, a
-system message folded into the first user turn as Gemma 3's template does);
+system message folded into the first user turn as Gemma 3's template does, and
+what that template refuses, roles that do not alternate, rendered as llama.cpp's
+gemma template renders it);
 any other architecture gets None.  The fallback writes no BOS text: the
 tokenizer adds BOS (``tokenizer.ggml.add_bos_token``) when a context starts.
 """
@@ -31,21 +33,24 @@ from ..errors import CtxError, ModelFileError
 ROLES = ("system", "user", "assistant")
 
 GEMMA_FALLBACK = (
-    "{%- if messages and messages[0]['role'] == 'system' -%}"
-    "{%- set first_user_prefix = messages[0]['content'] + '\n\n' -%}"
-    "{%- set loop_messages = messages[1:] -%}"
+    # Gemma 3's own template (Hugging Face's) wherever it renders a conversation; where it
+    # refuses one (roles that do not alternate: two user turns in a row, a chat that opens
+    # with the model's greeting, two system messages), llama.cpp's gemma template's way:
+    # each message its own turn, the opening system text kept for the first user turn.
+    "{%- set ns = namespace(system=none, started=false) -%}"
+    "{%- for message in messages -%}"
+    "{%- if message['role'] == 'system' and not ns.started -%}"
+    "{%- set ns.system = (ns.system or '') + message['content'] -%}"
     "{%- else -%}"
-    "{%- set first_user_prefix = '' -%}"
-    "{%- set loop_messages = messages -%}"
-    "{%- endif -%}"
-    "{%- for message in loop_messages -%}"
-    "{%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}"
-    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}"
-    "{%- endif -%}"
+    "{%- set ns.started = true -%}"
     "{%- set role = 'model' if message['role'] == 'assistant' else message['role'] -%}"
-    "{{ '<start_of_turn>' + role + '\n' + (first_user_prefix if loop.first else '') }}"
+    "{{ '<start_of_turn>' + role + '\n' }}"
+    "{%- if ns.system is not none and role != 'model' -%}"
+    "{{ ns.system + '\n\n' }}{%- set ns.system = none -%}"
+    "{%- endif -%}"
     "{{ message['content'] | trim }}"
     "{{ '<end_of_turn>\n' }}"
+    "{%- endif -%}"
     "{%- endfor -%}"
     "{%- if add_generation_prompt -%}{{ '<start_of_turn>model\n' }}{%- endif -%}"
 )
