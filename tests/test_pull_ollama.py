@@ -153,3 +153,15 @@ def test_a_layer_digest_a_registry_would_not_write_is_refused(digest):
         _blobs_of(raw, parse_model_name("m:1"))
     assert _blobs_of(json.dumps({"layers": [{"digest": "sha256:" + "ab" * 32, "size": 10}]}).encode(),
                      parse_model_name("m:1")) == [("ab" * 32, 10)]
+
+
+def test_a_manifest_is_written_over_the_names_other_spelling(tmp_path):
+    # Ollama names are one whatever their case: pulling SmolLM2:135m over smollm2:135m
+    # left two manifests, and a delete removed only one of them.
+    from ctxengine.ollama.registry_pull import _write_manifest
+    from ctxengine.ollama.store import manifests, parse_model_name
+
+    first = _write_manifest(tmp_path, parse_model_name("smollm2:135m"), b"{}")
+    again = _write_manifest(tmp_path, parse_model_name("SmolLM2:135M"), b'{"layers": []}')
+    assert again == first and first.read_bytes() == b'{"layers": []}'
+    assert [n.display for n, _ in manifests(tmp_path)] == ["smollm2:135m"]

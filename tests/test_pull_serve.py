@@ -162,3 +162,61 @@ def test_a_client_that_leaves_mid_pull_stops_it_and_the_next_pull_resumes(server
             assert c.generate(model="smollm2:135m", prompt="Hi", options={"num_predict": 2}).eval_count > 0
     finally:
         server.stop()
+
+
+def test_server_pulls_join_replace_prune_and_stop_cleanly(servers, gemma3_path, tmp_path):
+    import threading
+    import time
+
+    import httpx
+
+    from hub_servers import FakeRegistry
+    from ollama_layout import manifest_path
+
+    registry_root = tmp_path / "registry"
+    make_ollama_store(registry_root, "m:1", gemma3_path)
+    registry = FakeRegistry(registry_root)
+    (tmp_path / "store").mkdir()
+    env = {"CTX_OLLAMA_REGISTRY": registry.url}
+    server = CtxServer(tmp_path, "-t", "1", "--ollama-models", str(tmp_path / "store"), http=True, env=env)
+    blobs = tmp_path / "store" / "blobs"
+    try:
+        with ollama.Client(host=server.url) as c:
+            # Two clients, one pull: the second joins the first's (before, "another pull is downloading").
+            with server_set(registry, rate=100e6):
+                first = threading.Thread(target=lambda: got.append(c.pull("m:1", stream=False).status))
+                got: list = []
+                first.start()
+                time.sleep(0.5)
+                assert c.pull("M:1", stream=False).status == "success"
+                first.join()
+            assert got == ["success"] and registry.sent < 1.2 * sum(b.stat().st_size for b in blobs.iterdir())
+            assert c.generate(model="m:1", prompt="Hi", options={"num_predict": 2}).eval_count > 0
+            old = {b.name for b in blobs.iterdir()}
+
+            # Pulled again, in another spelling, with other layers: one manifest, the old blobs gone.
+            make_ollama_store(registry_root, "m:1", gemma3_path, system="Be brief.")
+            assert c.pull("registry.ollama.ai/library/m:1", stream=False).status == "success"
+            assert [p.name for p in (tmp_path / "store").rglob("manifests/*/*/*/*")] == ["1"]
+            new = {b.name for b in blobs.iterdir()}
+            assert new != old and old & new  # the weights are kept, the config blob replaced
+            assert "Be brief." in c.show("m:1").modelfile  # served at once, not a second later
+
+            c.delete("m:1")
+            assert not list(blobs.iterdir()) and not manifest_path(tmp_path / "store", "m:1").exists()
+            with pytest.raises(ollama.ResponseError) as err:
+                c.generate(model="m:1", prompt="Hi")
+            assert err.value.status_code == 404
+
+        # Stopped mid-pull: the client is told at once; the server exits cleanly, at once.
+        with server_set(registry, rate=5e6):
+            with httpx.stream("POST", f"{server.url}/api/pull", json={"model": "m:1"}, timeout=60) as r:
+                lines = r.iter_lines()
+                assert json.loads(next(lines))["status"] == "pulling manifest"
+                t = time.monotonic()
+                server.proc.terminate()
+                last = json.loads(list(lines)[-1])
+        assert "server is stopping" in last["error"] and time.monotonic() - t < 5
+    finally:
+        server.stop()
+        registry.close()

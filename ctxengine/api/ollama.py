@@ -153,7 +153,9 @@ def _model_routes(router: APIRouter, o: _Ollama) -> None:
     @router.get("/api/tags")
     @router.head("/api/tags")  # a load balancer's check: the headers alone
     async def tags():
-        return {"models": [o.listing(e) for e in runtime.catalog.entries()]}
+        import anyio.to_thread  # a first listing reads every model's header: off the event loop
+
+        return await anyio.to_thread.run_sync(lambda: {"models": [o.listing(e) for e in runtime.catalog.entries()]})
 
     @router.post("/api/show")
     async def show(request: Request):
@@ -164,7 +166,9 @@ def _model_routes(router: APIRouter, o: _Ollama) -> None:
         entry = runtime.catalog.get(name if runtime.catalog.lookup(name) else name.removesuffix(":latest"))
         if entry.path is None:
             raise ApiError(400, f"model '{entry.name}' cannot be served: {entry.error}")
-        return _show(entry)
+        import anyio.to_thread
+
+        return await anyio.to_thread.run_sync(_show, entry)
 
     @router.get("/api/ps")
     async def ps():

@@ -5,28 +5,27 @@
 "digest", "total", "completed"}`` while each blob comes in, ``{"status":
 "success"}`` last), or with ``"stream": false`` answers the last line alone.
 A failure once the stream has begun is a last line ``{"error": "..."}``, as
-Ollama's; before it, an HTTP error. The pull runs on a thread of its own;
-a client that leaves stops it (the partial blob stays for a later pull).
-``/api/delete`` answers 200 with no body, as Ollama's does.
+Ollama's; before it, an HTTP error. The pull runs on a thread of its own,
+one a model: a second client asking for it joins it. A streaming client that
+leaves leaves the pull, which stops once nobody waits for it (the partial blob
+stays for a later pull); one that did not ask for a stream is waited for to
+the end, as Ollama does. ``/api/delete`` answers 200 with no body, as Ollama's.
 """
 from __future__ import annotations
 
-import queue
-import threading
+import asyncio
 
 import anyio.to_thread
 from fastapi import APIRouter, Request
 from starlette.responses import Response, StreamingResponse
 
-from ..serving.pulls import PullCancelled, check_pull, delete_model, pull_model
+from ..serving.pulls import DONE, Pulls, check_pull, delete_model
 from .errors import OLLAMA, ApiError, as_api_error, error_body
 from .fields import Fields, json_body
 from .streaming import ndjson
 
-_DONE = object()
 
-
-def routes(runtime) -> APIRouter:
+def routes(runtime, pulls: Pulls) -> APIRouter:
     router = APIRouter()
 
     @router.post("/api/pull")
@@ -35,14 +34,13 @@ def routes(runtime) -> APIRouter:
         name = _name(f)
         f.bool("insecure", False)  # accepted as Ollama's; a loopback registry is reached over http anyway
         check_pull(runtime, name)  # a bad name or no store to write: an HTTP error, before any line
-        job = _Pull(runtime, name)
         if f.bool("stream", True):
-            return StreamingResponse(job.lines(), media_type="application/x-ndjson")
+            return StreamingResponse(_lines(pulls, name), media_type="application/x-ndjson")
         last: dict = {}
-        async for event in job.events():
+        async for event in _events(pulls, name):  # a client that stops waiting does not stop it (as Ollama)
             last = event
         if "error" in last:
-            raise last["error"]
+            raise as_api_error(last["error"])
         return last
 
     @router.delete("/api/delete")
@@ -61,33 +59,26 @@ def _name(f: Fields) -> str:
     return name
 
 
-class _Pull:
-    """One pull on a thread of its own, its progress read as it happens: dicts
-    (``events``, the last one with an ApiError under "error" if it failed) or
-    NDJSON lines (``lines``). Whoever reads it stopping stops the pull."""
+async def _events(pulls: Pulls, name: str):
+    """A pull's events as they happen (serving/pulls.py), handed over from its thread
+    without holding a worker thread while it waits; the client leaving leaves the pull."""
+    loop = asyncio.get_running_loop()
+    events: asyncio.Queue = asyncio.Queue()
 
-    def __init__(self, runtime, name: str):
-        self.queue: queue.Queue = queue.Queue()
-        self.cancelled = threading.Event()
-        threading.Thread(target=self._run, args=(runtime, name), name=f"pull {name}", daemon=True).start()
-
-    def _run(self, runtime, name: str) -> None:
+    def tell(event) -> None:
         try:
-            pull_model(runtime, name, self.queue.put, self.cancelled)
-        except PullCancelled:
-            pass
-        except BaseException as err:  # noqa: BLE001 - every failure reaches the client as its last line
-            self.queue.put({"error": as_api_error(err)})
-        finally:
-            self.queue.put(_DONE)
+            loop.call_soon_threadsafe(events.put_nowait, event)
+        except RuntimeError:
+            pass  # the server's loop has closed
 
-    async def events(self):
-        try:
-            while (event := await anyio.to_thread.run_sync(self.queue.get, abandon_on_cancel=True)) is not _DONE:
-                yield event
-        finally:
-            self.cancelled.set()  # the client left (or the pull ended): it stops at its next bytes
+    ticket = pulls.join(name, tell)
+    try:
+        while (event := await events.get()) is not DONE:
+            yield event
+    finally:
+        ticket.leave()
 
-    async def lines(self):
-        async for event in self.events():
-            yield ndjson(error_body(OLLAMA, event["error"]) if "error" in event else event)
+
+async def _lines(pulls: Pulls, name: str):
+    async for event in _events(pulls, name):
+        yield ndjson(error_body(OLLAMA, as_api_error(event["error"])) if "error" in event else event)

@@ -22,6 +22,7 @@ from starlette.exceptions import HTTPException
 from ..errors import CtxError
 from ..serving.exports import __version__
 from ..serving.generation import Generations
+from ..serving.pulls import Pulls
 from . import anthropic, contexts, fleet, lora, ollama, ollama_store, openai, ops
 from . import responses, studio
 from .arguments import DEFAULT_MAX_BODY
@@ -48,7 +49,8 @@ def build_app(runtime, *, api_key: str | None = None, max_body: int = DEFAULT_MA
     app.include_router(openai.routes(runtime, generations, metrics))
     app.include_router(anthropic.routes(runtime, generations))
     app.include_router(ollama.routes(runtime, generations, metrics))
-    app.include_router(ollama_store.routes(runtime))
+    app.state.pulls = Pulls(runtime)
+    app.include_router(ollama_store.routes(runtime, app.state.pulls))
     app.include_router(contexts.routes(runtime))
     app.include_router(responses.routes(runtime, generations))
     app.include_router(fleet.routes(runtime))
@@ -90,7 +92,8 @@ def serve_http(runtime, args, on_ready=None) -> None:
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning", access_log=False,
                             lifespan="off", timeout_graceful_shutdown=args.shutdown_timeout,
                             timeout_keep_alive=KEEP_ALIVE_S)
-    server = _Server(config, on_ready, on_shutdown=app.state.generations.cancel_all)
+    server = _Server(config, on_ready, on_shutdown=app.state.generations.cancel_all,
+                     on_stopping=app.state.pulls.stop_all)
     try:
         server.run()
     except SystemExit:  # uvicorn's way of saying it could not start
@@ -111,14 +114,17 @@ class _Server(uvicorn.Server):
     (uvicorn re-raises the signal that stopped it once it is done, which would
     kill the process before ``ctx serve`` closes its models and gRPC face.)"""
 
-    def __init__(self, config: uvicorn.Config, on_ready, on_shutdown):
+    def __init__(self, config: uvicorn.Config, on_ready, on_shutdown, on_stopping):
         super().__init__(config)
         self._on_ready = on_ready
         self._on_shutdown = on_shutdown
+        self._on_stopping = on_stopping
 
     async def shutdown(self, sockets=None):
-        # A second before uvicorn would cancel the requests still running, stop their
-        # generations instead: each reply then ends normally, cut short ("length").
+        # Pulls stop at once (their clients are told; the partials stay). A second before
+        # uvicorn would cancel the requests still running, stop their generations instead:
+        # each reply then ends normally, cut short ("length").
+        self._on_stopping()
         grace = self.config.timeout_graceful_shutdown
         if grace is not None:
             asyncio.get_running_loop().call_later(max(0.0, grace - 1.0), self._on_shutdown)

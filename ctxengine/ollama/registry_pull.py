@@ -112,6 +112,10 @@ def pull_ollama(spec: str, *, store: str | os.PathLike | None = None, progress=N
             resumed += got.resumed_from
     seconds = time.perf_counter() - started
     stage("verifying sha256 digest", None, None)
+    for hex_, size in blobs:  # each was checked as it landed; still there, whole (a delete may race a pull)
+        if _size_of(blob_dir / f"sha256-{hex_}") != size:
+            raise CtxError(f"blob sha256:{hex_} of {name.display} left {blob_dir} while it was pulled "
+                           f"(a model sharing it was deleted?): run the pull again")
     stage("writing manifest", None, None)
     manifest = _write_manifest(root, name, raw)
     return PulledModel(read_manifest(root, name, manifest), manifest, total, received, resumed, seconds)
@@ -178,7 +182,10 @@ def _http_error(err: urllib.error.HTTPError, name: OllamaName, base: str, what: 
 
 
 def _write_manifest(root: Path, name: OllamaName, raw: bytes) -> Path:
-    target = root / "manifests" / name.host / name.namespace / name.model / name.tag
+    """The manifest written in place of the name's (in the spelling the store has it in,
+    as Ollama's getExistingName: names are one whatever their case)."""
+    target = next((path for n, path in manifests(root) if n == name), None) if (root / "manifests").is_dir() else None
+    target = target or root / "manifests" / name.host / name.namespace / name.model / name.tag
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{name.tag}.", suffix=".tmp")

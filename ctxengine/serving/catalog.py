@@ -26,7 +26,8 @@ from ..ollama.registry_pull import own_store
 from ..ollama.store import add_ollama_models, ollama_roots
 from ..state.model import MODEL_SOURCES
 
-RECHECK_S = 1.0  # how stale a served catalog may be for a name it knows (LiveCatalog)
+RECHECK_S = 1.0        # how stale a served catalog may be for a name it knows (LiveCatalog)
+MISS_RECHECK_S = 0.25  # and for one it does not (a stream of unknown names looks no more often)
 
 
 def build_catalog(model_paths: Iterable[str | os.PathLike] = (), models_dir: str | os.PathLike | None = None, *,
@@ -56,8 +57,12 @@ def catalog_from_args(args: argparse.Namespace) -> "LiveCatalog":
             if not d.is_dir():
                 raise ModelNotFoundError(f"Ollama model store {d} does not exist")
 
+    writable = (given[0] if given else own_store()) if use_ollama else None
+
     def roots() -> list[Path]:
-        return (given or found_ollama_stores()) if use_ollama else []
+        found = (given or found_ollama_stores()) if use_ollama else []
+        # The store it writes first: a model pulled through it is the one served by that name.
+        return sorted(found, key=lambda root: not _same_dir(root, writable))
 
     def build() -> ModelCatalog:
         return build_catalog(args.model, args.models_dir, ollama=roots())
@@ -65,7 +70,6 @@ def catalog_from_args(args: argparse.Namespace) -> "LiveCatalog":
     def watched() -> tuple:
         return _watched(args.model, args.models_dir, roots())
 
-    writable = (given[0] if given else own_store()) if use_ollama else None
     return LiveCatalog(build, watched, writable=writable)
 
 
@@ -73,11 +77,12 @@ class LiveCatalog(ModelCatalog):
     """A catalog built again whenever what it was built from has changed: the
     ``-m`` files, the models folder's GGUF files, the Ollama stores' manifests,
     the Hugging Face pulls' index, the packaged models' files. It looks (a stat
-    of each of those files, no model file read) before every listing, on every
-    name it does not know, and at most every ``RECHECK_S`` on names it knows
-    and on the default model: a request right after ``ctx pull`` finds the
-    model, and one a second after a model was pulled again gets the new one.
-    An entry handed out never changes."""
+    of each of those files, no model file read) before every listing, on a name
+    it does not know (at most every ``MISS_RECHECK_S``), and at most every
+    ``RECHECK_S`` on names it knows and on the default model: a request right
+    after ``ctx pull`` finds the model, and one a second after a model was
+    pulled again gets the new one. The server's own pulls and deletes look at
+    once (serving/pulls.py). An entry handed out never changes."""
 
     def __init__(self, build: Callable[[], ModelCatalog], watched: Callable[[], object], *,
                  writable: Path | None = None):
@@ -112,7 +117,7 @@ class LiveCatalog(ModelCatalog):
         if time.monotonic() - self._checked >= RECHECK_S:
             self.refresh()
         entry = super().lookup(name)
-        if entry is None and self.refresh():
+        if entry is None and time.monotonic() - self._checked >= MISS_RECHECK_S and self.refresh():
             entry = super().lookup(name)
         return entry
 
@@ -135,6 +140,13 @@ def _watched(model_paths: Iterable[str | os.PathLike], models_dir: str | os.Path
         files += [base, *sorted(base.glob("*/*/*/*"))]
     files += [paths.data_dir() / INDEX, *(known.target for known in MODELS)]
     return tuple(_stat(p) for p in files)
+
+
+def _same_dir(a: Path, b: Path | None) -> bool:
+    try:
+        return b is not None and a.resolve() == b.resolve()
+    except OSError:
+        return False
 
 
 def _stat(path: Path) -> tuple:

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from ..engine.gguf_file import open_gguf
 from ..engine.weights import cached_weight_id
+from ..errors import ModelNotFoundError
 from ..ollama.model_info import details as ollama_details, model_info
 
 if TYPE_CHECKING:
@@ -40,7 +41,10 @@ def details(entry: "CatalogEntry") -> dict:
 
 def facts(entry: "CatalogEntry") -> tuple[dict, dict]:
     """(details, model_info) of an entry's GGUF file, read once per file version."""
-    stat = entry.path.stat()
+    try:
+        stat = entry.path.stat()
+    except OSError as err:  # deleted since it was listed
+        raise ModelNotFoundError(f"model '{entry.name}': its file {entry.path} is gone ({err.strerror})") from None
     key = (entry.name, str(entry.path), stat.st_size, stat.st_mtime_ns)
     if key not in _FACTS:
         with open_gguf(str(entry.path)) as f:
