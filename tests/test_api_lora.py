@@ -79,6 +79,11 @@ def test_lora_adapters_listed_and_rescaled(server, client, model, adapters):
         r = server.post("/lora-adapters", [{"id": 0, "scale": 1.0}])
         assert r.status_code == 200 and [a["scale"] for a in r.json()] == [1.0, 0.0]
         assert chat(client) == greedy(model, {"tuned": 1.0})
+        # An unload and a reload (keep_alive 0, then a request) once put the start-up scales back.
+        r = server.post("/api/generate", {"model": "smollm2", "prompt": "", "keep_alive": 0})
+        assert r.json()["done_reason"] == "unload" and server.get("/api/ps").json()["models"] == []
+        assert [a["scale"] for a in server.get("/lora-adapters").json()] == [1.0, 0.0]
+        assert chat(client) == greedy(model, {"tuned": 1.0})
     finally:
         server.post("/lora-adapters", [])
 

@@ -22,9 +22,8 @@ def routes(runtime) -> APIRouter:
     @router.post("/lora-adapters")
     async def set_scales(request: Request):
         entries = parse_json(await request.body())
-        loras = await run_in_threadpool(runtime.loras, request.query_params.get("model"))
         try:
-            loras.set_scales(entries)
+            loras = await run_in_threadpool(runtime.set_lora_scales, request.query_params.get("model"), entries)
         except ValueError as err:
             raise ApiError(400, str(err), param="lora") from None
         return JSONResponse(loras.describe())

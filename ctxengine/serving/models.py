@@ -78,6 +78,8 @@ class ServedModels:
         self._loaded: dict[str, LoadedEntry] = {}  # by catalog entry name
         self._lock = threading.RLock()
         self._loading: dict[str, threading.Lock] = {}
+        # POST /lora-adapters' scales by model, kept across unloads: (adapter ids, scales).
+        self._lora_scales: dict[str, tuple[list[str], list[float]]] = {}
         self.changed: Callable[[], None] = lambda: None
 
     # -- models -------------------------------------------------------------------------
@@ -115,6 +117,9 @@ class ServedModels:
             except BaseException:
                 model.close()  # an Ollama model without its own adapter is not the model asked for
                 raise
+            ids, scales = self._lora_scales.get(entry.name, (None, None))
+            if ids == [a.id for a in loras.adapters]:
+                loras.scales = list(scales)  # the defaults a client set before it was unloaded
             with self._lock:
                 self._loaded[entry.name] = LoadedEntry(entry, model, now, now, prefix_cache=cache, loras=loras)
                 self._unload_over_budget(keep=entry.name)
@@ -162,6 +167,14 @@ class ServedModels:
                 loaded = self._loaded.get(entry.name)
                 if loaded is not None:
                     return loaded.loras
+
+    def set_lora_scales(self, name: str | None, entries: object) -> ServedLoras:
+        """POST /lora-adapters: a model's default adapter scales, kept while the server
+        runs (an unload and a reload of the model keep them); ValueError if refused."""
+        loras = self.loras(name)
+        loras.set_scales(entries)
+        self._lora_scales[self.resolve(name).name] = ([a.id for a in loras.adapters], list(loras.scales))
+        return loras
 
     def prefix_cache(self, name: str | None) -> PrefixCache | None:
         """The prefix cache of a loaded model (None when it is not loaded or reuse is off)."""
