@@ -220,3 +220,18 @@ def test_server_pulls_join_replace_prune_and_stop_cleanly(servers, gemma3_path, 
     finally:
         server.stop()
         registry.close()
+
+
+def test_a_registry_out_of_reach_is_a_503_not_a_404(tmp_path):
+    from servers import free_port
+
+    (tmp_path / "store").mkdir()
+    env = {"CTX_OLLAMA_REGISTRY": f"http://127.0.0.1:{free_port()}"}  # nothing listens there
+    server = CtxServer(tmp_path, "-t", "1", "--ollama-models", str(tmp_path / "store"), http=True, env=env)
+    try:
+        with ollama.Client(host=server.url) as c:
+            with pytest.raises(ollama.ResponseError, match="cannot reach the registry") as err:
+                c.pull("smollm2:135m", stream=False)
+            assert err.value.status_code == 503  # the name may be right: not "not found"
+    finally:
+        server.stop()

@@ -38,7 +38,7 @@ from typing import Callable
 
 from .. import paths
 from ..engine.model_source import CatalogEntry
-from ..errors import CtxError, ModelNotFoundError
+from ..errors import CtxError, ModelNotFoundError, UnavailableError
 from ..engine.disk import check_free_space, storage_error
 from ..engine.http_fetch import TIMEOUT
 from .blob_download import fetch_blob, partial_path
@@ -132,8 +132,9 @@ def _manifest(base: str, name: OllamaName, root: Path) -> bytes:
     except urllib.error.HTTPError as err:
         raise _http_error(err, name, base, "manifest") from None
     except (urllib.error.URLError, TimeoutError, ConnectionError, UnicodeError) as err:
-        raise ModelNotFoundError(f"cannot reach the registry {base} ({getattr(err, 'reason', err)}): "
-                                 f"{name.display} was not pulled; {_stored(root, name)}") from None
+        # Unavailable (a server's 503), not "not found": the name may well be right.
+        raise UnavailableError(f"cannot reach the registry {base} ({getattr(err, 'reason', err)}): "
+                               f"{name.display} was not pulled; {_stored(root, name)}") from None
     except http.client.HTTPException as err:
         raise CtxError(f"the registry {base}'s answer for the manifest of {name.display} broke off "
                        f"({err.__class__.__name__}): run the pull again") from None
