@@ -173,3 +173,18 @@ def test_a_models_header_is_read_once_while_its_file_is_unchanged(tiny_paths, tm
     assert opened == [copy]
     copy.write_bytes(b"GGUF" + bytes(20))  # another file now: read again, and refused
     assert "GGUF" in (catalog.unservable_reason(copy) or "") and len(opened) == 2
+
+
+def test_a_models_folder_removed_while_serving_keeps_the_list(tiny_paths, tmp_path):
+    import shutil
+    from argparse import Namespace
+
+    from ctxengine.serving.catalog import catalog_from_args
+
+    folder = tmp_path / "models"
+    folder.mkdir()
+    (folder / "kept.gguf").write_bytes(tiny_paths[0].read_bytes())
+    catalog = catalog_from_args(Namespace(model=[], models_dir=str(folder), ollama_models=[], no_ollama=True))
+    assert "kept" in [e.name for e in catalog.entries()]
+    shutil.rmtree(folder)  # the folder is gone: the rebuild fails, the list stays (no 404 on every name)
+    assert "kept" in [e.name for e in catalog.entries()] and catalog.lookup("kept") is not None

@@ -10,6 +10,7 @@ next request, as Ollama's server sees ``ollama pull`` and ``ollama rm``.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import threading
 import time
@@ -21,7 +22,7 @@ from ..engine.catalog import ModelCatalog
 from ..engine.hf_pull import INDEX
 from ..engine.model_source import CatalogEntry
 from ..engine.registry import MODELS
-from ..errors import ModelNotFoundError
+from ..errors import CtxError, ModelNotFoundError
 from ..ollama.registry_pull import own_store
 from ..ollama.store import add_ollama_models, ollama_roots
 from ..state.model import MODEL_SOURCES
@@ -103,7 +104,12 @@ class LiveCatalog(ModelCatalog):
             seen = self._watched()  # before the build: a change during it is seen next time
             if seen == self._seen:
                 return False
-            fresh = self._build()
+            try:
+                fresh = self._build()
+            except CtxError as err:  # the models folder removed, say: what was listed stays listed
+                logging.getLogger(__name__).warning("the model list was not rebuilt: %s", err)
+                self._seen = seen  # until something changes again
+                return False
             self.sources = fresh.sources
             self._entries, self._by_name = fresh._entries, fresh._by_name
             self._seen = seen
