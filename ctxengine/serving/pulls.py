@@ -159,7 +159,7 @@ class _Job:
 
     def _emit(self, event: dict) -> None:
         with self._lock:
-            self._last = event if "status" in event and event["status"] != "success" else None
+            self._last = event  # a client joining now hears where it is (even "success", just said)
             tells = list(self._tells)
         for tell in tells:
             tell(event)
