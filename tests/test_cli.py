@@ -19,6 +19,13 @@ def test_run_streams_a_chat_reply_with_the_default_model():
     assert "Paris" in r.stdout
 
 
+def test_run_reads_its_prompt_from_stdin_and_refuses_none():
+    r = ctx("run", "-n", "12", input="What is the capital of France? Answer in one word.\n")
+    assert r.returncode == 0 and "Paris" in r.stdout, r.stderr
+    r = ctx("run", "-n", "4", input=" \n")
+    assert r.returncode == 1 and "no prompt" in r.stderr and not r.stdout
+
+
 def test_run_raw_continues_text(smollm2_ref):
     case = smollm2_ref["greedy"][0]
     r = ctx("run", "--raw", case["prompt"], "-n", "8")

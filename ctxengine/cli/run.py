@@ -67,7 +67,10 @@ def main(args: argparse.Namespace) -> int:
     if args.prompt is not None:
         turn(args.prompt)
     elif not sys.stdin.isatty():
-        turn(sys.stdin.read())
+        text = sys.stdin.read()
+        if not text.strip():
+            raise CtxError('no prompt: give one as an argument (ctx run "...") or on standard input')
+        turn(text)
     else:
         print(f"{model.name} — chat; an empty line or Ctrl-D ends it.", file=sys.stderr)
         while True:
