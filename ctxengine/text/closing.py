@@ -6,8 +6,10 @@ of a generation under a JSON grammar (a JSON Schema, or a forced tool call):
 while the tokens left are many more than the reply's shortest completion it
 does nothing; near the end it checks, before each sampled token is kept, that
 the reply can still be closed in the tokens left after it, and otherwise
-emits the completion instead. So a reply always parses whenever the
-shortest valid one fits in ``max_tokens``.
+emits the completion instead. So a reply parses whenever the shortest valid
+one fits in ``max_tokens`` and the walk below finds a completion (it finds
+none for a string whose pattern needs a particular byte after free letters,
+an email say; docs/agents.md lists the known gaps).
 
 The completion is found greedily, one byte at a time, on a copy of the
 matcher: inside a string it closes the string; elsewhere it prefers what
