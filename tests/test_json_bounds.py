@@ -91,3 +91,19 @@ def test_a_reply_cut_below_its_shortest_form_is_finished_by_the_next_generation(
     assert ctx.finish_reason == "stop"
     jsonschema.validate(json.loads(first + rest), schema)
     ctx.delete()
+
+
+@pytest.mark.parametrize("budget,seed", [(20, 1), (20, 2), (25, 1), (25, 2), (30, 1)])
+def test_a_long_required_value_chosen_early_still_closes(model, budget, seed):
+    # {} is the shortest reply (need 1), so the closer watched only the last 17 tokens; a
+    # key whose value is a long constant, chosen before them, left no room to close. A
+    # token that may start a key or value is now checked WIDE times as far from the end.
+    long = "The quick brown fox jumps over the lazy dog while the cat sleeps on a warm mat by the door"
+    schema = {"type": "object", "properties": {"a": {"const": long}}, "additionalProperties": False}
+    ctx = model.context(None)
+    n0 = ctx.append(model.chat_prompt([{"role": "user", "content": "Give JSON with key a."}]), parse_special=True)
+    text = "".join(p.text for p in ctx.generate(budget, json_schema=schema, temperature=1.0, seed=seed,
+                                                 top_k=0, top_p=1.0))
+    assert ctx.n_tokens - n0 <= budget
+    jsonschema.validate(json.loads(text), schema)
+    ctx.delete()

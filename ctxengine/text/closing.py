@@ -30,8 +30,11 @@ if TYPE_CHECKING:
     from .tokenizer import Tokenizer
 
 MAX_CLOSING_BYTES = 512
-# Start checking when the tokens left are within this many of the last completion's length.
+# Start checking when the tokens left are within this many of the last completion's length;
+# WIDE times as many for a token that may start something required and long (a key whose
+# value is a long constant chosen early left too little room to close).
 ZONE = 16
+WIDE = 4
 _OUTSIDE = b'}]":,01{[ntf-'
 _LETTERS = bytes(range(ord("a"), ord("z") + 1)) + bytes(range(ord("0"), ord("9") + 1))
 _WHITESPACE = b" \n\r\t"
@@ -73,7 +76,7 @@ class Closer:
 
     def keep(self, token: int, left: int) -> bool:
         """Whether the sampled token leaves a completion that fits in the ``left - 1`` tokens after it."""
-        if self._need is None or left > self._need + ZONE:
+        if self._need is None or left > self._need + ZONE * (WIDE if _may_grow(self._tok.token_bytes(token)) else 1):
             return True
         m = self._c.matcher.deep_copy()
         if token in self._tok.eog_ids or not m.consume_token(int(token)):
@@ -139,6 +142,12 @@ class Closer:
             return None
         ids = self._tok.encode(text)
         return ids if matcher.validate_tokens(ids) == len(ids) else None
+
+
+def _may_grow(data: bytes) -> bool:
+    """Whether a token may make the shortest completion longer than a structure's opening
+    said: one that starts a key or a value (a quote, a comma, a colon)."""
+    return any(b in data for b in b'",:')
 
 
 def _scan(data: bytes, in_string: bool, escaped: bool) -> tuple[bool, bool]:
