@@ -107,3 +107,23 @@ def test_a_long_required_value_chosen_early_still_closes(model, budget, seed):
     assert ctx.n_tokens - n0 <= budget
     jsonschema.validate(json.loads(text), schema)
     ctx.delete()
+
+
+@pytest.mark.parametrize("schema", [
+    {"type": "string", "format": "email"},
+    {"type": "string", "format": "duration"},
+    {"type": "string", "pattern": "^\\w+@\\w+\\.com$"},
+    {"type": "object", "properties": {"to": {"type": "string", "pattern": "^[a-z]+[A-Z]$"}}, "required": ["to"]},
+])
+@pytest.mark.parametrize("budget,seed", [(12, 1), (20, 2)])
+def test_a_patterned_string_still_closes(model, schema, budget, seed):
+    # The completion walk wrote free letters again and again (an email's @ never came), found
+    # no completion, and the closer stood aside: the reply was cut invalid at max_tokens.
+    ctx = model.context(None)
+    n0 = ctx.append(model.chat_prompt([{"role": "user", "content": "Write a long essay about the ocean."}]),
+                    parse_special=True)
+    text = "".join(p.text for p in ctx.generate(budget, json_schema=schema, temperature=1.0, seed=seed,
+                                                 top_k=0, top_p=1.0))
+    assert ctx.finish_reason == "stop" and ctx.n_tokens - n0 <= budget, text
+    jsonschema.validate(json.loads(text), schema)
+    ctx.delete()

@@ -7,15 +7,16 @@ while the tokens left are many more than the reply's shortest completion it
 does nothing; near the end it checks, before each sampled token is kept, that
 the reply can still be closed in the tokens left after it, and otherwise
 emits the completion instead. So a reply parses whenever the shortest valid
-one fits in ``max_tokens`` and the walk below finds a completion (it finds
-none for a string whose pattern needs a particular byte after free letters,
-an email say; docs/agents.md lists the known gaps).
+one fits in ``max_tokens`` (and the walk below finds a completion).
 
 The completion is found greedily, one byte at a time, on a copy of the
 matcher: inside a string it closes the string; elsewhere it prefers what
 ends a structure (``}`` ``]``), then the shortest values (``"`` starting an
 empty string, ``0``), and otherwise the first byte the grammar allows
-(letters first, whitespace last), until the grammar accepts. It is short,
+(letters first, whitespace last), until the grammar accepts. Inside a string
+whose pattern wants a particular byte after free letters (an email's ``@``),
+a byte picked again and again makes it look for one that changes what may
+follow instead. It is short,
 not always shortest, and it costs a few matcher checks a byte, so it is
 only computed near the end of the budget, or after a token opens a
 structure (which may add required properties to write).
@@ -38,6 +39,10 @@ WIDE = 4
 _OUTSIDE = b'}]":,01{[ntf-'
 _LETTERS = bytes(range(ord("a"), ord("z") + 1)) + bytes(range(ord("0"), ord("9") + 1))
 _WHITESPACE = b" \n\r\t"
+# Bytes a string's pattern may want after free letters, tried in this order to leave a loop,
+# and the bytes whose being allowed tells one state of a string from another.
+_WAYS_OUT = b"@.-_:/+TZDHMSWY" + bytes(range(ord("A"), ord("Z") + 1)) + _LETTERS
+_PROBES = b'"@.-_:/+ aA0TZDP'
 
 
 class Closer:
@@ -109,12 +114,16 @@ class Closer:
         m = matcher.deep_copy()
         ids: list[int] = []
         data = bytearray()
+        repeats = 0  # the same byte picked again and again inside a string (free letters)
         while not m.is_accepting():
             if len(ids) >= MAX_CLOSING_BYTES:
                 return None
             b = self._pick(m, in_string, escaped)
             if b is None:
                 return None
+            repeats = repeats + 1 if in_string and data and b == data[-1] else 0
+            if repeats and repeats & (repeats - 1) == 0:  # at 1, 2, 4, 8... repeats: a way out?
+                b = self._way_out(m, b)
             m.consume_token(self._bytes[b])
             ids.append(self._bytes[b])
             data.append(b)
@@ -133,6 +142,22 @@ class Closer:
         allowed = [b for b in range(256) if b in self._bytes and m.validate_tokens([self._bytes[b]]) == 1]
         rest = [b for b in allowed if b not in _WHITESPACE] + [b for b in allowed if b in _WHITESPACE]
         return rest[0] if rest else None
+
+    def _way_out(self, m, b: int) -> int:
+        """Inside a string whose pattern wants a particular byte after free letters (the @
+        of an email, the D of a duration), picking the first letter again loops forever:
+        a byte that changes what may follow, if there is one, else ``b``."""
+        now = self._signature(m)
+        for other in _WAYS_OUT:
+            if other != b and other in self._bytes and m.validate_tokens([self._bytes[other]]) == 1:
+                after = m.deep_copy()
+                after.consume_token(self._bytes[other])
+                if self._signature(after) != now:
+                    return other
+        return b
+
+    def _signature(self, m) -> tuple[bool, ...]:
+        return tuple(c in self._bytes and m.validate_tokens([self._bytes[c]]) == 1 for c in _PROBES)
 
     def _tokenized(self, matcher, data: bytes) -> list[int] | None:
         """The completion as the tokenizer would write it, if the grammar takes it so."""
