@@ -188,3 +188,31 @@ def test_a_models_folder_removed_while_serving_keeps_the_list(tiny_paths, tmp_pa
     assert "kept" in [e.name for e in catalog.entries()]
     shutil.rmtree(folder)  # the folder is gone: the rebuild fails, the list stays (no 404 on every name)
     assert "kept" in [e.name for e in catalog.entries()] and catalog.lookup("kept") is not None
+
+
+def test_a_delete_keeps_the_blobs_a_manifest_it_cannot_read_may_need(tiny_paths, tmp_path):
+    # Blobs no manifest names are dropped after a delete; while one manifest cannot be read
+    # (another tool's, a newer format), none is: that one may name them.
+    from argparse import Namespace
+
+    from ctxengine.serving.catalog import catalog_from_args
+    from ctxengine.serving.pulls import delete_model
+    from ollama_layout import file_sha256, make_ollama_store, manifest_path
+
+    store = tmp_path / "ollama"
+    make_ollama_store(store, "a:1", tiny_paths[0])
+    make_ollama_store(store, "b:1", tiny_paths[1])
+    runtime = Runtime(catalog_from_args(Namespace(model=[], models_dir=None, ollama_models=[str(store)],
+                                                  no_ollama=False)), threads=1)
+    try:
+        manifest_path(store, "b:1").write_text("{ not json")
+        blobs = {p.name for p in (store / "blobs").iterdir()}
+        delete_model(runtime, "a:1")
+        assert {p.name for p in (store / "blobs").iterdir()} == blobs and not manifest_path(store, "a:1").exists()
+        make_ollama_store(store, "b:1", tiny_paths[1])  # readable again: a delete drops its blobs
+        weights = store / "blobs" / f"sha256-{file_sha256(tiny_paths[1])}"
+        assert weights.is_file()
+        delete_model(runtime, "b:1")
+        assert not weights.exists() and not list(store.rglob("manifests/*/*/*/*"))
+    finally:
+        runtime.close()

@@ -17,6 +17,7 @@ from __future__ import annotations
 import re
 from datetime import datetime, timezone
 
+import anyio.to_thread
 from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, PlainTextResponse
 
@@ -64,6 +65,14 @@ def keep_alive_seconds(value) -> float | None:
     raise ApiError(400, "'keep_alive' must be a number of seconds or a duration like '5m'")
 
 
+def requested_model(f: Fields) -> str:
+    """The model a request names: ``model``, or ``name`` as older clients send it."""
+    name = f.str("model", None) or f.str("name", None)
+    if not name:
+        raise ApiError(400, "'model' is required", param="model")
+    return name
+
+
 class _Ollama:
     """What the routes share: name lookup, keep_alive, and one way to run a generation."""
 
@@ -77,10 +86,7 @@ class _Ollama:
         return self.runtime.resolve(name)
 
     def model_name(self, f: Fields) -> str:
-        name = f.str("model", None) or f.str("name", None)
-        if not name:
-            raise ApiError(400, "'model' is required", param="model")
-        return self.resolve(name).name
+        return self.resolve(requested_model(f)).name
 
     def listing(self, entry) -> dict:
         item = {"name": entry.name, "model": entry.name, "modified_at": iso(entry.modified or None),
@@ -102,8 +108,6 @@ class _Ollama:
 
     async def load_or_unload(self, f: Fields, name: str, body: dict):
         """An empty prompt loads the model (keep_alive 0: unloads it), as Ollama does."""
-        import anyio.to_thread
-
         ka = _keep_alive(f)
         if ka == 0:
             await anyio.to_thread.run_sync(lambda: self.runtime.keep_alive(name, 0) if self.is_loaded(name) else None)
@@ -153,21 +157,15 @@ def _model_routes(router: APIRouter, o: _Ollama) -> None:
     @router.get("/api/tags")
     @router.head("/api/tags")  # a load balancer's check: the headers alone
     async def tags():
-        import anyio.to_thread  # a first listing reads every model's header: off the event loop
-
+        # A first listing reads every model's header: off the event loop.
         return await anyio.to_thread.run_sync(lambda: {"models": [o.listing(e) for e in runtime.catalog.entries()]})
 
     @router.post("/api/show")
     async def show(request: Request):
-        f = Fields(await json_body(request))
-        name = f.str("model", None) or f.str("name", None)
-        if not name:
-            raise ApiError(400, "'model' is required", param="model")
+        name = requested_model(Fields(await json_body(request)))
         entry = runtime.catalog.get(name if runtime.catalog.lookup(name) else name.removesuffix(":latest"))
         if entry.path is None:
             raise ApiError(400, f"model '{entry.name}' cannot be served: {entry.error}")
-        import anyio.to_thread
-
         return await anyio.to_thread.run_sync(_show, entry)
 
     @router.get("/api/ps")

@@ -20,8 +20,9 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response, StreamingResponse
 
 from ..serving.pulls import DONE, Pulls, check_pull, delete_model
-from .errors import OLLAMA, ApiError, as_api_error, error_body
+from .errors import OLLAMA, as_api_error, error_body
 from .fields import Fields, json_body
+from .ollama import requested_model
 from .streaming import ndjson
 
 
@@ -31,7 +32,7 @@ def routes(runtime, pulls: Pulls) -> APIRouter:
     @router.post("/api/pull")
     async def pull(request: Request):
         f = Fields(await json_body(request))
-        name = _name(f)
+        name = requested_model(f)
         f.bool("insecure", False)  # accepted as Ollama's; a loopback registry is reached over http anyway
         check_pull(runtime, name)  # a bad name or no store to write: an HTTP error, before any line
         if f.bool("stream", True):
@@ -45,18 +46,11 @@ def routes(runtime, pulls: Pulls) -> APIRouter:
 
     @router.delete("/api/delete")
     async def delete(request: Request):
-        name = _name(Fields(await json_body(request)))
+        name = requested_model(Fields(await json_body(request)))
         await anyio.to_thread.run_sync(lambda: delete_model(runtime, name))
         return Response(status_code=200)
 
     return router
-
-
-def _name(f: Fields) -> str:
-    name = f.str("model", None) or f.str("name", None)
-    if not name:
-        raise ApiError(400, "'model' is required", param="model")
-    return name
 
 
 async def _events(pulls: Pulls, name: str):

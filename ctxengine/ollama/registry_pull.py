@@ -185,8 +185,8 @@ def _http_error(err: urllib.error.HTTPError, name: OllamaName, base: str, what: 
 def _write_manifest(root: Path, name: OllamaName, raw: bytes) -> Path:
     """The manifest written in place of the name's (in the spelling the store has it in,
     as Ollama's getExistingName: names are one whatever their case)."""
-    target = next((path for n, path in manifests(root) if n == name), None) if (root / "manifests").is_dir() else None
-    target = target or root / "manifests" / name.host / name.namespace / name.model / name.tag
+    target = next((path for n, path in manifests(root) if n == name),
+                  root / "manifests" / name.host / name.namespace / name.model / name.tag)
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{name.tag}.", suffix=".tmp")

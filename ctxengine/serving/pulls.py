@@ -61,7 +61,7 @@ class Pulls:
         with self._lock:
             job = self._jobs.get(key)
             if job is None or not job.add(tell):  # none, or one ending: a new pull, after it
-                job = self._jobs[key] = _Job(self, name, store, before=job)
+                job = self._jobs[key] = _Job(self, name, key, before=job)
                 job.add(tell)
                 job.thread.start()
         return Ticket(job, tell)
@@ -91,9 +91,8 @@ class Ticket:
 
 
 class _Job:
-    def __init__(self, pulls: Pulls, name: str, store: Path, before: "_Job | None"):
-        self.pulls, self.name, self.store, self.before = pulls, name, store, before
-        self.key = (str(store), parse_model_name(name).key())
+    def __init__(self, pulls: Pulls, name: str, key: tuple, before: "_Job | None"):
+        self.pulls, self.name, self.key, self.before = pulls, name, key, before
         self.cancelled = threading.Event()
         self.thread = threading.Thread(target=self._run, name=f"pull {name}", daemon=True)
         self._lock = threading.Lock()
@@ -128,9 +127,7 @@ class _Job:
             self._ended = True
             tells, self._tells = self._tells, []
         self.cancelled.set()
-        for tell in tells:
-            tell({"error": why})
-            tell(DONE)
+        _finish(tells, {"error": why})
 
     def _run(self) -> None:
         if self.before is not None:
@@ -152,10 +149,7 @@ class _Job:
             self._ended = True
             tells = list(self._tells)
         self.pulls._ended(self)
-        for tell in tells:
-            if end is not DONE:
-                tell(end)
-            tell(DONE)
+        _finish(tells, end)
 
     def _emit(self, event: dict) -> None:
         with self._lock:
@@ -163,6 +157,14 @@ class _Job:
             tells = list(self._tells)
         for tell in tells:
             tell(event)
+
+
+def _finish(tells: list[Callable[[object], None]], end: object) -> None:
+    """Tell each client a pull's end: its error if it failed, then DONE."""
+    for tell in tells:
+        if end is not DONE:
+            tell(end)
+        tell(DONE)
 
 
 def pull_model(served: "ServedModels", name: str, report: Callable[[dict], None],
@@ -173,7 +175,7 @@ def pull_model(served: "ServedModels", name: str, report: Callable[[dict], None]
     this engine cannot run is pulled but refused with the reason."""
     store = writable(served)
     wanted = parse_model_name(name)
-    before = {b for n, path in _manifests(store) if n == wanted for b in _blobs(path)}
+    before = {b for n, path in manifests(store) if n == wanted for b in _blobs(path) or ()}
     progress = _Progress(report, cancelled)
     pulled = pull_ollama(name, store=store, progress=lambda total: progress, stage=progress.stage)
     _prune(store, before)
@@ -195,14 +197,14 @@ def delete_model(served: "ServedModels", name: str) -> str:
     if entry is None:
         raise ModelNotFoundError(f"model '{name}' not found")
     wanted = parse_model_name(entry.name) if entry.source == "ollama" else None
-    found = [path for n, path in _manifests(store) if wanted is not None and n == wanted]
+    found = [path for n, path in manifests(store) if wanted is not None and n == wanted]
     if not found:
         where = entry.path or "nowhere it can be served from"
         raise RequestError(f"model '{entry.name}' is not in {store}, the Ollama store this server writes "
                            f"(it serves it from {where}); it is not deleted")
-    if any(e.entry.name == entry.name for e in served.loaded()):
+    if any(e.entry.name == entry.name for e in served.loaded()):  # (unload refuses an unservable name)
         served.unload(entry.name)
-    blobs = {b for path in found for b in _blobs(path)}
+    blobs = {b for path in found for b in _blobs(path) or ()}
     try:
         for path in found:
             path.unlink()
@@ -222,13 +224,15 @@ def writable(served: "ServedModels") -> Path:
     return store
 
 
-def _manifests(store: Path):
-    return manifests(store) if (store / "manifests").is_dir() else ()
-
-
 def _prune(store: Path, blobs: set[str]) -> None:
-    """Remove those of ``blobs`` that no manifest in the store names (now)."""
-    named = {b for _, path in _manifests(store) for b in _blobs(path)}
+    """Remove those of ``blobs`` that no manifest in the store names (now). While one
+    cannot be read (written by another tool, say), none is removed: it may need them."""
+    named: set[str] = set()
+    for _, path in manifests(store):
+        layers = _blobs(path)
+        if layers is None:
+            return
+        named |= layers
     for blob in blobs - named:
         try:
             (store / "blobs" / blob).unlink(missing_ok=True)
@@ -242,15 +246,15 @@ def _refresh(served: "ServedModels") -> None:
         refresh()
 
 
-def _blobs(manifest: Path) -> set[str]:
-    """The blob file names (``sha256-<hex>``) a manifest names."""
+def _blobs(manifest: Path) -> set[str] | None:
+    """The blob file names (``sha256-<hex>``) a manifest names; None if it cannot be read."""
     try:
         data = json.loads(manifest.read_bytes())
         layers = [data.get("config") or {}, *data.get("layers", [])]
         return {str(layer["digest"]).replace(":", "-") for layer in layers if isinstance(layer, dict)
                 and str(layer.get("digest", "")).startswith("sha256:")}
     except (OSError, ValueError, AttributeError, TypeError, KeyError):
-        return set()
+        return None
 
 
 class _Progress:

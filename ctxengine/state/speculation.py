@@ -123,13 +123,13 @@ class Speculation:
         the ones plain decoding's one row needs go only onto pages free right now; when
         there are none, the draft is cut back to the pages plain decoding takes anyway."""
         page = self.ctx.engine.scheduler.page_tokens
-        plain = pages_needed(seq, 1, page)
-        if pages_needed(seq, 1 + len(draft), page) > plain:
-            held = self.ctx._table.budget.promise(pages_needed(seq, 1 + len(draft), page))
+        need = pages_needed(seq, 1 + len(draft), page)
+        if need > pages_needed(seq, 1, page):
+            held = self.ctx._table.budget.promise(need)
             if held is not None:
                 return draft, lambda n: held
-            while draft and pages_needed(seq, 1 + len(draft), page) > plain:
-                draft = draft[:-1]
+            plain_end = -(-(seq.n_tokens + 1) // page) * page  # the end of the page plain decoding's row lands on
+            draft = draft[:plain_end - seq.n_tokens - 1]
         return draft, self.ctx._reserve_pages
 
     def finish(self) -> None:
