@@ -2,6 +2,7 @@
 generations under them closed inside their budget (text/closing.py), on the
 real SmolLM2."""
 import json
+import re
 
 import jsonschema
 import pytest
@@ -127,3 +128,49 @@ def test_a_patterned_string_still_closes(model, schema, budget, seed):
     assert ctx.finish_reason == "stop" and ctx.n_tokens - n0 <= budget, text
     jsonschema.validate(json.loads(text), schema)
     ctx.delete()
+
+
+_A = {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]}
+_B = {"type": "object", "properties": {"b": {"type": "integer"}}, "required": ["b"]}
+
+
+@pytest.mark.parametrize("schema,instance", [
+    ({"allOf": [_A, _B]}, {"a": "x", "b": 1}),  # each branch closed alone forbade the other's key
+    ({"$defs": {"A": _A, "B": _B}, "allOf": [{"$ref": "#/$defs/A"}, {"$ref": "#/$defs/B"}]}, {"a": "x", "b": 1}),
+    ({"$defs": {"B": {**_B, "minProperties": 1}}, "allOf": [_A, {"$ref": "#/$defs/B"}]}, {"a": "x", "b": 1}),
+    ({"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a", "b"]}, {"a": "x", "b": 2}),
+    ({"type": "object", "properties": {}, "minProperties": 1}, {"k": 1}),
+    ({"type": "array", "items": {"type": "integer"}, "minItems": MAX_ITEMS + 36}, [1] * (MAX_ITEMS + 36)),
+    ({"type": "string", "minLength": MAX_STRING + 5}, "a" * (MAX_STRING + 5)),
+    ({"type": "number", "minimum": 1e16}, 2 * 10 ** 16),
+    ({"type": "integer", "maximum": -10 ** 16}, -2 * 10 ** 16),
+])
+def test_a_bound_never_makes_a_satisfiable_schema_refused(model, schema, instance):
+    jsonschema.validate(instance, schema)
+    assert takes(model, schema, json.dumps(instance))
+
+
+def test_a_number_written_next_to_an_exclusive_bound_parses_inside_it(model):
+    schema = {"type": "number", "exclusiveMinimum": 1e14, "exclusiveMaximum": 2e14}
+    # 100000000000000.000001 is the double 1e14 itself: a value the grammar took before
+    assert not takes(model, schema, "100000000000000.000001")
+    assert not takes(model, schema, "199999999999999.999999")
+    assert takes(model, schema, "100000000000001") and takes(model, schema, "150000000000000.5")
+    small = {"type": "number", "exclusiveMinimum": 0, "maximum": 1}
+    assert takes(model, small, "0.000001") and not takes(model, small, "0")
+    tiny = {"type": "number", "minimum": 1e-7, "maximum": 2e-7}  # no multiple of 1e-6 in it: a finer one
+    assert takes(model, tiny, "0.0000002") and not takes(model, tiny, "0.0000003")
+
+
+def test_a_schema_with_no_finite_value_is_refused_before_any_token(model):
+    for schema, ref in [({"$defs": {"d": {"$ref": "#/$defs/d"}}, "$ref": "#/$defs/d"}, "#/$defs/d"),
+                        ({"type": "object", "properties": {"c": {"$ref": "#"}}, "required": ["c"]}, "#")]:
+        with pytest.raises(GrammarError, match=f"no value of it is finite: {re.escape(ref)} always contains itself"):
+            Constraint(Grammar.json_schema(schema), model.engine.tokenizer, 0)
+    node = {"type": "object", "properties": {"kids": {"type": "array", "items": {"$ref": "#/$defs/n"}}},
+            "required": ["kids"]}
+    tree = {"$defs": {"n": node}, "$ref": "#/$defs/n"}  # recursive, and ends with an empty list
+    assert takes(model, tree, '{"kids": [{"kids": []}]}')
+    linked = {"$defs": {"n": {"type": "object", "required": ["next"], "properties": {
+        "next": {"anyOf": [{"$ref": "#/$defs/n"}, {"type": "null"}]}}}}, "$ref": "#/$defs/n"}
+    assert takes(model, linked, '{"next": {"next": null}}')

@@ -65,6 +65,8 @@ def test_bos_defaults_follow_the_metadata(smollm2, gemma3):
     assert (smollm2.add_bos, smollm2.bos_id, smollm2.eos_id) == (False, 1, 2)
     assert (gemma3.add_bos, gemma3.bos_id, gemma3.eos_id) == (True, 2, 1)
     assert gemma3.encode("Hi", add_bos=True)[0] == 2
+    # add_bos asks for the specials the file wants, as llama.cpp's add_special: none for SmolLM2
+    assert smollm2.encode("Hi", add_bos=True) == smollm2.encode("Hi") == [26843]
 
 
 def test_end_of_generation_ids_as_llama_cpp_decides(smollm2, gemma3):

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 import numpy as np
 
 from ..errors import CtxError
-from .json_bounds import bounded_schema
+from .json_bounds import bounded_schema, infinite_ref
 
 if TYPE_CHECKING:
     from .tokenizer import Tokenizer
@@ -128,7 +128,12 @@ def _compile(kind: str, source: str) -> str:
     what = {"gbnf": "GBNF grammar", "lark": "Lark grammar", "regex": "regex", "json_schema": "JSON schema"}[kind]
     try:
         if kind == "json_schema":
-            schema = json.dumps(bounded_schema(json.loads(source)))
+            loaded = json.loads(source)
+            endless = infinite_ref(loaded)
+            if endless is not None:
+                raise GrammarError(f"invalid JSON schema: no value of it is finite: {endless} always "
+                                   f"contains itself again (give it a way to end: optional, or an anyOf)")
+            schema = json.dumps(bounded_schema(loaded))
             compiled = llg.LLMatcher.grammar_from_json_schema(schema, defaults={"whitespace_pattern": JSON_WHITESPACE})
         elif kind == "regex":
             compiled = llg.LLMatcher.grammar_from_regex(source)
@@ -136,6 +141,8 @@ def _compile(kind: str, source: str) -> str:
             compiled = llg.LLMatcher.grammar_from_lark(source)
         else:
             compiled = llg.grammar_from("gbnf", source)
+    except GrammarError:
+        raise
     except Exception as err:  # the converters raise ValueError, and plain Exceptions, for bad input
         raise GrammarError(f"invalid {what}: {_one_line(err)}") from None
     is_error, messages = llg.LLMatcher.validate_grammar_with_warnings(compiled)

@@ -20,12 +20,24 @@ schema sets none itself (a bound the schema gives is kept as it is):
   :data:`MAX_ITEMS` items; an untyped value (``{}``) is any JSON value
   bounded the same way, nested at most :data:`MAX_DEPTH` deep.
 
+A bound never makes a satisfiable schema unsatisfiable: a cap below the
+schema's own lower bound (``minItems: 100``, ``minimum: 1e16``) is raised to
+it, a required property the ``properties`` do not list is added before the
+object is closed, ``allOf`` branches that are objects are merged into one
+before it is closed (closing each branch would forbid the others' keys), and
+the number grid is made finer where a range holds no multiple of it. An
+exclusive bound becomes an inclusive one a few units of the 15th significant
+digit inside it, so a number written next to it cannot parse as the bound.
+:func:`check_finite` refuses a schema with no finite instance (a ``$ref``
+cycle with nothing to end it), which would otherwise fail mid-reply.
+
 These bound the length of every value; the sampler's budget steering
 (``text/closing.py``) makes the reply end inside ``max_tokens``.
 """
 from __future__ import annotations
 
-from typing import Any
+import math
+from typing import Any, Callable
 
 MAX_INT_DIGITS = 15
 MAX_FRACTION_DIGITS = 6
@@ -47,46 +59,227 @@ _SAYS_WHAT = {"type", "enum", "const", "$ref", "anyOf", "oneOf", "allOf", "not",
 
 def bounded_schema(schema: Any) -> Any:
     """The schema with bounds added where it sets none (see the module's doc); a new dict."""
-    return _bound(schema, MAX_DEPTH)
+    return _bound(schema, MAX_DEPTH, _resolver(schema))
 
 
-def _bound(s: Any, depth: int) -> Any:
+def _bound(s: Any, depth: int, resolve: Callable[[str], Any], closing: bool = True) -> Any:
+    """``s`` bounded; ``closing``: an object that lists its properties may be closed (not
+    so a branch of an ``allOf`` that could not be merged: others may add keys)."""
     if not isinstance(s, dict):
         return s  # True/False, or something the compiler will name as wrong
     if not (_SAYS_WHAT & s.keys()):
         return {**s, **_any_value(depth)}
+    s = _merged_all_of(s, resolve) or s
     out = dict(s)
     for key in _SCHEMA_LISTS:
         if isinstance(s.get(key), list):
-            out[key] = [_bound(x, depth) for x in s[key]]
+            # an allOf's branches stay open, a $ref among them inlined (its $defs entry is closed)
+            out[key] = [_bound(_resolved(x, resolve) if key == "allOf" else x, depth, resolve, key != "allOf")
+                        for x in s[key]]
     for key in _SCHEMA_MAPS:
         if isinstance(s.get(key), dict):
-            out[key] = {k: _bound(v, depth if key in ("$defs", "definitions") else depth - 1)
+            out[key] = {k: _bound(v, depth if key in ("$defs", "definitions") else depth - 1, resolve)
                         for k, v in s[key].items()}
     for key in _SCHEMA_ONE:
         if key in s:
-            out[key] = _bound(s[key], depth - 1 if key in ("items", "additionalProperties") else depth)
+            out[key] = _bound(s[key], depth - 1 if key in ("items", "additionalProperties") else depth, resolve)
     types = _types(s)
-    if "object" in types and "additionalProperties" not in s:
-        if "properties" in s and "patternProperties" not in s:
-            out["additionalProperties"] = False
-        elif "patternProperties" not in s:
-            out.setdefault("maxProperties", MAX_PROPERTIES)
-            out["additionalProperties"] = _any_value(depth - 1)
+    if "object" in types:
+        _bound_object(s, out, depth, closing)
     if "array" in types:
-        out.setdefault("maxItems", MAX_ITEMS)
+        out.setdefault("maxItems", max(MAX_ITEMS, _int(s.get("minItems"))))
         if "items" not in s and "prefixItems" not in s:
             out["items"] = _any_value(depth - 1)
     if "string" in types and not ({"maxLength", "enum", "const", "pattern", "format"} & s.keys()):
-        out["maxLength"] = MAX_STRING
+        out["maxLength"] = max(MAX_STRING, _int(s.get("minLength")))
     if types & {"integer", "number"} and not ({"enum", "const"} & s.keys()):
-        if "minimum" not in s and "exclusiveMinimum" not in s:
-            out["minimum"] = -_INT_BOUND
-        if "maximum" not in s and "exclusiveMaximum" not in s:
-            out["maximum"] = _INT_BOUND
-        if "number" in types and "integer" not in types and "multipleOf" not in s:
-            out["multipleOf"] = 10.0 ** -MAX_FRACTION_DIGITS
+        _bound_number(s, out, exact="integer" in types)
     return out
+
+
+def _bound_object(s: dict, out: dict, depth: int, closing: bool) -> None:
+    """Close an object that lists its properties; bound the count of one that does not."""
+    if "additionalProperties" in s or "patternProperties" in s:
+        return
+    props = s.get("properties")
+    if closing and isinstance(props, dict) and _int(s.get("minProperties")) <= len(props) + len(_missing(s, props)):
+        # as OpenAI's strict mode: closed, with the required properties it forgot to list
+        out["properties"] = {**out["properties"], **{k: _any_value(depth - 1) for k in _missing(s, props)}}
+        out["additionalProperties"] = False
+    else:
+        out.setdefault("maxProperties", max(MAX_PROPERTIES, _int(s.get("minProperties"))))
+        out["additionalProperties"] = _any_value(depth - 1)
+
+
+def _missing(s: dict, props: dict) -> list[str]:
+    required = s.get("required")
+    return [k for k in required if isinstance(k, str) and k not in props] if isinstance(required, list) else []
+
+
+def _bound_number(s: dict, out: dict, exact: bool) -> None:
+    lo, hi = _edge(s, "minimum", "exclusiveMinimum", -1), _edge(s, "maximum", "exclusiveMaximum", 1)
+    if lo is None:  # the added cap, or ten times the schema's upper bound where that is below it
+        lo = out["minimum"] = -_INT_BOUND if hi is None or hi >= -_INT_BOUND else _far(hi, exact)
+    if hi is None:
+        hi = out["maximum"] = _INT_BOUND if lo <= _INT_BOUND else _far(lo, exact)
+    if exact:
+        return  # integers compare exactly; their bounds stay as written
+    for word, plain, pick in (("exclusiveMinimum", "minimum", max), ("exclusiveMaximum", "maximum", min)):
+        x = s.get(word)
+        if _is_num(x):  # a number written next to x may parse as x itself
+            del out[word]
+            inside = x + _ulp15(x) * (1 if pick is max else -1)
+            out[plain] = pick(inside, s[plain]) if _is_num(s.get(plain)) else inside
+    if "multipleOf" not in s:
+        step = _grid(out.get("minimum", lo), out.get("maximum", hi))
+        if step is not None:
+            out["multipleOf"] = step
+
+
+def _edge(s: dict, plain: str, exclusive: str, side: int) -> float | None:
+    """The schema's own bound on one side (either keyword), or None."""
+    found = [s[k] for k in (plain, exclusive) if _is_num(s.get(k))]
+    return (max(found) if side < 0 else min(found)) if found else None
+
+
+def _far(bound: float, exact: bool) -> float:
+    """A cap for the other side of a bound beyond the added ones: ten times it."""
+    return int(bound) * 10 if exact else bound * 10.0
+
+
+def _ulp15(x: float) -> float:
+    """A unit of the 15th significant digit of x: numbers that far from x parse as other doubles."""
+    return 10.0 ** (max(1, math.floor(math.log10(abs(x))) + 1 if x else 1) - 15)
+
+
+def _grid(lo: float, hi: float) -> float | None:
+    """The coarsest step 10**-k (k >= MAX_FRACTION_DIGITS) with a multiple in [lo, hi]."""
+    for k in range(MAX_FRACTION_DIGITS, 16):
+        step = 10.0 ** -k
+        if math.ceil(lo / step) <= math.floor(hi / step):
+            return step
+    return None
+
+
+def _is_num(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _int(x: Any) -> int:
+    return x if isinstance(x, int) and not isinstance(x, bool) and x > 0 else 0
+
+
+# -- allOf of objects -------------------------------------------------------------
+_MERGEABLE = {"type", "properties", "required", "title", "description", "$comment", "examples", "default",
+              "$schema", "$id"}
+
+
+def _merged_all_of(s: dict, resolve: Callable[[str], Any], depth: int = 8) -> dict | None:
+    """``s`` with its ``allOf`` of plain objects (inline or local ``$ref``) merged into one
+    object, or None where it is not that (then llguidance intersects the branches)."""
+    branches = s.get("allOf")
+    if not isinstance(branches, list) or depth == 0:
+        return None
+    parts = [{k: v for k, v in s.items() if k != "allOf"}]
+    for b in branches:
+        b = _resolved(b, resolve)
+        if isinstance(b, dict) and "allOf" in b:
+            b = _merged_all_of(b, resolve, depth - 1)
+        parts.append(b)
+    own = set().union(*(p.keys() for p in parts[1:] if isinstance(p, dict))) | (parts[0].keys() - {"$defs", "definitions"})
+    if not all(isinstance(p, dict) and _types(p) <= {"object"} for p in parts) or not own <= _MERGEABLE \
+            or not any(_types(p) for p in parts):
+        return None
+    merged: dict = {k: v for k, v in parts[0].items() if k in ("$defs", "definitions")}
+    merged.update({"type": "object", "properties": {}, "required": []})
+    for p in parts:
+        for key, sub in (p.get("properties") or {}).items():
+            have = merged["properties"].get(key)
+            merged["properties"][key] = sub if have is None else {"allOf": [have, sub]}
+        merged["required"] += [k for k in p.get("required") or [] if k not in merged["required"]]
+    merged.update({k: parts[0][k] for k in ("title", "description") if k in parts[0]})
+    return merged
+
+
+def _resolved(b: Any, resolve: Callable[[str], Any]) -> Any:
+    """A branch that is only a local ``$ref`` (beside words that say nothing), followed."""
+    seen = 0
+    while isinstance(b, dict) and isinstance(b.get("$ref"), str) and b.keys() <= {"$ref", "title", "description"}:
+        target = resolve(b["$ref"])
+        if target is None or seen == 8:
+            return b
+        b, seen = target, seen + 1
+    return b
+
+
+def _resolver(root: Any) -> Callable[[str], Any]:
+    """A local JSON pointer (``#``, ``#/$defs/x``) -> the schema there, or None."""
+    def resolve(ref: str) -> Any:
+        if not ref.startswith("#"):
+            return None
+        node = root
+        for part in [p for p in ref[1:].split("/") if p]:
+            part = part.replace("~1", "/").replace("~0", "~")
+            if not isinstance(node, dict) or part not in node:
+                return None
+            node = node[part]
+        return node
+    return resolve
+
+
+# -- schemas with no finite instance ------------------------------------------------
+def infinite_ref(schema: Any) -> str | None:
+    """A local ``$ref`` whose schema has no finite instance (``d -> d``, or an object that
+    requires a property of its own kind with no way to stop), where the whole schema then
+    has none either; else None. llguidance compiles such a schema, and the first token
+    finds nothing allowed."""
+    resolve = _resolver(schema)
+    finite = {ref: False for ref in _refs(schema) if resolve(ref) is not None}
+    changed = True
+    while changed:  # least fixed point: a ref is finite once its schema is, given the others
+        changed = False
+        for ref, known in finite.items():
+            if not known and _finite(resolve(ref), finite):
+                finite[ref] = changed = True
+    if _finite(schema, finite):
+        return None
+    return next((ref for ref, ok in finite.items() if not ok), None)
+
+
+def _refs(s: Any) -> set[str]:
+    if isinstance(s, dict):
+        found = {s["$ref"]} if isinstance(s.get("$ref"), str) and s["$ref"].startswith("#") else set()
+        return found.union(*(_refs(v) for v in s.values()))
+    if isinstance(s, list):
+        return set().union(*(_refs(v) for v in s))
+    return set()
+
+
+def _finite(s: Any, finite: dict[str, bool]) -> bool:
+    """Whether ``s`` has an instance of finite size, given which refs do (others: assumed)."""
+    if not isinstance(s, dict):
+        return s is not False
+    if isinstance(s.get("$ref"), str) and not finite.get(s["$ref"], True):
+        return False
+    if "const" in s or s.get("enum"):
+        return True
+    if isinstance(s.get("allOf"), list) and not all(_finite(b, finite) for b in s["allOf"]):
+        return False
+    for key in ("anyOf", "oneOf"):
+        if isinstance(s.get(key), list) and s[key] and not any(_finite(b, finite) for b in s[key]):
+            return False
+    types = _types(s)
+    if not types or types - {"object", "array"}:
+        return True  # a scalar will do
+    props = s.get("properties") if isinstance(s.get("properties"), dict) else {}
+    extra = s.get("additionalProperties", True)
+    required = [k for k in s.get("required") or [] if isinstance(k, str)]
+    if "object" in types and all(_finite(props.get(k, extra), finite) for k in required):
+        return True
+    items = s.get("prefixItems") if isinstance(s.get("prefixItems"), list) else []
+    need = _int(s.get("minItems"))
+    return "array" in types and all(_finite(items[i] if i < len(items) else s.get("items", True), finite)
+                                    for i in range(min(need, len(items) + 1)))
 
 
 def _types(s: dict) -> set[str]:

@@ -88,11 +88,11 @@ class Tokenizer:
         """Token ids of ``text``. Control tokens are recognised in the text only
         with ``parse_special``; user-defined tokens always are (as in llama.cpp).
         A lone surrogate goes in as the three bytes that UTF-8 would spell it
-        with, which llama.cpp reads back as that code point."""
+        with, which llama.cpp reads back as that code point. ``add_bos`` puts
+        BOS in front where the model's file asks for one
+        (``tokenizer.ggml.add_bos_token``), as llama.cpp's ``add_special``."""
         ids: list[int] = []
-        if add_bos:
-            if self.bos_id is None:
-                raise TokenizerError("this vocabulary has no BOS token")
+        if add_bos and self.add_bos:
             ids.append(self.bos_id)
         after_special = True
         for fragment in self._partition(text, parse_special):
