@@ -98,6 +98,13 @@ def test_bad_model_file_is_one_line(tmp_path, smollm2_path):
     assert len(r.stderr.strip().splitlines()) == 1
 
 
+def test_a_thread_count_out_of_range_is_a_usage_error():
+    for verb in ("run", "serve"):
+        r = ctx(verb, "-t", "100000", *(["hi"] if verb == "run" else []))
+        assert r.returncode == 2 and "Traceback" not in r.stderr
+        assert "-t/--threads: must be between 1 and 512 (0: one a core), not 100000" in r.stderr
+
+
 def test_the_command_runs_blas_on_one_thread_unless_told_otherwise():
     """numpy's OpenBLAS threads spin after import; `ctx` (ctxengine.cli) asks for one, and a user's setting stands."""
     code = "import ctxengine.cli, numpy, os; print(os.environ['OPENBLAS_NUM_THREADS'])"

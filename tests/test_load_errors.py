@@ -51,3 +51,12 @@ def test_truncated_file(tmp_path, smollm2_path):
 def test_missing_file():
     with pytest.raises(ce.CtxError):
         ce.load("/nonexistent/dir/model.gguf")
+
+
+@pytest.mark.parametrize("threads", [-1, 100_000])
+def test_a_thread_count_out_of_range_is_refused_before_any_thread_starts(tmp_path, threads):
+    # 100,000 asked for 100,000 OS threads (the machine's load average passed 5,000)
+    cfg = TinyConfig()
+    write_gguf(tmp_path / "tiny.gguf", cfg, make_weights(cfg))
+    with pytest.raises(ValueError, match=f"threads must be between 1 and 512, not {threads}"):
+        ce.load(tmp_path / "tiny.gguf", threads=threads)

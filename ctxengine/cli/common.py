@@ -5,12 +5,21 @@ import argparse
 
 # ctxengine.engine.engine.KV_DTYPES, repeated so that parsing arguments does not import the native core.
 KV_DTYPES = ("f16", "q8", "vq8")
+MAX_THREADS = 512  # ctxengine.engine.engine.MAX_THREADS, likewise
+
+
+def thread_count(text: str) -> int | None:
+    """``-t``'s value: 1 to MAX_THREADS, or 0 for one a core (argparse names the option when this raises)."""
+    n = int(text)
+    if not 0 <= n <= MAX_THREADS:
+        raise argparse.ArgumentTypeError(f"must be between 1 and {MAX_THREADS} (0: one a core), not {n}")
+    return n or None
 
 
 def add_model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-m", "--model", default=None,
                    help="a .gguf path or a known name (default: the packaged SmolLM2-135M-Instruct)")
-    p.add_argument("-t", "--threads", type=int, default=None, help="threads (default: physical cores)")
+    p.add_argument("-t", "--threads", type=thread_count, default=None, help="threads (default: physical cores)")
     p.add_argument("--kv", choices=KV_DTYPES, default="f16",
                    help="KV cache dtype: f16 (default), q8 (K and V 8-bit, ~1.9x the tokens per GiB), "
                         "vq8 (V 8-bit); a context restores only into a model loaded with its dtype")

@@ -13,7 +13,7 @@ import signal
 import sys
 import threading
 
-from .common import KV_DTYPES, add_hf_argument, hf_model
+from .common import KV_DTYPES, add_hf_argument, hf_model, thread_count
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_HTTP_PORT = 11435
@@ -35,7 +35,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"gRPC port (default {DEFAULT_GRPC_PORT}; 0 turns gRPC off)")
     p.add_argument("--store", metavar="DIR", default=None,
                    help="snapshot store directory (default: $CTX_STORE, else the XDG data dir)")
-    p.add_argument("-t", "--threads", type=int, default=None, help="threads per model (default: physical cores)")
+    p.add_argument("-t", "--threads", type=thread_count, default=None,
+                   help="threads per model (default: physical cores)")
     p.add_argument("--kv", choices=KV_DTYPES, default="f16", help="KV cache dtype of loaded models")
     p.add_argument("--memory-budget", type=float, default=None, metavar="GIB",
                    help="unload least recently used models past this many GiB (default: half the RAM)")

@@ -31,6 +31,7 @@ from .weights import cached_weight_id
 KV_DTYPES = ("f16", "q8", "vq8")
 PAGE_TOKENS = 16
 DEFAULT_KV_BUDGET = 2 << 30  # bytes of KV pages a model may hold in memory
+MAX_THREADS = 512  # llama.cpp's GGML_MAX_N_THREADS: each is an OS thread of the core's pool
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,8 @@ class Engine:
                  n_ctx: int | None = None, kv_budget: int = DEFAULT_KV_BUDGET):
         if kv not in KV_DTYPES:
             raise UnsupportedModelError(f"KV dtype '{kv}' is not available (choose from {', '.join(KV_DTYPES)})")
+        if threads and not 1 <= int(threads) <= MAX_THREADS:  # 0 or None: one a core
+            raise ValueError(f"threads must be between 1 and {MAX_THREADS}, not {threads}")
         self.path = Path(path)
         self.file = open_gguf(self.path)
         f = self.file
@@ -69,8 +72,6 @@ class Engine:
         self.chat = ChatRenderer(self.chat_template, self.tokenizer, self.name)
         self.weight_id = cached_weight_id(self.path)
         self.threads = int(threads) if threads else physical_cores()
-        if self.threads < 1:
-            raise ValueError("threads must be at least 1")
 
         tensors = {t.name: (t.ggml_type, t.data.ctypes.data, t.shape[0], t.shape[1] if len(t.shape) > 1 else 1)
                    for t in f.tensors.values()}
