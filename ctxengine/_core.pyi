@@ -22,8 +22,16 @@ def set_isa(name: str) -> None:
     """Force a path (all paths give bit-identical results); ValueError if the CPU lacks it."""
 def isa_features(name: str) -> list[tuple[str, str]]:
     """[(compiler name, /proc/cpuinfo flag)] of every feature the path is compiled with."""
+
 def parallel_chunks(n: int, grain: int, threads: int, guided: bool) -> list[tuple[int, int]]:
     """The chunks a fresh thread pool hands out over [0, n), in the order they were claimed (tests)."""
+
+# -- model files truncated while mapped (native/core/mapping_guard.cpp) ---------
+
+def guard_mapping(address: int, size: int, path: str) -> None:
+    """Name ``path`` on stderr if a read of [address, address + size) raises SIGBUS, then die as before."""
+def unguard_mapping(address: int) -> None:
+    """Forget a mapping ``guard_mapping`` registered."""
 
 # -- elementwise and attention kernels, for tests (native/models/register_model.cpp) --
 

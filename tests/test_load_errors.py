@@ -1,4 +1,8 @@
 """Models the engine cannot run fail at load with a clear ctxengine error."""
+import signal
+import subprocess
+import sys
+
 import gguf
 import numpy as np
 import pytest
@@ -60,3 +64,28 @@ def test_a_thread_count_out_of_range_is_refused_before_any_thread_starts(tmp_pat
     write_gguf(tmp_path / "tiny.gguf", cfg, make_weights(cfg))
     with pytest.raises(ValueError, match=f"threads must be between 1 and 512, not {threads}"):
         ce.load(tmp_path / "tiny.gguf", threads=threads)
+
+
+_TRUNCATED_WHILE_LOADED = """
+import os, sys
+import ctxengine as ce
+m = ce.load(sys.argv[1], threads=1)
+c = m.context(None)
+c.append([1, 2, 3])
+os.truncate(sys.argv[1], 4096)
+list(c.generate(2, temperature=0))
+"""
+
+
+def test_a_model_file_truncated_while_loaded_is_named_as_the_process_dies(tmp_path):
+    # The weights are mapped: reading a page the truncation took is a SIGBUS. The process
+    # still dies (its weights are gone), but says which file and why instead of "Bus error".
+    cfg = TinyConfig()
+    path = tmp_path / "tiny.gguf"
+    write_gguf(path, cfg, make_weights(cfg))
+    assert path.stat().st_size > 8 * 4096
+    r = subprocess.run([sys.executable, "-c", _TRUNCATED_WHILE_LOADED, str(path)], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == -signal.SIGBUS, (r.returncode, r.stderr[-2000:])
+    assert f"SIGBUS reading the model file {path} at byte" in r.stderr
+    assert "truncated or rewritten in place while it was loaded" in r.stderr

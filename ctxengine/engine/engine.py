@@ -100,6 +100,9 @@ class Engine:
         self.draft: Engine | None = None  # a draft model with our vocabulary (state.model.load)
         self.speculative = True           # contexts draft by default (engine/speculative.py)
         self.speculation = SpeculationStats()  # every generation's drafts, for /metrics
+        self._guarded = f.mappings()  # a SIGBUS in them (the file truncated) names the file (mapping_guard.cpp)
+        for address, size, where in self._guarded:
+            _core.guard_mapping(address, size, str(Path(where).absolute()))
 
     # -- tokens ---------------------------------------------------------------
     def tokenize(self, text: str, *, add_bos: bool = False, parse_special: bool = False) -> list[int]:
@@ -197,4 +200,6 @@ class Engine:
             self.draft.close()
         self.scheduler.close()
         self._core = None
+        for address, _, _ in self._guarded:
+            _core.unguard_mapping(address)
         self.file.close()

@@ -261,6 +261,11 @@ class GGUFFile:
         """Tensors whose ggml type is not in supported_types, in file order."""
         return [t for t in self.tensors.values() if t.ggml_type not in supported_types]
 
+    def mappings(self) -> list[tuple[int, int, Path]]:
+        """(address, size, path) of the mapped bytes of this file and its later parts."""
+        own = [] if self._bytes is None else [(self._bytes.ctypes.data, self.size, self.path)]
+        return own + [m for part in self.parts for m in part.mappings()]
+
     def close(self) -> None:
         for part in self.parts:
             part.close()
