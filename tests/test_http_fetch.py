@@ -130,3 +130,31 @@ def test_a_partial_that_changed_on_disk_is_not_renamed_into_place(tmp_path):
     partial.write_bytes(b"x" * 12)
     install(partial, final, 12, "blob")
     assert final.read_bytes() == b"x" * 12 and not partial.exists()
+
+
+def test_a_server_that_ignores_the_range_and_breaks_off_is_not_asked_forever(serve, tmp_path, monkeypatch):
+    # Each answer starts again at byte 0 (200, Range ignored) and closes after 64 KiB of 1 MiB:
+    # every request moved bytes, and the retries started afresh each time, without end.
+    from ctxengine.engine import http_fetch
+    monkeypatch.setattr(http_fetch.time, "sleep", lambda s: None)
+    data = bytes(range(256)) * 4096
+    asked = []
+    url = serve(lambda rng: asked.append(rng) or (200, {"Content-Length": str(len(data))}, data[: 64 << 10]))
+    with pytest.raises(CtxError, match="broke off"):
+        get(url, tmp_path / "p", len(data))
+    assert len(asked) == http_fetch.RETRIES + 1 and asked[0] is None and set(asked[1:]) == {"bytes=65536-"}
+
+
+def test_a_server_that_breaks_off_but_keeps_the_range_is_followed_to_the_end(serve, tmp_path, monkeypatch):
+    from ctxengine.engine import http_fetch
+    monkeypatch.setattr(http_fetch.time, "sleep", lambda s: None)
+    data = bytes(range(256)) * 1024  # 256 KiB in 16 pieces: more breaks than RETRIES, each one further on
+
+    def piece(rng):
+        start = int(rng[6:-1]) if rng else 0
+        head = {"Content-Length": str(len(data) - start)} | ({"Content-Range": f"bytes {start}-{len(data) - 1}/"
+                                                              f"{len(data)}"} if start else {})
+        return (206 if start else 200), head, data[start:start + (16 << 10)]
+    url = serve(piece)
+    got = get(url, tmp_path / "p", len(data))
+    assert got.sha256 == hashlib.sha256(data).hexdigest() and (tmp_path / "p").read_bytes() == data

@@ -34,7 +34,7 @@ from .hashed_writer import LIMIT, HashedWriter
 CHUNK = 256 << 10              # bytes a read asks for: each buffer still in cache when hashed (4 MiB ran at 0.7x curl)
 BUFFERS = LIMIT // CHUNK + 2   # the writer's slack, one being received, one being written
 TIMEOUT = 60.0                 # seconds without a byte before the transfer counts as stalled
-RETRIES = 5                    # times running a body may break off, with no byte in between, before we give up
+RETRIES = 5                    # times running a body may break off without getting further before we give up
 
 
 @dataclass
@@ -109,7 +109,7 @@ def fetch(url: str, partial: Path, sha256, kept: int, *, size: int | None, heade
     """GET url into partial, which holds ``kept`` bytes whose hash is sha256 (hashed_writer.
     hash_partial); ``progress(n)`` after every n bytes written (negative when a server that
     ignored the range made us start over). A body that breaks off is asked for again from
-    where it stopped, ``retries`` times running without a byte in between; then, or on a
+    where it stopped, ``retries`` times running without getting further; then, or on a
     network error or ``timeout`` seconds without a byte, a CtxError says how much is kept.
     HTTP errors are raised as urllib.error.HTTPError, for the caller to word; disk errors
     are named."""
@@ -119,7 +119,7 @@ def fetch(url: str, partial: Path, sha256, kept: int, *, size: int | None, heade
             out.seek(kept)
             with HashedWriter(out, sha256, progress) as writer:
                 body = _Body(url, headers, timeout, writer, kept, size)
-                tries = retries
+                tries, furthest = retries, kept
                 while size is None or body.pos < size:
                     try:
                         body.get()
@@ -131,7 +131,10 @@ def fetch(url: str, partial: Path, sha256, kept: int, *, size: int | None, heade
                                 raise _Wrong(f"answered 416 (range not satisfiable) for the bytes from "
                                              f"{body.pos}: what is kept is not the start of its file") from None
                             raise
-                        tries = (retries if body.moved else tries) - 1
+                        # only a request that got past every earlier one counts as progress: a server
+                        # that ignores the range and breaks off each time would otherwise go on forever
+                        tries = (retries if body.pos > furthest else tries) - 1
+                        furthest = max(furthest, body.pos)
                         body.broke_off(err, partial, last=tries < 0)
                 writer.wait()
                 digest = writer.sha256.hexdigest()
