@@ -6,7 +6,7 @@ import pytest
 
 import ctxengine as ce
 from ctxengine.engine.catalog import CatalogEntry, ModelCatalog
-from ctxengine.errors import ModelFileError
+from ctxengine.errors import CtxError, ModelFileError
 from ctxengine.ollama.store import add_ollama_models
 from ctxengine.serving.runtime import Runtime
 from lora_files import ALL, random_lora, write_lora
@@ -123,3 +123,26 @@ def test_a_context_goes_on_under_another_name_only_with_the_same_adapters(served
     for model, context in (("tuned", "p"), ("plain", "t"), (plain_copy.name, "t")):
         with pytest.raises(RequestError, match="belongs to model"):
             asyncio.run(turn(model, context))
+
+
+def test_load_by_name_runs_the_adapter_layer_too(served, monkeypatch):
+    # ce.load / ctx run -m of the fine-tuned name ran the bare base under it
+    rt, tmp_path = served
+    monkeypatch.setenv("OLLAMA_MODELS", str(tmp_path / "ollama"))
+    tuned = ce.load("tuned", threads=1)
+    ref = ce.load(tmp_path / "tiny.gguf", threads=1, lora={"x": tmp_path / "lora.gguf"})
+    try:
+        assert tuned.own_lora == {"adapter": 1.0}
+        ctx, with_it, without = tuned.context("t"), ref.context("a", lora={"x": 1.0}), ref.context("b")
+        for c in (ctx, with_it, without):
+            c.append(TOKENS)
+        assert np.array_equal(ctx._sync(), with_it._sync())
+        assert not np.array_equal(ctx._sync(), without._sync())
+        assert np.array_equal(tuned.logprobs(TOKENS).top_logprobs, ref.logprobs(TOKENS, lora={"x": 1.0}).top_logprobs)
+        with pytest.raises(CtxError, match="'adapter' is the model's own ADAPTER layer"):
+            tuned.context("off", lora={"adapter": 0.0})
+    finally:
+        tuned.close()
+        ref.close()
+    with pytest.raises(ModelFileError, match="sha256-[0-9a-f]{64}: "):
+        ce.load("broken", threads=1)

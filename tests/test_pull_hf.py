@@ -5,6 +5,7 @@ offline use from the cache."""
 import pytest
 
 from ctxengine.engine.gguf_file import open_gguf
+from hub_servers import FakeHub
 from pull_fixtures import GEMMA_REPO, SMOL_REPO, SPLIT_REPO, kill_halfway, make_hub, pull, server_set
 from gguf_splits import write_split
 
@@ -145,3 +146,50 @@ def test_an_etag_that_is_no_hash_names_no_file(hub, tmp_path, etag):
     assert r.returncode == 1 and "not a sha256 or git hash: refusing to name a file" in r.stderr
     assert not list(tmp_path.rglob("*escaped*")) and not list((tmp_path / "hf").rglob("*.gguf"))
     assert not list(tmp_path.parent.glob("escaped*")) and not (tmp_path.parent.parent / "escaped").exists()
+
+
+def test_space_is_asked_only_for_the_bytes_still_missing(hub, tmp_path, smollm2_path):
+    # The whole model was asked for, cached or half-fetched: a full disk refused a cached model,
+    # and a resume after "disk full" needed room for the whole file again.
+    from ctxengine.engine.hf_pull import HubSettings, _still_needed
+    from hub_servers import sha256_of
+    assert pull(f"hf://{SMOL_REPO}:Q4_1", home=tmp_path, env=hub_env(hub, tmp_path)).returncode == 0
+    settings = HubSettings(hub.url, str(tmp_path / "hf" / "hub"), False)
+    size, sha = smollm2_path.stat().st_size, sha256_of(smollm2_path)
+    commit = hub.commit(SMOL_REPO)
+    q41, q4ks = "SmolLM2-135M-Instruct-Q4_1.gguf", "SmolLM2-135M-Instruct-Q4_K_S.gguf"
+    assert _still_needed(SMOL_REPO, commit, [q41], {q41: size}, {q41: sha}, settings) == 0
+    assert _still_needed(SMOL_REPO, commit, [q4ks], {q4ks: size}, {q4ks: sha}, settings) == 0  # its blob is there
+    blobs = next((tmp_path / "hf" / "hub").glob("models--*/blobs"))
+    (blobs / ("ab" * 32 + ".incomplete")).write_bytes(b"x" * 1000)
+    assert _still_needed(SMOL_REPO, commit, [q4ks], {q4ks: size}, {q4ks: "ab" * 32}, settings) == size - 1000
+
+
+def test_a_name_without_quant_means_one_file_online_and_offline(hub, tmp_path):
+    # Offline, with only Q4_1 cached, "the repo's only model" took Q4_1; online the name is Q4_K_M.
+    assert pull(f"hf://{SMOL_REPO}:Q4_1", home=tmp_path, env=hub_env(hub, tmp_path)).returncode == 0
+    offline = hub_env(hub, tmp_path, HF_HUB_OFFLINE="1")
+    r = pull(f"hf://{SMOL_REPO}", home=tmp_path, env=offline)
+    assert r.returncode == 1 and "not in the Hugging Face cache" in r.stderr and "Q4_1.gguf" in r.stderr
+    r = pull(f"hf://{SMOL_REPO}", home=tmp_path, env=hub_env(hub, tmp_path))
+    assert r.returncode == 0 and r.stdout.strip().endswith("Q4_K_M.gguf"), r.stderr
+    r = pull(f"hf://{SMOL_REPO}", home=tmp_path, env=offline)
+    assert r.returncode == 0 and r.stdout.strip().endswith("Q4_K_M.gguf") and "(0.0 MiB)" not in r.stderr
+
+
+def test_a_pulled_name_runs_as_org_repo_quant_and_a_failed_pull_is_not_listed(hub, tmp_path):
+    from servers import ctx
+    assert pull(f"hf://{SMOL_REPO}:Q4_1", home=tmp_path, env=hub_env(hub, tmp_path)).returncode == 0
+    offline = {**hub_env(hub, tmp_path, HF_HUB_OFFLINE="1"), "HF_ENDPOINT": "http://127.0.0.1:9"}
+    r = ctx("run", "-m", f"{SMOL_REPO}:Q4_1", "-n", "2", "--raw", "Hello", home=tmp_path, env=offline)
+    assert r.returncode == 0, r.stderr  # docs/pull.md's promise; was "neither a known model name, ..."
+    index = next(tmp_path.rglob("hf-models.json"))
+    before = index.read_text()
+    (tmp_path / "bad.gguf").write_text("not a GGUF file, under a GGUF name\n")
+    bad = FakeHub({"ctx-test/bad-GGUF": {"bad-Q4_K_M.gguf": tmp_path / "bad.gguf"}})
+    try:
+        r = pull("hf://ctx-test/bad-GGUF", home=tmp_path, env=hub_env(bad, tmp_path))
+    finally:
+        bad.close()
+    assert r.returncode == 1 and "cannot be served" in r.stderr
+    assert index.read_text() == before  # the name a failed pull asked for is not recorded

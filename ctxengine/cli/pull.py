@@ -19,6 +19,7 @@ packaged model, or a snapshot from another host.
 from __future__ import annotations
 
 import argparse
+import sys
 
 from .push import add_remote_arguments
 
@@ -105,6 +106,8 @@ def _pull_hf(spec: str) -> int:
     if error is not None:
         raise CtxError(f"pulled {pulled.spec.name} into the Hugging Face cache, but it cannot be served "
                        f"here: {error}")
+    if pulled.unrecorded is not None:
+        print(f"ctx pull: warning: {pulled.unrecorded}", file=sys.stderr)
     print(pulled.path)
     return 0
 

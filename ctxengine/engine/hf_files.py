@@ -101,9 +101,11 @@ def safe_path(name: str) -> bool:
     return bool(name) and "\\" not in name and "\0" not in name and all(p not in ("", ".", "..") for p in parts)
 
 
-def choose(spec: HfSpec, files: list[str]) -> Choice:
+def choose(spec: HfSpec, files: list[str], *, whole_repo: bool = True) -> Choice:
     """The model a spec means among a repo's files (an error lists the choices); names that
-    would lead out of the cache's folder (``../x.gguf``, ``/x.gguf``) are never a choice."""
+    would lead out of the cache's folder (``../x.gguf``, ``/x.gguf``) are never a choice.
+    ``whole_repo``: the files are all the repo's, so its only model is the one a spec
+    without a quant means (not so for the part of it a cache holds)."""
     files = [f for f in files if safe_path(f)]
     choices = model_choices(files)
     if spec.file is not None:
@@ -119,7 +121,7 @@ def choose(spec: HfSpec, files: list[str]) -> Choice:
     matches = _matching(tag, choices)
     if len(matches) == 1:
         return matches[0]
-    if not matches and spec.tag is None and len(choices) == 1:
+    if not matches and spec.tag is None and len(choices) == 1 and whole_repo:
         return choices[0]
     if matches:
         raise ModelNotFoundError(f"quant '{tag}' is ambiguous in {spec.repo}: it matches "

@@ -25,6 +25,7 @@ import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Sequence
 
 from .. import paths
 from ..errors import CorruptDataError, CtxError, ModelNotFoundError
@@ -66,6 +67,7 @@ class PulledHf:
     received: int = 0        # bytes this pull took from the network
     resumed: int = 0         # bytes an interrupted pull had already fetched
     seconds: float = 0.0     # spent moving and checking the bytes
+    unrecorded: str | None = None  # why it could not be listed under its name (data folder not writable)
 
 
 def pull_hf(text: str) -> PulledHf:
@@ -82,7 +84,7 @@ def pull_hf(text: str) -> PulledHf:
         lfs = {s.rfilename: s.lfs.sha256 for s in info.siblings or [] if s.lfs is not None and s.lfs.sha256}
         choice = choose(spec, list(siblings))
         Path(hub.cache_dir).mkdir(parents=True, exist_ok=True)
-        check_free_space(Path(hub.cache_dir), sum(siblings[f] for f in choice.files))
+        check_free_space(Path(hub.cache_dir), _still_needed(spec.repo, info.sha, choice.files, siblings, lfs, hub))
         pulled = PulledHf(spec, info.sha, choice.files, Path())
         started = time.perf_counter()
         for i, name in enumerate(choice.files):
@@ -96,7 +98,36 @@ def pull_hf(text: str) -> PulledHf:
         if _is_network_error(err) and not _is_http_error(err):
             return _from_cache(spec, hub, f"{hub.endpoint} cannot be reached ({err.__class__.__name__}: {err})")
         raise _hub_error(err, spec, hub) from None
-    remember(pulled)
+    return _recorded(pulled)
+
+
+def _still_needed(repo: str, commit: str, files: Sequence[str], sizes: dict[str, int], lfs: dict[str, str],
+                  hub: HubSettings) -> int:
+    """Bytes the files still need on disk: none for a cached file, the rest for one an
+    earlier pull left partly fetched (an LFS file's blob is named by its sha256)."""
+    from huggingface_hub import try_to_load_from_cache
+    from huggingface_hub.file_download import repo_folder_name
+
+    blobs = Path(hub.cache_dir, repo_folder_name(repo_id=repo, repo_type="model"), "blobs")
+    need = 0
+    for name in files:
+        if isinstance(try_to_load_from_cache(repo, name, cache_dir=hub.cache_dir, revision=commit), str):
+            continue
+        if name in lfs and (blobs / lfs[name]).is_file():
+            continue  # the same bytes under another name: only a link is made
+        partial = blobs / f"{lfs.get(name, '')}.incomplete"
+        kept = partial.stat().st_size if name in lfs and partial.is_file() else 0
+        need += max(0, sizes.get(name, 0) - kept)
+    return need
+
+
+def _recorded(pulled: PulledHf) -> PulledHf:
+    """The pull, remembered under its name if it can be served (a pull that fails its
+    check leaves the name as it was); ``unrecorded`` says why it could not be written."""
+    from .catalog import unservable_reason
+
+    if unservable_reason(pulled.path) is None:
+        pulled.unrecorded = remember(pulled)
     return pulled
 
 
@@ -153,10 +184,20 @@ def cached_snapshots(repo: str, hub: HubSettings) -> list[tuple[str, list[str]]]
 
 
 def _cached_choice(spec: HfSpec, hub: HubSettings) -> tuple[str, Choice] | None:
-    """The newest snapshot holding every file of the model the spec names."""
-    for commit, files in cached_snapshots(spec.repo, hub):
+    """The newest snapshot holding every file of the model the spec names. Without a
+    quant, what an online pull of the name chose (its index entry), else the default
+    quant: the cache may hold one model of a repo that has several, and "the repo's only
+    model" would then mean another file offline than online."""
+    snapshots = cached_snapshots(spec.repo, hub)
+    if spec.tag is None and spec.file is None:
+        known = pulled_models().get(spec.name)
+        if isinstance(known, dict) and known.get("repo") == spec.repo and isinstance(known.get("files"), list):
+            for commit, files in snapshots:
+                if commit == known.get("commit") and known["files"] and set(known["files"]) <= set(files):
+                    return commit, Choice(tuple(known["files"]))
+    for commit, files in snapshots:
         try:
-            return commit, choose(spec, files)
+            return commit, choose(spec, files, whole_repo=False)
         except ModelNotFoundError:
             continue
     return None
@@ -183,9 +224,10 @@ def _from_cache(spec: HfSpec, hub: HubSettings, why: str) -> PulledHf:
         raise ModelNotFoundError(f"{why}: {spec.name} is not in the Hugging Face cache {hub.cache_dir} "
                                  f"(cached from {spec.repo}: {', '.join(have) or 'nothing'})")
     commit, choice = found
-    pulled = PulledHf(spec, commit, choice.files, _snapshot(hub, spec.repo, commit) / choice.first)
-    remember(pulled)
-    return pulled
+    snapshot = _snapshot(hub, spec.repo, commit)
+    pulled = PulledHf(spec, commit, choice.files, snapshot / choice.first,
+                      total=sum((snapshot / f).stat().st_size for f in choice.files))
+    return _recorded(pulled)
 
 
 # -- errors --------------------------------------------------------------------------------
@@ -239,7 +281,8 @@ def pulled_models() -> dict[str, dict]:
     return data if isinstance(data, dict) else {}
 
 
-def remember(pulled: PulledHf) -> None:
+def remember(pulled: PulledHf) -> str | None:
+    """Record the pull under its name and aliases; why not, where the index cannot be written."""
     index = pulled_models()
     index[pulled.spec.name] = {"repo": pulled.spec.repo, "commit": pulled.commit, "files": list(pulled.files),
                                "aliases": list(pulled.spec.aliases())}
@@ -249,8 +292,10 @@ def remember(pulled: PulledHf) -> None:
         tmp = target.with_name(f".{INDEX}.{os.getpid()}.tmp")
         tmp.write_text(json.dumps(index, indent=1), encoding="utf-8")
         os.replace(tmp, target)
-    except OSError:
-        pass  # the model is in the cache all the same; only the listing misses it
+    except OSError as err:  # the model is in the cache all the same; only the listing misses it
+        return (f"{pulled.spec.name} is in the Hugging Face cache, but {target} could not be written "
+                f"({err.strerror or err}): it is not listed by name (set CTX_HOME to a writable folder)")
+    return None
 
 
 def pulled_paths() -> list[tuple[str, list[str], Path | None, str | None]]:

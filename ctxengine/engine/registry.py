@@ -154,19 +154,26 @@ def _not_found(spec: str | os.PathLike) -> ModelNotFoundError:
 def resolve_model(spec: str | os.PathLike | None = None, *, sources: Sequence[ModelSource] = ()) -> Path:
     """The GGUF file for a model name, alias or path (None: the default model), or
     a name one of ``sources`` knows."""
+    return resolve_with_adapters(spec, sources=sources)[0]
+
+
+def resolve_with_adapters(spec: str | os.PathLike | None = None, *,
+                          sources: Sequence[ModelSource] = ()) -> tuple[Path, tuple[Path, ...]]:
+    """The GGUF file a name means, with the LoRA adapters that are part of the model
+    (an Ollama model's ADAPTER layers: never run without them)."""
     if spec is None:
-        return _provide(DEFAULT)
+        return _provide(DEFAULT), ()
     if isinstance(spec, str):
         model = _by_name(spec)
         if model is not None:
-            return _provide(model)
+            return _provide(model), ()
     path = Path(os.path.expanduser(spec))
     if path.is_file():
-        return path
+        return path, ()
     if isinstance(spec, str) and is_hf_spec(spec):
-        return _in_hf_cache(spec)
+        return _in_hf_cache(spec), ()
     if isinstance(spec, str):
-        found = _in_sources(spec, sources)
+        found = _in_sources(spec, sources) or _in_pulled(spec)
         if found is not None:
             return found
     raise _not_found(spec)
@@ -181,15 +188,31 @@ def _in_hf_cache(spec: str) -> Path:
     return path
 
 
-def _in_sources(spec: str, sources: Sequence[ModelSource]) -> Path | None:
-    """The model blob for a name a model source knows (Ollama's store); an
-    unservable one is an error saying why."""
+def _in_pulled(spec: str) -> tuple[Path, tuple[Path, ...]] | None:
+    """A model ``ctx pull hf://`` recorded, by its name or an alias (``ORG/REPO:QUANT``)."""
+    from .hf_pull import pulled_models, pulled_paths
+
+    low = spec.lower()
+    if not any(low == n.lower() or low in (str(a).lower() for a in item.get("aliases", []))
+               for n, item in pulled_models().items() if isinstance(item, dict)):
+        return None
+    for name, aliases, path, error in pulled_paths():
+        if low == name.lower() or low in (a.lower() for a in aliases):
+            if path is None:
+                raise ModelNotFoundError(f"'{spec}': {error}")
+            return path, ()
+    return None
+
+
+def _in_sources(spec: str, sources: Sequence[ModelSource]) -> tuple[Path, tuple[Path, ...]] | None:
+    """The model blob and its adapters for a name a model source knows (Ollama's store,
+    the Hub's pulled names); an unservable one is an error saying why."""
     entry = find_in_sources(sources, spec)
     if entry is None:
         return None
     if not entry.servable:
         raise UnsupportedModelError(f"Ollama model '{entry.name}' cannot be served: {entry.error}")
-    return entry.path
+    return entry.path, tuple(entry.adapters)
 
 
 def known_models() -> dict[str, str]:

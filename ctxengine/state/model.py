@@ -13,6 +13,7 @@ from ..engine import registry
 from ..engine.engine import Engine, LogProbs
 from ..engine.lora import LoraAdapter, LoraSet
 from ..engine.speculative import check_same_vocabulary
+from ..errors import CtxError
 from ..ollama.store import OllamaSource
 from .context import Context
 from .table import ContextTable
@@ -25,9 +26,11 @@ MODEL_SOURCES = (OllamaSource(),)
 
 
 class Model:
-    def __init__(self, engine: Engine):
+    def __init__(self, engine: Engine, *, own_lora: dict[str, float] | None = None):
         self.engine = engine
         self.contexts = ContextTable(engine)
+        # The model's own adapters (an Ollama model's ADAPTER layers), in every context at scale 1.
+        self.own_lora = dict(own_lora or {})
 
     # -- identity ---------------------------------------------------------------
     @property
@@ -65,7 +68,7 @@ class Model:
         return self.engine.detokenize(ids)
 
     def logprobs(self, ids: Sequence[int], *, top: int = 40, lora: LoraScales = None) -> LogProbs:
-        return self.engine.logprobs(ids, top=top, lora=self.engine.lora_set(lora))
+        return self.engine.logprobs(ids, top=top, lora=self._with_own(lora) or self.engine.lora_set(None))
 
     # -- LoRA adapters ---------------------------------------------------------------
     def load_lora(self, name: str, path: str | os.PathLike) -> LoraAdapter:
@@ -79,8 +82,19 @@ class Model:
     # -- contexts ------------------------------------------------------------------
     def context(self, name: str | None = None, *, lora: LoraScales = None) -> Context:
         """The live context with this name, created empty if it does not exist yet.
-        ``lora``: {adapter name: scale} a new context runs with, for its whole life."""
-        return self.contexts.open(name, None if lora is None else self.engine.lora_set(lora))
+        ``lora``: {adapter name: scale} a new context runs with, for its whole life, with
+        the model's own adapters (``own_lora``) always."""
+        return self.contexts.open(name, self._with_own(lora))
+
+    def _with_own(self, lora: LoraScales) -> LoraSet | None:
+        """``lora`` with the model's own adapters added (None: no adapters at all)."""
+        if not self.own_lora or isinstance(lora, LoraSet):
+            return None if lora is None else self.engine.lora_set(lora)
+        taken = sorted(set(lora or {}) & set(self.own_lora))
+        if taken:
+            raise CtxError(f"LoRA adapter {taken[0]!r} is the model's own ADAPTER layer: part of the model, "
+                           "always at scale 1")
+        return self.engine.lora_set({**self.own_lora, **(lora or {})})
 
     def restore(self, store, ref: str, name: str | None = None, *, lora: LoraScales = None) -> Context:
         """A live context from a stored snapshot (ref, id or id prefix); refuses other
@@ -123,16 +137,20 @@ def load(model: str | os.PathLike | None = None, *, threads: int | None = None, 
     ``draft``: a smaller model with the same vocabulary that drafts tokens for
     speculative decoding (refused, naming the first differing token, otherwise).
     """
-    engine = Engine(resolve_model(model), threads=threads, kv=kv, n_ctx=n_ctx)
+    path, own = registry.resolve_with_adapters(model, sources=MODEL_SOURCES)
+    engine = Engine(path, threads=threads, kv=kv, n_ctx=n_ctx)
+    own_names = {f"adapter{i}" if len(own) > 1 else "adapter": adapter for i, adapter in enumerate(own)}
     try:
-        for name, path in (lora or {}).items():
-            engine.load_lora(name, path)
+        for name, adapter in own_names.items():  # an Ollama model's ADAPTER layers: part of the model
+            engine.load_lora(name, adapter)
+        for name, adapter in (lora or {}).items():
+            engine.load_lora(name, adapter)
     except BaseException:
         engine.close()
         raise
     if draft is not None:
         attach_draft(engine, draft)
-    return Model(engine)
+    return Model(engine, own_lora=dict.fromkeys(own_names, 1.0))
 
 
 def attach_draft(engine: Engine, draft: str | os.PathLike) -> None:
