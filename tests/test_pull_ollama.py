@@ -165,3 +165,24 @@ def test_a_manifest_is_written_over_the_names_other_spelling(tmp_path):
     again = _write_manifest(tmp_path, parse_model_name("SmolLM2:135M"), b'{"layers": []}')
     assert again == first and first.read_bytes() == b'{"layers": []}'
     assert [n.display for n, _ in manifests(tmp_path)] == ["smollm2:135m"]
+
+
+@pytest.mark.parametrize("damage", ["truncated", "same size"])
+def test_a_damaged_blob_in_the_store_is_fetched_again(registry, tmp_path, smollm2_path, damage):
+    # It was taken as it was: "already here, nothing fetched" for wrong bytes, and for a
+    # truncated one an error whose advice (run the pull again) gave the same error again.
+    from hub_servers import sha256_of
+    assert pull("ollama://smollm2:135m", home=tmp_path, env=env_for(registry)).returncode == 0
+    blob = tmp_path / "ollama/blobs" / f"sha256-{sha256_of(smollm2_path)}"
+    size = blob.stat().st_size
+    if damage == "truncated":
+        os.truncate(blob, size // 2)
+    else:
+        with open(blob, "r+b") as f:
+            f.seek(size // 2)
+            f.write(b"\x00" * 64)
+    before = registry.sent
+    r = pull("ollama://smollm2:135m", home=tmp_path, env=env_for(registry))
+    assert r.returncode == 0, r.stderr
+    assert "damaged" in r.stderr and registry.sent - before == size
+    assert blob.read_bytes() == smollm2_path.read_bytes()

@@ -10,6 +10,7 @@ move through engine/http_fetch.py, as the Hub's do.
 """
 from __future__ import annotations
 
+import logging
 import urllib.error
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,14 +34,16 @@ def partial_path(final: Path) -> Path:
 
 def fetch_blob(url: str, final: Path, sha256_hex: str, size: int | None, *, headers: dict[str, str],
                progress: Callable[[int], None], describe: Callable[[urllib.error.HTTPError], CtxError]) -> Fetched:
-    """Download url into final unless final is there; ``progress(n)`` after every n bytes
-    (those resumed from a partial included); ``describe`` words an HTTP error."""
-    if final.is_file():
+    """Download url into final unless final is there, whole (its sha256 checked, as
+    Ollama's pull does; a damaged one is deleted and fetched again); ``progress(n)``
+    after every n bytes (those resumed from a partial included); ``describe`` words an
+    HTTP error."""
+    if _intact(final, sha256_hex, size):
         progress(final.stat().st_size)
         return Fetched(final, 0, 0)
     partial = partial_path(final)
     with claimed(partial, final):
-        if final.is_file():  # another pull finished it while this one waited to claim it
+        if _intact(final, sha256_hex, size):  # another pull finished it while this one waited to claim it
             progress(final.stat().st_size)
             return Fetched(final, 0, 0)
         h, have = hash_partial(partial, size)
@@ -55,3 +58,22 @@ def fetch_blob(url: str, final: Path, sha256_hex: str, size: int | None, *, head
                                    f"the manifest names; the partial download was deleted (run the pull again)")
         install(partial, final, size, final.name)
     return Fetched(final, got.kept, got.received)
+
+
+def _intact(final: Path, sha256_hex: str, size: int | None) -> bool:
+    """Whether the blob is there with its digest's bytes; one that is not (truncated, or
+    changed on disk) is deleted, so that the pull fetches it again."""
+    try:
+        if size is None or final.stat().st_size == size:
+            h, _ = hash_partial(final, size)
+            if h.hexdigest() == sha256_hex:
+                return True
+        final.unlink()
+    except FileNotFoundError:
+        return False
+    except OSError as err:
+        raise CtxError(f"{final}: a damaged blob (not the bytes of its digest) cannot be deleted "
+                       f"({err.strerror or err}): delete it, then run the pull again") from None
+    logging.getLogger(__name__).warning("%s was damaged (not the bytes of its digest): deleted, fetched again",
+                                        final.name)
+    return False
