@@ -129,3 +129,31 @@ def test_forced_call_grammars_accept_calls_and_only_calls(model):
     with pytest.raises(GrammarError, match="do not match"):  # a required argument missing
         Constraint(forced_call_grammar(tools, ToolChoice("required"), "fallback"), tok, 0).feed(
             model.tokenize('<tool_call>\n{"name": "get_weather", "arguments": {"unit": "K"}}'))
+
+
+def test_a_tools_refs_point_into_its_own_schema(model):
+    # "#" meant the {name, arguments} wrapper, "#/properties/..." was a 400, and two tools
+    # with the same $defs name shared the last one's.
+    tok = model.tokenizer
+    tree = Tool("tree", "", {"type": "object", "properties": {
+        "v": {"type": "integer"}, "kids": {"type": "array", "items": {"$ref": "#"}},
+        "w": {"$ref": "#/properties/v"}}, "required": ["v"]})
+    ta = Tool("ta", "", {"type": "object", "properties": {"x": {"$ref": "#/$defs/X"}}, "required": ["x"],
+                         "$defs": {"X": {"type": "string"}}})
+    tb = Tool("tb", "", {"type": "object", "properties": {"x": {"$ref": "#/$defs/X"}}, "required": ["x"],
+                         "$defs": {"X": {"type": "integer"}}})
+
+    def takes(tools, call) -> bool:
+        c = Constraint(forced_call_grammar(tools, ToolChoice("required"), "fallback"), tok, 0)
+        try:
+            c.feed(model.tokenize(f"<tool_call>\n{json.dumps(call)}\n</tool_call>"))
+        except GrammarError:
+            return False
+        return c.done
+
+    assert takes([tree], {"name": "tree", "arguments": {"v": 1, "kids": [{"v": 2, "kids": []}], "w": 3}})
+    assert not takes([tree], {"name": "tree", "arguments": {"v": 1, "kids": [{"name": "tree", "arguments": {}}]}})
+    assert not takes([tree], {"name": "tree", "arguments": {"v": 1, "w": "three"}})
+    assert takes([ta, tb], {"name": "ta", "arguments": {"x": "hello"}})
+    assert takes([ta, tb], {"name": "tb", "arguments": {"x": 5}})
+    assert not takes([ta, tb], {"name": "ta", "arguments": {"x": 5}})

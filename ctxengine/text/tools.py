@@ -172,19 +172,30 @@ def forced_call_grammar(tools: Sequence[Tool], choice: ToolChoice, fmt: str) -> 
     allowed = [t for t in tools if choice.mode != "named" or t.name == choice.name]
     key = "parameters" if fmt == "llama3" else "arguments"
     calls, defs = [], {}
-    for t in allowed:
-        params = dict(t.parameters or {"type": "object"})
-        for where in ("$defs", "definitions"):  # "#/$defs/..." refs point at the root: move them there
-            defs.setdefault(where, {}).update(params.pop(where, None) or {})
-        calls.append({"type": "object", "properties": {"name": {"const": t.name}, key: params},
+    for i, t in enumerate(allowed):
+        # Each tool's schema is a root of its own: it moves under the wrapper's $defs, and its
+        # local refs ("#", "#/$defs/X", "#/properties/x") are rewritten to point into it there.
+        where = f"ctx_tool{i}"
+        defs[where] = _rooted(t.parameters or {"type": "object"}, f"#/$defs/{where}")
+        calls.append({"type": "object", "properties": {"name": {"const": t.name}, key: {"$ref": f"#/$defs/{where}"}},
                       "required": ["name", key], "additionalProperties": False})
     schema = calls[0] if len(calls) == 1 else {"anyOf": calls}
-    schema = bounded_schema({**schema, **{k: v for k, v in defs.items() if v}})
+    schema = bounded_schema({**schema, "$defs": defs})
     schema["x-guidance"] = {"whitespace_pattern": JSON_WHITESPACE}
     body = f"call: %json {json.dumps(schema, ensure_ascii=False)}"
     if fmt == "llama3":
         return Grammar("lark", f"start: call\n{body}")
     return Grammar("lark", f'start: "{_OPEN}\\n" call "\\n{_CLOSE}"\n{body}')
+
+
+def _rooted(schema, root: str):
+    """``schema`` with every local ``$ref`` (``#...``) made relative to ``root`` instead."""
+    if isinstance(schema, dict):
+        return {k: (root + v[1:] if k == "$ref" and isinstance(v, str) and v.startswith("#") else _rooted(v, root))
+                for k, v in schema.items()}
+    if isinstance(schema, list):
+        return [_rooted(v, root) for v in schema]
+    return schema
 
 
 # -- parsing ----------------------------------------------------------------------
