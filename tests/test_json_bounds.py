@@ -144,6 +144,12 @@ _B = {"type": "object", "properties": {"b": {"type": "integer"}}, "required": ["
     ({"type": "string", "minLength": MAX_STRING + 5}, "a" * (MAX_STRING + 5)),
     ({"type": "number", "minimum": 1e16}, 2 * 10 ** 16),
     ({"type": "integer", "maximum": -10 ** 16}, -2 * 10 ** 16),
+    ({"type": "object", "properties": {"kind": {"enum": ["a", "b"]}}, "required": ["kind"],  # parent and branch keys
+      "anyOf": [{"properties": {"x": {"type": "integer"}}, "required": ["x"]},
+                {"properties": {"y": {"type": "string"}}, "required": ["y"]}]}, {"kind": "a", "y": "z"}),
+    ({"$defs": {"c": {"type": "object", "properties": {"text": {"type": "string"}, "reply": {  # oneOf: anyOf
+        "oneOf": [{"type": "null"}, {"$ref": "#/$defs/c"}]}}, "required": ["text", "reply"]}}, "$ref": "#/$defs/c"},
+     {"text": "a", "reply": {"text": "b", "reply": None}}),
 ])
 def test_a_bound_never_makes_a_satisfiable_schema_refused(model, schema, instance):
     jsonschema.validate(instance, schema)
@@ -174,3 +180,65 @@ def test_a_schema_with_no_finite_value_is_refused_before_any_token(model):
     linked = {"$defs": {"n": {"type": "object", "required": ["next"], "properties": {
         "next": {"anyOf": [{"$ref": "#/$defs/n"}, {"type": "null"}]}}}}, "$ref": "#/$defs/n"}
     assert takes(model, linked, '{"next": {"next": null}}')
+
+
+def _obj(sub):
+    return {"type": "object", "properties": {"v": sub}, "required": ["v"], "additionalProperties": False}
+
+
+_NODE = {"type": "object", "properties": {"v": {"type": "number"}, "next": {"anyOf": [{"$ref": "#/$defs/n"},
+                                                                                     {"type": "null"}]}},
+         "required": ["v", "next"]}
+
+
+@pytest.mark.parametrize("schema,shortest", [
+    ({"type": "object", "properties": {"head": {"$ref": "#/$defs/n"}}, "required": ["head"], "$defs": {"n": _NODE}},
+     '{"head":{"v":0,"next":null}}'),  # { was tried before n: a node opened another forever
+    (_obj({"type": "string", "pattern": "[0-9]{3}"}), '{"v":"000"}'),  # unanchored, as JSON Schema's are
+    (_obj({"type": "string", "pattern": "hello"}), '{"v":"hello"}'),
+    (_obj({"type": "string", "pattern": "cat|dog"}), '{"v":"cat"}'),
+    (_obj({"type": "string", "pattern": "\\.pdf$"}), '{"v":".pdf"}'),
+    (_obj({"type": "string", "pattern": '^"[a-z]+"$'}), '{"v":"\\"a\\""}'),
+])
+def test_the_closing_walk_finds_a_completion_the_schema_allows(model, schema, shortest):
+    # The walk wrote free letters to its limit and found none: the closer stood aside, and a
+    # reply cut by max_tokens did not parse (Closer.need was None for each of these).
+    tok = model.engine.tokenizer
+    need = Closer(Constraint(Grammar.json_schema(schema), tok, 0), tok).need
+    assert need is not None and need <= len(tok.encode(shortest)) + 1
+    ctx = model.context(None)
+    n0 = ctx.append(model.chat_prompt([{"role": "user", "content": "Write a long essay about the ocean."}]),
+                    parse_special=True)
+    text = "".join(p.text for p in ctx.generate(need + 3, json_schema=schema, temperature=1.0, seed=7,
+                                                 top_k=0, top_p=1.0))
+    assert ctx.finish_reason == "stop" and ctx.n_tokens - n0 <= need + 3, text
+    jsonschema.validate(json.loads(text), schema)
+    ctx.delete()
+
+
+def test_free_keys_the_walk_writes_are_distinct_and_dates_are_real_dates(model):
+    # {"":0,"":0} parses as one property, short of minProperties 2; and a date-time of year 0
+    # (0000-01-01t01:01:01z) is refused by datetime and pydantic.
+    import datetime
+    tok = model.engine.tokenizer
+    counted = {"type": "object", "additionalProperties": {"type": "integer"}, "minProperties": 2}
+    walk = Closer(Constraint(Grammar.json_schema(counted), tok, 0), tok)
+    value = json.loads(tok.decode([t for t in walk._completion(walk._c.matcher, False, False) if t not in tok.eog_ids]))
+    assert len(value) == 2
+    jsonschema.validate(value, counted)
+    dated = {"type": "object", "properties": {"at": {"type": "string", "format": "date-time"},
+                                              "day": {"type": "string", "format": "date"}}, "required": ["at", "day"]}
+    walk = Closer(Constraint(Grammar.json_schema(dated), tok, 0), tok)
+    value = json.loads(tok.decode([t for t in walk._completion(walk._c.matcher, False, False) if t not in tok.eog_ids]))
+    assert datetime.datetime.fromisoformat(value["at"]).year >= 1 and datetime.date.fromisoformat(value["day"])
+
+
+@pytest.mark.parametrize("pattern", [
+    "[0-9]{3}", r"\d{4}-\d{2}", r"\.pdf$", "hello", "cat|dog|bird", '^"[a-z]+"$', r"^[A-Z]{2}-[0-9]+$",
+    r"^\w+@\w+\.com$", r"^(\([0-9]{3}\))?[0-9]{3}-[0-9]{4}$", r"[^0-9a]x", r"^\S+\s\S+$", r"^(?:ab|c){2,3}$",
+    r"^[\u00e9\u00e8]+$", r"^.{3}$", r"^(a|bc)*d$"])
+def test_a_pattern_example_matches_its_pattern(pattern):
+    from ctxengine.text.string_examples import pattern_example
+    example = pattern_example(pattern)
+    assert example is not None and re.search(pattern, example), (pattern, example)
+    assert pattern_example("(?=x)a") is None and pattern_example("(a)\\1") is None  # look-arounds, back-references

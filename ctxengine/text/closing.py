@@ -23,11 +23,14 @@ structure (which may add required properties to write).
 """
 from __future__ import annotations
 
+import functools
 import weakref
 from typing import TYPE_CHECKING, Sequence
 
+from .string_examples import schema_examples
+
 if TYPE_CHECKING:
-    from .grammar import Constraint
+    from .grammar import Constraint, Grammar
     from .tokenizer import Tokenizer
 
 MAX_CLOSING_BYTES = 512
@@ -36,7 +39,7 @@ MAX_CLOSING_BYTES = 512
 # value is a long constant chosen early left too little room to close).
 ZONE = 16
 WIDE = 4
-_OUTSIDE = b'}]":,01{[ntf-'
+_OUTSIDE = b'}]":,01ntf-{['  # null before { and [: a recursive value (a linked list's next) can end
 _LETTERS = bytes(range(ord("a"), ord("z") + 1)) + bytes(range(ord("0"), ord("9") + 1))
 _WHITESPACE = b" \n\r\t"
 # Bytes a string's pattern may want after free letters, tried in this order to leave a loop,
@@ -58,6 +61,7 @@ class Closer:
         self._c = constraint
         self._tok = tok
         self._bytes = _byte_tokens(tok)
+        self._examples = [e for e in _examples(constraint.grammar) if all(b in self._bytes for b in e)]
         self._plan: list[int] | None = None   # the completion being emitted, once closing
         self._next_plan: list[int] | None = None  # the completion after the sampled token
         # Whether the output so far ends inside a JSON string (and just after a backslash).
@@ -115,24 +119,58 @@ class Closer:
         ids: list[int] = []
         data = bytearray()
         repeats = 0  # the same byte picked again and again inside a string (free letters)
+        tried = False  # whether this string was offered the schema's examples
+        keys = 0  # free keys the walk wrote (each a new name: a duplicate counts once)
         while not m.is_accepting():
             if len(ids) >= MAX_CLOSING_BYTES:
                 return None
-            b = self._pick(m, in_string, escaped)
-            if b is None:
-                return None
-            repeats = repeats + 1 if in_string and data and b == data[-1] else 0
-            if repeats and repeats & (repeats - 1) == 0:  # at 1, 2, 4, 8... repeats: a way out?
-                b = self._way_out(m, b)
-            m.consume_token(self._bytes[b])
-            ids.append(self._bytes[b])
-            data.append(b)
-            in_string, escaped = _scan(bytes([b]), in_string, escaped)
+            opened = bool(data) and data[-1] == 0x22  # the walk itself opened this string
+            run = self._string_run(m, keys, opened) if in_string and not escaped and not tried else None
+            tried = tried or in_string
+            if run is not None:
+                keys += run == _key_name(keys)
+            else:
+                b = self._pick(m, in_string, escaped)
+                if b is None:
+                    return None
+                repeats = repeats + 1 if in_string and data and b == data[-1] else 0
+                if repeats and repeats & (repeats - 1) == 0:  # at 1, 2, 4, 8... repeats: a way out?
+                    b = self._way_out(m, b)
+                run = bytes([b])
+            for b in run:
+                m.consume_token(self._bytes[b])
+                ids.append(self._bytes[b])
+            data += run
+            in_string, escaped = _scan(run, in_string, escaped)
+            tried = tried and in_string
         shorter = self._tokenized(matcher, bytes(data))
         plan = shorter if shorter is not None and len(shorter) < len(ids) else ids
         if not m.is_stopped():
             plan.append(self._c.eos)
         return plan
+
+    def _string_run(self, m, keys: int, opened: bool) -> bytes | None:
+        """What to write first in a string, where closing it at once is not the answer:
+        where it cannot end yet, the first of the schema's examples (a pattern's, a
+        format's) the grammar takes whole; where the walk opened a free key, a name of its
+        own (``a``, ``b``: ``{"":0,"":0}`` is one property, not two)."""
+        quote = self._bytes.get(0x22)
+        if quote is None:
+            return None
+        if m.validate_tokens([quote]) == 1:
+            after = m.deep_copy()
+            after.consume_token(quote)
+            colon = self._bytes.get(0x3A)
+            if not opened or colon is None or after.validate_tokens([colon]) != 1:
+                return None  # a string value, or a key the model began: closing it now is shortest
+            candidates = [_key_name(keys)]
+        else:
+            candidates = self._examples
+        for text in candidates:
+            tokens = [self._bytes[b] for b in text] + [quote]
+            if all(b in self._bytes for b in text) and m.validate_tokens(tokens) == len(tokens):
+                return text
+        return None
 
     def _pick(self, m, in_string: bool, escaped: bool) -> int | None:
         order = (b'"' + _LETTERS) if in_string and not escaped else (_LETTERS if escaped else _OUTSIDE + _LETTERS)
@@ -167,6 +205,17 @@ class Closer:
             return None
         ids = self._tok.encode(text)
         return ids if matcher.validate_tokens(ids) == len(ids) else None
+
+
+def _key_name(n: int) -> bytes:
+    """The walk's n-th free key: a, b, ... z, k26, k27, ..."""
+    return bytes([0x61 + n]) if n < 26 else f"k{n}".encode()
+
+
+@functools.lru_cache(maxsize=64)
+def _examples(grammar: "Grammar") -> tuple[bytes, ...]:
+    """The schema's pattern and format examples (text/string_examples.py), shortest first."""
+    return tuple(e for schema in grammar.schemas() for e in schema_examples(schema))
 
 
 def _may_grow(data: bytes) -> bool:

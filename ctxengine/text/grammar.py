@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 import threading
 import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -38,6 +39,9 @@ KINDS = ("gbnf", "lark", "regex", "json_schema")
 # JSON whitespace between tokens: flexible (models write pretty JSON more
 # naturally) but bounded, so a small model cannot spend max_tokens on blank lines.
 JSON_WHITESPACE = r"[\x20\x0A\x0D\x09]{0,24}"
+# llguidance's options for every schema: that whitespace, and oneOf read as anyOf (it has no
+# oneOf; the branches of a real schema's oneOf are disjoint, a null or a tagged variant).
+JSON_OPTIONS = {"whitespace_pattern": JSON_WHITESPACE, "coerce_one_of": True}
 
 
 class GrammarError(CtxError):
@@ -95,6 +99,18 @@ class Grammar:
         a generation under it is steered to close within its budget (text/closing.py)."""
         return self.kind == "json_schema" or (self.kind == "lark" and "%json" in self.source)
 
+    def schemas(self) -> list[Any]:
+        """The JSON Schemas it holds: a schema's own, or each ``%json`` of a Lark grammar."""
+        if self.kind == "json_schema":
+            return [json.loads(self.source)]
+        found, decoder = [], json.JSONDecoder()
+        for m in re.finditer(r"%json\s*", self.source) if self.kind == "lark" else ():
+            try:
+                found.append(decoder.raw_decode(self.source, m.end())[0])
+            except ValueError:
+                continue
+        return found
+
     def compiled(self) -> str:
         """The llguidance grammar, checked; GrammarError naming what is wrong."""
         return _compile(self.kind, self.source)
@@ -134,7 +150,7 @@ def _compile(kind: str, source: str) -> str:
                 raise GrammarError(f"invalid JSON schema: no value of it is finite: {endless} always "
                                    f"contains itself again (give it a way to end: optional, or an anyOf)")
             schema = json.dumps(bounded_schema(loaded))
-            compiled = llg.LLMatcher.grammar_from_json_schema(schema, defaults={"whitespace_pattern": JSON_WHITESPACE})
+            compiled = llg.LLMatcher.grammar_from_json_schema(schema, defaults=JSON_OPTIONS)
         elif kind == "regex":
             compiled = llg.LLMatcher.grammar_from_regex(source)
         elif kind == "lark":
@@ -152,8 +168,10 @@ def _compile(kind: str, source: str) -> str:
 
 
 def _one_line(err: object) -> str:
-    text = str(err).strip().splitlines()
-    return (text[0] if text else type(err).__name__)[:300]
+    """The error's text on one line (a regex error's caret line left out)."""
+    lines = [line.strip() for line in str(err).splitlines()]
+    text = " ".join(line for line in lines if line and set(line) - {"^", " "})
+    return (text or type(err).__name__)[:300]
 
 
 # -- the vocabulary -------------------------------------------------------------

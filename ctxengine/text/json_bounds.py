@@ -21,8 +21,8 @@ schema sets none itself (a bound the schema gives is kept as it is):
   bounded the same way, nested at most :data:`MAX_DEPTH` deep.
 
 A bound never makes a satisfiable schema unsatisfiable: a cap below the
-schema's own lower bound (``minItems: 100``, ``minimum: 1e16``) is raised to
-it, a required property the ``properties`` do not list is added before the
+schema's own lower bound (``minItems: 100``, ``minimum: 1e16``) is raised
+past it, a required property the ``properties`` do not list is added before the
 object is closed, ``allOf`` branches that are objects are merged into one
 before it is closed (closing each branch would forbid the others' keys), and
 the number grid is made finer where a range holds no multiple of it. An
@@ -69,7 +69,7 @@ def _bound(s: Any, depth: int, resolve: Callable[[str], Any], closing: bool = Tr
         return s  # True/False, or something the compiler will name as wrong
     if not (_SAYS_WHAT & s.keys()):
         return {**s, **_any_value(depth)}
-    s = _merged_all_of(s, resolve) or s
+    s = _merged_all_of(s, resolve) or _distributed(s, resolve) or s
     out = dict(s)
     for key in _SCHEMA_LISTS:
         if isinstance(s.get(key), list):
@@ -118,7 +118,7 @@ def _missing(s: dict, props: dict) -> list[str]:
 
 def _bound_number(s: dict, out: dict, exact: bool) -> None:
     lo, hi = _edge(s, "minimum", "exclusiveMinimum", -1), _edge(s, "maximum", "exclusiveMaximum", 1)
-    if lo is None:  # the added cap, or ten times the schema's upper bound where that is below it
+    if lo is None:  # the added cap, or twice the schema's upper bound where that is below it
         lo = out["minimum"] = -_INT_BOUND if hi is None or hi >= -_INT_BOUND else _far(hi, exact)
     if hi is None:
         hi = out["maximum"] = _INT_BOUND if lo <= _INT_BOUND else _far(lo, exact)
@@ -143,8 +143,9 @@ def _edge(s: dict, plain: str, exclusive: str, side: int) -> float | None:
 
 
 def _far(bound: float, exact: bool) -> float:
-    """A cap for the other side of a bound beyond the added ones: ten times it."""
-    return int(bound) * 10 if exact else bound * 10.0
+    """A cap for the other side of a bound beyond the added ones: twice it (llguidance
+    builds number ranges up to about 1e18)."""
+    return int(bound) * 2 if exact else bound * 2.0
 
 
 def _ulp15(x: float) -> float:
@@ -199,6 +200,21 @@ def _merged_all_of(s: dict, resolve: Callable[[str], Any], depth: int = 8) -> di
         merged["required"] += [k for k in p.get("required") or [] if k not in merged["required"]]
     merged.update({k: parts[0][k] for k in ("title", "description") if k in parts[0]})
     return merged
+
+
+def _distributed(s: dict, resolve: Callable[[str], Any]) -> dict | None:
+    """An object with its own properties and an ``anyOf``/``oneOf`` of objects that add more,
+    as the branches each merged with it (P and (A or B) = (P and A) or (P and B)), so that
+    closing each one keeps its properties; None where it is not that."""
+    key = next((k for k in ("anyOf", "oneOf") if isinstance(s.get(k), list) and s[k]), None)
+    if key is None or "allOf" in s or not ({"properties", "required"} & s.keys()) or \
+            ("anyOf" in s and "oneOf" in s):
+        return None
+    rest = {k: v for k, v in s.items() if k not in (key, "$defs", "definitions")}
+    merged = [_merged_all_of({**rest, "allOf": [b]}, resolve) for b in s[key]]
+    if not all(merged):
+        return None
+    return {**{k: s[k] for k in ("$defs", "definitions") if k in s}, key: merged}
 
 
 def _resolved(b: Any, resolve: Callable[[str], Any]) -> Any:

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from ..errors import CtxError
-from .grammar import JSON_WHITESPACE, Grammar
+from .grammar import JSON_OPTIONS, Grammar
 from .json_bounds import bounded_schema
 
 FALLBACK_PROMPT = (
@@ -181,7 +181,7 @@ def forced_call_grammar(tools: Sequence[Tool], choice: ToolChoice, fmt: str) -> 
                       "required": ["name", key], "additionalProperties": False})
     schema = calls[0] if len(calls) == 1 else {"anyOf": calls}
     schema = bounded_schema({**schema, "$defs": defs})
-    schema["x-guidance"] = {"whitespace_pattern": JSON_WHITESPACE}
+    schema["x-guidance"] = JSON_OPTIONS
     body = f"call: %json {json.dumps(schema, ensure_ascii=False)}"
     if fmt == "llama3":
         return Grammar("lark", f"start: call\n{body}")
