@@ -157,6 +157,9 @@ class HubHandler(_Handler):
     def do_GET(self) -> None:
         path = unquote(urlsplit(self.path).path)
         self.server.requests.append((path, self.headers.get("Authorization")))
+        if self.server.refuse_tokens and self.headers.get("Authorization"):
+            return self.reply(401, b'{"error":"Invalid credentials in Authorization header"}',
+                              {"Content-Type": "application/json"})
         m = re.fullmatch(r"/api/models/([^/]+/[^/]+)(?:/revision/([^/]+))?", path)
         if m:
             return self.model_info(m[1])
@@ -186,7 +189,11 @@ class HubHandler(_Handler):
         if files is None:
             return self.not_found_repo()
         commit = self.server.commit(repo)
-        if name not in files:
+        if repo in self.server.gated:
+            status = 403 if self.headers.get("Authorization") else 401
+            return self.reply(status, b"Access restricted", {"X-Error-Code": "GatedRepo", "X-Error-Message":
+                              f"Access to model {repo} is restricted and you are not in the authorized list."})
+        if name not in files or name in self.server.hidden:
             return self.reply(404, b"Entry not found", {"X-Error-Code": "EntryNotFound", "X-Repo-Commit": commit})
         sha = self.server.sha[name, repo]
         cdn = f"http://localhost:{self.server.server_address[1]}/cdn/{sha}"
@@ -207,6 +214,9 @@ class FakeHub(_Server):
         self.sha = {(name, repo): sha256_of(p) for repo, files in repos.items() for name, p in files.items()}
         self.blobs = {s: repos[repo][name] for (name, repo), s in self.sha.items()}
         self.etags: dict[str, str] = {}  # file name -> the etag to send instead of its sha256
+        self.refuse_tokens = False  # a request with a token: 401, as the Hub answers an invalid one
+        self.gated: set[str] = set()  # repos whose files need terms accepted (403 with a token, 401 without)
+        self.hidden: set[str] = set()  # file names listed by model_info whose resolve/ is a 404
         super().__init__(HubHandler)
 
     @staticmethod

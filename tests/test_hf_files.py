@@ -71,6 +71,6 @@ def test_latest_is_no_tag_and_names_leading_out_are_never_a_choice():
     assert spec.tag is None and parse_hf_spec(spec.name) == spec  # the name a pull lists parses back
     assert choose(parse_hf_spec("hf://o/r:LATEST"), ["m-Q4_K_M.gguf"]).first == "m-Q4_K_M.gguf"
     hostile = ["../evil-Q4_K_M.gguf", "/abs-Q4_K_M.gguf", "a/./b-Q4_K_M.gguf", "a//b-Q4_K_M.gguf"]
-    with pytest.raises(ModelNotFoundError, match="no GGUF model files"):
+    with pytest.raises(ModelNotFoundError, match="no whole GGUF model"):
         choose(parse_hf_spec("hf://o/r:Q4_K_M"), hostile)
     assert choose(parse_hf_spec("hf://o/r:Q4_K_M"), [*hostile, "ok/m-Q4_K_M.gguf"]).first == "ok/m-Q4_K_M.gguf"

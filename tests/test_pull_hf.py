@@ -62,6 +62,11 @@ def test_split_model_pulled_whole_and_loaded_as_one(hub, tmp_path, smollm2_path)
                                                               for i in (1, 2, 3)]
     with open_gguf(first) as split, open_gguf(smollm2_path) as whole:
         assert list(split.tensors) == list(whole.tensors) and len(split.parts) == 2
+    (first.parent / "SmolLM2-135M-Instruct-Q4_1-00003-of-00003.gguf").unlink()  # gone from the cache
+    from servers import ctx
+    r = ctx("run", "-m", f"hf.co/{SPLIT_REPO}:Q4_1", "-n", "2", "Hi", home=tmp_path,
+            env=hub_env(hub, tmp_path, HF_HUB_OFFLINE="1"))
+    assert r.returncode == 1 and "-00001-of-00003.gguf lacks SmolLM2-135M-Instruct-Q4_1-00003-of-00003.gguf" in r.stderr
 
 
 def test_killed_pull_resumes_with_a_range_request(hub, tmp_path, gemma3_path):
@@ -193,3 +198,58 @@ def test_a_pulled_name_runs_as_org_repo_quant_and_a_failed_pull_is_not_listed(hu
         bad.close()
     assert r.returncode == 1 and "cannot be served" in r.stderr
     assert index.read_text() == before  # the name a failed pull asked for is not recorded
+
+
+def test_token_gate_and_missing_file_errors_say_what_is_wrong(hub, tmp_path):
+    name = "SmolLM2-135M-Instruct-Q4_K_S.gguf"
+    cases = [  # (what the Hub does, the token, what the one-line error must say)
+        ("refuse_tokens", "hf_expired", "refused the token in HF_TOKEN"),  # was httpx's raw text
+        ("gated", "hf_ok", "your token's account has no access to it yet"),  # was "set HF_TOKEN" with one set
+        ("gated", "", "accept its terms on the Hub, then set HF_TOKEN"),
+        ("hidden", "", f"{name} is in the repo's listing, but"),  # was "RemoteEntryNotFoundError: 404"
+    ]
+    for what, token, says in cases:
+        hub.refuse_tokens = what == "refuse_tokens"
+        hub.gated = {SMOL_REPO} if what == "gated" else set()
+        hub.hidden = {name} if what == "hidden" else set()
+        try:
+            r = pull(f"hf://{SMOL_REPO}:Q4_K_S", home=tmp_path, env=hub_env(hub, tmp_path, HF_TOKEN=token))
+        finally:
+            hub.refuse_tokens, hub.gated, hub.hidden = False, set(), set()
+        assert r.returncode == 1 and says in r.stderr and len(r.stderr.strip().splitlines()) == 1, (what, r.stderr)
+
+
+def test_a_split_model_missing_a_part_is_named(tmp_path, smollm2_path):
+    # The incomplete set was left out silently: "has no GGUF model files", naming nothing.
+    parts = write_split(smollm2_path, tmp_path, "S-Q4_K_M", 3)
+    hub = FakeHub({"ctx-test/split-missing": {p.name: p for p in (parts[0], parts[2])}})
+    try:
+        r = pull("hf://ctx-test/split-missing:Q4_K_M", home=tmp_path, env=hub_env(hub, tmp_path))
+    finally:
+        hub.close()
+    assert r.returncode == 1 and "S-Q4_K_M-00001-of-00003.gguf lacks S-Q4_K_M-00002-of-00003.gguf" in r.stderr
+
+
+def test_ctrl_c_says_the_pull_resumes_and_one_spelling_is_kept(hub, tmp_path):
+    import json
+    import signal
+    import subprocess
+    import time
+    from pull_fixtures import CTX, ctx_env
+    hub.rate = 40e6
+    try:
+        proc = subprocess.Popen([*CTX, "pull", f"hf://{GEMMA_REPO}:Q4_K_M"], stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE, text=True, env=ctx_env(tmp_path, **hub_env(hub, tmp_path)))
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not list(tmp_path.glob("hf/hub/models--*/blobs/*.incomplete")):
+            time.sleep(0.05)
+        time.sleep(0.3)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        hub.rate = None
+    assert proc.returncode == 130 and "interrupted; the bytes fetched are kept" in err, err  # was silent
+    for tag in ("q4_1", "Q4_1", "Q4_1"):
+        assert pull(f"hf://{SMOL_REPO}:{tag}", home=tmp_path, env=hub_env(hub, tmp_path)).returncode == 0
+    names = json.loads(next(tmp_path.rglob("hf-models.json")).read_text())
+    assert [n for n in names if n.lower().endswith(":q4_1")] == [f"hf.co/{SMOL_REPO}:Q4_1"]

@@ -51,10 +51,15 @@ def _remote_options(p: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     from ..engine.hf_files import is_hf_spec
 
-    if is_hf_spec(args.name):
-        return _pull_hf(args.name)
-    if args.name.lower().startswith("ollama://"):
-        return _pull_ollama(args.name[len("ollama://"):], _ollama_models(args))
+    try:
+        if is_hf_spec(args.name):
+            return _pull_hf(args.name)
+        if args.name.lower().startswith("ollama://"):
+            return _pull_ollama(args.name[len("ollama://"):], _ollama_models(args))
+    except KeyboardInterrupt:  # Ctrl-C: what was fetched stays for the next pull
+        print(f"\nctx pull: interrupted; the bytes fetched are kept: run `ctx pull {args.name}` again to resume",
+              file=sys.stderr)
+        return 130
     if args.rest and not args.rest[0].startswith("-"):  # HOST REF; pip arguments are options
         return _pull_snapshot(_remote_args(args))
     from ..engine.registry import pull

@@ -95,6 +95,33 @@ def model_choices(files: list[str]) -> list[Choice]:
     return out
 
 
+def incomplete_splits(files: list[str]) -> dict[str, list[str]]:
+    """Split models some of whose parts are missing: their first part's path (as a whole
+    set would be listed) -> the names of the parts that are not there."""
+    present = set(files)
+    sets: dict[tuple[str, str, int], set[int]] = {}
+    for f in files:
+        base = f.rsplit("/", 1)[-1]
+        split = split_name_parts(base)
+        if split is not None:
+            sets.setdefault((f[: len(f) - len(base)], split[0], split[2]), set()).add(split[1])
+    out = {}
+    for (folder, prefix, count), _ in sorted(sets.items()):
+        names = [folder + split_part_path(prefix, no, count) for no in range(1, count + 1)]
+        missing = [n.rsplit("/", 1)[-1] for n in names if n not in present]
+        if missing:
+            out[names[0]] = missing
+    return out
+
+
+def _incomplete_note(spec: "HfSpec", files: list[str]) -> str:
+    gaps = incomplete_splits(files)
+    if not gaps:
+        return ""
+    shown = "; ".join(f"{first} lacks {', '.join(missing)}" for first, missing in gaps.items())
+    return f"; split models with parts missing in {spec.repo}: {shown}"
+
+
 def safe_path(name: str) -> bool:
     """A file name a repo listing may hold that stays inside the folder it is put in."""
     parts = name.split("/")
@@ -116,7 +143,8 @@ def choose(spec: HfSpec, files: list[str], *, whole_repo: bool = True) -> Choice
             raise ModelNotFoundError(f"{spec.repo} has no file {spec.file}; {_listing(spec, choices)}")
         return found
     if not choices:
-        raise ModelNotFoundError(f"{spec.repo} has no GGUF model files (files: {', '.join(sorted(files)[:12])})")
+        raise ModelNotFoundError(f"{spec.repo} has no whole GGUF model (files: {', '.join(sorted(files)[:12])})"
+                                 + _incomplete_note(spec, files))
     tag = spec.tag or DEFAULT_QUANT
     matches = _matching(tag, choices)
     if len(matches) == 1:
@@ -128,7 +156,7 @@ def choose(spec: HfSpec, files: list[str], *, whole_repo: bool = True) -> Choice
                                  f"{', '.join(c.first for c in matches)}; name one more exactly "
                                  f"(hf://{spec.repo}:QUANT or hf://{spec.repo}/FILE.gguf)")
     asked = f"no file matches quant '{tag}'" if spec.tag else f"no quant given and no {DEFAULT_QUANT} file"
-    raise ModelNotFoundError(f"{asked} in {spec.repo}; {_listing(spec, choices)}")
+    raise ModelNotFoundError(f"{asked} in {spec.repo}; {_listing(spec, choices)}{_incomplete_note(spec, files)}")
 
 
 def _matching(tag: str, choices: list[Choice]) -> list[Choice]:

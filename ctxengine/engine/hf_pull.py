@@ -30,7 +30,7 @@ from typing import Sequence
 from .. import paths
 from ..errors import CorruptDataError, CtxError, ModelNotFoundError
 from .disk import check_free_space, storage_error
-from .hf_files import Choice, HfSpec, choose, parse_hf_spec
+from .hf_files import Choice, HfSpec, choose, incomplete_splits, parse_hf_spec
 from .hf_transfer import download
 from .http_fetch import claimed, install
 
@@ -88,7 +88,7 @@ def pull_hf(text: str) -> PulledHf:
         pulled = PulledHf(spec, info.sha, choice.files, Path())
         started = time.perf_counter()
         for i, name in enumerate(choice.files):
-            path, received, resumed = _download(spec.repo, name, info.sha, hub, lfs.get(name))
+            path, received, resumed = _download_named(spec.repo, name, info.sha, hub, lfs.get(name))
             pulled.path = path if i == 0 else pulled.path
             pulled.total += path.stat().st_size
             pulled.received += received
@@ -129,6 +129,19 @@ def _recorded(pulled: PulledHf) -> PulledHf:
     if unservable_reason(pulled.path) is None:
         pulled.unrecorded = remember(pulled)
     return pulled
+
+
+def _download_named(repo: str, filename: str, commit: str, hub: HubSettings,
+                    sha256: str | None) -> tuple[Path, int, int]:
+    """_download, with a file the listing names but the Hub cannot give named in the error."""
+    from huggingface_hub import errors
+
+    try:
+        return _download(repo, filename, commit, hub, sha256)
+    except errors.RemoteEntryNotFoundError:
+        raise ModelNotFoundError(f"{repo}: {filename} is in the repo's listing, but {hub.endpoint} answered "
+                                 f"404 for it at commit {commit[:12]}: run the pull again later, or name "
+                                 "another file") from None
 
 
 def _download(repo: str, filename: str, commit: str, hub: HubSettings, sha256: str | None) -> tuple[Path, int, int]:
@@ -217,12 +230,22 @@ def _snapshot(hub: HubSettings, repo: str, commit: str) -> Path:
     return Path(hub.cache_dir, repo_folder_name(repo_id=repo, repo_type="model"), "snapshots", commit)
 
 
+def not_in_cache(text: str, why: str) -> ModelNotFoundError:
+    """The error for a model the cache lacks: what of its repo the cache holds, and which
+    split models there miss parts."""
+    spec, hub = parse_hf_spec(text), hub_settings()
+    have = sorted({f for _, files in cached_snapshots(spec.repo, hub) for f in files if f.endswith(".gguf")})
+    gaps = {first: missing for _, files in cached_snapshots(spec.repo, hub)
+            for first, missing in incomplete_splits(files).items()}
+    note = "".join(f"; {first} lacks {', '.join(missing)}" for first, missing in sorted(gaps.items()))
+    return ModelNotFoundError(f"{why}: {spec.name} is not in the Hugging Face cache {hub.cache_dir} "
+                              f"(cached from {spec.repo}: {', '.join(have) or 'nothing'}{note})")
+
+
 def _from_cache(spec: HfSpec, hub: HubSettings, why: str) -> PulledHf:
     found = _cached_choice(spec, hub)
     if found is None:
-        have = sorted({f for _, files in cached_snapshots(spec.repo, hub) for f in files if f.endswith(".gguf")})
-        raise ModelNotFoundError(f"{why}: {spec.name} is not in the Hugging Face cache {hub.cache_dir} "
-                                 f"(cached from {spec.repo}: {', '.join(have) or 'nothing'})")
+        raise not_in_cache(spec.name, why)
     commit, choice = found
     snapshot = _snapshot(hub, spec.repo, commit)
     pulled = PulledHf(spec, commit, choice.files, snapshot / choice.first,
@@ -247,8 +270,17 @@ def _hub_error(err: Exception, spec: HfSpec, hub: HubSettings) -> Exception:
     from huggingface_hub import errors
 
     token = "with your token" if _has_token() else "without a token"
+    status = getattr(getattr(err, "response", None), "status_code", None)
     if isinstance(err, errors.GatedRepoError):
+        if _has_token():
+            return CtxError(f"{spec.repo} is gated and your token's account has no access to it yet: accept its "
+                            f"terms on its page at {hub.endpoint}/{spec.repo} (some are approved by hand)")
         return CtxError(f"{spec.repo} is gated: accept its terms on the Hub, then set HF_TOKEN (or `hf auth login`)")
+    if status == 401 and not isinstance(err, errors.RepositoryNotFoundError):
+        if _has_token():
+            return CtxError(f"{hub.endpoint} refused the token in HF_TOKEN (or `hf auth login`) for {spec.repo}: "
+                            "it is invalid or expired; fix it, or unset it for a public repo")
+        return CtxError(f"{hub.endpoint} asks for a token for {spec.repo}: set HF_TOKEN (or `hf auth login`)")
     if isinstance(err, errors.RepositoryNotFoundError):
         return ModelNotFoundError(f"{spec.repo} not found on {hub.endpoint} {token}: check the name, or, if it "
                                   "is private, set HF_TOKEN to a token that may read it")
@@ -283,7 +315,7 @@ def pulled_models() -> dict[str, dict]:
 
 def remember(pulled: PulledHf) -> str | None:
     """Record the pull under its name and aliases; why not, where the index cannot be written."""
-    index = pulled_models()
+    index = {n: v for n, v in pulled_models().items() if n.lower() != pulled.spec.name.lower()}  # one spelling
     index[pulled.spec.name] = {"repo": pulled.spec.repo, "commit": pulled.commit, "files": list(pulled.files),
                                "aliases": list(pulled.spec.aliases())}
     target = _index_path()

@@ -180,11 +180,11 @@ def resolve_with_adapters(spec: str | os.PathLike | None = None, *,
 
 
 def _in_hf_cache(spec: str) -> Path:
-    from .hf_pull import cached_model  # imports huggingface_hub: only for such names
+    from .hf_pull import cached_model, not_in_cache  # imports huggingface_hub: only for such names
 
     path = cached_model(spec)
     if path is None:
-        raise ModelNotFoundError(f"'{spec}' is not in the Hugging Face cache: get it with ctx pull {spec}")
+        raise not_in_cache(spec, f"not pulled yet (ctx pull {spec})")
     return path
 
 

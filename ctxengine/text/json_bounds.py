@@ -187,7 +187,8 @@ def _merged_all_of(s: dict, resolve: Callable[[str], Any], depth: int = 8) -> di
         if isinstance(b, dict) and "allOf" in b:
             b = _merged_all_of(b, resolve, depth - 1)
         parts.append(b)
-    own = set().union(*(p.keys() for p in parts[1:] if isinstance(p, dict))) | (parts[0].keys() - {"$defs", "definitions"})
+    own = set().union(*(p.keys() for p in parts[1:] if isinstance(p, dict)))
+    own |= parts[0].keys() - {"$defs", "definitions"}
     if not all(isinstance(p, dict) and _types(p) <= {"object"} for p in parts) or not own <= _MERGEABLE \
             or not any(_types(p) for p in parts):
         return None
