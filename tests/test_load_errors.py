@@ -89,3 +89,29 @@ def test_a_model_file_truncated_while_loaded_is_named_as_the_process_dies(tmp_pa
     assert r.returncode == -signal.SIGBUS, (r.returncode, r.stderr[-2000:])
     assert f"SIGBUS reading the model file {path} at byte" in r.stderr
     assert "truncated or rewritten in place while it was loaded" in r.stderr
+
+
+_FEW_THREADS_ALLOWED = """
+import resource, sys
+import ctxengine as ce
+from ctxengine.errors import CtxError
+size = int(next(l.split()[1] for l in open("/proc/self/status") if l.startswith("VmSize:"))) * 1024
+resource.setrlimit(resource.RLIMIT_AS, (size + (768 << 20), resource.RLIM_INFINITY))
+try:
+    ce.load(sys.argv[1], threads=512)
+except CtxError as err:
+    print("refused:", err)
+print("alive")
+"""
+
+
+def test_threads_the_system_refuses_are_an_error_not_an_abort(tmp_path):
+    # std::thread's failure was thrown from the pool's constructor with threads already
+    # started: std::terminate, the process gone ("terminate called without an active exception").
+    cfg = TinyConfig()
+    write_gguf(tmp_path / "tiny.gguf", cfg, make_weights(cfg))
+    r = subprocess.run([sys.executable, "-c", _FEW_THREADS_ALLOWED, str(tmp_path / "tiny.gguf")],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "refused: tiny.gguf: cannot start 512 threads (the system refused thread" in r.stdout
+    assert r.stdout.strip().endswith("alive")

@@ -80,6 +80,8 @@ class Engine:
             self._core = _core.Model(asdict(cfg), tensors, self.threads)
         except (ValueError, IndexError) as err:
             raise ModelFileError(f"{self.path.name}: {err}") from None
+        except RuntimeError as err:  # the OS refused the threads (native/core/threads.cpp)
+            raise CtxError(f"{self.path.name}: {err}") from None
         try:
             page_bytes = self._core.page_bytes(PAGE_TOKENS, kv)
         except ValueError as err:

@@ -1,6 +1,9 @@
 #include "core/threads.h"
 
 #include <algorithm>
+#include <stdexcept>
+#include <string>
+#include <system_error>
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -24,10 +27,22 @@ thread_local int tls_index = 0;
 int ThreadPool::thread_index() { return tls_index; }
 
 ThreadPool::ThreadPool(int n_threads) : n_threads_(n_threads < 1 ? 1 : n_threads) {
-  for (int i = 1; i < n_threads_; ++i) workers_.emplace_back([this, i] { worker_loop(i); });
+  try {
+    for (int i = 1; i < n_threads_; ++i) workers_.emplace_back([this, i] { worker_loop(i); });
+  } catch (const std::system_error& err) {
+    // The OS refused a thread (a pids limit, a small address space): the ones started
+    // are stopped and joined (a joinable thread destroyed would std::terminate), and
+    // the caller gets an error it can report.
+    const size_t started = workers_.size();
+    stop_and_join();
+    throw std::runtime_error("cannot start " + std::to_string(n_threads_) + " threads (the system refused thread " +
+                             std::to_string(started + 2) + ": " + err.what() + "); ask for fewer");
+  }
 }
 
-ThreadPool::~ThreadPool() {
+ThreadPool::~ThreadPool() { stop_and_join(); }
+
+void ThreadPool::stop_and_join() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     stop_.store(true);
@@ -35,6 +50,7 @@ ThreadPool::~ThreadPool() {
   }
   cv_.notify_all();
   for (auto& t : workers_) t.join();
+  workers_.clear();
 }
 
 void ThreadPool::run_chunks() {

@@ -46,6 +46,7 @@ class ThreadPool {
 
  private:
   void worker_loop(int index);
+  void stop_and_join();  // wake every worker to leave, and join them
   void run_chunks();
   void run(int64_t n, int64_t grain, bool guided, const RangeFn& fn);
 
