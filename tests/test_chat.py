@@ -205,6 +205,36 @@ def test_sandbox_escapes_are_refused(src):
         ChatTemplate(src).render([{"role": "user", "content": "x"}])
 
 
+_RENDER = """
+import sys
+from ctxengine.text.chat_template import ChatTemplate
+from ctxengine.errors import CtxError
+try:
+    ChatTemplate(sys.argv[1]).render([{"role": "user", "content": "x"}])
+except CtxError as err:
+    print(err)
+"""
+
+
+@pytest.mark.parametrize("src, says", [
+    ("{% for a in range(99999) %}{% for b in range(99999) %}x{% endfor %}{% endfor %}", "range() steps"),
+    ("{{ 10 ** (10 ** 9) }}", "larger than 4096 bits"),
+    ("{% set s = 'x' * 1000000000 %}{{ s | length }}", "a sequence repeated 1,000,000,000 times"),
+    ("{% set ns = namespace(s='x') %}{% for i in range(60) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}", "MiB of memory"),
+])
+def test_a_template_that_would_run_forever_or_fill_memory_is_stopped(src, says):
+    # Each hung the render (a chat request) or allocated gigabytes: the sandbox bounds access only.
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-c", _RENDER, src], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "chat template stopped: " in r.stdout and says in r.stdout, (r.stdout, r.stderr)
+
+
+def test_bounded_range_still_behaves_as_range():
+    src = "{% for i in range(3)|reverse %}{{ i }}{% endfor %}|{{ range(5)|length }}|{{ range(5)[2] }}|{{ 3 in range(4) }}"
+    assert ChatTemplate(src).render([{"role": "user", "content": "x"}]) == "210|5|2|True"
+
+
 # -- message checks -------------------------------------------------------------------------------------
 @pytest.mark.parametrize("messages, problem", [
     ("hello", "list"),

@@ -6,7 +6,8 @@ loopcontrols extension, a ``{% generation %}`` block (rendered as its body),
 ``raise_exception(msg)``, ``strftime_now(fmt)`` and a ``tojson`` filter like
 ``json.dumps`` (no HTML escaping, keys in order, ``ensure_ascii=False``).
 Templates are data from a model file, so the sandbox refuses unsafe attribute
-access (``''.__class__``...) outright instead of rendering it as empty.
+access (``''.__class__``...) outright instead of rendering it as empty, and a
+render is bounded in steps, time, memory and size (text/template_limits.py).
 
 Without a template in the file, ``ChatTemplate.for_model`` falls back by
 ``general.architecture``: gemma, gemma2 and gemma3 get Gemma's turn format
@@ -26,9 +27,10 @@ from typing import Any, Callable, Mapping
 import jinja2
 from jinja2 import nodes
 from jinja2.ext import Extension
-from jinja2.sandbox import ImmutableSandboxedEnvironment, SecurityError
+from jinja2.sandbox import SecurityError
 
 from ..errors import CtxError, ModelFileError
+from .template_limits import LimitedSandbox, TemplateLimit, render_limited
 
 ROLES = ("system", "user", "assistant")
 
@@ -87,7 +89,7 @@ class _GenerationTag(Extension):
         return caller()
 
 
-class _Sandbox(ImmutableSandboxedEnvironment):
+class _Sandbox(LimitedSandbox):
     def unsafe_undefined(self, obj: Any, attribute: str):
         # The stock sandbox returns an Undefined that prints as "": refuse instead.
         raise SecurityError(f"access to attribute {attribute!r} of a {type(obj).__name__!r} object is unsafe")
@@ -148,7 +150,10 @@ class ChatTemplate:
         if tools is not None:
             variables["tools"] = tools
         try:
-            return self._template.render(**variables)
+            return render_limited(self._template, variables)
+        except TemplateLimit as e:
+            raise CtxError(f"chat template stopped: {e} (it is the model file's code; the bounds are in "
+                           "text/template_limits.py)") from None
         except _Raised as e:
             raise CtxError(f"chat template refused the messages: {e}") from None
         except SecurityError as e:
