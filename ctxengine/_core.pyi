@@ -26,10 +26,10 @@ def isa_features(name: str) -> list[tuple[str, str]]:
 def parallel_chunks(n: int, grain: int, threads: int, guided: bool) -> list[tuple[int, int]]:
     """The chunks a fresh thread pool hands out over [0, n), in the order they were claimed (tests)."""
 
-# -- model files truncated while mapped (native/core/mapping_guard.cpp) ---------
+# -- mapped files read past their end (native/core/mapping_guard.cpp) -----------
 
-def guard_mapping(address: int, size: int, path: str) -> None:
-    """Name ``path`` on stderr if a read of [address, address + size) raises SIGBUS, then die as before."""
+def guard_mapping(address: int, size: int, what: str, why: str) -> None:
+    """Say ``what`` and ``why`` on stderr if a read of [address, address + size) raises SIGBUS, then die as before."""
 def unguard_mapping(address: int) -> None:
     """Forget a mapping ``guard_mapping`` registered."""
 

@@ -430,3 +430,22 @@ def test_unusable_path_is_a_store_error(tmp_path):
         Store(tmp_path / "file")
     with pytest.raises(StoreError, match="cannot"):
         Store(tmp_path / "file" / "sub")
+
+
+def test_a_truncated_data_file_is_refused_before_lmdb_maps_it(tmp_path):
+    # LMDB trusts the page numbers in its map: the first read past the end of a truncated
+    # data.mdb (a partial copy, a full disk) killed the process with SIGBUS.
+    import subprocess
+    import sys
+    rng = random.Random(7)
+    path = tmp_path / "s"
+    with Store(path) as s:
+        s.put_pages([rand_page(rng) for _ in range(8)])
+    data = path / "data.mdb"
+    whole = data.stat().st_size
+    for size in (8192, 12288, whole // 2):
+        os.truncate(data, size)
+        code = f"from ctxengine.store import Store\ntry:\n    Store({str(path)!r})\nexcept Exception as e:\n    print(e)"
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, (size, r.returncode, r.stderr[-500:])
+        assert f"data.mdb is truncated: {size:,} bytes" in r.stdout and "restore it from a backup" in r.stdout

@@ -31,6 +31,8 @@ from .weights import cached_weight_id
 KV_DTYPES = ("f16", "q8", "vq8")
 PAGE_TOKENS = 16
 DEFAULT_KV_BUDGET = 2 << 30  # bytes of KV pages a model may hold in memory
+TRUNCATED_MODEL = ("the file was truncated or rewritten in place while it was loaded. Replace a loaded model by "
+                   "writing a new file and renaming it over the old one (as `ctx pull` does), then load it again.")
 MAX_THREADS = 512  # llama.cpp's GGML_MAX_N_THREADS: each is an OS thread of the core's pool
 
 
@@ -104,7 +106,7 @@ class Engine:
         self.speculation = SpeculationStats()  # every generation's drafts, for /metrics
         self._guarded = f.mappings()  # a SIGBUS in them (the file truncated) names the file (mapping_guard.cpp)
         for address, size, where in self._guarded:
-            _core.guard_mapping(address, size, str(Path(where).absolute()))
+            _core.guard_mapping(address, size, f"the model file {Path(where).absolute()}", TRUNCATED_MODEL)
 
     # -- tokens ---------------------------------------------------------------
     def tokenize(self, text: str, *, add_bos: bool = False, parse_special: bool = False) -> list[int]:

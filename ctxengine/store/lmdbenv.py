@@ -22,6 +22,7 @@ the shared lock that very block holds.
 from __future__ import annotations
 
 import os
+import struct
 import threading
 from contextlib import contextmanager
 from typing import Callable, Iterator, TypeVar
@@ -71,6 +72,41 @@ class _RWLock:
                 self._cond.notify_all()
 
 
+# LMDB's meta pages (pages 0 and 1; lmdb's mdb.c, MDB_page then MDB_meta, 64-bit): the
+# magic, the page size (the free list's md_pad), the last page used and the transaction.
+_META_MAGIC = 0xBEEFC0DE
+_META = struct.Struct("<16xII16xI92xQQ")  # magic, version, psize, last_pgno, txnid
+
+
+def check_data_file(data: str) -> None:
+    """Refuse a data.mdb shorter than its newest meta page says it is (a partial copy, a
+    disk that filled): LMDB maps it and trusts its page numbers, so reading a page past
+    the end kills the process with SIGBUS, where this is a StoreError."""
+    try:
+        with open(data, "rb") as f:
+            head = f.read(64 << 10)
+            size = os.fstat(f.fileno()).st_size
+    except FileNotFoundError:
+        return  # a new store: LMDB creates it
+    except OSError as e:
+        raise StoreError(f"cannot read {data}: {e.strerror or e}") from None
+    metas = []
+    if len(head) >= _META.size:
+        metas.append(_META.unpack_from(head, 0))
+        psize = metas[0][2]
+        if metas[0][0] == _META_MAGIC and 512 <= psize <= len(head) - _META.size:
+            metas.append(_META.unpack_from(head, psize))
+    valid = [m for m in metas if m[0] == _META_MAGIC]
+    if size and not valid:
+        return  # not an LMDB file at all: lmdb.open names it (MDB_INVALID)
+    if valid:
+        magic, _, psize, last_pgno, _ = max(valid, key=lambda m: m[4])
+        need = (last_pgno + 1) * metas[0][2]
+        if size < need:
+            raise StoreError(f"{data} is truncated: {size:,} bytes, but its last transaction uses {need:,} "
+                             "(a partial copy, or a disk that filled?): restore it from a backup or copy it again")
+
+
 class Env:
     _registry: dict[str, "Env"] = {}
     _registry_lock = threading.Lock()
@@ -90,6 +126,7 @@ class Env:
         self.path = path
         self._users = 0
         self._lock = _RWLock()
+        check_data_file(os.path.join(path, "data.mdb"))
         try:
             # readahead off: pages are read at random, and a large store would
             # otherwise pull neighbouring (unwanted) pages into the page cache.

@@ -1,10 +1,12 @@
-// A model file truncated while it is mapped (`cp` over it, a download
-// rewriting it in place) makes the next read of its weights a SIGBUS, which
-// kills the process with "Bus error" and nothing else. The mappings of the
-// loaded GGUF files are registered here; a SIGBUS whose address falls in one
-// first names the file and what happened on stderr, then takes its course as
-// before (the previous handler, faulthandler's under pytest, or the default
-// action: the process still dies, since the weights it was reading are gone).
+// A mapped file read past its end is a SIGBUS, which kills the process with
+// "Bus error" and nothing else: a model file truncated while it is loaded (`cp`
+// over it, a download rewriting it in place), or a snapshot store's data file
+// whose pages point past its end (a damaged copy). The mappings of the loaded
+// GGUF files and of the stores are registered here, each with what it is and
+// what to do; a SIGBUS whose address falls in one first says so on stderr, then
+// takes its course as before (the previous handler, faulthandler's under
+// pytest, or the default action: the process still dies, since the bytes it
+// was reading are gone).
 #include <pybind11/pybind11.h>
 
 #include <atomic>
@@ -27,12 +29,13 @@ namespace ctx {
 namespace {
 
 constexpr int kSlots = 256;
-constexpr size_t kPathBytes = 480;
+constexpr size_t kTextBytes = 480;
 
 struct Slot {
   std::atomic<uintptr_t> begin{0};  // 0: free; set last (release), cleared first
   uintptr_t end = 0;
-  char path[kPathBytes] = {};
+  char what[kTextBytes] = {};
+  char why[kTextBytes] = {};
 };
 
 Slot g_slots[kSlots];
@@ -66,12 +69,13 @@ void on_sigbus(int sig, siginfo_t* info, void* uctx) {
   for (const Slot& s : g_slots) {
     const uintptr_t b = s.begin.load(std::memory_order_acquire);
     if (b != 0 && at >= b && at < s.end) {
-      put("ctxengine: SIGBUS reading the model file ");
-      put(s.path);
+      put("ctxengine: SIGBUS reading ");
+      put(s.what);
       put(" at byte ");
       put_number(at - b);
-      put(": the file was truncated or rewritten in place while it was loaded. Replace a loaded model "
-          "by writing a new file and renaming it over the old one (as `ctx pull` does), then load it again.\n");
+      put(": ");
+      put(s.why);
+      put("\n");
       break;
     }
   }
@@ -84,7 +88,12 @@ void on_sigbus(int sig, siginfo_t* info, void* uctx) {
   }
 }
 
-void guard(uintptr_t begin, size_t size, const std::string& path) {
+void copy_text(char* to, const std::string& from) {
+  std::strncpy(to, from.c_str(), kTextBytes - 1);
+  to[kTextBytes - 1] = '\0';
+}
+
+void guard(uintptr_t begin, size_t size, const std::string& what, const std::string& why) {
   if (begin == 0 || size == 0) return;
   std::lock_guard<std::mutex> lock(g_register);
   if (!g_installed) {
@@ -99,8 +108,8 @@ void guard(uintptr_t begin, size_t size, const std::string& path) {
   for (Slot& s : g_slots) {
     if (s.begin.load(std::memory_order_relaxed) == 0) {
       s.end = begin + size;
-      std::strncpy(s.path, path.c_str(), kPathBytes - 1);
-      s.path[kPathBytes - 1] = '\0';
+      copy_text(s.what, what);
+      copy_text(s.why, why);
       s.begin.store(begin, std::memory_order_release);
       return;
     }
@@ -119,12 +128,12 @@ void unguard(uintptr_t begin) {
 
 void register_mapping_guard(py::module_& m) {
 #ifdef CTX_HAVE_SIGBUS_GUARD
-  m.def("guard_mapping", &guard, py::arg("address"), py::arg("size"), py::arg("path"),
-        "name the file on stderr if a read of [address, address + size) raises SIGBUS (it was truncated)");
+  m.def("guard_mapping", &guard, py::arg("address"), py::arg("size"), py::arg("what"), py::arg("why"),
+        "say what and why on stderr if a read of [address, address + size) raises SIGBUS (a file cut short)");
   m.def("unguard_mapping", &unguard, py::arg("address"), "forget a mapping guard_mapping registered");
 #else
-  m.def("guard_mapping", [](uintptr_t, size_t, const std::string&) {}, py::arg("address"), py::arg("size"),
-        py::arg("path"), "no-op where SIGBUS does not exist");
+  m.def("guard_mapping", [](uintptr_t, size_t, const std::string&, const std::string&) {}, py::arg("address"),
+        py::arg("size"), py::arg("what"), py::arg("why"), "no-op where SIGBUS does not exist");
   m.def("unguard_mapping", [](uintptr_t) {}, py::arg("address"), "no-op where SIGBUS does not exist");
 #endif
 }
