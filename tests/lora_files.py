@@ -43,7 +43,10 @@ def write_lora(path: Path, arch: str, mats: dict[str, tuple[np.ndarray, np.ndarr
     w = gguf.GGUFWriter(str(path), arch)
     w.add_string("general.type", "adapter")
     w.add_string("adapter.type", "lora")
-    w.add_float32("adapter.lora.alpha", float(alpha))
+    if isinstance(alpha, np.float64):  # as a float64 key, for values float32 cannot hold
+        w.add_float64("adapter.lora.alpha", float(alpha))
+    else:
+        w.add_float32("adapter.lora.alpha", float(alpha))
     for key, value in (extra or {}).items():
         w.add_string(key, value)
     qtype = gguf.GGMLQuantizationType[dtype]

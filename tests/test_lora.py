@@ -173,6 +173,8 @@ def test_refusals(tmp_path, tiny):
     nan = {"blk.0.attn_q": (np.full((4, 64), np.nan, np.float32), np.ones((64, 4), np.float32))}
     write_lora(tmp_path / "nan.gguf", CFG.arch, nan)
     refuse(engine, tmp_path / "nan.gguf", "not finite")
+    write_lora(tmp_path / "huge.gguf", CFG.arch, mats, alpha=np.float64(1e300))  # finite, not in float32
+    refuse(engine, tmp_path / "huge.gguf", r"adapter.lora.alpha is 1e\+300, not a finite number in float32")
     write_gguf(tmp_path / "model.gguf", CFG, make_weights(CFG))
     refuse(engine, tmp_path / "model.gguf", "not a LoRA adapter")
     engine.load_lora("good", good)

@@ -8,6 +8,8 @@ agree or part only at a near-tie (< 0.05 log-prob apart), or where llama.cpp
 parts from itself: its greedy decodes one row a step, where its Q6_K rounds as
 vec_dot, while its batches (and ours, always: quant.h) take its tiled gemm.
 """
+import re
+
 import numpy as np
 import pytest
 
@@ -296,3 +298,24 @@ def test_chat_continuation_appends_what_the_whole_rendering_would_hold(smol):
     whole = system + turn + [{"role": "assistant", "content": reply}] + more
     assert ctx.tokens == model.tokenize(model.chat_prompt(whole), parse_special=True)
     ctx.delete()
+
+
+@pytest.mark.parametrize("ids, says", [
+    (b"hello", "token ids must be a sequence of ints, not bytes"),  # was appended as ids 104, 101, ...
+    ([1.9], "token id 1.9 is not an int"),                         # was id 1
+    ([True], "token id True is not an int"),
+    (5, "not int"),
+    ([10 ** 9], "token id 1000000000 is outside the vocabulary"),
+    ([2 ** 31], "token id 2147483648 is outside the vocabulary"),     # logprobs: OverflowError from numpy
+])
+def test_token_ids_that_are_no_ids_are_refused_by_append_and_logprobs_alike(smol, ids, says):
+    ctx = smol.context(None)
+    ctx.append([1, 2])
+    with pytest.raises(ContextError, match=re.escape(says)):
+        ctx.append(ids)
+    assert ctx.tokens == [1, 2]  # nothing kept of a refused append
+    with pytest.raises(ContextError, match=re.escape(says)):  # was IndexError / OverflowError from the core
+        smol.logprobs(ids)
+    ctx.delete()
+    with pytest.raises(TypeError, match="tokenize takes a str, not NoneType"):
+        smol.tokenize(None)

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Mapping, Sequence
+from numbers import Integral
+from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 
 from .. import _core
-from ..errors import CtxError, ModelFileError, UnsupportedModelError
+from ..errors import ContextError, CtxError, ModelFileError, UnsupportedModelError
 from ..text.chat import ChatRenderer
 from ..text.chat_template import ChatTemplate
 from ..text.tokenizer import Tokenizer
@@ -109,11 +110,26 @@ class Engine:
             _core.guard_mapping(address, size, f"the model file {Path(where).absolute()}", TRUNCATED_MODEL)
 
     # -- tokens ---------------------------------------------------------------
+    def checked_ids(self, ids: Iterable[int]) -> list[int]:
+        """Token ids as ints, each in the vocabulary (a ContextError names the first that is
+        not: ``b"hi"`` or ``[1.9]`` were taken as ids 104, 105 and 1)."""
+        if isinstance(ids, (str, bytes, bytearray)) or not isinstance(ids, Iterable):
+            raise ContextError(f"token ids must be a sequence of ints, not {type(ids).__name__}")
+        ids, n_vocab = list(ids), self.config.n_vocab
+        for i in ids:
+            if isinstance(i, bool) or not isinstance(i, Integral):
+                raise ContextError(f"token id {i!r} is not an int")
+            if not 0 <= i < n_vocab:
+                raise ContextError(f"token id {i} is outside the vocabulary (0..{n_vocab - 1})")
+        return [int(i) for i in ids]
+
     def tokenize(self, text: str, *, add_bos: bool = False, parse_special: bool = False) -> list[int]:
+        if not isinstance(text, str):
+            raise TypeError(f"tokenize takes a str, not {type(text).__name__}")
         return self.tokenizer.encode(text, add_bos=add_bos, parse_special=parse_special)
 
     def detokenize(self, ids: Sequence[int]) -> str:
-        return self.tokenizer.decode(ids)
+        return self.tokenizer.decode(self.checked_ids(ids))
 
     # -- LoRA adapters ----------------------------------------------------------
     def load_lora(self, name: str, path: str | Path) -> LoraAdapter:
@@ -177,9 +193,9 @@ class Engine:
     def logprobs(self, ids: Sequence[int], *, top: int = 40, chunk: int = 256,
                  lora: LoraSet = NO_LORA) -> LogProbs:
         """Teacher-forced top-k log-probabilities after every prefix of ids."""
-        ids = [int(i) for i in ids]
+        ids = self.checked_ids(ids)
         if not ids:
-            raise ValueError("logprobs needs at least one token")
+            raise ContextError("logprobs needs at least one token")
         top = max(1, min(int(top), self.config.n_vocab))
         seq = self.new_sequence()
         top_ids, top_lp, next_lp = [], [], []

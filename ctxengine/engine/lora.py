@@ -223,8 +223,9 @@ def _build(core_model, arch: str, f: GGUFFile, label: str):
     if f.arch != arch:
         raise bad(f"an adapter for architecture {f.arch!r}, and this model is {arch!r}")
     alpha = f.get("adapter.lora.alpha", 0.0)
-    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not math.isfinite(alpha):
-        raise bad(f"adapter.lora.alpha is {alpha!r}, not a finite number")
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not math.isfinite(alpha) \
+            or abs(alpha) > float(np.finfo(np.float32).max):  # the core holds it in float32
+        raise bad(f"adapter.lora.alpha is {alpha!r}, not a finite number in float32")
     pairs: dict[tuple[int, str], dict[str, np.ndarray]] = {}
     for t in f.tensors.values():
         m = _TENSOR.fullmatch(t.name)

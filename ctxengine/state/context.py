@@ -143,11 +143,9 @@ class Context:
         with self.hold():
             if isinstance(content, str):
                 self._check_room(self.engine.tokenizer.at_least_tokens(content), "at least ")  # before any BPE
-                ids = self.engine.tokenize(content, parse_special=parse_special)
-                if not self._tokens:
-                    ids = self.engine.tokenizer.with_bos(ids)
-            else:
-                ids = self._token_ids(content)
+                content = self.engine.tokenize(content, parse_special=parse_special)
+                content = content if self._tokens else self.engine.tokenizer.with_bos(content)
+            ids = self._token_ids(content)  # ids in range before any is kept, from text too
             self._check_room(len(ids))
             self._constraint = None
             self._tokens.extend(ids)
@@ -361,10 +359,7 @@ class Context:
         return sampler
 
     def _token_ids(self, ids: Sequence[int]) -> list[int]:
-        ids, n_vocab = [int(i) for i in ids], self.engine.config.n_vocab
-        if bad := [i for i in ids if not 0 <= i < n_vocab]:
-            raise ContextError(f"token id {bad[0]} is outside the vocabulary (0..{n_vocab - 1})")
-        return ids
+        return self.engine.checked_ids(ids)
 
     def _check_room(self, n_new: int, bound: str = "") -> None:
         if len(self._tokens) + n_new > (n_ctx := self.engine.config.n_ctx):
