@@ -12,10 +12,14 @@ one fits in ``max_tokens`` (and the walk below finds a completion).
 The completion is found greedily, one byte at a time, on a copy of the
 matcher: inside a string it closes the string; elsewhere it prefers what
 ends a structure (``}`` ``]``), then the shortest values (``"`` starting an
-empty string, ``0``), and otherwise the first byte the grammar allows
-(letters first, whitespace last), until the grammar accepts. Inside a string
-whose pattern wants a particular byte after free letters (an email's ``@``),
-a byte picked again and again makes it look for one that changes what may
+empty string, ``0``, ``null`` before a ``{`` or ``[`` that may recurse), and
+otherwise the first byte the grammar allows (letters first, whitespace
+last), until the grammar accepts. A string that cannot end yet is first
+offered the schema's examples (text/string_examples.py: each pattern's
+shortest match, a canonical value per format), whole or not at all; a free
+key it opens gets a name of its own (``a``, ``b``). Inside a string whose
+pattern wants a particular byte after free letters (an email's ``@``), a
+byte picked again and again makes it look for one that changes what may
 follow instead. It is short,
 not always shortest, and it costs a few matcher checks a byte, so it is
 only computed near the end of the budget, or after a token opens a
