@@ -216,3 +216,24 @@ def test_a_delete_keeps_the_blobs_a_manifest_it_cannot_read_may_need(tiny_paths,
         assert not weights.exists() and not list(store.rglob("manifests/*/*/*/*"))
     finally:
         runtime.close()
+
+
+def test_the_models_folder_is_listed_again_only_where_it_changed(tiny_paths, tmp_path, monkeypatch):
+    # Each look walked all of --models-dir (rglob): a large tree cost 0.5 s a request.
+    import ctxengine.serving.catalog as catalog
+
+    root = tmp_path / "models"
+    for i in range(5):
+        (root / f"d{i}" / "deep").mkdir(parents=True)
+    (root / "d0" / "a.gguf").write_bytes(b"x")
+    listed = []
+    real = catalog._list
+    monkeypatch.setattr(catalog, "_list", lambda folder: listed.append(folder) or real(folder))
+    tree = catalog._Tree()
+    assert tree.ggufs(root) == [root / "d0" / "a.gguf"] and len(listed) == 11
+    listed.clear()
+    assert tree.ggufs(root) == [root / "d0" / "a.gguf"] and listed == []  # nothing changed: stats only
+    (root / "d3" / "deep" / "b.gguf").write_bytes(b"y")
+    (root / "d0" / "a.gguf").unlink()
+    assert tree.ggufs(root) == [root / "d3" / "deep" / "b.gguf"]
+    assert sorted(listed) == sorted([str(root / "d0"), str(root / "d3" / "deep")])
