@@ -173,6 +173,10 @@ def unservable_reason(path: Path) -> str | None:
             why = unsupported_reason(f)
     except CtxError as err:
         why = str(err)
+    except (ArithmeticError, LookupError, TypeError, ValueError) as err:
+        # Any other error is a bug in the checks (config.py), but one odd file must still
+        # be listed as unservable, not take the listing of every other model down with it.
+        why = f"{path.name}: cannot read its header: {type(err).__name__}: {err}"
     if key is not None:
         _reasons[key] = why
     return why

@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 from .._core import quant
 from ..errors import ModelFileError, UnsupportedModelError
+from .gguf_cursor import UnreadStrings
 from .gguf_file import GGUFFile
 
 
@@ -25,6 +27,13 @@ NEOX_ROPE_ARCHS = ("qwen2", "qwen3", "gemma3", "phi3")
 # defaults for the architecture).
 GEMMA3_SWA_PATTERN = 6
 GEMMA3_ROPE_BASE_SWA = 10000.0
+# The core holds dimensions (and products such as n_head * head_dim) in C ints,
+# and its floats are float32: larger values are refused here, not wrapped there.
+INT_MAX = 2**31 - 1
+FLOAT32_MAX = 3.4028234663852886e38
+# Keys llama.cpp also reads as one value a layer (get_key_or_arr); we run one value for all.
+PER_LAYER_KEYS = ("attention.head_count", "attention.head_count_kv", "feed_forward_length")
+_NEEDED = object()  # the default of a key the file must have
 
 
 @dataclass(frozen=True)
@@ -53,21 +62,21 @@ class ModelConfig:
 
     @classmethod
     def from_gguf(cls, f: GGUFFile) -> "ModelConfig":
-        def need(suffix: str):
-            value = f.arch_key(suffix)
-            if value is None:
-                raise ModelFileError(f"{f.path.name}: metadata lacks {f.arch}.{suffix}")
-            return value
-
-        n_embd = int(need("embedding_length"))
-        n_head = int(need("attention.head_count"))
-        n_layer = int(need("block_count"))
-        head_dim = int(f.arch_key("attention.key_length", n_embd // n_head))
-        if f.arch_key("attention.value_length", head_dim) != head_dim:
+        """Every value is checked for its GGUF type and range (as llama.cpp refuses a key of
+        the wrong type): a bad one is a ModelFileError naming the key, never a Python error."""
+        n_embd = _int_key(f, "embedding_length")
+        n_head = _int_key(f, "attention.head_count")
+        n_layer = _int_key(f, "block_count")
+        head_dim = _int_key(f, "attention.key_length", n_embd // n_head)
+        if head_dim < 1:  # no key_length, and fewer embedding dims than heads
+            raise ModelFileError(f"{f.path.name}: {f.arch}.embedding_length {n_embd} is smaller than "
+                                 f"{f.arch}.attention.head_count {n_head}")
+        if _int_key(f, "attention.value_length", head_dim) != head_dim:
             raise UnsupportedModelError(f"{f.path.name}: K and V heads of different sizes are not supported")
-        embd = f.tensors.get("token_embd.weight")
-        if embd is None:
-            raise ModelFileError(f"{f.path.name}: no token_embd.weight tensor")
+        n_head_kv = _int_key(f, "attention.head_count_kv", n_head)
+        if max(n_head, n_head_kv) * head_dim > INT_MAX:
+            raise ModelFileError(f"{f.path.name}: {max(n_head, n_head_kv)} heads of {head_dim} dimensions "
+                                 f"are more than {INT_MAX} values a token")
         if "rope_factors_long.weight" in f.tensors:
             raise UnsupportedModelError(f"{f.path.name}: LongRoPE (rope_factors_long) is not supported yet")
         return cls(
@@ -75,14 +84,14 @@ class ModelConfig:
             n_layer=n_layer,
             n_embd=n_embd,
             n_head=n_head,
-            n_head_kv=int(f.arch_key("attention.head_count_kv", n_head)),
+            n_head_kv=n_head_kv,
             head_dim=head_dim,
-            n_ff=int(need("feed_forward_length")),
-            n_vocab=int(embd.shape[1]),
-            n_ctx=int(need("context_length")),
-            norm_eps=float(need("attention.layer_norm_rms_epsilon")),
-            rope_base=float(f.arch_key("rope.freq_base", 10000.0)),
-            rope_dim=int(f.arch_key("rope.dimension_count", head_dim)),
+            n_ff=_int_key(f, "feed_forward_length"),
+            n_vocab=_vocabulary_size(f),
+            n_ctx=_int_key(f, "context_length"),
+            norm_eps=_float_key(f, "attention.layer_norm_rms_epsilon"),
+            rope_base=_float_key(f, "rope.freq_base", 10000.0),
+            rope_dim=_int_key(f, "rope.dimension_count", head_dim),
             rope_neox=f.arch in NEOX_ROPE_ARCHS,
             rope_scale=_rope_scale(f),
             **(_gemma3_options(f, n_layer, n_embd, n_head, head_dim) if f.arch == "gemma3" else {}),
@@ -93,11 +102,64 @@ class ModelConfig:
         return self.n_head_kv * self.head_dim
 
 
+def _key(f: GGUFFile, suffix: str, default: Any) -> Any:
+    value = f.arch_key(suffix, default)
+    if value is _NEEDED:
+        raise ModelFileError(f"{f.path.name}: metadata lacks {f.arch}.{suffix}")
+    return value
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _int_key(f: GGUFFile, suffix: str, default: Any = _NEEDED, *, least: int = 1) -> int:
+    """An integer hyperparameter from ``least`` to INT_MAX. A float, a bool or a string
+    is refused, not rounded or parsed: a file that spells a count so is broken."""
+    value = _key(f, suffix, default)
+    if type(value) is int and least <= value <= INT_MAX:
+        return value
+    if isinstance(value, list) and suffix in PER_LAYER_KEYS:
+        raise UnsupportedModelError(f"{f.path.name}: {f.arch}.{suffix} is given per layer ({_shown(value)}), "
+                                    "which is not supported")
+    raise ModelFileError(f"{f.path.name}: {f.arch}.{suffix} is {_shown(value)}, "
+                         f"not an integer from {least} to {INT_MAX}")
+
+
+def _float_key(f: GGUFFile, suffix: str, default: Any = _NEEDED) -> float:
+    """A real hyperparameter, finite in float32 (what the core computes with)."""
+    value = _key(f, suffix, default)
+    if type(value) in (int, float) and abs(value) <= FLOAT32_MAX:  # NaN compares false too
+        return float(value)
+    raise ModelFileError(f"{f.path.name}: {f.arch}.{suffix} is {_shown(value)}, not a finite number")
+
+
+def _vocabulary_size(f: GGUFFile) -> int:
+    """The rows of token_embd.weight, which must be the tokenizer's token count: an id the
+    tokenizer makes must have an embedding and a logit, and every logit a text (llama.cpp
+    builds token_embd as {n_embd, n_vocab} with the tokenizer's n_vocab, and refuses the rest)."""
+    embd = f.tensors.get("token_embd.weight")
+    if embd is None:
+        raise ModelFileError(f"{f.path.name}: no token_embd.weight tensor")
+    if len(embd.shape) < 2 or any(d != 1 for d in embd.shape[2:]) or embd.shape[1] > INT_MAX:
+        raise ModelFileError(f"{f.path.name}: token_embd.weight has shape {list(embd.shape)}, "
+                             "not [n_embd, n_vocab]")
+    n_vocab = embd.shape[1]
+    tokens = f.get("tokenizer.ggml.tokens")  # missing or malformed: the tokenizer says so
+    if isinstance(tokens, (list, UnreadStrings)) and len(tokens) != n_vocab:
+        raise ModelFileError(f"{f.path.name}: the tokenizer has {len(tokens)} tokens (tokenizer.ggml.tokens) "
+                             f"but token_embd.weight has {n_vocab} rows: the vocabularies must match")
+    return n_vocab
+
+
 def _rope_scale(f: GGUFFile) -> float:
     """Linear RoPE scaling as a factor on the angles; llama3-style scaling comes
     as a rope_freqs tensor the core reads itself. Anything else is refused."""
     kind = f.arch_key("rope.scaling.type")
-    factor = float(f.arch_key("rope.scaling.factor", 1.0) or 1.0)
+    if kind is not None and not isinstance(kind, str):
+        raise ModelFileError(f"{f.path.name}: {f.arch}.rope.scaling.type is {_shown(kind)}, not a string")
+    factor = _float_key(f, "rope.scaling.factor", 1.0) or 1.0  # 0 means none, as in llama.cpp
     if kind in (None, "none") or (kind == "linear" and factor == 1.0):
         return 1.0
     if kind == "linear":
@@ -113,29 +175,50 @@ def _gemma3_options(f: GGUFFile, n_layer: int, n_embd: int, n_head: int, head_di
     layers in a fixed pattern with their own RoPE base."""
     # The 27B model scales q by 1/sqrt(n_embd / n_head); the others by 1/sqrt(head_dim).
     pre_attn = n_embd / n_head if n_layer == 62 else head_dim
-    window = int(f.arch_key("attention.sliding_window", 0) or 0)
-    pattern = f.arch_key("attention.sliding_window_pattern", GEMMA3_SWA_PATTERN)
-    if isinstance(pattern, (list, tuple)):
-        if len(pattern) != n_layer:
-            raise ModelFileError(f"{f.path.name}: sliding_window_pattern has {len(pattern)} entries for {n_layer} layers")
-        layers = tuple(int(bool(v)) for v in pattern)
-    else:
-        n = int(pattern)
-        layers = tuple(int(n == 0 or i % n < n - 1) for i in range(n_layer))
+    window = _int_key(f, "attention.sliding_window", 0, least=0)
+    layers = _sliding_layers(f, n_layer)
+    if window > 0 and all(layers):
+        # The engine keeps the global layers of pages that leave the window; with none
+        # it would keep nothing (llama.cpp's gemma3 always has global layers, too).
+        key = f"{f.arch}.attention.sliding_window_pattern"
+        pattern = f.get(key)
+        why = (f"{key} is {_shown(pattern)}" if pattern is not None else
+               f"without {key}, every {GEMMA3_SWA_PATTERN}th layer is global")
+        raise UnsupportedModelError(
+            f"{f.path.name}: all {n_layer} layers attend through the sliding window ({why}); "
+            "a model without a global-attention layer is not supported")
     return dict(
         attn_scale=1.0 / math.sqrt(pre_attn),
         embd_scale=math.sqrt(n_embd),
         gelu_ffn=True,
-        logit_softcap=float(f.arch_key("final_logit_softcapping", 0.0) or 0.0),
+        logit_softcap=_float_key(f, "final_logit_softcapping", 0.0),
         swa_window=window,
         swa_layers=layers if window > 0 else (),
-        rope_base_swa=float(f.arch_key("rope.freq_base_swa", GEMMA3_ROPE_BASE_SWA)),
+        rope_base_swa=_float_key(f, "rope.freq_base_swa", GEMMA3_ROPE_BASE_SWA),
     )
+
+
+def _sliding_layers(f: GGUFFile, n_layer: int) -> tuple[int, ...]:
+    """1 for each sliding-window layer: the pattern is a flag a layer, or n (every
+    n-th layer global; 0: none is)."""
+    key = f"{f.arch}.attention.sliding_window_pattern"
+    pattern = f.get(key, GEMMA3_SWA_PATTERN)
+    if isinstance(pattern, list):
+        if len(pattern) != n_layer:
+            raise ModelFileError(f"{f.path.name}: sliding_window_pattern has {len(pattern)} entries "
+                                 f"for {n_layer} layers")
+        if not all(type(v) in (bool, int) for v in pattern):
+            raise ModelFileError(f"{f.path.name}: {key} is {_shown(pattern)}, not an array of booleans")
+        return tuple(int(bool(v)) for v in pattern)
+    n = _int_key(f, "attention.sliding_window_pattern", GEMMA3_SWA_PATTERN, least=0)
+    return tuple(int(n == 0 or i % n < n - 1) for i in range(n_layer))
 
 
 def unsupported_reason(f: GGUFFile) -> str | None:
     """Why the engine cannot run this file, from its header alone (None: it can).
-    The catalog lists unservable files with this reason; a load raises it."""
+    The catalog lists unservable files with this reason; a load raises it.
+    A malformed file raises its ModelFileError (the catalog lists that too), so that
+    a load says the file is broken rather than unsupported."""
     if f.arch not in SUPPORTED_ARCHS:
         return f"architecture '{f.arch}' is not supported (supported: {', '.join(SUPPORTED_ARCHS)})"
     bad = f.unsupported_tensors(SUPPORTED_TYPES)
@@ -145,6 +228,6 @@ def unsupported_reason(f: GGUFFile) -> str | None:
         return f"tensor type {kinds} is not supported yet (first: {bad[0].name}); supported: {names}"
     try:
         ModelConfig.from_gguf(f)
-    except (UnsupportedModelError, ModelFileError) as err:
+    except UnsupportedModelError as err:
         return str(err).removeprefix(f"{f.path.name}: ")
     return None

@@ -15,7 +15,7 @@ from typing import Iterable, Mapping, Sequence
 import numpy as np
 
 from .. import _core
-from ..errors import ContextError, CtxError, ModelFileError, UnsupportedModelError
+from ..errors import ContextError, CtxError, ModelFileError, TokenizerError, UnsupportedModelError
 from ..text.chat import ChatRenderer
 from ..text.chat_template import ChatTemplate
 from ..text.tokenizer import Tokenizer
@@ -58,6 +58,8 @@ class Engine:
             raise UnsupportedModelError(f"KV dtype '{kv}' is not available (choose from {', '.join(KV_DTYPES)})")
         if threads and not 1 <= int(threads) <= MAX_THREADS:  # 0 or None: one a core
             raise ValueError(f"threads must be between 1 and {MAX_THREADS}, not {threads}")
+        if n_ctx is not None and (isinstance(n_ctx, bool) or not isinstance(n_ctx, Integral) or n_ctx < 1):
+            raise ValueError(f"n_ctx must be a positive number of tokens, not {n_ctx!r}")
         self.path = Path(path)
         self.file = open_gguf(self.path)
         f = self.file
@@ -69,7 +71,10 @@ class Engine:
             self.config = replace(self.config, n_ctx=min(int(n_ctx), self.config.n_ctx))
         self.kv_dtype = kv
         self.name = str(f.get("general.name") or self.path.stem)
-        self.tokenizer = Tokenizer.from_metadata(f.metadata)
+        try:
+            self.tokenizer = Tokenizer.from_metadata(f.metadata)
+        except TokenizerError as err:
+            raise TokenizerError(f"{self.path.name}: {err}") from None
         self.chat_template = ChatTemplate.for_model(
             f.metadata, lambda i: self.tokenizer.token_bytes(i).decode("utf-8", "replace"))
         self.chat = ChatRenderer(self.chat_template, self.tokenizer, self.name)

@@ -250,8 +250,20 @@ def _bpe_piece(text: str, attr: int) -> bytes:
         except KeyError:
             return _undecodable(text)
     if attr & BYTE:
-        return bytes([int(text[3:5], 16)])
+        return _byte_piece(text)
     return b""  # unused and undefined tokens render as nothing
+
+
+_BYTE_TOKEN = regex.compile(r"<0x([0-9A-Fa-f]{2})>")
+
+
+def _byte_piece(text: str) -> bytes:
+    """The byte a BYTE token stands for, which its text spells as ``<0xXX>``."""
+    spelled = _BYTE_TOKEN.fullmatch(text)
+    if spelled is None:
+        raise TokenizerError(f"token {text!r} has type BYTE (6) in tokenizer.ggml.token_type, "
+                             "but a byte token must be spelled <0xXX>")
+    return bytes([int(spelled[1], 16)])
 
 
 def _undecodable(text: str) -> bytes:
@@ -274,5 +286,5 @@ def _spm_piece(text: str, attr: int) -> bytes:
     if attr & NORMAL:
         return _text_bytes(text.replace(tokenizer_spm.SPACE, " "))
     if attr & BYTE:
-        return bytes([int(text[3:5], 16)])
+        return _byte_piece(text)
     return b""  # unused and undefined tokens render as nothing

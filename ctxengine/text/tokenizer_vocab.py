@@ -92,7 +92,12 @@ def token_attrs(meta: Mapping[str, Any], n_vocab: int) -> list[int]:
     if len(types) < n_vocab:
         raise TokenizerError(
             f"tokenizer.ggml.token_type has {len(types)} entries for {n_vocab} tokens")
-    return [_ATTR_OF_TYPE.get(int(t), 0) for t in types[:n_vocab]]
+    types = types[:n_vocab]
+    if not set(map(type, types)) <= {int}:  # one pass in C: Gemma has 262k types
+        i, bad = next((i, t) for i, t in enumerate(types) if type(t) is not int)
+        raise TokenizerError(f"tokenizer.ggml.token_type[{i}] is {_shown(bad)}, not an integer")
+    # An unknown type gives a token of no kind (llama.cpp's LLAMA_TOKEN_ATTR_UNDEFINED).
+    return [_ATTR_OF_TYPE.get(t, 0) for t in types]
 
 
 def scores(meta: Mapping[str, Any], n_vocab: int) -> list[float]:
@@ -102,7 +107,16 @@ def scores(meta: Mapping[str, Any], n_vocab: int) -> list[float]:
     if len(scores) < n_vocab:
         raise TokenizerError(
             f"tokenizer.ggml.scores has {len(scores)} entries for {n_vocab} tokens")
-    return [float(s) for s in scores[:n_vocab]]
+    scores = scores[:n_vocab]
+    if not set(map(type, scores)) <= {float, int}:
+        i, bad = next((i, s) for i, s in enumerate(scores) if type(s) not in (float, int))
+        raise TokenizerError(f"tokenizer.ggml.scores[{i}] is {_shown(bad)}, not a number")
+    return [float(s) for s in scores]
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def special_ids(meta: Mapping[str, Any], model: str, n_vocab: int) -> dict[str, int | None]:
