@@ -162,17 +162,17 @@ def test_a_served_catalog_sees_models_added_replaced_and_removed(tiny_paths, tmp
 def test_a_models_header_is_read_once_while_its_file_is_unchanged(tiny_paths, tmp_path, monkeypatch):
     # A live catalog is built again on every change in a store; reading each model's
     # header walks its vocabulary, so it is remembered for as long as the file is the same.
-    import ctxengine.engine.catalog as catalog
+    import ctxengine.engine.servable as servable
 
     copy = tmp_path / "copy.gguf"
     copy.write_bytes(tiny_paths[0].read_bytes())
     opened = []
-    real = catalog.open_gguf
-    monkeypatch.setattr(catalog, "open_gguf", lambda path, **kw: opened.append(path) or real(path, **kw))
-    assert catalog.unservable_reason(copy) is None and catalog.unservable_reason(copy) is None
+    real = servable.open_gguf
+    monkeypatch.setattr(servable, "open_gguf", lambda path, **kw: opened.append(path) or real(path, **kw))
+    assert servable.unservable_reason(copy) is None and servable.unservable_reason(copy) is None
     assert opened == [copy]
     copy.write_bytes(b"GGUF" + bytes(20))  # another file now: read again, and refused
-    assert "GGUF" in (catalog.unservable_reason(copy) or "") and len(opened) == 2
+    assert "GGUF" in (servable.unservable_reason(copy) or "") and len(opened) == 2
 
 
 def test_a_models_folder_removed_while_serving_keeps_the_list(tiny_paths, tmp_path):

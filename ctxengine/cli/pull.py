@@ -102,7 +102,7 @@ def _pull_snapshot(args: argparse.Namespace) -> int:
 def _pull_hf(spec: str) -> int:
     from ..engine.hf_pull import pull_hf
 
-    from ..engine.catalog import unservable_reason
+    from ..engine.servable import unservable_reason
     from ..errors import CtxError
 
     pulled = pull_hf(spec)

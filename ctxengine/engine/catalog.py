@@ -14,11 +14,11 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 from ..errors import CtxError, ModelNotFoundError
-from .gguf_file import open_gguf
 from .gguf_split import is_later_part
 from .hf_files import is_hf_spec
 from .model_source import CatalogEntry, ModelSource, canonical_name, find_in_sources
 from .registry import DEFAULT, MODELS, is_known_name, resolve_model
+from .servable import unservable_reason
 
 
 class ModelCatalog:
@@ -150,36 +150,6 @@ def _mtime(path: Path | None) -> float:
         return path.stat().st_mtime if path is not None else 0.0
     except OSError:
         return 0.0
-
-
-_reasons: dict[tuple, str | None] = {}  # by the file's identity (a served catalog is built again often)
-
-
-def unservable_reason(path: Path) -> str | None:
-    """Why the engine cannot run this GGUF file (a split model: its first part), or None.
-    Remembered while the file is the same (device, inode, size, mtime): reading a header
-    walks the whole vocabulary, tens of milliseconds a model."""
-    from .config import unsupported_reason  # loads the native core: only when a file is looked at
-
-    try:
-        st = path.stat()
-        key = (str(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
-    except OSError:
-        key = None
-    if key is not None and key in _reasons:
-        return _reasons[key]
-    try:
-        with open_gguf(path, header_only=True) as f:
-            why = unsupported_reason(f)
-    except CtxError as err:
-        why = str(err)
-    except (ArithmeticError, LookupError, TypeError, ValueError) as err:
-        # Any other error is a bug in the checks (config.py), but one odd file must still
-        # be listed as unservable, not take the listing of every other model down with it.
-        why = f"{path.name}: cannot read its header: {type(err).__name__}: {err}"
-    if key is not None:
-        _reasons[key] = why
-    return why
 
 
 def _file_entry(path: Path, source: str, *, name: str | None = None) -> CatalogEntry:

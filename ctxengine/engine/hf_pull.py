@@ -124,7 +124,7 @@ def _still_needed(repo: str, commit: str, files: Sequence[str], sizes: dict[str,
 def _recorded(pulled: PulledHf) -> PulledHf:
     """The pull, remembered under its name if it can be served (a pull that fails its
     check leaves the name as it was); ``unrecorded`` says why it could not be written."""
-    from .catalog import unservable_reason
+    from .servable import unservable_reason
 
     if unservable_reason(pulled.path) is None:
         pulled.unrecorded = remember(pulled)

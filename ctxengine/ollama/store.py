@@ -26,7 +26,8 @@ from typing import Iterable
 
 from .. import paths
 from ..errors import CtxError, InvalidNameError
-from ..engine.catalog import ModelCatalog, unservable_reason
+from ..engine.catalog import ModelCatalog
+from ..engine.servable import unservable_reason
 from ..engine.model_source import CatalogEntry
 
 DEFAULT_HOST = "registry.ollama.ai"
