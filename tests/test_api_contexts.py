@@ -121,6 +121,23 @@ def test_refusals_lose_nothing(server, openai_client):
     assert server.get("/v1/contexts/_prefix/1").status_code == 400
     assert "_prefix" not in str(server.get("/v1/contexts").json())
     assert server.post("/v1/contexts", {"name": "x", "labels": {"a": 1}}).status_code == 400
+    with pytest.raises(openai.BadRequestError, match="context"):  # a bad name, not an unknown one (404)
+        openai_client.chat.completions.create(model="smollm2", max_tokens=4, extra_body={"context": "../x"},
+                                       messages=[{"role": "user", "content": "hi"}])
+
+
+@pytest.mark.parametrize("refused", [{"grammar": 'root ::= root "a"'}, {"logit_bias": {str(2 ** 70): 1}}])
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_request_refused_after_its_turn_was_added_leaves_the_context_as_it_was(server, refused, stream):
+    # A grammar that allows no token, or a bias no id can have, failed after the user's turn was
+    # appended: the turn and an empty reply stayed, and every later reply continued from them.
+    server.post("/v1/contexts", {"name": "undo", "text": "Some text."})
+    before = server.get("/v1/contexts/undo", params={"tokens": "true"}).json()["tokens"]
+    r = server.post("/v1/chat/completions", {"model": "smollm2", "context": "undo", "max_tokens": 4, "stream": stream,
+                                             "messages": [{"role": "user", "content": "MARKER"}], **refused})
+    assert r.status_code == 400 or stream and r.status_code == 200 and "error" in r.text, r.text
+    assert server.get("/v1/contexts/undo", params={"tokens": "true"}).json()["tokens"] == before
+    assert httpx.delete(server.url + "/v1/contexts/undo", timeout=60).status_code in (200, 204)
 
 
 def test_a_context_restored_under_another_name_for_the_same_weights_goes_on(tmp_path, smollm2_path, model):

@@ -29,6 +29,7 @@ def message_of(r: httpx.Response, dialect: str) -> str:
         assert body["type"] == "error" and set(body["error"]) == {"type", "message"}, body
         return body["error"]["message"]
     assert set(body) == {"error"} and {"message", "type", "param", "code"} <= set(body["error"]), body
+    assert body["error"]["code"] is None or isinstance(body["error"]["code"], str), body  # as OpenAI's: no status
     return body["error"]["message"]
 
 
@@ -127,3 +128,22 @@ def test_a_stream_cut_on_a_named_context_releases_it(server):
     assert r.status_code == 200 and time.monotonic() - t < 20
     text = server.get("/v1/contexts/cut").json()["text"]
     assert text.count("<|im_start|>user") == 2  # the cut reply was kept and closed, then the next turn
+
+
+@pytest.mark.parametrize("route,body,dialect", ROUTES)
+def test_a_client_that_leaves_mid_body_is_no_server_error(server, route, body, dialect):
+    # It was logged as an internal error with two tracebacks and counted as a 500.
+    import socket
+    from urllib.parse import urlsplit
+    u = urlsplit(server.url)
+    with socket.create_connection((u.hostname, u.port), timeout=10) as s:
+        s.sendall(f"POST {route} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  "Content-Length: 1000\r\n\r\n{\"model\": \"smol".encode())
+    def counted(status: str) -> bool:
+        return any(f'route="{route}"' in line and f'status="{status}"' in line and not line.endswith(" 0.0")
+                   for line in server.get("/metrics").text.splitlines() if line.startswith("ctx_http_requests_total"))
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and not counted("499"):
+        time.sleep(0.1)
+    assert counted("499") and not counted("500")
+    assert "ClientDisconnect" not in server.log()

@@ -131,6 +131,14 @@ def test_embeddings_are_pooled_and_normalised(openai_client, model):
     want = model.engine.forward_hidden(seq, model.tokenize(texts[0])).astype(np.float64).mean(axis=0)
     assert np.allclose(vectors[0], want / np.linalg.norm(want), atol=1e-6)
     assert math.isclose(float(np.linalg.norm(want / np.linalg.norm(want))), 1.0)
+    long = "The cat sat on the mat. " * 120  # more than one chunk of 512 tokens: the same mean
+    chunked = openai_client.embeddings.create(model="smollm2", input=long, encoding_format="float").data[0].embedding
+    seq = model.engine.new_sequence()
+    want = model.engine.forward_hidden(seq, model.tokenize(long)).astype(np.float64).mean(axis=0)
+    assert np.allclose(chunked, want / np.linalg.norm(want), atol=1e-6)
+    for bad in ([["a"]], [1, "a"], [2 ** 64]):  # each was a 500 with a traceback
+        with pytest.raises(openai.BadRequestError):
+            openai_client.embeddings.create(model="smollm2", input=bad)
 
 
 def test_refused_requests_are_openai_errors(openai_client):

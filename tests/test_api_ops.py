@@ -35,7 +35,8 @@ def test_every_other_route_needs_the_key(server, path):
 
 
 def test_refusals_are_in_the_dialect_of_the_route(server):
-    assert server.post("/v1/chat/completions", {}).json()["error"]["type"] == "authentication_error"
+    refused = server.post("/v1/chat/completions", {}).json()["error"]  # as OpenAI's own 401
+    assert (refused["type"], refused["code"]) == ("invalid_request_error", "invalid_api_key")
     assert server.post("/v1/messages", {}).json() == {
         "type": "error", "error": {"type": "authentication_error", "message": server.post(
             "/v1/messages", {}).json()["error"]["message"]}}

@@ -111,7 +111,7 @@ def test_retrieve_delete_and_unknown_ids(openai_client, server):
     with pytest.raises(openai.NotFoundError):
         openai_client.responses.retrieve(unstored.id)
     body = server.post("/v1/responses", {"model": "smollm2", "input": "x", "previous_response_id": "../etc"}).json()
-    assert body["error"]["type"] == "not_found_error"
+    assert (body["error"]["type"], body["error"]["code"]) == ("invalid_request_error", "not_found")
     bad = server.post("/v1/responses", {"model": "smollm2", "input": "x",
                                         "text": {"format": {"type": "json_schema", "schema": {"type": "objekt"}}}})
     assert bad.status_code == 400 and "invalid JSON schema" in bad.json()["error"]["message"]

@@ -96,6 +96,28 @@ def test_keep_alive_zero_unloads_after_the_request(tiny_paths):
     rt.close()
 
 
+def test_keep_alive_is_an_idle_timer_that_each_request_restarts(tiny_paths):
+    # It was a deadline from when it was set: a model in steady use was unloaded at it.
+    import time
+    rt = runtime_for(tiny_paths, threads=1)
+    rt.model("tiny-1")
+    rt.keep_alive("tiny-1", 0.6)
+    for _ in range(4):
+        time.sleep(0.25)
+        with rt.lease("tiny-1"):
+            pass  # a request without a keep_alive of its own
+    assert [e.entry.name for e in rt.loaded()] == ["tiny-1"]  # 1 s after it was set, still loaded
+    (loaded,) = rt.loaded()
+    assert loaded.expires_at > time.time()
+    rt.close()
+
+
+def test_an_endless_keep_alive_is_forever(tiny_paths):
+    from ctxengine.api.ollama import keep_alive_seconds
+    assert keep_alive_seconds("999999999h") is None and keep_alive_seconds(1e30) is None  # /api/ps was a 500
+    assert keep_alive_seconds(10 ** 400) is None and keep_alive_seconds("5m") == 300.0
+
+
 def test_context_names_are_unique_across_models(tiny_paths):
     rt = runtime_for(tiny_paths, threads=1)
     a = rt.create_context("shared-name", "tiny-1")

@@ -5,7 +5,8 @@ over the input's tokens and L2-normalised.
 Each input runs on a page table of its own that is dropped afterwards (the
 hidden states are not what a later request could reuse); inputs run one
 after the other on a worker thread, their forward steps batched with
-whatever else the model is doing.
+whatever else the model is doing, CHUNK tokens at a time (an 8k-token input
+sent as one step held every generation on the model for its whole prefill).
 """
 from __future__ import annotations
 
@@ -15,8 +16,9 @@ from dataclasses import dataclass
 import anyio.to_thread
 import numpy as np
 
-from ..errors import CtxError
 from .errors import ApiError
+
+CHUNK = 512  # tokens an input sends to the scheduler at a time
 
 
 @dataclass
@@ -43,12 +45,14 @@ def _embed(runtime, name: str | None, inputs: list, *, truncate: bool, dimension
                 if not truncate:
                     raise ApiError(400, f"an input is {len(ids)} tokens; the context length is {engine.config.n_ctx}")
                 ids = ids[: engine.config.n_ctx]
-            seq = engine.new_sequence()
-            try:  # room for its pages is made when the scheduler admits it
-                hidden = engine.forward_hidden(seq, ids, reserve=model.contexts.reserve_pages).astype(np.float64)
+            seq, total = engine.new_sequence(), np.zeros(engine.config.n_embd, np.float64)
+            try:  # room for its pages is made when the scheduler admits each chunk
+                for start in range(0, len(ids), CHUNK):  # other requests' steps run between chunks
+                    part = engine.forward_hidden(seq, ids[start:start + CHUNK], reserve=model.contexts.reserve_pages)
+                    total += part.astype(np.float64).sum(axis=0)
             finally:
                 seq.truncate(0)  # give its pages back now, not when the object goes
-            v = hidden.mean(axis=0)[:dimensions]
+            v = (total / len(ids))[:dimensions]
             norm = np.linalg.norm(v)
             vectors.append((v / norm if norm > 0 else v).astype(np.float32))
             n_tokens += len(ids)
@@ -58,11 +62,8 @@ def _embed(runtime, name: str | None, inputs: list, *, truncate: bool, dimension
 def _ids(model, item) -> list[int]:
     if isinstance(item, str):
         ids = model.tokenizer.with_bos(model.tokenize(item))
-    else:
-        ids = [int(i) for i in item]
-        bad = [i for i in ids if not 0 <= i < model.config.n_vocab]
-        if bad:
-            raise CtxError(f"token id {bad[0]} is outside the vocabulary (0..{model.config.n_vocab - 1})")
+    else:  # token ids, each checked (["a"] or 2**64 were a 500)
+        ids = model.engine.checked_ids(item)
     if not ids:
         raise ApiError(400, "cannot embed an empty input")
     return ids

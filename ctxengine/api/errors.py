@@ -25,9 +25,11 @@ log = logging.getLogger("ctxengine.api")
 
 OPENAI, ANTHROPIC, OLLAMA = "openai", "anthropic", "ollama"
 
-_OPENAI_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
+# OpenAI's own: a 404 (an unknown model) is an invalid request; ``code`` is a string or null.
+_OPENAI_TYPES = {400: "invalid_request_error", 401: "invalid_request_error", 404: "invalid_request_error",
                  409: "conflict_error", 413: "invalid_request_error", 500: "server_error",
                  503: "service_unavailable_error"}
+_OPENAI_CODES = {401: "invalid_api_key", 404: "not_found", 413: "request_too_large", 503: "overloaded"}
 _ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
                     409: "invalid_request_error", 413: "request_too_large", 500: "api_error",
                     503: "overloaded_error"}
@@ -98,7 +100,7 @@ def error_body(dialect: str, err: ApiError) -> dict:
         return {"type": "error", "error": {"type": _ANTHROPIC_TYPES.get(err.status, other), "message": err.message}}
     other = "invalid_request_error" if err.status < 500 else "server_error"
     return {"error": {"message": err.message, "type": _OPENAI_TYPES.get(err.status, other),
-                      "param": err.param, "code": err.status}}
+                      "param": err.param, "code": _OPENAI_CODES.get(err.status)}}
 
 
 def error_response(dialect: str, err: ApiError):

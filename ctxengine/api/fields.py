@@ -11,7 +11,7 @@ import math
 import numbers
 from typing import Any
 
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 
 from .errors import ApiError
 
@@ -51,9 +51,18 @@ def _nesting(value: Any) -> int:
     return deepest
 
 
+async def read_body(request: Request) -> bytes:
+    """The body's bytes; a client that leaves before it has sent them all is a 499 (nginx's
+    "client closed request"), not a server error with a traceback in the log."""
+    try:
+        return await request.body()
+    except ClientDisconnect:
+        raise ApiError(499, "the client closed the connection before its request body arrived") from None
+
+
 async def json_body(request: Request) -> dict:
     """The request body as a JSON object (400 when it is not one)."""
-    raw = await request.body()
+    raw = await read_body(request)
     if not raw.strip():
         raise ApiError(400, "the request body is empty; expected a JSON object")
     body = parse_json(raw)

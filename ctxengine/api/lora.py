@@ -8,7 +8,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.responses import JSONResponse
 
 from .errors import ApiError
-from .fields import parse_json
+from .fields import parse_json, read_body
 
 
 def routes(runtime) -> APIRouter:
@@ -21,7 +21,7 @@ def routes(runtime) -> APIRouter:
 
     @router.post("/lora-adapters")
     async def set_scales(request: Request):
-        entries = parse_json(await request.body())
+        entries = parse_json(await read_body(request))
         try:
             loras = await run_in_threadpool(runtime.set_lora_scales, request.query_params.get("model"), entries)
         except ValueError as err:

@@ -14,6 +14,7 @@ JSON Schema) and ``grammar`` (our extension: GBNF) constrain the reply
 """
 from __future__ import annotations
 
+import math
 import re
 from datetime import datetime, timezone
 
@@ -38,6 +39,7 @@ from .tools import ollama_calls, ollama_tool_use, openai_message
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h)")
 _UNIT_S = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 _FOREVER = "2318-01-01T00:00:00Z"  # what a model kept loaded without a deadline shows as its expiry
+FOREVER_S = 100 * 365 * 86400  # a keep_alive longer than this is forever
 
 
 def iso(ts: float | None = None) -> str:
@@ -46,11 +48,17 @@ def iso(ts: float | None = None) -> str:
 
 
 def keep_alive_seconds(value) -> float | None:
-    """Ollama's keep_alive (seconds, or a Go duration like "5m"); None: stay loaded. Negative: forever."""
-    if isinstance(value, bool):
+    """Ollama's keep_alive (seconds, or a Go duration like "5m"); None: stay loaded. Negative,
+    or longer than FOREVER_S: forever (a deadline in year 116106 made /api/ps a 500)."""
+    seconds = _keep_alive_value(value)
+    return None if seconds is None or seconds > FOREVER_S else seconds
+
+
+def _keep_alive_value(value) -> float | None:
+    if isinstance(value, bool) or isinstance(value, float) and math.isnan(value):
         raise ApiError(400, "'keep_alive' must be a number of seconds or a duration like '5m'")
     if isinstance(value, (int, float)):
-        return None if value < 0 else float(value)
+        return None if value < 0 else float(min(value, 2 * FOREVER_S))  # 10**400 is no float
     if isinstance(value, str):
         text = value.strip()
         sign = -1 if text.startswith("-") else 1

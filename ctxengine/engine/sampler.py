@@ -111,7 +111,7 @@ def _logit_bias(v: Any) -> tuple[tuple[int, float], ...]:
         key, bias = pair
         if isinstance(key, str) and key.isascii() and key.isdigit():
             key = int(key)
-        token = _int("logit_bias", key, lambda n: n >= 0, "keyed by token ids >= 0")
+        token = _int("logit_bias", key, lambda n: 0 <= n < 2**31, "keyed by token ids (0 to 2^31 - 1)")
         out[token] = _real(f"logit_bias[{token}]", bias, lambda x: abs(x) <= BIAS_LIMIT, "in [-100, 100]")
     return tuple(sorted(out.items()))
 

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, AsyncIterator, Callable
 
 from ..errors import ContextError, CtxError, RequestError
+from ..store.names import validate_name
 from ..text.tools import ToolStream, ToolUse, forced_call_grammar, parse_tool_calls, tool_format
 from .events import Event, Failed, Finished, Started, Text
 from .generate import Sampling
@@ -67,6 +68,8 @@ class GenerationRequest:
         ka = self.keep_alive
         if not (ka is UNSET or ka is None or (isinstance(ka, (int, float)) and not isinstance(ka, bool))):
             raise TypeError(f"keep_alive must be UNSET, None or seconds, not {ka!r}")
+        if self.context is not None:
+            validate_name(self.context, "context")  # "../x" is a bad name (400), not an unknown one (404)
 
 
 class Generations:
@@ -257,25 +260,37 @@ class Generation:
             if self.request.lora is not None and (asked := self._lora()) != ctx.lora:
                 raise RequestError(f"context '{ctx.name}' runs with {ctx.lora.describe()}; a request cannot "
                                    f"change its adapters (this one asks for {asked.describe()})", param="lora")
-            cached = ctx.n_cached
+            cached, before = ctx.n_cached, ctx.n_tokens
             text = continuation_text(model, self.entry, self.request.prompt, ctx.tokens)
             t = time.perf_counter_ns()
             if text:
                 ctx.append(text, parse_special=True)
             self._started(Started(self.entry.name, ctx.n_tokens, cached, load_ns, time.perf_counter_ns() - t))
+            prompted = ctx.n_tokens
             try:
                 finished = self._decode(model, ctx, self._limit(model), t0)
-            finally:
-                if self.request.prompt.is_chat:
-                    closing = model.chat.render(after=ctx.tokens, closing=True, generation_prompt=False)
-                    try:
-                        if closing:
-                            ctx.append(closing, parse_special=True)
-                    except CtxError:
-                        pass  # the context is full: the turn stays open, nothing is lost
+            except BaseException as err:
+                if isinstance(err, Exception) and ctx.n_tokens == prompted:
+                    # refused before a token (its grammar, its sampler): the turn goes too, so
+                    # that a refused request leaves the context as it was
+                    ctx.rewind(ctx.n_tokens - before)
+                else:
+                    self._close_turn(model, ctx)
+                raise
+            self._close_turn(model, ctx)
             self._runtime.turn_done(ctx)  # in a fleet: published, so any host continues it
             finished.tokens = ctx.tokens
             self._finish(finished)
+
+    def _close_turn(self, model, ctx) -> None:
+        """End the reply's chat turn (what the template writes after it), where it fits."""
+        if self.request.prompt.is_chat:
+            closing = model.chat.render(after=ctx.tokens, closing=True, generation_prompt=False)
+            try:
+                if closing:
+                    ctx.append(closing, parse_special=True)
+            except CtxError:
+                pass  # the context is full: the turn stays open, nothing is lost
 
     def _started(self, started: Started) -> None:
         self.started = started

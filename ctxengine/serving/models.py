@@ -46,6 +46,7 @@ class LoadedEntry:
     last_used: float
     leases: int = 0
     expires_at: float | None = None    # keep_alive: unload when idle past this (None: keep)
+    keep_for: float | None = None      # the keep_alive last asked for: each use moves expires_at on
     prefix_cache: PrefixCache | None = None  # recent requests' contexts (None: reuse is off)
     loras: ServedLoras | None = None  # the LoRA adapters served with it (serving/lora.py)
 
@@ -143,6 +144,8 @@ class ServedModels:
             with self._lock:
                 loaded.leases -= 1
                 loaded.last_used = time.time()
+                if loaded.keep_for is not None:  # an idle timer, as Ollama's: each request restarts it
+                    loaded.expires_at = max(loaded.expires_at or 0.0, loaded.last_used + loaded.keep_for)
                 if loaded.expires_at is not None and loaded.expires_at <= loaded.last_used:
                     self._maybe_unload(loaded)
 
@@ -154,7 +157,8 @@ class ServedModels:
             loaded = self._loaded.get(entry.name)
             if loaded is None:
                 return
-            loaded.expires_at = None if seconds is None or seconds < 0 else time.time() + seconds
+            loaded.keep_for = None if seconds is None or seconds < 0 else seconds
+            loaded.expires_at = None if loaded.keep_for is None else time.time() + loaded.keep_for
             if loaded.leases == 0 and loaded.expires_at is not None and loaded.expires_at <= time.time():
                 self._maybe_unload(loaded)
 
