@@ -139,6 +139,13 @@ def test_the_template_layer_renders_the_prompt(ollama_client, model):
     assert ollama_client.show("smollm2:chatml").template == CHATML
 
 
+def test_a_request_template_that_cannot_be_rendered_is_a_400(server):
+    # It was dropped in silence, the model's own template used instead.
+    r = server.post("/api/generate", {"model": "smollm2", "prompt": "Hi", "stream": False,
+                                      "template": "{{ if .Prompt }}never closed", "options": {"num_predict": 2}})
+    assert r.status_code == 400 and "the request's template cannot be rendered" in r.json()["error"]
+
+
 def test_embed_and_embeddings(ollama_client, model):
     r = ollama_client.embed(model="smollm2", input=["The cat sat on the mat.", "Stock prices fell."])
     vectors = np.array(r.embeddings)

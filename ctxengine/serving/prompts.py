@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from ..errors import ContextError, CtxError, UnsupportedTemplateError
+from ..errors import ContextError, CtxError, RequestError, UnsupportedTemplateError
 from ..ollama.template import render_go_template
 from ..text.chat import with_system
 
@@ -53,14 +53,16 @@ def chat_text(model: "Model", entry: "CatalogEntry", messages: list[dict], *,
     a Go template: turns rendered piecemeal (named contexts) need a template
     that can end without a generation prompt, which Ollama's cannot.
     ``template`` overrides the entry's Go template."""
-    template = template or entry.template
+    asked, template = template, template or entry.template
     # Tool definitions and calls go through the GGUF's own template (text/tools.py).
     uses_tools = tools is not None or any(m.get("tool_calls") or m["role"] == "tool" for m in messages)
     if template and layer_template and add_generation_prompt and not uses_tools:
         try:
             return render_go_template(template, messages=with_system(messages, entry.system))
-        except UnsupportedTemplateError:
-            pass  # fall back to the GGUF's own template
+        except UnsupportedTemplateError as err:
+            if asked:  # the request's own: the client hears why, it was not silently replaced
+                raise RequestError(f"the request's template cannot be rendered: {err}", param="template") from None
+            # a model's template layer we cannot run: the GGUF's own template instead
     return model.chat.render(messages, system=entry.system, tools=tools, generation_prompt=add_generation_prompt)
 
 

@@ -290,8 +290,9 @@ class Constraint:
         bias, some = pending.result() if pending is not None else self._bias()
         m = self._matcher
         if m.is_error() or not some:
-            why = _one_line(m.get_error()) if m.is_error() else "empty mask"
-            raise GrammarError(f"the grammar allows no token here (it cannot be completed; {why})")
+            # llguidance's own words past their first line are its parser's state, not the user's
+            why = f"; {str(m.get_error()).strip().splitlines()[0][:200]}" if m.is_error() else ""
+            raise GrammarError(f"the grammar allows no token here (it cannot be completed{why})")
         return np.asarray(logits, dtype=np.float32) + bias[: len(logits)]  # x + 0 is x, exactly
 
     def advance(self, token: int) -> None:
