@@ -205,8 +205,8 @@ def _in_pulled(spec: str) -> tuple[Path, tuple[Path, ...]] | None:
 
 
 def _in_sources(spec: str, sources: Sequence[ModelSource]) -> tuple[Path, tuple[Path, ...]] | None:
-    """The model blob and its adapters for a name a model source knows (Ollama's store,
-    the Hub's pulled names); an unservable one is an error saying why."""
+    """The model blob and its adapters for a name a model source knows (Ollama's store);
+    an unservable one is an error saying why."""
     entry = find_in_sources(sources, spec)
     if entry is None:
         return None
