@@ -71,6 +71,11 @@ def test_wrongly_typed_fields_are_400(server, route, body, dialect):
     assert r.status_code == 400 and "messages" in message_of(r, dialect)
 
 
+def test_a_bad_sampling_option_is_named_as_the_param(server):
+    r = server.post("/v1/chat/completions", {**ROUTES[0][1], "temperature": -1})  # param was null
+    assert r.status_code == 400 and r.json()["error"]["param"] == "temperature"
+
+
 def test_unknown_routes_in_the_dialect_of_their_path(server):
     r = server.get("/v1/nothing-here")
     assert r.status_code == 404 and "no such route" in message_of(r, "openai")

@@ -319,3 +319,5 @@ def test_token_ids_that_are_no_ids_are_refused_by_append_and_logprobs_alike(smol
     ctx.delete()
     with pytest.raises(TypeError, match="tokenize takes a str, not NoneType"):
         smol.tokenize(None)
+    with pytest.raises(ContextError, match="max_tokens must be an int >= 0, not '2'"):
+        next(smol.context(None).generate("2"))

@@ -253,3 +253,12 @@ def test_ctrl_c_says_the_pull_resumes_and_one_spelling_is_kept(hub, tmp_path):
         assert pull(f"hf://{SMOL_REPO}:{tag}", home=tmp_path, env=hub_env(hub, tmp_path)).returncode == 0
     names = json.loads(next(tmp_path.rglob("hf-models.json")).read_text())
     assert [n for n in names if n.lower().endswith(":q4_1")] == [f"hf.co/{SMOL_REPO}:Q4_1"]
+
+
+def test_a_read_only_cache_is_named_before_the_space_it_lacks(tmp_path, monkeypatch):
+    # A read-only cache on a small disk said "disk full": the space check ran first.
+    from ctxengine.engine import disk
+    from ctxengine.errors import CtxError
+    monkeypatch.setattr(disk.os, "access", lambda path, mode: False)
+    with pytest.raises(CtxError, match="permission denied: cannot write into"):
+        disk.check_free_space(tmp_path, 1 << 60)

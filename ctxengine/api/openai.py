@@ -144,7 +144,7 @@ def routes(runtime, generations: Generations, metrics) -> APIRouter:
         if fmt not in ("float", "base64"):
             raise ApiError(400, "'encoding_format' must be 'float' or 'base64'", param="encoding_format")
         result = await embed(runtime, f.str("model", None), items, dimensions=f.int("dimensions", None),
-                             metrics=metrics)
+                             truncate=False, metrics=metrics)  # as OpenAI's: an input too long is a 400
 
         def encoded(v):
             return base64.b64encode(v.astype("<f4").tobytes()).decode() if fmt == "base64" else v.tolist()

@@ -3,6 +3,7 @@ we may not write. Used by both pulls (engine/hf_pull.py, ollama/registry_pull.py
 from __future__ import annotations
 
 import errno
+import os
 import shutil
 from pathlib import Path
 
@@ -26,5 +27,7 @@ def check_free_space(folder: Path, needed: int) -> None:
     while not probe.exists() and probe != probe.parent:
         probe = probe.parent
     free = shutil.disk_usage(probe).free
+    if needed > free and probe.is_dir() and not os.access(probe, os.W_OK):  # read-only: say that first
+        raise storage_error(OSError(errno.EACCES, "not writable"), probe)
     if needed > free:
         raise CtxError(f"disk full: the pull needs {needed} more bytes, {probe} has {free} free")

@@ -51,7 +51,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from ..errors import CtxError
+from ..errors import CtxError, RequestError
 
 STATE_FORMAT = "ctxengine.sampler/1"
 _MASK64 = (1 << 64) - 1
@@ -75,7 +75,7 @@ def uniform(bits: int) -> float:
 # -- parameters -------------------------------------------------------------------
 def _real(name: str, v: Any, ok, what: str) -> float:
     if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v) or not ok(v):
-        raise CtxError(f"sampling option {name} must be {what}, got {v!r}")
+        raise RequestError(f"sampling option {name} must be {what}, got {v!r}", param=name)
     return float(v)
 
 
@@ -85,9 +85,9 @@ def _int(name: str, v: Any, ok, what: str) -> int:
             raise TypeError
         n = operator.index(v)
     except TypeError:
-        raise CtxError(f"sampling option {name} must be an integer, got {v!r}") from None
+        raise RequestError(f"sampling option {name} must be an integer, got {v!r}", param=name) from None
     if not ok(n):
-        raise CtxError(f"sampling option {name} must be {what}, got {n}")
+        raise RequestError(f"sampling option {name} must be {what}, got {n}", param=name)
     return n
 
 
@@ -99,15 +99,16 @@ def _logit_bias(v: Any) -> tuple[tuple[int, float], ...]:
     strings of digits, as JSON object keys are) or [[id, bias], ...]."""
     what = "a map of token ids to numbers in [-100, 100]"
     if isinstance(v, (str, bytes)):
-        raise CtxError(f"sampling option logit_bias must be {what}, got {v!r}")
+        raise RequestError(f"sampling option logit_bias must be {what}, got {v!r}", param="logit_bias")
     try:
         pairs = [tuple(item) for item in (v.items() if isinstance(v, Mapping) else v)]
     except TypeError:
-        raise CtxError(f"sampling option logit_bias must be {what}, got {v!r}") from None
+        raise RequestError(f"sampling option logit_bias must be {what}, got {v!r}", param="logit_bias") from None
     out: dict[int, float] = {}
     for pair in pairs:
         if len(pair) != 2:
-            raise CtxError(f"sampling option logit_bias must be {what}, got the entry {list(pair)!r}")
+            raise RequestError(f"sampling option logit_bias must be {what}, got the entry {list(pair)!r}",
+                               param="logit_bias")
         key, bias = pair
         if isinstance(key, str) and key.isascii() and key.isdigit():
             key = int(key)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 from contextlib import contextmanager
+from numbers import Integral
 from typing import TYPE_CHECKING, Iterator, Protocol, Sequence
 
 import numpy as np
@@ -204,8 +205,8 @@ class Context:
         (an object with ``propose(tokens, k)``). ``self.speculation`` counts drafted and accepted tokens.
         """
         with self.hold():
-            if max_tokens < 0:
-                raise ContextError("max_tokens must be >= 0")
+            if isinstance(max_tokens, bool) or not isinstance(max_tokens, Integral) or max_tokens < 0:
+                raise ContextError(f"max_tokens must be an int >= 0, not {max_tokens!r}")
             sampler = self._make_sampler(sampling)
             tok = self.engine.tokenizer
             grammar = as_grammar(grammar, json_schema)
