@@ -111,6 +111,9 @@ def test_a_second_pull_of_the_same_file_is_told_one_is_running(tmp_path):
         with pytest.raises(CtxError, match="another pull is downloading blob into .* right now"):
             with claimed(partial, final):
                 pass
+        with pytest.raises(CtxError, match="another pull is downloading m.gguf of org/repo into"):
+            with claimed(partial, final, "m.gguf of org/repo"):  # the model's file, not the blob's hash
+                pass
         assert partial.read_bytes() == b"half"  # untouched by the refused one
     with claimed(partial, final):  # free again once the first is done
         pass

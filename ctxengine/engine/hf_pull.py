@@ -163,7 +163,7 @@ def _download(repo: str, filename: str, commit: str, hub: HubSettings, sha256: s
     if not blob.is_file():
         partial = blob.with_name(blob.name + ".incomplete")
         blob.parent.mkdir(parents=True, exist_ok=True)
-        with claimed(partial, blob):
+        with claimed(partial, blob, f"{filename} of {repo}"):
             if not blob.is_file():  # else another pull finished it while this one waited
                 # The token goes only to the Hub itself, never to the CDN a file redirects to.
                 same_host = meta.location.startswith(hub.endpoint + "/")

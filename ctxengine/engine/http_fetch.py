@@ -59,12 +59,13 @@ _CONTENT_RANGE = re.compile(r"bytes (\d+)-")
 
 
 @contextlib.contextmanager
-def claimed(partial: Path, final: Path) -> Iterator[None]:
+def claimed(partial: Path, final: Path, what: str | None = None) -> Iterator[None]:
     """Hold ``partial`` for this pull alone until the block ends (rename it into place
     inside the block): an exclusive lock (flock) on the file itself, so a second pull of
     the same file says that one is running instead of truncating or appending to the
     bytes this one writes. The lock is taken on the name's current file: one that the
-    pull before us renamed into place (or deleted) while we waited is let go."""
+    pull before us renamed into place (or deleted) while we waited is let go. ``what``
+    names the file for the user (a model's file, not a blob's hash)."""
     while True:
         try:
             fd = os.open(partial, os.O_RDWR | os.O_CREAT, 0o644)
@@ -74,7 +75,7 @@ def claimed(partial: Path, final: Path) -> Iterator[None]:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
-            raise CtxError(f"another pull is downloading {final.name} into {partial.parent} right now: "
+            raise CtxError(f"another pull is downloading {what or final.name} into {partial.parent} right now: "
                            f"let it finish (or stop it), then pull again") from None
         except OSError:  # a file system without locks (some network ones): the size check before the rename remains
             pass

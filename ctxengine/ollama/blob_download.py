@@ -33,16 +33,17 @@ def partial_path(final: Path) -> Path:
 
 
 def fetch_blob(url: str, final: Path, sha256_hex: str, size: int | None, *, headers: dict[str, str],
-               progress: Callable[[int], None], describe: Callable[[urllib.error.HTTPError], CtxError]) -> Fetched:
+               progress: Callable[[int], None], describe: Callable[[urllib.error.HTTPError], CtxError],
+               what: str | None = None) -> Fetched:
     """Download url into final unless final is there, whole (its sha256 checked, as
     Ollama's pull does; a damaged one is deleted and fetched again); ``progress(n)``
     after every n bytes (those resumed from a partial included); ``describe`` words an
-    HTTP error."""
+    HTTP error; ``what`` names the blob for the user (which model's layer)."""
     if _intact(final, sha256_hex, size):
         progress(final.stat().st_size)
         return Fetched(final, 0, 0)
     partial = partial_path(final)
-    with claimed(partial, final):
+    with claimed(partial, final, what):
         if _intact(final, sha256_hex, size):  # another pull finished it while this one waited to claim it
             progress(final.stat().st_size)
             return Fetched(final, 0, 0)

@@ -107,7 +107,8 @@ def pull_ollama(spec: str, *, store: str | os.PathLike | None = None, progress=N
             stage(f"pulling {hex_[:12]}", f"sha256:{hex_}", size)
             url = f"{base}/v2/{name.namespace}/{name.model}/blobs/sha256:{hex_}"
             got = fetch_blob(url, blob_dir / f"sha256-{hex_}", hex_, size, headers={},
-                             progress=bar.update, describe=lambda err: _http_error(err, name, base, "blob"))
+                             progress=bar.update, describe=lambda err: _http_error(err, name, base, "blob"),
+                             what=f"{name.display}'s layer sha256:{hex_[:12]}")
             received += got.received
             resumed += got.resumed_from
     seconds = time.perf_counter() - started
