@@ -157,3 +157,12 @@ def test_a_tools_refs_point_into_its_own_schema(model):
     assert takes([ta, tb], {"name": "ta", "arguments": {"x": "hello"}})
     assert takes([ta, tb], {"name": "tb", "arguments": {"x": 5}})
     assert not takes([ta, tb], {"name": "ta", "arguments": {"x": 5}})
+
+
+def test_a_tool_schema_that_cannot_compile_is_named_as_the_tools():
+    # The error named the {name, arguments} wrapper ("invalid Lark grammar", "required property
+    # 'arguments' is unsatisfiable"), not the tool or its own schema.
+    bad = Tool("lookup", "", {"type": "object", "properties": {"s": {"type": "string", "pattern": "(?=x)a"}},
+                              "required": ["s"]})
+    with pytest.raises(GrammarError, match="tool 'lookup': its parameters are an invalid JSON schema: .*look-around"):
+        forced_call_grammar([WEATHER, bad], ToolChoice("required"), "fallback")

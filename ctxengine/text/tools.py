@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from ..errors import CtxError
-from .grammar import JSON_OPTIONS, Grammar
+from .grammar import JSON_OPTIONS, Grammar, GrammarError
 from .json_bounds import bounded_schema
 
 FALLBACK_PROMPT = (
@@ -173,6 +173,10 @@ def forced_call_grammar(tools: Sequence[Tool], choice: ToolChoice, fmt: str) -> 
     key = "parameters" if fmt == "llama3" else "arguments"
     calls, defs = [], {}
     for i, t in enumerate(allowed):
+        try:  # a schema that cannot be compiled is named as the tool's, not as the call wrapper's
+            Grammar.json_schema(t.parameters or {"type": "object"}).compiled()
+        except GrammarError as err:
+            raise GrammarError(f"tool {t.name!r}: its parameters are an {err}") from None
         # Each tool's schema is a root of its own: it moves under the wrapper's $defs, and its
         # local refs ("#", "#/$defs/X", "#/properties/x") are rewritten to point into it there.
         where = f"ctx_tool{i}"
