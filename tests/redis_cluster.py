@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import shutil
 import signal
+import socket
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
-from servers import free_port
 
 NODE_TIMEOUT_MS = 2000   # how long a silent master goes before its replica takes over
 
@@ -34,8 +34,12 @@ class RedisCluster:
         if shutil.which("redis-server") is None or shutil.which("redis-cli") is None:
             raise RuntimeError("redis-server is not installed (apt-get install redis-server; .ci/run does)")
         self.root = root
-        self.ports = [free_port() for _ in range(2 * n_masters)]
-        self.bus_ports = {p: free_port() for p in self.ports}  # not port+10000: that may be taken or > 65535
+        # Twelve distinct ports, all held until the last is picked (one at a time, the kernel
+        # could hand the same port out twice: a node's port and another's bus port collided).
+        # Not port+10000 for the bus: that may be taken or > 65535.
+        ports = distinct_ports(4 * n_masters)
+        self.ports = ports[: 2 * n_masters]
+        self.bus_ports = dict(zip(self.ports, ports[2 * n_masters:]))
         self.procs: dict[int, subprocess.Popen] = {}
         try:
             for port in self.ports:
@@ -157,9 +161,27 @@ class RedisCluster:
                 proc.wait()
 
 
+def distinct_ports(n: int) -> list[int]:
+    """n free loopback ports, no two the same."""
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
 @pytest.fixture(scope="session")
 def redis_cluster(tmp_path_factory):
-    cluster = RedisCluster(tmp_path_factory.mktemp("redis-cluster"))
+    for attempt in range(3):  # a port another process took between our pick and redis's bind: pick again
+        try:
+            cluster = RedisCluster(tmp_path_factory.mktemp("redis-cluster"))
+            break
+        except RuntimeError as err:
+            if "Address already in use" not in str(err) or attempt == 2:
+                raise
     yield cluster
     cluster.stop()
 
