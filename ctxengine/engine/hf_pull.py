@@ -234,9 +234,9 @@ def not_in_cache(text: str, why: str) -> ModelNotFoundError:
     """The error for a model the cache lacks: what of its repo the cache holds, and which
     split models there miss parts."""
     spec, hub = parse_hf_spec(text), hub_settings()
-    have = sorted({f for _, files in cached_snapshots(spec.repo, hub) for f in files if f.endswith(".gguf")})
-    gaps = {first: missing for _, files in cached_snapshots(spec.repo, hub)
-            for first, missing in incomplete_splits(files).items()}
+    snapshots = cached_snapshots(spec.repo, hub)  # one walk of the repo's cache for both lists
+    have = sorted({f for _, files in snapshots for f in files if f.endswith(".gguf")})
+    gaps = {first: missing for _, files in snapshots for first, missing in incomplete_splits(files).items()}
     note = "".join(f"; {first} lacks {', '.join(missing)}" for first, missing in sorted(gaps.items()))
     return ModelNotFoundError(f"{why}: {spec.name} is not in the Hugging Face cache {hub.cache_dir} "
                               f"(cached from {spec.repo}: {', '.join(have) or 'nothing'}{note})")
@@ -330,9 +330,10 @@ def remember(pulled: PulledHf) -> str | None:
     return None
 
 
-def pulled_paths() -> list[tuple[str, list[str], Path | None, str | None]]:
-    """(name, aliases, first file or None, why not) of every pulled model, from the cache."""
-    index = pulled_models()
+def pulled_paths(index: dict[str, dict] | None = None) -> list[tuple[str, list[str], Path | None, str | None]]:
+    """(name, aliases, first file or None, why not) of every pulled model, from the cache
+    (``index``: the index already read, else it is read here)."""
+    index = pulled_models() if index is None else index
     if not index:
         return []
     hub = hub_settings()

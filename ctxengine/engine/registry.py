@@ -192,11 +192,11 @@ def _in_pulled(spec: str) -> tuple[Path, tuple[Path, ...]] | None:
     """A model ``ctx pull hf://`` recorded, by its name or an alias (``ORG/REPO:QUANT``)."""
     from .hf_pull import pulled_models, pulled_paths
 
-    low = spec.lower()
+    low, index = spec.lower(), pulled_models()
     if not any(low == n.lower() or low in (str(a).lower() for a in item.get("aliases", []))
-               for n, item in pulled_models().items() if isinstance(item, dict)):
+               for n, item in index.items() if isinstance(item, dict)):
         return None
-    for name, aliases, path, error in pulled_paths():
+    for name, aliases, path, error in pulled_paths(index):  # the index read once
         if low == name.lower() or low in (a.lower() for a in aliases):
             if path is None:
                 raise ModelNotFoundError(f"'{spec}': {error}")
