@@ -42,6 +42,11 @@ class RequestError(CtxError):
         self.param = param
 
 
+class CancelledError(RequestError):
+    """A forward request was given up between two of its steps because its
+    caller asked (``engine.scheduler.cancelled_when``); its KV is as it was."""
+
+
 class InvalidNameError(CtxError):
     """A context, ref or model name is malformed (path tricks, length, characters)."""
 

@@ -1,10 +1,13 @@
 """Several clients at once, in every dialect: all complete, and each gets the
 reply it gets alone (the scheduler batches their steps; results are bit-identical)."""
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import anthropic
+import httpx
 import ollama
 import openai
+import pytest
 
 from api_server import module_server
 
@@ -50,3 +53,40 @@ def test_concurrent_clients_all_complete_with_their_own_replies(server):
     assert together == alone
     assert all(together)
     assert server.metric("ctx_generations_total") - steps_before == n
+
+
+# 6,390 tokens of SmolLM2: seconds of prefill on any machine.
+LONG_PROMPT = " ".join(f"item{i}" for i in range(1500))
+
+
+def settled(server) -> float:
+    """ctx_forward_tokens_total once the forward queue is empty and it has stopped moving."""
+    deadline, last = time.monotonic() + 120, None
+    while time.monotonic() < deadline:
+        now = server.metric("ctx_forward_tokens_total")
+        if now == last and server.metric("ctx_forward_queue") == 0:
+            return now
+        last = now
+        time.sleep(0.5)
+    pytest.fail("the forward steps never stopped")
+
+
+@pytest.mark.parametrize("named", [False, True], ids=["request", "named-context"])
+def test_a_client_gone_during_its_prompt_stops_the_prefill(server, named):
+    """The prefill of a prompt whose client has left stops at the next step (it
+    ran to its end, holding the model, before); a named context is left as it was."""
+    body = {"model": "smollm2", "max_tokens": 4, "messages": [{"role": "user", "content": LONG_PROMPT}]}
+    if named:
+        assert server.post("/v1/contexts", {"name": "gone"}).status_code == 201
+        before_text = server.get("/v1/contexts/gone").json()["text"]
+        body["context"] = "gone"
+    server.post("/v1/chat/completions", {"model": "smollm2", "max_tokens": 1, "messages": [{"role": "user", "content": "Hi"}]})
+    before = settled(server)
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(server.url + "/v1/chat/completions", json=body, timeout=httpx.Timeout(60, read=1.0))
+    ran = settled(server) - before
+    assert 0 < ran < 6390 / 2, ran
+    if named:
+        assert server.get("/v1/contexts/gone").json()["text"] == before_text
+    r = server.post("/v1/chat/completions", {**body, "messages": [{"role": "user", "content": "Hi"}]})
+    assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"]

@@ -332,7 +332,9 @@ def test_matmul_q_prefill_tiles_and_chunks(t, n_in):
 # With the zmm tiles, Q8_0's 4 to 8 rows go to quant_avx512.cpp's register
 # tiles instead (two pairs of rows a zmm; odd counts a half pair), and its 9
 # to 16 to quant_rows_zmm_avx512.cpp (the same pairs, tiles of 2 weight rows).
-@pytest.mark.parametrize("t", [G.Q4_1, G.Q8_0, G.Q4_0], ids=lambda t: t.name)
+# Q4_0, Q5_0 and Q5_1 take quant_avx512.cpp's register tiles below 9 rows (16
+# without the zmm tiles), the prefill tiles from there: every count is checked.
+@pytest.mark.parametrize("t", [G.Q4_1, G.Q8_0, G.Q4_0, G.Q5_0, G.Q5_1], ids=lambda t: t.name)
 def test_matmul_q_batched_decode_rows(t):
     n_in = 576
     rng = np.random.default_rng(21 + int(t))

@@ -8,6 +8,8 @@ import numpy as np
 import pytest
 
 import ctxengine as ce
+from ctxengine.engine.scheduler import cancelled_when
+from ctxengine.errors import CancelledError
 
 
 @pytest.fixture(scope="module")
@@ -236,3 +238,71 @@ def test_sequences_let_go_of_give_their_pages_back_without_another_step(model):
     while eng.pool.n_used != before and time.monotonic() < deadline:
         time.sleep(0.01)
     assert eng.pool.n_used == before
+
+
+def test_a_given_up_prompt_stops_between_steps_and_leaves_its_kv(model):
+    """cancelled_when: a long prompt whose caller gives up stops at the next step,
+    its sequence's KV back where it was; the same sequence then goes on as if
+    the cancelled request had never been made."""
+    eng, sched = model.engine, model.engine.scheduler
+    rng = random.Random(8)
+    prefix = [rng.randrange(eng.config.n_vocab) for _ in range(10)]
+    prompt = [rng.randrange(eng.config.n_vocab) for _ in range(5 * sched.step_tokens)]
+    seq = eng.new_sequence()
+    eng.forward(seq, prefix)
+    start_steps, start_rows = sched.steps, sched.rows
+    with cancelled_when(lambda: sched.steps - start_steps >= 2):
+        with pytest.raises(CancelledError, match="after 512 of its 1280 tokens"):
+            eng.forward(seq, prompt)
+    assert seq.n_tokens == len(prefix)
+    assert sched.steps - start_steps == 2 and sched.rows - start_rows == 2 * sched.step_tokens
+    went_on = eng.forward(seq, prompt)
+    fresh = eng.new_sequence()
+    assert np.array_equal(went_on, eng.forward(fresh, prefix + prompt))
+
+
+def test_a_request_given_up_before_it_runs_runs_nothing(model):
+    eng, sched = model.engine, model.engine.scheduler
+    seq, steps = eng.new_sequence(), sched.steps
+    with cancelled_when(lambda: True), pytest.raises(CancelledError, match="before it ran"):
+        eng.forward(seq, [1, 2, 3])
+    assert seq.n_tokens == 0 and sched.steps == steps
+
+
+def test_giving_up_stops_only_its_own_request(model):
+    """Two long prompts batched in the same steps: the one given up stops, the
+    other runs to its end with exactly the logits it gets alone."""
+    eng = model.engine
+    rng = random.Random(9)
+    prompts = [[rng.randrange(eng.config.n_vocab) for _ in range(3 * eng.scheduler.step_tokens)] for _ in range(2)]
+    alone = eng.forward(eng.new_sequence(), prompts[1])
+    seqs, rows = [eng.new_sequence(), eng.new_sequence()], eng.scheduler.rows
+
+    def given_up():  # once a step has run
+        with cancelled_when(lambda: eng.scheduler.rows > rows):
+            return eng.forward(seqs[0], prompts[0])
+
+    out, errs = concurrently([given_up, lambda: eng.forward(seqs[1], prompts[1])])
+    assert isinstance(errs[0], CancelledError) and seqs[0].n_tokens == 0
+    assert errs[1] is None and np.array_equal(out[1], alone)
+
+
+def test_a_context_append_given_up_keeps_neither_tokens_nor_kv(model):
+    """A context whose append was given up goes on exactly as one that never saw it."""
+    long_text = " ".join(f"word{i}" for i in range(600))
+    ctx, ref = model.context(None), model.context(None)
+    try:
+        for c in (ctx, ref):
+            c.append("The capital of France is")
+        before = ctx.tokens
+        with cancelled_when(lambda: True), pytest.raises(CancelledError):
+            ctx.append(long_text)
+        assert ctx.tokens == before and ctx.n_cached == len(before)
+        for c in (ctx, ref):
+            c.append(long_text)
+        assert ctx.tokens == ref.tokens
+        replies = ["".join(p.text for p in c.generate(8, temperature=0.0)) for c in (ctx, ref)]
+        assert replies[0] == replies[1]
+    finally:
+        ctx.delete()
+        ref.delete()

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, disable_created_metrics, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from ..serving.exports import is_host_local
 
@@ -80,6 +80,8 @@ class _RuntimeCollector:
         prefixes = GaugeMetricFamily("ctx_prefix_cache_entries", "Cached request contexts", labels=["model"])
         queued = GaugeMetricFamily("ctx_forward_queue", "Forward requests waiting for a batched step",
                                    labels=["model"])
+        rows = CounterMetricFamily("ctx_forward_tokens", "Tokens run through the model's forward steps since it "
+                                   "loaded (prompts, decoded tokens and drafts)", labels=["model"])
         loaded = self.runtime.loaded()
         for e in loaded:
             pool = e.model.engine.pool
@@ -89,5 +91,6 @@ class _RuntimeCollector:
             contexts.add_metric([e.entry.name], sum(not is_host_local(n) for n in e.model.contexts.names()))
             prefixes.add_metric([e.entry.name], len(e.prefix_cache) if e.prefix_cache is not None else 0)
             queued.add_metric([e.entry.name], e.model.engine.scheduler.n_queued)
+            rows.add_metric([e.entry.name], e.model.engine.scheduler.rows)
         models = GaugeMetricFamily("ctx_models_loaded", "Models loaded", value=len(loaded))
-        return [pages, capacity, backed, contexts, prefixes, queued, models]
+        return [pages, capacity, backed, contexts, prefixes, queued, rows, models]

@@ -20,6 +20,9 @@ the snapshot store) is called once, with the pages its tokens may take. So the
 loop never waits on the store (an eviction's write holds up only the request
 that needs its pages), nor calls back up into the layers above, and a request
 whose pages cannot be found fails before any of its KV is written.
+
+A caller may also give up on its requests (``cancelled_when``): a long prompt
+whose client has gone stops between two steps instead of running to its end.
 """
 from __future__ import annotations
 
@@ -27,10 +30,12 @@ import threading
 import time
 from collections import deque
 from contextlib import contextmanager
-from typing import Callable
+from contextvars import ContextVar
+from typing import Callable, Iterator
 
 import numpy as np
 
+from ..errors import CancelledError
 from .step_cost import StepCost
 
 DEFAULT_STEP_TOKENS = 256
@@ -45,6 +50,24 @@ REJOIN_WAIT_S = 0.003
 Reserve = Callable[[int], Callable[[], None] | None]
 
 
+# The give-up test of the forward requests this thread makes (None: they run to their end).
+_give_up: ContextVar[Callable[[], bool] | None] = ContextVar("ctxengine_give_up", default=None)
+
+
+@contextmanager
+def cancelled_when(check: Callable[[], bool]) -> Iterator[None]:
+    """Forward requests made on this thread inside the block (a context's append,
+    an embedding) end early once ``check()`` is true: it is asked before each of
+    their steps, from the scheduler's thread, so it must be quick and thread-safe
+    (``threading.Event.is_set``). A request so ended raises CancelledError and
+    leaves its sequence's KV as it was before it."""
+    token = _give_up.set(check)
+    try:
+        yield
+    finally:
+        _give_up.reset(token)
+
+
 def pages_needed(seq, n_tokens: int, page_tokens: int) -> int:
     """New pages n_tokens more fill on seq, plus one for copying a shared last page before writing it."""
     return -(-(seq.n_tokens + n_tokens) // page_tokens) - len(seq.pages) + 1
@@ -52,7 +75,7 @@ def pages_needed(seq, n_tokens: int, page_tokens: int) -> int:
 
 class _Request:
     __slots__ = ("seq", "tokens", "logits", "all_logits", "hidden", "lora", "decode", "start", "done",
-                 "error", "finished", "_done")
+                 "error", "finished", "give_up", "_done")
 
     def __init__(self, seq, tokens, logits, all_logits, hidden, lora: list | None = None, decode: bool = False):
         self.seq, self.tokens, self.logits, self.all_logits, self.hidden = seq, tokens, logits, all_logits, hidden
@@ -63,6 +86,7 @@ class _Request:
         self.done = 0              # tokens already run
         self.error: BaseException | None = None
         self.finished = False
+        self.give_up = _give_up.get()  # the caller's (cancelled_when), read on its thread
         self._done = threading.Lock()  # held until the request finishes: the cheapest one-shot wake-up
         self._done.acquire()
 
@@ -72,6 +96,15 @@ class _Request:
 
     def wait(self) -> None:
         self._done.acquire()
+
+    def abandoned(self) -> bool:
+        """Whether its caller has given up on it (a check that fails counts as yes)."""
+        if self.give_up is None:
+            return False
+        try:
+            return bool(self.give_up())
+        except Exception:
+            return True
 
     @property
     def remaining(self) -> int:
@@ -110,6 +143,7 @@ class Scheduler:
         self._last_seqs: set = set()  # ids of the sequences in the last step
         self._decoded: set = set()    # ids of those that decoded a token in it
         self.steps = 0                            # native steps run
+        self.rows = 0                             # tokens those steps ran (every row, decode and prompt)
         self.history: deque = deque(maxlen=4096)  # (decode rows, prefill rows) of recent steps
         self.step_cost = StepCost()               # seconds of a decode-only step per row count
 
@@ -135,6 +169,9 @@ class Scheduler:
         ``decode``: a stream's token and its drafts, scheduled as a decode row, not a prompt."""
         if len(tokens) > self.step_tokens:
             self._check(seq, tokens)  # before the first chunk, so a refused prompt leaves no KV behind
+        give_up = _give_up.get()
+        if give_up is not None and give_up():
+            raise CancelledError("the request was cancelled before it ran")
         # Room is made here, on the caller's thread: it may write evictions to the store.
         release = reserve(pages_needed(seq, len(tokens), self.page_tokens)) if reserve is not None else None
         try:
@@ -195,6 +232,8 @@ class Scheduler:
             batch = self.schedule()
             if batch is None:
                 return
+            if not batch:  # every queued request was given up
+                continue
             with self._stepping(batch):
                 errors = self.forward(batch)
                 self.postprocess(batch, errors)
@@ -221,12 +260,13 @@ class Scheduler:
 
     def schedule(self) -> list[tuple[_Request, int]] | None:
         """Wait for work, then this step's (request, tokens), new requests admitted;
-        None once closed with nothing left to run."""
+        [] when every queued request was given up; None once closed with nothing left to run."""
         with self._cv:
             while self._busy or not (self._queue or self._closed):
                 self._cv.wait()
+            self._drop_abandoned()
             if not self._queue:
-                return None
+                return None if self._closed else []
             self._await_decoders()
             self._busy = True
             return self._admit(self._plan())
@@ -252,6 +292,7 @@ class Scheduler:
         if not batch:
             return
         self.steps += 1
+        self.rows += sum(n for _, n in batch)
         self._last_seqs = {id(r.seq) for r, _ in batch}
         decodes = [r for r, n in batch if r.done == 0 and n == len(r.tokens) and r.decode]
         self._decoded = {id(r.seq) for r in decodes}
@@ -268,6 +309,16 @@ class Scheduler:
                     r.finish()
 
     # -- inside schedule ------------------------------------------------------
+    def _drop_abandoned(self) -> None:
+        """Finish the queued requests whose callers gave up, their KV put back
+        where it was before their first step (between steps: none is running)."""
+        for r in self._queue:
+            if r.abandoned():
+                if r.done > 0 and r.seq.n_tokens > r.start:
+                    r.seq.truncate(r.start)
+                r.finish(CancelledError(f"the request was cancelled after {r.done} of its {len(r.tokens)} tokens"))
+        self._queue = [r for r in self._queue if not r.finished]
+
     def _await_decoders(self) -> None:
         deadline = time.monotonic() + REJOIN_WAIT_S
         while not self._closed and self._decoded - {id(r.seq) for r in self._queue}:

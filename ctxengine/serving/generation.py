@@ -35,6 +35,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, AsyncIterator, Callable
 
+from ..engine.scheduler import cancelled_when
 from ..errors import ContextError, CtxError, RequestError
 from ..store.names import validate_name
 from ..text.tools import ToolStream, ToolUse, forced_call_grammar, parse_tool_calls, tool_format
@@ -238,7 +239,8 @@ class Generation:
         ok = False
         try:
             t = time.perf_counter_ns()
-            ctx.append(ids[cached:])
+            with cancelled_when(self._gone.is_set):  # a client gone during a long prompt stops it
+                ctx.append(ids[cached:])
             self._started(Started(self.entry.name, len(ids), cached, load_ns, time.perf_counter_ns() - t))
             self._finish(self._decode(model, ctx, limit, t0))
             ok = True
@@ -264,7 +266,8 @@ class Generation:
             text = continuation_text(model, self.entry, self.request.prompt, ctx.tokens)
             t = time.perf_counter_ns()
             if text:
-                ctx.append(text, parse_special=True)
+                with cancelled_when(self._gone.is_set):  # stopped, the context is left as it was
+                    ctx.append(text, parse_special=True)
             self._started(Started(self.entry.name, ctx.n_tokens, cached, load_ns, time.perf_counter_ns() - t))
             prompted = ctx.n_tokens
             try:

@@ -150,7 +150,11 @@ class Context:
             self._check_room(len(ids))
             self._constraint = None
             self._tokens.extend(ids)
-            self._sync()
+            try:
+                self._sync()
+            except BaseException:  # not prefilled (a cancelled or failed step puts the KV back): not kept
+                del self._tokens[len(self._tokens) - len(ids):]
+                raise
             self._table.touch(self)
             return len(ids)
 
