@@ -121,6 +121,12 @@ def test_refusals_lose_nothing(server, openai_client):
     assert server.get("/v1/contexts/_prefix/1").status_code == 400
     assert "_prefix" not in str(server.get("/v1/contexts").json())
     assert server.post("/v1/contexts", {"name": "x", "labels": {"a": 1}}).status_code == 400
+    # A lone surrogate (JSON "\ud800") cannot be stored: it made a 500 that still created a context
+    # none could snapshot, nor evict to make room for another.
+    bad = httpx.post(server.url + "/v1/contexts", content=b'{"name": "x", "labels": {"k": "\\ud800"}}',
+                     headers={"Content-Type": "application/json"}, timeout=60)
+    assert bad.status_code == 400 and "surrogate" in bad.json()["error"]["message"]
+    assert server.get("/v1/contexts/x").status_code == 404
     with pytest.raises(openai.BadRequestError, match="context"):  # a bad name, not an unknown one (404)
         openai_client.chat.completions.create(model="smollm2", max_tokens=4, extra_body={"context": "../x"},
                                        messages=[{"role": "user", "content": "hi"}])

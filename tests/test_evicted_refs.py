@@ -64,12 +64,16 @@ def test_gc_keeps_a_live_owners_refs_and_drops_them_once_it_is_killed(smollm2_pa
     assert f"removed {len(set(refs.values()))} snapshots" in r.stdout
 
 
-def test_an_owner_is_its_pid_and_start_time():
+def test_an_owner_is_its_pid_and_start_time_in_its_pid_namespace():
     me = owner_tag()
-    pid, start = (int(x) for x in me.split("-"))
-    assert pid == os.getpid() and owner_alive(f"{me}-1")
-    assert not owner_alive(f"{pid}-{start + 1}-1")  # the same id, another process: the owner is gone
+    pid, start, ns = (int(x) for x in me.split("-"))
+    assert pid == os.getpid() and ns == os.stat("/proc/self/ns/pid").st_ino and owner_alive(f"{me}-1")
+    assert not owner_alive(f"{pid}-{start + 1}-{ns}-1")  # the same id, another process: the owner is gone
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    assert not owner_alive(f"{int(dead.stdout)}-{start}-1")
+    assert not owner_alive(f"{int(dead.stdout)}-{start}-{ns}-1")
+    # Another PID namespace's process (a container on the same store) cannot be seen from here:
+    # its refs were dropped by a gc outside it, and its evicted contexts lost.
+    assert owner_alive(f"{int(dead.stdout)}-{start}-{ns + 1}-1") and owner_alive(f"{pid}-{start + 1}-0-1")
+    assert not owner_alive(f"{pid}-{start + 1}-1")  # written before namespaces were: judged as then
     assert owner_alive(f"{pid}-1")  # an older ref without a start time: kept while the id runs
     assert owner_alive("someone-else")  # not a name this table writes: left alone

@@ -12,7 +12,7 @@ import pytest
 
 import ctxengine as ce
 from ctxengine.text.grammar import Constraint, Grammar, GrammarError, grammar_vocab
-from ctxengine.errors import CorruptDataError
+from ctxengine.errors import ContextError, CorruptDataError
 from ctxengine.store import Store
 
 SCHEMA = {
@@ -144,6 +144,18 @@ def test_rewind_inside_the_object_keeps_the_grammar(model):
     assert ctx.constraint_state() is None
     ctx.delete()
     half.delete()
+
+
+@pytest.mark.parametrize("n", [4.5, True, "2", -1])
+def test_a_refused_rewind_keeps_the_grammar(model, n):
+    # rewind(4.5) dropped the unfinished grammar, then raised: the next reply ran unconstrained.
+    ctx = chat(model, ASK)
+    reply(ctx, 9, json_schema=SCHEMA, close_json=False)
+    state, tokens = ctx.constraint_state(), ctx.tokens
+    with pytest.raises(ContextError, match="cannot rewind"):
+        ctx.rewind(n)
+    assert ctx.constraint_state() == state and ctx.tokens == tokens
+    ctx.delete()
 
 
 def test_appending_ends_an_unfinished_grammar(model):

@@ -128,6 +128,23 @@ def test_pull_fetches_only_the_pages_the_local_store_lacks(hosts, rb, tmp_path, 
         assert len(local.get_pages(keys)) == len(keys)  # every page reads back verified
 
 
+def test_a_pulled_ref_named_like_the_start_of_its_id_is_a_ref_here_too(hosts, rb, tmp_path, home):
+    """A ref "7" or "cafe" may begin its own snapshot's id (1 in 16 one-digit names): the
+    pull took it for an id prefix and set no ref here. Prefixes are 8 hex digits or more."""
+    a, b = hosts
+    c = rb.create("prefixed")
+    _fill(c, OTHER, 20)
+    sid = c.snapshot()
+    with Store(b.store) as sb:
+        sb.set_ref(sid[:1], sid)
+        sb.set_ref(sid[:4].upper(), sid)
+    for name in (sid[:1], sid[:4].upper()):
+        _json(ctx("pull", b.target, name, "--store", tmp_path / "local", "--json", home=home))
+    _json(ctx("pull", b.target, sid[:12], "--store", tmp_path / "local", "--json", home=home))
+    with Store(tmp_path / "local") as local:
+        assert local.refs() == {sid[:1]: sid, sid[:4].upper(): sid}  # the id prefix set none
+
+
 def test_a_branch_of_a_trunk_the_receiver_has_sends_only_its_own_pages(hosts, ra, rb, home):
     a, b = hosts
     trunk = ra.create("trunk")

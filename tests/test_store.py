@@ -154,7 +154,59 @@ def test_bad_record_written_through_lmdb(store, rng, damage):
     assert store.get_page(other_key) == other
 
 
+def _rle_frame(n: int, declare: bool) -> bytes:
+    """A zstd frame of n zero bytes in RLE blocks of 128 KiB: 4 bytes a block, so
+    32 KB expand to 1 GiB (RFC 8878: frame header with or without its content size)."""
+    head = bytes([0b11100000]) + n.to_bytes(8, "little") if declare else bytes([0, 0x58])
+    blocks = b"".join((((128 << 10) << 3) | 2 | (i == n // (128 << 10) - 1)).to_bytes(3, "little") + b"\0"
+                      for i in range(n // (128 << 10)))
+    return (0xFD2FB528).to_bytes(4, "little") + head + blocks
+
+
+@pytest.mark.parametrize("header,frame", [
+    (1 << 30, _rle_frame(1 << 30, True)),   # both say 1 GiB: past what a record may hold
+    (4096, _rle_frame(1 << 30, False)),     # the header says 4 KiB, the frame runs on to 1 GiB
+    (4096, _rle_frame(1 << 30, True)[:13] + _rle_frame(4096, True)[13:]),  # the frame declares 1 GiB
+], ids=["header", "undeclared", "declared"])
+def test_a_decompression_bomb_is_refused_before_it_expands(header, frame):
+    """A 32 KB record that would expand to 1 GiB (a hostile peer's PutPages, an
+    imported file) is refused without allocating it: it took 1.1 GB of a
+    server's memory before its BLAKE3 check could fail."""
+    import resource
+    record = codec._HEADER.pack(codec.RECORD_MAGIC, codec.RECORD_VERSION, codec.CODEC_ZSTD, 0, header) + frame
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with pytest.raises(CorruptDataError, match="00" * 32):
+        codec.decode("00" * 32, record)
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 100 << 10  # KiB: under 100 MiB
+    with pytest.raises(StoreError, match="more than a record"):
+        codec.encode(bytes(codec.MAX_RAW_LEN + 1))
+
+
 # -- manifests -------------------------------------------------------------------
+
+@pytest.mark.parametrize("change", [
+    (b'"labels":{}', b'"labels":{"k":"\\ud800"}'),                       # a lone surrogate: no UTF-8 for it
+    (b'"arch":{', b'"arch":{"deep":' + b"[" * 1000 + b"]" * 1000 + b','),  # nested past any real manifest
+    (b'"arch":{', b'"arch":{"deep":' + b"[" * 100000 + b"]" * 100000 + b','),  # past Python's recursion
+], ids=["surrogate", "nested", "nested-deeper"])
+def test_a_hostile_manifest_is_corrupt_data(change):
+    """Each was a bare UnicodeEncodeError or RecursionError (a gRPC UNKNOWN, a CLI traceback)."""
+    data = manifest(["ab" * 32], n_tokens=10).canonical_bytes()
+    assert change[0] in data
+    with pytest.raises(CorruptDataError, match="manifest"):
+        Manifest.from_bytes(data.replace(change[0], change[1], 1))
+
+
+def test_labels_must_be_text_a_manifest_can_hold():
+    from ctxengine.store.manifest import checked_labels
+    with pytest.raises(StoreError, match="surrogate"):
+        checked_labels({"k": "\udcff"})
+    with pytest.raises(StoreError, match="surrogate"):
+        checked_labels({"\ud800": "v"})
+    with pytest.raises(StoreError, match="strings"):
+        checked_labels({"k": 1})
+    assert checked_labels({"k": "ünïcode ✓"}) == {"k": "ünïcode ✓"} and checked_labels(None) == {}
+
 
 def test_manifest_id_stable_and_verified(store, rng):
     raws = [rand_page(rng, 4096) for _ in range(3)]

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..errors import CorruptDataError, WeightMismatchError
-from ..serving.exports import Manifest, client_name, page_key, validate_name
+from ..serving.exports import MIN_PREFIX, Manifest, client_name, page_key, validate_name
 from .v1 import snapshot_pb2 as pb
 
 if TYPE_CHECKING:
@@ -133,7 +133,10 @@ def pull(remote: "Channel", ref: str, store: "Store", *, as_ref: str | None = No
     if weight_ids is not None and m.weight_id not in weight_ids:
         raise WeightMismatchError(f"snapshot {sid[:16]} was made by weights {m.weight_id} ({m.model_name}); "
                                   f"no model here has them, so it could not be restored (nothing was fetched)")
-    target = as_ref or (None if sid.startswith(ref.lower()) else ref)
+    # What the remote resolved as a snapshot id (a prefix of 8 or more hex digits) names no ref;
+    # anything shorter it could only take as a ref ("7" or "cafe" may well begin its own id).
+    by_id = len(ref) >= MIN_PREFIX and sid.startswith(ref.lower())
+    target = as_ref or (None if by_id else ref)
     if target is not None:
         validate_name(target, "ref")
     keys = list(dict.fromkeys(m.page_keys))

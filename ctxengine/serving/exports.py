@@ -10,7 +10,8 @@ from ..engine.sampler import SamplerParams
 from ..state import Context, Piece
 from ..store import Manifest, Store, page_key, validate_name
 from ..store.names import is_host_local
+from ..store.refs import MIN_PREFIX
 from .sessions import Snapshot, client_name
 
-__all__ = ["CatalogEntry", "Context", "Manifest", "Piece", "SamplerParams", "Snapshot", "Store", "__version__",
+__all__ = ["MIN_PREFIX", "CatalogEntry", "Context", "Manifest", "Piece", "SamplerParams", "Snapshot", "Store", "__version__",
            "client_name", "is_host_local", "page_key", "validate_name"]

@@ -23,6 +23,7 @@ from ..text.grammar import Constraint, Grammar, as_grammar
 from ..engine.lora import NO_LORA, LoraSet
 from ..engine.sampler import Sampler, StopMatcher
 from ..engine.speculative import SpeculationStats
+from ..store.manifest import checked_labels
 from .piece import Piece
 from .residency import KVState, Residency
 from .speculation import Speculation, start_speculation
@@ -60,7 +61,7 @@ class Context:
         self.name = name
         self._kv = KVState(name, seq, last_logits)  # residency, page table, last logits
         self._tokens = list(tokens)
-        self.labels = dict(labels or {})
+        self.labels = checked_labels(labels)  # before it is anyone's: a bad one fails every snapshot
         self.sampler_state = sampler_state  # of the last generate(); continues its RNG
         self.finish_reason: str | None = None
         self.snapshot_id = snapshot_id  # restored from or last snapshotted to: its next snapshot's parent
@@ -294,8 +295,8 @@ class Context:
     def rewind(self, n: int) -> None:
         """Drop the last n tokens (their pages are released or copied on write)."""
         with self.hold():
-            if not 0 <= n <= len(self._tokens):
-                raise ContextError(f"cannot rewind {n} tokens of a {len(self._tokens)}-token context")
+            if isinstance(n, bool) or not isinstance(n, Integral) or not 0 <= n <= len(self._tokens):
+                raise ContextError(f"cannot rewind {n!r} tokens of a {len(self._tokens)}-token context")
             keep = len(self._tokens) - n
             self._constraint = forked_constraint(self._constraint, keep, len(self._tokens), share=True)
             del self._tokens[keep:]

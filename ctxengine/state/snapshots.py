@@ -32,6 +32,7 @@ from ..engine.lora import LoraSet, continuing_set
 from ..engine.sampler import Sampler
 from ..errors import ContextError, CorruptDataError, CtxError, StoreError, WeightMismatchError
 from ..store import Manifest, Store, page_key, validate_name
+from ..store.manifest import checked_labels
 
 from .page_keys import PageKeyCache
 
@@ -110,11 +111,7 @@ def write_pages(ctx: "Context", seq, store: Store, *, ref: str | None,
 
 
 def _merged_labels(own: Mapping[str, str], extra: Mapping[str, str] | None) -> dict[str, str]:
-    merged = {**own, **(extra or {})}
-    bad = [(k, v) for k, v in merged.items() if not (isinstance(k, str) and isinstance(v, str))]
-    if bad:
-        raise ContextError(f"labels map strings to strings; got {bad[0][0]!r}: {bad[0][1]!r}")
-    return merged
+    return checked_labels({**own, **checked_labels(extra)})
 
 
 def _page_keys(seq, cache: PageKeyCache) -> tuple[list[str], dict[str, bytes], int]:

@@ -22,7 +22,7 @@ import json
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Mapping
 
 import blake3
 
@@ -31,6 +31,7 @@ from .pages import KEY_HEX_LEN
 
 MANIFEST_FORMAT = 2
 MAX_TOKEN_ID = 2**31 - 1
+MAX_DEPTH = 64  # nesting of arch / sampler_state (ours: 3 at most); deeper is a hostile manifest
 
 _FIELDS_V1 = (
     "format_version", "weight_id", "model_name", "arch", "kv_dtype", "page_tokens",
@@ -92,6 +93,8 @@ class Manifest:
             obj = json.loads(bytes(data).decode("utf-8"))
         except (UnicodeDecodeError, ValueError) as e:
             raise CorruptDataError(f"{what} is not valid UTF-8 JSON ({e})") from None
+        except RecursionError:
+            raise CorruptDataError(f"{what} is JSON nested too deep to read") from None
         if not isinstance(obj, dict):
             raise CorruptDataError(f"{what} is not a JSON object")
         m = cls(**_checked(obj, CorruptDataError, what))
@@ -115,7 +118,7 @@ def _checked(obj: dict, err: type[StoreError], what: str = "manifest") -> dict:
         fail(f"fields differ from format {v} (missing {missing}, unknown {extra})")
     out: dict[str, Any] = {"format_version": v}
     for name in ("weight_id", "model_name", "kv_dtype"):
-        if not isinstance(obj[name], str) or not obj[name]:
+        if not isinstance(obj[name], str) or not obj[name] or not _is_text(obj[name]):
             fail(f"{name} must be a non-empty string, got {obj[name]!r}")
         out[name] = obj[name]
     for name, lo in (("page_tokens", 1), ("page_size", 1), ("n_tokens", 0)):
@@ -160,18 +163,42 @@ def _checked(obj: dict, err: type[StoreError], what: str = "manifest") -> dict:
         fail(f"created must be a finite number (unix time), got {created!r}")
     out["created"] = float(created)
 
-    labels = obj["labels"]
-    if not isinstance(labels, dict) or not all(
-        isinstance(k, str) and isinstance(x, str) for k, x in labels.items()
-    ):
+    if not isinstance(obj["labels"], dict):
         fail("labels must map strings to strings")
-    out["labels"] = dict(labels)
+    try:
+        out["labels"] = checked_labels(obj["labels"])
+    except StoreError as e:
+        fail(str(e))
 
     for name in ("arch", "sampler_state"):
         if not isinstance(obj[name], dict):
             fail(f"{name} must be a JSON object (dict)")
         out[name] = _json_data(obj[name], name, fail)
     return out
+
+
+def checked_labels(labels: Mapping[str, str] | None) -> dict[str, str]:
+    """Labels as a manifest holds them (StoreError otherwise): strings to strings,
+    each one Unicode text that UTF-8 can write (a lone surrogate, ``"\\udcff"``,
+    cannot: it failed every later snapshot of the context holding it, and so the
+    eviction of any context that had to make room for it)."""
+    if labels is None:
+        return {}
+    if not isinstance(labels, Mapping) or not all(isinstance(k, str) and isinstance(v, str)
+                                                  for k, v in labels.items()):
+        raise StoreError("labels must map strings to strings")
+    for k, v in labels.items():
+        if not (_is_text(k) and _is_text(v)):
+            raise StoreError(f"label {k!r}: {v!r} is not Unicode text (a lone surrogate cannot be stored)")
+    return dict(labels)
+
+
+def _is_text(s: str) -> bool:
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _is_int(v) -> bool:
@@ -182,10 +209,14 @@ def _is_hex_id(v) -> bool:
     return isinstance(v, str) and len(v) == KEY_HEX_LEN and set(v.lower()) <= _HEX
 
 
-def _json_data(v, path: str, fail):
+def _json_data(v, path: str, fail, depth: int = 0):
     """Copy ``v`` if it is plain JSON data that round-trips exactly (else ``fail``)."""
+    if depth > MAX_DEPTH:
+        fail(f"{path.split('[')[0].split('.')[0]} is nested more than {MAX_DEPTH} deep")
     if v is None or isinstance(v, bool):
         return v
+    if isinstance(v, str) and not _is_text(v):
+        fail(f"{path} holds {v!r}, not Unicode text (a lone surrogate)")
     if isinstance(v, (int, str)):
         return int(v) if isinstance(v, int) else str(v)  # drop subclasses (IntEnum...)
     if isinstance(v, float):
@@ -193,10 +224,10 @@ def _json_data(v, path: str, fail):
             fail(f"{path} holds {v!r}; JSON has no NaN or infinity")
         return float(v)
     if isinstance(v, (list, tuple)):
-        return [_json_data(x, f"{path}[{i}]", fail) for i, x in enumerate(v)]
+        return [_json_data(x, f"{path}[{i}]", fail, depth + 1) for i, x in enumerate(v)]
     if isinstance(v, dict):
         for k in v:
-            if not isinstance(k, str):
-                fail(f"{path} has a non-string key {k!r}")
-        return {k: _json_data(x, f"{path}.{k}", fail) for k, x in v.items()}
+            if not isinstance(k, str) or not _is_text(k):
+                fail(f"{path} has a non-string key {k!r} (keys are strings of Unicode text)")
+        return {k: _json_data(x, f"{path}.{k}", fail, depth + 1) for k, x in v.items()}
     fail(f"{path} holds a {type(v).__name__}; only JSON data is allowed")

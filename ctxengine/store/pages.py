@@ -35,7 +35,12 @@ CODEC_NAMES = {CODEC_RAW: "raw", CODEC_ZSTD: "zstd"}
 
 _HEADER = struct.Struct("<4sBBHI")
 HEADER_SIZE = _HEADER.size  # 12
-MAX_RAW_LEN = 0xFFFFFFFF
+# The most a record may hold: a page is 16 tokens of every layer's K and V (a
+# 70B model's: 5 MiB in f16), a manifest a snapshot's token ids and page keys
+# (a million tokens: about 11 MB). A header may not declare more, so a hostile
+# record costs at most this much memory to refuse (its zstd frame could
+# otherwise expand to the u32 field's 4 GiB before the hash check).
+MAX_RAW_LEN = 64 << 20
 
 ZSTD_LEVEL = 1          # level 1 compresses KV pages as well as 3 here, and faster
 MIN_SAVING = 0.03       # keep zstd only if it saves more than this fraction
@@ -79,7 +84,7 @@ def encode(raw: bytes) -> bytes:
     """Encode raw page bytes into a record, compressing only when it pays."""
     raw = bytes(raw)
     if len(raw) > MAX_RAW_LEN:
-        raise StoreError(f"page of {len(raw)} bytes is larger than a record can hold")
+        raise StoreError(f"page of {len(raw)} bytes: more than a record may hold ({MAX_RAW_LEN})")
     codec, payload = CODEC_RAW, raw
     if raw:
         packed = _compressor().compress(raw)
@@ -99,6 +104,9 @@ def parse_header(key: str, record, what: str = "page") -> tuple[int, int]:
         raise CorruptDataError(f"{what} {key}: unknown record version {version}")
     if codec not in CODEC_NAMES or reserved != 0:
         raise CorruptDataError(f"{what} {key}: unknown codec {codec} (reserved={reserved})")
+    if raw_len > MAX_RAW_LEN:
+        raise CorruptDataError(f"{what} {key}: its header says {raw_len} bytes, more than a record may hold "
+                               f"({MAX_RAW_LEN})")
     return codec, raw_len
 
 
@@ -118,10 +126,13 @@ def decode(key: str, record, what: str = "page") -> bytes:
     if codec == CODEC_RAW:
         raw = bytes(payload)
     else:
-        try:
+        try:  # a frame that declares its size is allocated at that size: it must be the header's
+            declared = zstandard.frame_content_size(payload)
+            if declared not in (-1, raw_len):
+                raise CorruptDataError(f"{what} {key}: its zstd frame says {declared} bytes, its header {raw_len}")
             raw = _decompressor().decompress(payload, max_output_size=raw_len)
-        except zstandard.ZstdError as e:
-            raise CorruptDataError(f"{what} {key}: zstd payload does not decode ({e})") from None
+        except (zstandard.ZstdError, MemoryError) as e:
+            raise CorruptDataError(f"{what} {key}: zstd payload does not decode ({e!r})") from None
     if len(raw) != raw_len:
         raise CorruptDataError(f"{what} {key}: decoded {len(raw)} bytes, header says {raw_len}")
     if page_key(raw) != key.lower():
