@@ -7,8 +7,10 @@ below the shortest reply ends "length" in each dialect's words."""
 import json
 from concurrent.futures import ThreadPoolExecutor
 
+import anthropic
 import jsonschema
 import ollama
+import openai
 import pytest
 
 from api_server import module_server
@@ -128,3 +130,92 @@ def test_a_budget_below_the_shortest_reply_says_length_in_each_dialect(openai_cl
     assert m.stop_reason == "max_tokens"
     r = ollama_client.chat("smollm2", user(ASK), format=SCHEMAS["ref"], options={"temperature": 0, "num_predict": 3})
     assert r.done_reason == "length"
+
+
+PERSON = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+          "required": ["name", "age"]}
+
+
+def test_a_json_reply_with_a_name_is_no_call_to_a_tool_nobody_offered(openai_client, anthropic_client):
+    """Tools offered (auto) and a response format: the format constrains the reply, and
+    its "name" field made it a call to a tool named after the person, its JSON lost."""
+    ask = user("Invent a person. Reply as JSON.")
+    r = openai_client.chat.completions.create(
+        model="smollm2", messages=ask, tools=[OPENAI_TOOL], max_tokens=60, temperature=0,
+        response_format={"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}})
+    assert r.choices[0].finish_reason == "stop" and not r.choices[0].message.tool_calls
+    jsonschema.validate(json.loads(r.choices[0].message.content), PERSON)
+    a = anthropic_client.messages.create(
+        model="smollm2", max_tokens=60, messages=ask, extra_body={"temperature": 0, "output_config": {
+            "format": {"type": "json_schema", "schema": PERSON}}},
+        tools=[{"name": "get_weather", "input_schema": WEATHER}])
+    assert [b.type for b in a.content] == ["text"] and a.stop_reason == "end_turn"
+    jsonschema.validate(json.loads(a.content[0].text), PERSON)
+
+
+@pytest.mark.parametrize("stop", [["\n"], ["}"], [",", "city"]])
+def test_stop_strings_do_not_cut_a_reply_that_must_parse(stop, openai_client):
+    """A forced call and a schema reply ended "stop" at the first newline or brace,
+    half written (the flexible JSON whitespace writes newlines itself)."""
+    r = openai_client.chat.completions.create(
+        model="smollm2", messages=user("What is the weather in Paris?"), tools=[OPENAI_TOOL],
+        tool_choice="required", max_tokens=60, temperature=0, stop=stop)
+    assert r.choices[0].finish_reason == "tool_calls"
+    (call,) = r.choices[0].message.tool_calls
+    jsonschema.validate(json.loads(call.function.arguments), WEATHER)
+    r = openai_client.chat.completions.create(
+        model="smollm2", messages=user("Invent a person."), max_tokens=60, temperature=0, stop=stop,
+        response_format={"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}})
+    jsonschema.validate(json.loads(r.choices[0].message.content), PERSON)
+
+
+PINNED = ('root ::= "Let me check. <tool_call>\\n{\\"name\\": \\"get_weather\\", \\"arguments\\": {\\"city\\": '
+          '\\"Paris\\", \\"unit\\": \\"c\\"}}\\n</tool_call><tool_call>\\n{\\"name\\": \\"get_weather\\", '
+          '\\"arguments\\": {\\"city\\": \\"Rome\\", \\"unit\\": \\"c\\"}}\\n</tool_call>"')
+
+
+def test_text_before_calls_is_the_same_streamed_or_not_and_parallel_calls_can_be_refused(openai_client):
+    """A reply pinned by a grammar to text and two calls: the text streamed ("Let me
+    check. ") differed from the text not streamed ("Let me check."); and
+    parallel_tool_calls false still gave two calls."""
+    kw = dict(model="smollm2", messages=user("Weather in Paris and Rome?"), tools=[OPENAI_TOOL], max_tokens=100,
+              temperature=0, extra_body={"grammar": PINNED})
+    whole = openai_client.chat.completions.create(**kw).choices[0].message
+    streamed = "".join(c.choices[0].delta.content or "" for c in openai_client.chat.completions.create(
+        **kw, stream=True) if c.choices)
+    assert whole.content == streamed == "Let me check."
+    assert [json.loads(c.function.arguments)["city"] for c in whole.tool_calls] == ["Paris", "Rome"]
+    one = openai_client.chat.completions.create(**kw, parallel_tool_calls=False).choices[0].message
+    assert [json.loads(c.function.arguments)["city"] for c in one.tool_calls] == ["Paris"]
+
+
+UNIQUE = {"type": "object", "properties": {"tags": {"type": "array", "items": {"type": "string", "maxLength": 8},
+                                                   "uniqueItems": True, "maxItems": 3}},
+          "required": ["tags"], "if": {"required": ["tags"]}, "then": {"required": ["tags"]}}
+
+
+def test_keywords_sampling_cannot_enforce_are_ignored_unless_strict(openai_client, anthropic_client):
+    """uniqueItems, if/then (valid JSON Schema, common in MCP tools) made a forced call or a
+    response format a 400 "invalid JSON schema"; now they are ignored, and strict refuses them."""
+    fmt = {"type": "json_schema", "json_schema": {"name": "tags", "schema": UNIQUE}}
+    r = openai_client.chat.completions.create(model="smollm2", messages=user("Three tags for a cat photo."),
+                                              max_tokens=60, temperature=0, response_format=fmt)
+    assert isinstance(json.loads(r.choices[0].message.content)["tags"], list)
+    a = anthropic_client.messages.create(model="smollm2", max_tokens=60, messages=user("Tag a cat photo."),
+                                         tools=[{"name": "tag", "input_schema": UNIQUE}],
+                                         tool_choice={"type": "any"}, extra_body={"temperature": 0})
+    assert a.stop_reason == "tool_use" and isinstance(a.content[-1].input["tags"], list)
+    with pytest.raises(openai.BadRequestError, match="uniqueItems"):
+        openai_client.chat.completions.create(
+            model="smollm2", messages=user("Tags."), max_tokens=20,
+            response_format={"type": "json_schema", "json_schema": {"name": "t", "schema": UNIQUE, "strict": True}})
+
+
+@pytest.mark.parametrize("tool", [{"type": "web_search_20250305", "name": "web_search"},
+                                  {"type": "bash_20250124", "name": "bash"},
+                                  {"name": "no_schema"}])
+def test_anthropic_server_tools_and_tools_without_a_schema_are_refused(tool, anthropic_client):
+    # They were "called" on the client's side with input {"type": "function", "function": {}}.
+    with pytest.raises(anthropic.BadRequestError, match="custom tools|input_schema"):
+        anthropic_client.messages.create(model="smollm2", max_tokens=20, messages=user("Search the web."),
+                                         tools=[tool])

@@ -93,6 +93,20 @@ def test_parsing_every_format(text, content, calls):
     assert all(c.id.startswith("call_") for c in got)
 
 
+@pytest.mark.parametrize("text", [
+    '{"name": "John Doe", "age": 31}',                                       # a JSON reply about a person
+    '[{"name": "Max", "arguments": {}}]',
+    '<tool_call>{"name": "get_time_of_mars", "arguments": {}}</tool_call>',  # a tool nobody offered
+])
+def test_a_call_must_name_an_offered_tool(text):
+    """A JSON reply with a "name" field became a call to a tool named "John Doe",
+    and its text was lost (OpenAI and Anthropic only ever return offered tools)."""
+    assert parse_tool_calls(text, {"get_weather", "get_time"}) == (text, [])
+    assert parse_tool_calls(text)[1]  # with no names given, any name is a call
+    s = ToolStream(names={"get_weather"})
+    assert s.push(text) + "".join(s.finish()[0]) == text
+
+
 def stream(pieces, forced=False):
     s = ToolStream(forced=forced)
     shown = "".join(s.push(p) for p in pieces)
@@ -103,7 +117,9 @@ def stream(pieces, forced=False):
 def test_streaming_shows_text_and_holds_calls():
     call = '{"name": "get_time", "arguments": {"zone": "UTC"}}'
     pieces = ["Let me", " look. <to", "ol_c", "all>\n", call[:10], call[10:], "\n</tool_call>"]
-    assert stream(pieces) == ("Let me look. ", "", [("get_time", {"zone": "UTC"})])
+    # The space before the call is never shown: streamed or not, the reply's text is "Let me look."
+    assert stream(pieces) == ("Let me look.", "", [("get_time", {"zone": "UTC"})])
+    assert stream(["Hi ", " there ", "\n"]) == ("Hi  there", " \n", [])  # whitespace waits for what follows
     assert stream(["a <t", "able>"]) == ("a <table>", "", [])     # a tag prefix that was not one
     assert stream([" ", call]) == ("", "", [("get_time", {"zone": "UTC"})])  # a bare JSON call
     assert stream(["{not", " a call}"]) == ("", "{not a call}", [])  # held, then given back as text

@@ -7,8 +7,11 @@
 * Ollama: ``format`` ``"json"`` or a JSON Schema object;
 * every dialect: ``grammar`` (our extension, as llama.cpp's server has it): GBNF text.
 
-The output is constrained while it is sampled (text/grammar.py), so
-``strict`` changes nothing: every reply under a schema is valid against it.
+The output is constrained while it is sampled (text/grammar.py), so every
+reply under a schema is valid against it, except for the few keywords
+sampling cannot enforce (``uniqueItems``, ``contains``, ``if``/``then``,
+``dependentRequired``...): those are ignored, and ``strict: true`` refuses
+them instead.
 An unusable schema or grammar is a 400 naming the field and the problem.
 """
 from __future__ import annotations
@@ -26,6 +29,15 @@ def checked(make, param: str) -> Grammar:
     except GrammarError as err:
         raise ApiError(400, f"'{param}': {err}", param=param) from None
     return g
+
+
+def refuse_unenforced(g: Grammar, param: str) -> None:
+    """A strict schema's keywords that sampling cannot enforce are a 400 (without
+    strict they are ignored, and the reply keeps every other rule)."""
+    keys = g.unenforced()
+    if keys:
+        raise ApiError(400, f"'{param}': the schema is strict and uses {', '.join(keys)}, which cannot be "
+                            "enforced while sampling (without strict they are ignored)", param=param)
 
 
 def _one(f: Fields, found: Grammar | None, param: str) -> Grammar | None:
@@ -47,7 +59,10 @@ def _schema_format(fmt: Fields, schema_holder: Fields, param: str) -> Grammar | 
         if "schema" not in schema_holder:
             raise ApiError(400, f"'{schema_holder.where}schema' is required for type json_schema", param=param)
         schema = schema_holder.data["schema"]
-        return checked(lambda: Grammar.json_schema(schema), param)
+        g = checked(lambda: Grammar.json_schema(schema), param)
+        if schema_holder.data.get("strict") is True:
+            refuse_unenforced(g, param)
+        return g
     raise ApiError(400, f"'{fmt.where}type' is '{kind}'; expected text, json_object or json_schema", param=param)
 
 

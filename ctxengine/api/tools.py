@@ -22,10 +22,11 @@ from __future__ import annotations
 
 import json
 
-from ..text.grammar import GrammarError
+from ..text.grammar import Grammar, GrammarError
 from ..text.tools import Tool, ToolCall, ToolChoice, ToolUse, forced_call_grammar
 from .errors import ApiError
 from .fields import Fields, text_content
+from .structured import checked, refuse_unenforced
 
 
 def _tool(f: Fields, schema_key: str) -> Tool:
@@ -35,7 +36,14 @@ def _tool(f: Fields, schema_key: str) -> Tool:
     return Tool(f.str("name"), f.str("description", ""), params or {"type": "object"})
 
 
-def _checked(tools: list[Tool], choice: ToolChoice) -> ToolUse | None:
+def _strict(tool: Tool, f: Fields) -> Tool:
+    """An OpenAI function with ``strict: true`` may not use keywords sampling cannot enforce."""
+    if f.data.get("strict") is True:
+        refuse_unenforced(checked(lambda: Grammar.json_schema(tool.parameters), "tools"), "tools")
+    return tool
+
+
+def _checked(tools: list[Tool], choice: ToolChoice, parallel: bool = True) -> ToolUse | None:
     if not tools:
         if choice.forced:
             raise ApiError(400, f"tool_choice '{choice.mode}' needs 'tools'", param="tool_choice")
@@ -50,7 +58,7 @@ def _checked(tools: list[Tool], choice: ToolChoice) -> ToolUse | None:
             forced_call_grammar(tools, choice, "fallback").compiled()
         except GrammarError as err:
             raise ApiError(400, f"'tools': a parameters schema cannot be used: {err}", param="tools") from None
-    return ToolUse(tools, choice)
+    return ToolUse(tools, choice, parallel)
 
 
 def _openai_choice(value, flat: bool) -> ToolChoice:
@@ -71,8 +79,8 @@ def openai_tool_use(f: Fields) -> ToolUse | None:
         tf = Fields(t, f"tools[{i}].")
         if tf.str("type", "function") != "function":
             raise ApiError(400, f"'tools[{i}].type' must be 'function'", param="tools")
-        tools.append(_tool(tf.obj("function"), "parameters"))
-    return _checked(tools, _openai_choice(f.data.get("tool_choice"), flat=False))
+        tools.append(_strict(_tool(tf.obj("function"), "parameters"), tf.obj("function")))
+    return _checked(tools, _openai_choice(f.data.get("tool_choice"), flat=False), f.bool("parallel_tool_calls", True))
 
 
 def responses_tool_use(f: Fields) -> ToolUse | None:
@@ -82,18 +90,28 @@ def responses_tool_use(f: Fields) -> ToolUse | None:
         kind = tf.str("type")
         if kind != "function":
             raise ApiError(400, f"'tools[{i}].type' is '{kind}': only function tools are supported", param="tools")
-        tools.append(_tool(tf, "parameters"))
-    return _checked(tools, _openai_choice(f.data.get("tool_choice"), flat=True))
+        tools.append(_strict(_tool(tf, "parameters"), tf))
+    return _checked(tools, _openai_choice(f.data.get("tool_choice"), flat=True), f.bool("parallel_tool_calls", True))
 
 
 def anthropic_tool_use(f: Fields) -> ToolUse | None:
-    tools = [_tool(Fields(t, f"tools[{i}]."), "input_schema") for i, t in enumerate(f.list("tools", []))]
+    tools = []
+    for i, t in enumerate(f.list("tools", [])):
+        tf = Fields(t, f"tools[{i}].")
+        kind = tf.str("type", "custom")
+        if kind != "custom":  # Anthropic's own tools (web_search_..., bash_..., text_editor_...) run on its servers
+            raise ApiError(400, f"'tools[{i}].type' is '{kind}': only custom tools (a name and an input_schema) "
+                                "are supported")
+        if "input_schema" not in tf:
+            raise ApiError(400, f"'tools[{i}].input_schema' is required")
+        tools.append(_tool(tf, "input_schema"))
     c = f.obj("tool_choice")
     kind = c.str("type", "auto")
     modes = {"auto": "auto", "none": "none", "any": "required", "tool": "named"}
     if kind not in modes:
         raise ApiError(400, f"'tool_choice.type' is '{kind}'; expected auto, any, tool or none", param="tool_choice")
-    return _checked(tools, ToolChoice(modes[kind], c.str("name") if kind == "tool" else None))
+    return _checked(tools, ToolChoice(modes[kind], c.str("name") if kind == "tool" else None),
+                    not c.bool("disable_parallel_tool_use", False))
 
 
 def ollama_tool_use(f: Fields) -> ToolUse | None:

@@ -45,7 +45,7 @@ class Finished:
     tokens: list[int]        # the context's tokens afterwards (Ollama's context array)
     drafted_tokens: int = 0  # speculative decoding: tokens drafted and verified,
     accepted_tokens: int = 0  # and those the sampler chose too
-    text: str = ""           # the reply, less its tool calls (text/tools.py's parse_tool_calls)
+    text: str = ""           # the reply, less its tool calls: the Text events joined (text/tools.py ToolStream)
     calls: list["ToolCall"] = field(default_factory=list)  # the tool calls it made, when tools were offered
 
 

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, AsyncIterator, Callable
 from ..engine.scheduler import cancelled_when
 from ..errors import ContextError, CtxError, RequestError
 from ..store.names import validate_name
-from ..text.tools import ToolStream, ToolUse, forced_call_grammar, parse_tool_calls, tool_format
+from ..text.tools import ToolStream, ToolUse, forced_call_grammar, tool_format
 from .events import Event, Failed, Finished, Started, Text
 from .generate import Sampling
 from .prompts import Prompt, continuation_text, prompt_ids
@@ -316,10 +316,16 @@ class Generation:
         max_tokens = room if s.max_tokens is None else min(s.max_tokens, room)
         t = time.perf_counter_ns()
         parts: list[str] = []
-        use = self.request.tools
-        split = ToolStream(forced=use.choice.forced) if use is not None and use.parses else None
-        pieces = ctx.generate(max_tokens, stop=s.stop, grammar=self._grammar(model), speculative=s.speculative,
-                              **s.params)
+        shown: list[str] = []  # the text the stream showed: the reply's text, streamed or not
+        use, grammar = self.request.tools, self._grammar(model)
+        # Calls are split out of a reply (free, forced, or under the caller's own GBNF); under a
+        # JSON response format the reply is the format's (no call can be made), and a JSON
+        # reply (a schema, a forced call) is not cut by stop strings: it always parses.
+        formatted = self.request.grammar is not None and self.request.grammar.is_json
+        split = (ToolStream(forced=use.choice.forced, names=use.names)
+                 if use is not None and use.parses and (use.choice.forced or not formatted) else None)
+        stops = [] if grammar is not None and grammar.is_json else s.stop
+        pieces = ctx.generate(max_tokens, stop=stops, grammar=grammar, speculative=s.speculative, **s.params)
         sampled = self.metrics.sampled_tokens.labels(self.entry.name) if self.metrics is not None else None
         counted = 0
         try:
@@ -329,29 +335,32 @@ class Generation:
                     counted += 1
                 if piece.text:
                     parts.append(piece.text)
-                    self._text(split.push(piece.text) if split is not None else piece.text)
+                    shown.append(self._text(split.push(piece.text) if split is not None else piece.text))
                 if self._cancel.is_set():
                     break
         finally:
             pieces.close()  # on this thread: releases the context's lock
         now = time.perf_counter_ns()
-        reply = "".join(parts)
-        text, calls = reply, []
+        reply, calls = "".join(parts), []
         if split is not None:
-            self._text(split.finish()[0])  # the held text that was no call
-            text, calls = parse_tool_calls(reply)
+            rest, calls = split.finish()  # the held text that was no call, and the calls
+            shown.append(self._text(rest))
+            if not use.parallel:
+                calls = calls[:1]
+        text = "".join(shown)
         new = ctx.tokens[n0:]
         if sampled is not None and len(new) > counted:
             sampled.inc(len(new) - counted)  # those no piece carried: the end of turn a reply ends with
         stop = None
         if ctx.finish_reason == "stop" and new and new[-1] not in model.tokenizer.eog_ids:
-            stop = _which_stop(model.detokenize(new), reply, s.stop)
+            stop = _which_stop(model.detokenize(new), reply, stops)
         return Finished(ctx.finish_reason or "length", stop, len(new), now - t, now - t0, ctx.tokens,
                         ctx.speculation.drafted, ctx.speculation.accepted, text, calls)
 
-    def _text(self, text: str) -> None:
+    def _text(self, text: str) -> str:
         if text:
             self._emit(Text(text))
+        return text
 
     def _grammar(self, model):
         """The request's grammar; for a forced tool call, one that makes the call parse."""

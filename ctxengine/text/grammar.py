@@ -39,9 +39,13 @@ KINDS = ("gbnf", "lark", "regex", "json_schema")
 # JSON whitespace between tokens: flexible (models write pretty JSON more
 # naturally) but bounded, so a small model cannot spend max_tokens on blank lines.
 JSON_WHITESPACE = r"[\x20\x0A\x0D\x09]{0,24}"
-# llguidance's options for every schema: that whitespace, and oneOf read as anyOf (it has no
-# oneOf; the branches of a real schema's oneOf are disjoint, a null or a tagged variant).
-JSON_OPTIONS = {"whitespace_pattern": JSON_WHITESPACE, "coerce_one_of": True}
+# llguidance's options for every schema: that whitespace, oneOf read as anyOf (it has no
+# oneOf; the branches of a real schema's oneOf are disjoint, a null or a tagged variant),
+# and keywords it cannot enforce while sampling (uniqueItems, contains, if/then/else,
+# dependentRequired...) ignored, not refused: valid schemas (MCP tools use uniqueItems)
+# were a 400. The reply then keeps every other rule of the schema; ``unenforced()`` names
+# the ignored ones (a strict request refuses them).
+JSON_OPTIONS = {"whitespace_pattern": JSON_WHITESPACE, "coerce_one_of": True, "lenient": True}
 
 
 class GrammarError(CtxError):
@@ -113,7 +117,11 @@ class Grammar:
 
     def compiled(self) -> str:
         """The llguidance grammar, checked; GrammarError naming what is wrong."""
-        return _compile(self.kind, self.source)
+        return _compile(self.kind, self.source)[0]
+
+    def unenforced(self) -> list[str]:
+        """The JSON Schema keywords its schemas use that sampling cannot enforce (ignored)."""
+        return list(_compile(self.kind, self.source)[1])
 
     def to_dict(self) -> dict:
         return {"kind": self.kind, "source": self.source}
@@ -139,7 +147,7 @@ def as_grammar(grammar: "Grammar | str | None" = None, json_schema: Mapping | bo
 
 
 @functools.lru_cache(maxsize=256)
-def _compile(kind: str, source: str) -> str:
+def _compile(kind: str, source: str) -> tuple[str, tuple[str, ...]]:
     llg = _llg()
     what = {"gbnf": "GBNF grammar", "lark": "Lark grammar", "regex": "regex", "json_schema": "JSON schema"}[kind]
     try:
@@ -164,7 +172,8 @@ def _compile(kind: str, source: str) -> str:
     is_error, messages = llg.LLMatcher.validate_grammar_with_warnings(compiled)
     if is_error:
         raise GrammarError(f"invalid {what}: {_one_line(messages[0])}")
-    return compiled
+    ignored = (re.findall(r'"([^"]+)"', m.partition("Unimplemented keys:")[2]) for m in messages)
+    return compiled, tuple(sorted({k for keys in ignored for k in keys}))
 
 
 def _one_line(err: object) -> str:

@@ -26,7 +26,7 @@ import json
 import re
 import secrets
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Collection, Sequence
 
 from ..errors import CtxError
 from .grammar import JSON_OPTIONS, Grammar, GrammarError
@@ -80,6 +80,12 @@ class ToolUse:
     """The tools a request offers and how it lets the model choose among them."""
     tools: list[Tool]
     choice: ToolChoice
+    parallel: bool = True       # more than one call in a reply (OpenAI parallel_tool_calls)
+
+    @property
+    def names(self) -> frozenset[str]:
+        """The names a call may have: a reply "calling" any other is text."""
+        return frozenset(t.name for t in self.tools)
 
     @property
     def prompt_tools(self) -> list[Tool] | None:
@@ -203,12 +209,14 @@ def _rooted(schema, root: str):
 
 
 # -- parsing ----------------------------------------------------------------------
-def parse_tool_calls(text: str) -> tuple[str, list[ToolCall]]:
-    """(the text that is not a call, the calls) of a reply, in any of the formats."""
+def parse_tool_calls(text: str, names: Collection[str] | None = None) -> tuple[str, list[ToolCall]]:
+    """(the text that is not a call, the calls) of a reply, in any of the formats.
+    ``names``: the tools offered; what names another (a JSON reply with a "name"
+    field, say) is no call but text (None: any name)."""
     if _OPEN in text:
         calls, rest, pos = [], [], 0
         for m in re.finditer(re.escape(_OPEN) + r"(.*?)(?:" + re.escape(_CLOSE) + r"|$)", text, re.S):
-            call = _call(m.group(1))
+            call = _call(m.group(1), names)
             if call is None:
                 continue
             rest.append(text[pos:m.start()])
@@ -220,12 +228,13 @@ def parse_tool_calls(text: str) -> tuple[str, list[ToolCall]]:
     body = text.strip()
     if body.startswith(_PYTHON_TAG):
         body = body[len(_PYTHON_TAG):].strip()
-    calls = _call(body) if body[:1] in ("{", "[") else None
+    calls = _call(body, names) if body[:1] in ("{", "[") else None
     return ("", calls) if calls else (text, [])
 
 
-def _call(text: str) -> list[ToolCall] | None:
-    """The calls one JSON value holds (an object or a list of them), or None."""
+def _call(text: str, names: Collection[str] | None) -> list[ToolCall] | None:
+    """The calls one JSON value holds (an object or a list of them, each naming
+    one of ``names``), or None."""
     try:
         value = json.loads(text)
     except ValueError:
@@ -233,7 +242,8 @@ def _call(text: str) -> list[ToolCall] | None:
     items = value if isinstance(value, list) else [value]
     out = []
     for v in items:
-        if not isinstance(v, dict) or not isinstance(v.get("name"), str):
+        if not isinstance(v, dict) or not isinstance(v.get("name"), str) or (names is not None
+                                                                           and v["name"] not in names):
             return None
         args = v.get("arguments", v.get("parameters", {}))
         if isinstance(args, str):  # some models write the arguments as a JSON string
@@ -252,15 +262,28 @@ class ToolStream:
 
     Text before a possible call streams on; from ``<tool_call>`` (or, when the
     reply opens with ``{``, ``[`` or ``<|python_tag|>``, from its start) it is
-    held until ``finish`` parses it. ``forced``: the whole reply is a call.
+    held until ``finish`` parses it. ``forced``: the whole reply is a call;
+    ``names`` as parse_tool_calls'. Whitespace is shown only once text follows
+    it, so none is left dangling before a call. What ``push`` and ``finish``
+    return, joined, is the reply's text: streamed or not, the same.
     """
 
-    def __init__(self, forced: bool = False):
+    def __init__(self, forced: bool = False, names: Collection[str] | None = None):
         self._held = ""
+        self._space = ""  # trailing whitespace not shown yet
         self._holding = forced
         self._started = False
+        self._names = names
 
     def push(self, text: str) -> str:
+        shown = self._text(text)
+        if not shown:
+            return ""
+        body = (self._space + shown).rstrip()
+        self._space = (self._space + shown)[len(body):]
+        return body
+
+    def _text(self, text: str) -> str:
         if self._holding:
             self._held += text
             return ""
@@ -285,6 +308,8 @@ class ToolStream:
     def finish(self) -> tuple[str, list[ToolCall]]:
         """(text not shown yet, calls)."""
         held, self._held = self._held, ""
+        space, self._space = self._space, ""
         if not self._holding:
-            return held, []
-        return parse_tool_calls(held)
+            return space + held, []
+        text, calls = parse_tool_calls(held, self._names)
+        return (text, calls) if calls else (space + held, [])
