@@ -158,6 +158,20 @@ def test_a_refused_rewind_keeps_the_grammar(model, n):
     ctx.delete()
 
 
+def test_a_fork_between_two_pieces_keeps_the_grammar(model):
+    # It went on unconstrained, writing objects into an array of strings.
+    ctx = chat(model, ASK)
+    pieces = ctx.generate(30, json_schema=SCHEMA, close_json=False, temperature=0)
+    for _ in range(6):
+        next(pieces)
+    branch = ctx.fork()
+    tail = "".join(p.text for p in pieces)
+    assert branch.constraint_state() is not None
+    assert reply(branch, 24, close_json=False) == tail
+    ctx.delete()
+    branch.delete()
+
+
 def test_appending_ends_an_unfinished_grammar(model):
     ctx = chat(model, ASK)
     reply(ctx, 5, json_schema=SCHEMA)

@@ -384,3 +384,19 @@ def test_random_programs_keep_every_reachable_snapshot(model, base, data):
             r.delete()
         for c in live:
             c.delete()
+
+
+def test_a_snapshot_or_fork_between_two_pieces_goes_on_as_the_original(model, base, store):
+    """Made while a generation is paused, they carried the RNG of the generation
+    before (or none: a fresh random seed each restore), so they went elsewhere."""
+    c = base.fork()
+    pieces = c.generate(40, seed=1234, **SAMPLING)
+    head = [next(pieces).token_id for _ in range(15)]
+    sid = c.snapshot(store, "mid")
+    fork = c.fork()
+    tail = texts(pieces)
+    assert len(head) == 15 and tail
+    for other in (fork, model.restore(store, "mid"), model.restore(store, sid)):
+        assert texts(other.generate(len(tail), **SAMPLING)) == tail
+        other.delete()
+    c.delete()

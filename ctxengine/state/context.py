@@ -195,9 +195,9 @@ class Context:
                  json_schema=None, close_json: bool = True, speculative=None, **sampling) -> Iterator[Piece]:
         """Stream up to max_tokens sampled tokens as pieces of text.
 
-        Sampling options are SamplerParams fields (temperature, top_k, top_p, min_p, repeat_penalty,
-        presence_penalty, frequency_penalty, seed, logit_bias). With no seed, the RNG continues from
-        this context's last generation, so a restored context goes on exactly as the original would.
+        Sampling options are SamplerParams fields (temperature, top_k, ..., seed, logit_bias). With no
+        seed, the RNG continues from this context's last generation (or the one paused now: a fork or
+        snapshot made between two pieces goes on exactly as the original would, grammar included).
 
         ``grammar`` (GBNF text or a Grammar) or ``json_schema`` (a dict or its JSON text) constrain the
         output; it ends ("stop") when the grammar is complete, or ("length") unfinished, and then a
@@ -216,8 +216,6 @@ class Context:
             tok = self.engine.tokenizer
             grammar = as_grammar(grammar, json_schema)
             constraint = started_constraint(self._constraint, grammar, tok, self._tokens)
-            if grammar is None:
-                self._constraint = constraint  # a restored one is replayed once
             closer = (Closer(constraint, tok, self._tokens[constraint.start:])
                       if close_json and constraint is not None and constraint.grammar.is_json else None)
             decoder = StreamDecoder(tok)
@@ -243,6 +241,7 @@ class Context:
                         self.finish_reason = "stop"
                         break
                     text, hit = matcher.push(decoder.push(token))
+                    self.sampler_state, self._constraint = sampler.state(), constraint  # seen by a fork now
                     yield Piece(text, token)
                     if hit:
                         self.finish_reason = "stop"
