@@ -73,6 +73,52 @@ def test_count_tokens(anthropic_client, model):
     assert r.input_tokens == len(model.tokenize(model.chat_prompt(msgs), parse_special=True))
 
 
+WEATHER = [{"name": "get_weather", "description": "Get the current weather for a city",
+            "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}]
+PREFILLED = [{"role": "user", "content": "What is the capital of France? Answer in one sentence."},
+             {"role": "assistant", "content": "The capital of France is"}]
+
+
+@pytest.mark.parametrize("kw", [dict(messages=HELLO, tools=WEATHER),
+                                dict(messages=HELLO, tools=WEATHER, tool_choice={"type": "any"}, system="Be brief."),
+                                dict(messages=PREFILLED)], ids=["tools", "tool_choice", "prefill"])
+def test_count_tokens_counts_the_prompt_a_message_prefills(anthropic_client, kw):
+    counted = anthropic_client.messages.count_tokens(model="smollm2", **kw).input_tokens
+    r = anthropic_client.messages.create(model="smollm2", max_tokens=1, **GREEDY, **kw)
+    assert counted == r.usage.input_tokens + (r.usage.cache_read_input_tokens or 0)
+
+
+def test_a_final_assistant_message_is_continued(anthropic_client, model):
+    prompt = model.chat_prompt(PREFILLED[:1]) + PREFILLED[1]["content"]  # the open turn, then the prefill
+    want = greedy_reply(model, text=prompt, max_tokens=8)
+    kw = dict(model="smollm2", max_tokens=8, messages=PREFILLED, **GREEDY)
+    r = anthropic_client.messages.create(**kw)
+    assert r.content[0].text == want  # only the continuation
+    assert r.usage.input_tokens + (r.usage.cache_read_input_tokens or 0) == len(
+        model.tokenize(prompt, parse_special=True))
+    with anthropic_client.messages.stream(**kw) as stream:
+        assert "".join(stream.text_stream) == want
+    blocks = [*PREFILLED[:1], {"role": "assistant", "content": [{"type": "text", "text": "The capital of "},
+                                                                {"type": "text", "text": "France is"}]}]
+    assert anthropic_client.messages.create(**{**kw, "messages": blocks}).content[0].text == want
+    with pytest.raises(anthropic.BadRequestError, match="final assistant content cannot end with trailing whitespace"):
+        anthropic_client.messages.create(**{**kw, "messages": [*PREFILLED[:1], {"role": "assistant",
+                                                                                "content": "The capital is "}]})
+
+
+def test_sampling_ranges_are_anthropics(anthropic_client):
+    kw = dict(model="smollm2", max_tokens=4, messages=HELLO)
+    # top_p 0 keeps only the most likely token (llama.cpp's reading): greedy at any temperature
+    assert (anthropic_client.messages.create(extra_body={"temperature": 1.0, "top_p": 0}, **kw).content[0].text
+            == anthropic_client.messages.create(**GREEDY, **kw).content[0].text)
+    for body in ({"temperature": 1.5}, {"temperature": -0.1}, {"top_p": 1.01}):
+        with pytest.raises(anthropic.BadRequestError, match=f"'{next(iter(body))}' must be in \\[0, 1\\]"):
+            anthropic_client.messages.create(extra_body=body, **kw)
+    with pytest.raises(anthropic.BadRequestError, match="metadata must be an object"):
+        anthropic_client.messages.create(extra_body={"metadata": "not-an-object"}, **kw)
+    assert anthropic_client.messages.create(metadata={"user_id": "u1"}, **kw).usage.output_tokens > 0
+
+
 def test_refused_requests_are_anthropic_errors(anthropic_client, server):
     with pytest.raises(anthropic.NotFoundError) as e:
         anthropic_client.messages.create(model="no-such-model", max_tokens=4, messages=HELLO)

@@ -167,6 +167,55 @@ def test_refused_requests_are_openai_errors(openai_client):
                                               max_tokens=2)
 
 
+@pytest.mark.parametrize("field, value", [("temperature", 2.5), ("temperature", -0.5), ("top_p", 1.5),
+                                          ("presence_penalty", 9), ("frequency_penalty", -9), ("max_tokens", 0),
+                                          ("max_completion_tokens", 0), ("top_logprobs", 5),
+                                          ("stream_options", {"include_usage": True})])
+def test_values_outside_openais_ranges_are_refused(openai_client, field, value):
+    with pytest.raises(openai.BadRequestError) as e:
+        openai_client.chat.completions.create(model="smollm2", messages=QUESTION, **{"max_tokens": 2, field: value})
+    assert e.value.param == field
+
+
+def test_the_rest_of_openais_ranges_is_taken(openai_client, model):
+    kw = dict(model="smollm2", messages=QUESTION, max_tokens=4)
+    # top_p 0 keeps only the most likely token (llama.cpp's reading): greedy at any temperature
+    assert openai_client.chat.completions.create(temperature=2, top_p=0, **kw).choices[0].message.content == \
+        greedy_reply(model, messages=QUESTION, max_tokens=4)
+    # seed is a signed 64-bit integer: a negative one reproduces a reply as any other does
+    a, b = (openai_client.chat.completions.create(temperature=1.0, seed=-42, **kw).choices[0].message.content
+            for _ in range(2))
+    assert a == b
+    text = openai_client.completions.create(model="smollm2", prompt="The capital of France is", max_tokens=3,
+                                            temperature=0, top_p=0, seed=-(2 ** 63)).choices[0].text
+    assert text == greedy_reply(model, text="The capital of France is", max_tokens=3)
+    with pytest.raises(openai.BadRequestError) as e:
+        openai_client.completions.create(model="smollm2", prompt="x", max_tokens=2, presence_penalty=2.5)
+    assert e.value.param == "presence_penalty"
+    r = openai_client.responses.create(model="smollm2", input="Say hi.", max_output_tokens=16, top_p=0,
+                                       store=False, extra_body={"seed": -1})
+    assert r.status in ("completed", "incomplete")
+    with pytest.raises(openai.BadRequestError) as e:
+        openai_client.responses.create(model="smollm2", input="Say hi.", max_output_tokens=16, temperature=2.5,
+                                       store=False)
+    assert e.value.param == "temperature"
+
+
+def test_completions_default_to_16_tokens(openai_client, model):
+    prompt = "1, 2, 3, 4, 5, 6,"
+    pieces, usage = 0, None
+    for chunk in openai_client.completions.create(model="smollm2", prompt=prompt, temperature=0, stream=True,
+                                                  stream_options={"include_usage": True}):
+        pieces += 1
+        usage = chunk.usage or usage
+        if pieces > 40:  # no default: it goes on to the end of the context
+            break
+    assert usage is not None and usage.completion_tokens == 16
+    r = openai_client.completions.create(model="smollm2", prompt=prompt, temperature=0)
+    assert r.choices[0].finish_reason == "length" and r.usage.completion_tokens == 16
+    assert r.choices[0].text == greedy_reply(model, text=prompt, max_tokens=16)
+
+
 def test_a_non_finite_number_is_named_as_what_it_is(server):
     # JSON has no NaN, but Python's json (and so many clients) writes one: say which value was wrong.
     url = urlsplit(server.url)

@@ -80,9 +80,10 @@ def test_top_k_keeps_samples_inside_the_top_k():
     assert seen == top
 
 
-def test_tiny_top_p_keeps_only_the_top_token():
+@pytest.mark.parametrize("top_p", [1e-9, 0.0])  # 0 was refused; OpenAI and Anthropic document [0, 1]
+def test_tiny_top_p_keeps_only_the_top_token(top_p):
     rng = np.random.default_rng(4)
-    s = Sampler(SamplerParams(temperature=1.0, top_k=0, top_p=1e-9, min_p=0.0, seed=6))
+    s = Sampler(SamplerParams(temperature=1.0, top_k=0, top_p=top_p, min_p=0.0, seed=6))
     for _ in range(100):
         x = random_logits(rng, scale=0.3)
         assert s.sample(x, []) == int(np.argmax(x))
@@ -316,7 +317,7 @@ def test_bad_states_are_refused(bad):
 # -- parameters -------------------------------------------------------------------------------
 @pytest.mark.parametrize("field, value", [
     ("temperature", -0.1), ("temperature", math.nan), ("temperature", math.inf), ("temperature", "hot"),
-    ("top_k", -1), ("top_k", 1.5), ("top_k", True), ("top_p", 0.0), ("top_p", 1.01), ("min_p", -0.1),
+    ("top_k", -1), ("top_k", 1.5), ("top_k", True), ("top_p", -0.1), ("top_p", 1.01), ("min_p", -0.1),
     ("min_p", 1.5), ("repeat_penalty", 0.0), ("repeat_last_n", -2), ("presence_penalty", math.nan),
     ("frequency_penalty", None), ("seed", -1), ("seed", 2 ** 64), ("seed", 1.0),
 ])

@@ -2,10 +2,12 @@
 
 ``system`` (a string or text blocks), messages with text content blocks,
 ``max_tokens`` (required, as Anthropic requires it), ``temperature``,
-``top_p``, ``top_k``, ``stop_sequences``; ``stream`` sends Anthropic's event
-sequence. Usage follows Anthropic's accounting: ``input_tokens`` are the
-prompt tokens that were prefilled, ``cache_read_input_tokens`` those whose
-KV was reused. ``tools`` and ``tool_choice`` with ``tool_use`` /
+``top_p`` (both in [0, 1], as Anthropic's), ``top_k``, ``stop_sequences``;
+``stream`` sends Anthropic's event sequence. A final assistant message is a
+prefill: the reply continues its text and holds only the continuation. Usage
+follows Anthropic's accounting: ``input_tokens`` are the prompt tokens that
+were prefilled (the prefill's among them), ``cache_read_input_tokens`` those
+whose KV was reused; ``count_tokens`` counts the same prompt, tools included. ``tools`` and ``tool_choice`` with ``tool_use`` /
 ``tool_result`` blocks (api/tools.py); ``output_config.format`` (a JSON
 schema) or ``grammar`` (our extension) constrains the reply; the rest of
 ``output_config`` (``effort``) is ignored. The current anthropic client has
@@ -44,11 +46,24 @@ def messages_prompt(f: Fields, tools: ToolUse | None = None) -> Prompt:
         if role not in ("user", "assistant"):
             raise ApiError(400, f"messages[{i}] has role '{role}'; expected 'user' or 'assistant'")
         messages.extend(anthropic_messages(mf, role))
-    return Prompt(messages=messages, tools=tools and tools.prompt_tools)
+    prefill = _prefill(messages)
+    return Prompt(messages=messages, tools=tools and tools.prompt_tools, prefill=prefill)
+
+
+def _prefill(messages: list[dict]) -> str:
+    """A final assistant message's text, taken off ``messages``: the reply continues it, as Anthropic's does."""
+    last = messages[-1] if messages else None
+    if last is None or last["role"] != "assistant" or last.get("tool_calls"):
+        return ""
+    text = messages.pop()["content"]
+    if text != text.rstrip():
+        raise ApiError(400, "final assistant content cannot end with trailing whitespace", param="messages")
+    return text
 
 
 def sampling(f: Fields) -> Sampling:
-    params = {name: f.float(name) for name in ("temperature", "top_p") if name in f}
+    # Anthropic's documented ranges; the engine's own are wider (Ollama's temperature has no cap)
+    params = {name: f.float(name, within=(0, 1)) for name in ("temperature", "top_p") if name in f}
     if "top_k" in f:
         params["top_k"] = f.int("top_k", min=0)
     return Sampling(max_tokens=f.int("max_tokens", min=1), stop=f.str_list("stop_sequences", None, one=False),
@@ -80,6 +95,7 @@ def routes(runtime, generations: Generations) -> APIRouter:
         if f.obj("thinking").str("type", "disabled") != "disabled":
             raise ApiError(400, "'thinking' is not supported: extended thinking", param="thinking")
         model = f.str("model")
+        f.obj("metadata")  # an object (its user_id has no use here), as Anthropic requires
         tools = anthropic_tool_use(f)
         grammar = anthropic_grammar(f)
         req = GenerationRequest(model, messages_prompt(f, tools), sampling(f), context=f.str("context", None),
@@ -94,7 +110,7 @@ def routes(runtime, generations: Generations) -> APIRouter:
     @router.post("/v1/messages/count_tokens")
     async def count_tokens(request: Request):
         f = Fields(await json_body(request))
-        prompt = messages_prompt(f)
+        prompt = messages_prompt(f, anthropic_tool_use(f))
         entry = runtime.resolve(f.str("model"))
 
         def count() -> int:

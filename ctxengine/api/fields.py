@@ -118,12 +118,16 @@ class Fields:
             raise ApiError(400, f"'{self.where}{name}' must be >= {min}, got {value}", param=name)
         return value
 
-    def float(self, name: str, default: Any = _MISSING) -> Any:
+    def float(self, name: str, default: Any = _MISSING, *, within: tuple[float, float] | None = None) -> Any:
+        """A finite number; ``within``: the range [lo, hi] a dialect documents for it."""
         value = self._get(name, default)
         if value is default:
             return value
         if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
             raise self._bad(name, "a finite number", value)
+        if within is not None and not within[0] <= value <= within[1]:
+            raise ApiError(400, f"'{self.where}{name}' must be in [{within[0]:g}, {within[1]:g}], got {value}",
+                           param=name)
         return float(value)
 
     def str_list(self, name: str, default: Any = _MISSING, *, one: bool = True) -> Any:

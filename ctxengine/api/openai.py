@@ -1,9 +1,11 @@
 """OpenAI's dialect: ``/v1/models``, ``/v1/chat/completions``, ``/v1/completions``,
 ``/v1/embeddings``.
 
-Sampling fields: ``max_tokens`` / ``max_completion_tokens``, ``temperature``,
-``top_p``, ``seed``, ``stop``, ``presence_penalty``, ``frequency_penalty``,
-``logit_bias``, and llama.cpp's ``top_k``, ``min_p``, ``repeat_penalty``. ``n`` must be 1;
+Sampling fields: ``max_tokens`` / ``max_completion_tokens`` (completions: 16
+when absent, as OpenAI's), ``temperature``, ``top_p``, ``seed``, ``stop``,
+``presence_penalty``, ``frequency_penalty``, ``logit_bias``, and llama.cpp's
+``top_k``, ``min_p``, ``repeat_penalty``; the ranges OpenAI documents are
+checked here (``RANGES``), as the engine's are wider. ``n`` must be 1;
 logprobs are refused rather than ignored. ``response_format`` and
 ``grammar`` constrain the reply (api/structured.py); ``tools`` and
 ``tool_choice`` offer tools (api/tools.py). ``context`` (our
@@ -30,31 +32,51 @@ from .streaming import GenerationStream, Writer, collected, sse, started
 from .structured import openai_grammar
 from .tools import openai_calls, openai_message, openai_tool_use
 
+COMPLETION_MAX_TOKENS = 16  # /v1/completions without max_tokens: OpenAI's documented default
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
 
 
-def sampling(f: Fields) -> Sampling:
+# OpenAI's documented ranges, checked here: the engine's own are wider (Ollama's temperature has no cap).
+RANGES = {"temperature": (0, 2), "top_p": (0, 1), "presence_penalty": (-2, 2), "frequency_penalty": (-2, 2)}
+
+
+def sampling(f: Fields, default_max_tokens: int | None = None) -> Sampling:
     params = {}
     for name in ("temperature", "top_p", "presence_penalty", "frequency_penalty", "min_p", "repeat_penalty"):
         if name in f:
-            params[name] = f.float(name)
+            params[name] = f.float(name, within=RANGES.get(name))
     if "top_k" in f:
         params["top_k"] = f.int("top_k")
     if "seed" in f:
-        params["seed"] = f.int("seed", min=0)
+        params["seed"] = seed(f)
     if "logit_bias" in f:  # {"token id": bias}; checked as the sampler checks it
         params["logit_bias"] = f.data["logit_bias"]
-    max_tokens = f.int("max_completion_tokens", None, min=0)
+    max_tokens = f.int("max_completion_tokens", None, min=1)
     if max_tokens is None:
-        max_tokens = f.int("max_tokens", None, min=0)
+        max_tokens = f.int("max_tokens", default_max_tokens, min=1)
     return Sampling(max_tokens=max_tokens, stop=f.str_list("stop", None), params=params,
                     speculative=f.bool("speculative", None))
+
+
+def seed(f: Fields) -> int:
+    """OpenAI's ``seed``, a signed 64-bit integer, as the engine's unsigned one (two's complement);
+    seeds up to 2**64 - 1 are taken as they always were."""
+    value = f.int("seed")
+    if not -(1 << 63) <= value < 1 << 64:
+        raise ApiError(400, f"'seed' must be a 64-bit integer, got {value}", param="seed")
+    return value % (1 << 64)
+
+
+def refuse_stream_options(f: Fields) -> None:
+    if "stream_options" in f and not f.bool("stream", False):
+        raise ApiError(400, "'stream_options' is only allowed when 'stream' is true", param="stream_options")
 
 
 def _refuse_unsupported(f: Fields) -> None:
     if f.int("n", 1) != 1:
         raise ApiError(400, "'n' must be 1: one choice per request", param="n")
     f.refuse("functions", "use 'tools' (the deprecated 'functions' is not supported)")
+    refuse_stream_options(f)
     f.refuse("logprobs", "log-probabilities are not returned")
 
 
@@ -112,6 +134,8 @@ def routes(runtime, generations: Generations, metrics) -> APIRouter:
     async def chat_completions(request: Request):
         f = Fields(await json_body(request))
         _refuse_unsupported(f)
+        if "top_logprobs" in f:  # OpenAI's rule; with logprobs true, refused above as logprobs are
+            raise ApiError(400, "'top_logprobs' needs 'logprobs': true", param="top_logprobs")
         tools = openai_tool_use(f)
         prompt = Prompt(messages=chat_messages(messages_of(f)), tools=tools and tools.prompt_tools)
         req = GenerationRequest(f.str("model", None), prompt, sampling(f), context=f.str("context", None),
@@ -127,7 +151,7 @@ def routes(runtime, generations: Generations, metrics) -> APIRouter:
         if f.int("best_of", 1) != 1:
             raise ApiError(400, "'best_of' must be 1", param="best_of")
         f.refuse("tools", "tools need /v1/chat/completions")
-        req = GenerationRequest(f.str("model", None), _completion_prompt(f), sampling(f),
+        req = GenerationRequest(f.str("model", None), _completion_prompt(f), sampling(f, COMPLETION_MAX_TOKENS),
                                 context=f.str("context", None), grammar=openai_grammar(f),
                                 lora=f.data.get("lora"))
         return await _respond(generations, f, req, chat=False, client=request)

@@ -33,7 +33,7 @@ from ..serving.prompts import Prompt
 from ..text.tools import ToolCall
 from .errors import ApiError
 from .fields import Fields, json_body, text_content
-from .openai import ROLES
+from .openai import RANGES, ROLES, refuse_stream_options, seed
 from .options import Sampling
 from .response_store import ResponseStore, context_name, new_id
 from .streaming import GenerationStream, Writer, collected, sse, started
@@ -91,11 +91,11 @@ def _text(it: Fields) -> str:
 
 
 def _sampling(f: Fields) -> Sampling:
-    params = {n: f.float(n) for n in ("temperature", "top_p", "min_p") if n in f}
+    params = {n: f.float(n, within=RANGES.get(n)) for n in ("temperature", "top_p", "min_p") if n in f}
     if "top_k" in f:
         params["top_k"] = f.int("top_k", min=0)
     if "seed" in f:
-        params["seed"] = f.int("seed", min=0)
+        params["seed"] = seed(f)
     return Sampling(max_tokens=f.int("max_output_tokens", None, min=1), params=params)
 
 
@@ -171,6 +171,7 @@ def routes(runtime, generations: Generations) -> APIRouter:
     @router.post("/v1/responses")
     async def create(request: Request):
         f = Fields(await json_body(request))
+        refuse_stream_options(f)
         previous_id = f.str("previous_response_id", None)
         previous = await anyio.to_thread.run_sync(responses.get, previous_id) if previous_id else None
         turn = _Turn(f, new_id(), previous)

@@ -18,6 +18,9 @@ The chain, in llama.cpp's default order (less the samplers we do not have):
    probability descending then id ascending, whose cumulative weight exceeds
    u * total (inverse CDF).
 
+top_p 0 keeps only the first candidate in that order (a target of 0 is reached
+by the first weight), as llama.cpp keeps at least one.
+
 temperature 0 is greedy: the argmax of the biased, penalised logits (ties: lowest id),
 with no draw.  Every other call draws exactly once, even when a single
 candidate survives, so the RNG position is the number of sampled tokens.
@@ -121,7 +124,7 @@ def _logit_bias(v: Any) -> tuple[tuple[int, float], ...]:
 class SamplerParams:
     temperature: float = 0.8     # 0 → greedy
     top_k: int = 40              # 0 → off
-    top_p: float = 0.95          # 1 → off
+    top_p: float = 0.95          # 1 → off; 0 → the most likely token only (llama.cpp's reading)
     min_p: float = 0.05          # 0 → off
     repeat_penalty: float = 1.0  # 1 → off
     repeat_last_n: int = 64      # penalty window; 0 → no penalties, -1 → whole history
@@ -135,7 +138,7 @@ class SamplerParams:
         checked = {
             "temperature": _real("temperature", self.temperature, lambda x: x >= 0, ">= 0"),
             "top_k": _int("top_k", self.top_k, lambda n: n >= 0, ">= 0"),
-            "top_p": _real("top_p", self.top_p, lambda x: 0 < x <= 1, "in (0, 1]"),
+            "top_p": _real("top_p", self.top_p, lambda x: 0 <= x <= 1, "in [0, 1]"),
             "min_p": _real("min_p", self.min_p, lambda x: 0 <= x <= 1, "in [0, 1]"),
             "repeat_penalty": _real("repeat_penalty", self.repeat_penalty, lambda x: x > 0, "> 0"),
             "repeat_last_n": _int("repeat_last_n", self.repeat_last_n, lambda n: n >= -1, ">= -1"),

@@ -13,6 +13,7 @@ UnsupportedTemplateError (the caller falls back to the GGUF's template).
 from __future__ import annotations
 
 import json
+import math
 import re
 from datetime import date, timedelta
 from decimal import Decimal
@@ -45,24 +46,74 @@ class StructJSON(dict):
 
 
 def go_json(value: Any) -> str:
-    """encoding/json Marshal: compact, map keys sorted, <>& escaped as \\u003c..."""
-    text = json.dumps(_plain(value), separators=(",", ":"), ensure_ascii=False)
+    """encoding/json Marshal: compact, map keys sorted, struct fields in order, <>& escaped
+    as \\u003c..., floats as Go writes a float64.  A value Marshal refuses (NaN, an
+    infinity) gives "", as Ollama's String() methods print a failed Marshal."""
+    try:
+        return _encode(value)
+    except ValueError:
+        return ""
+
+
+def _encode(value: Any) -> str:
+    if isinstance(value, GoStruct):
+        return _encode(value.json if value.json is not None else StructJSON(value.fields))
+    if isinstance(value, dict):
+        keys = value if isinstance(value, StructJSON) else sorted(value, key=str)
+        return "{" + ",".join(f"{_json_string(str(k))}:{_encode(value[k])}" for k in keys) + "}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(_encode(v) for v in value) + "]"
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        return _json_float(value)
+    if isinstance(value, str):
+        return _json_string(value)
+    raise UnsupportedTemplateError(f"template: cannot marshal a {type(value).__name__} value")
+
+
+def _json_string(text: str) -> str:
+    out = json.dumps(text, ensure_ascii=False)
     for char, escaped in (("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026"),
                           ("\u2028", "\\u2028"), ("\u2029", "\\u2029")):
-        text = text.replace(char, escaped)
-    return text
+        out = out.replace(char, escaped)
+    return out
 
 
-def _plain(value: Any) -> Any:
-    if isinstance(value, GoStruct):
-        return _plain(value.json) if value.json is not None else {k: _plain(v) for k, v in value.fields.items()}
-    if isinstance(value, StructJSON):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, dict):
-        return {str(k): _plain(value[k]) for k in sorted(value, key=str)}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    return value
+def _digits(x: float) -> tuple[str, str, int]:
+    """A finite non-zero float as (sign, shortest digits, decimal point position):
+    1.25 -> ("", "125", 1), 0.001 -> ("", "1", -2).  Python's repr and Go's strconv
+    both give the shortest digits that read back as the same float64."""
+    sign, digits, exp = Decimal(repr(x)).normalize().as_tuple()
+    ds = "".join(map(str, digits))
+    return ("-" if sign else ""), ds, len(ds) + exp
+
+
+def _fixed(ds: str, point: int) -> str:
+    if point <= 0:
+        return "0." + "0" * -point + ds
+    if point >= len(ds):
+        return ds + "0" * (point - len(ds))
+    return ds[:point] + "." + ds[point:]
+
+
+def _json_float(x: float) -> str:
+    """encoding/json's float64: strconv 'f' with the shortest digits, or 'e' below 1e-6
+    and from 1e21 on, its exponent at least two digits but e-07 cleaned to e-7."""
+    if x != x or x in (float("inf"), float("-inf")):
+        raise ValueError("json: unsupported value")
+    if x == 0:
+        return "-0" if math.copysign(1.0, x) < 0 else "0"
+    sign, ds, point = _digits(x)
+    if abs(x) < 1e-6 or abs(x) >= 1e21:
+        e = point - 1
+        mant = ds[0] + ("." + ds[1:] if len(ds) > 1 else "")
+        return f"{sign}{mant}e-{-e}" if e < 0 else f"{sign}{mant}e+{e:02d}"
+    return sign + _fixed(ds, point)
 
 
 def truth(value: Any) -> bool:
@@ -76,20 +127,31 @@ def _go_float(x: float) -> str:
     when it is below -4 or at least 6 (2e6 prints as 2e+06, 123456.0 as 123456)."""
     if x != x or x in (float("inf"), float("-inf")):
         return {"nan": "NaN", "inf": "+Inf", "-inf": "-Inf"}[repr(x)]
-    sign, digits, exp = Decimal(repr(x)).normalize().as_tuple()
-    ds = "".join(map(str, digits)) or "0"
-    point = len(ds) + exp                      # decimal exponent + 1
+    if x == 0:
+        return "-0" if math.copysign(1.0, x) < 0 else "0"
+    sign, ds, point = _digits(x)
     e = point - 1
     if e < -4 or e >= 6:
         mant = ds[0] + ("." + ds[1:] if len(ds) > 1 else "")
-        text = f"{mant}e{'-' if e < 0 else '+'}{abs(e):02d}"
-    elif point <= 0:
-        text = "0." + "0" * -point + ds
-    elif point >= len(ds):
-        text = ds + "0" * (point - len(ds))
-    else:
-        text = ds[:point] + "." + ds[point:]
-    return ("-" if sign else "") + text
+        return f"{sign}{mant}e{'-' if e < 0 else '+'}{abs(e):02d}"
+    return sign + _fixed(ds, point)
+
+
+def go_any(value: Any) -> Any:
+    """A JSON value as Go's encoding/json decodes it into ``any``: every number a float64
+    (so 2 prints as 2, 12345678901234567890 as 12345678901234567000, 1e-7 as 1e-07)."""
+    if isinstance(value, bool) or value is None or isinstance(value, (str, float)):
+        return value
+    if isinstance(value, int):
+        try:
+            return float(value)
+        except OverflowError:  # beyond float64: Go's decoder refuses it; keep the digits
+            return value
+    if isinstance(value, dict):
+        return {k: go_any(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [go_any(v) for v in value]
+    return value
 
 
 def to_text(value: Any) -> str:

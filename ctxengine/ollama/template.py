@@ -27,7 +27,7 @@ from typing import Any, Iterable, Sequence
 
 from ..errors import UnsupportedTemplateError
 from .go_template_exec import execute
-from .go_template_values import GoStruct, JSONList, JSONMap, StructJSON
+from .go_template_values import GoStruct, JSONList, JSONMap, StructJSON, go_any
 from .go_template_parse import Action, Branch, Command, Field, Pipe, Variable, parse_go_template
 
 _RESPONSE = Action(Pipe([Command([Field(("Response",))])]))
@@ -44,6 +44,11 @@ class OllamaTemplate:
     @property
     def uses_messages(self) -> bool:
         return "messages" in self.vars
+
+    @property
+    def renders_tools(self) -> bool:
+        """Whether it shows offered tools (Ollama's tools capability: it mentions .Tools)."""
+        return "tools" in self.vars
 
     def execute(self, messages: Sequence[dict], *, tools: Sequence[dict] | None = None,
                 think: bool = False) -> str:
@@ -190,7 +195,11 @@ def _message(m: dict) -> GoStruct:
                      "ToolCallID": m.get("tool_call_id") or ""})
 
 
-def _tool_call(call: dict) -> GoStruct:
+def _tool_call(call: Any) -> GoStruct:
+    """templateToolCall: its Arguments print as their JSON (templateArgs.String: a Go map,
+    so keys sorted, and numbers float64s as Go's decoder reads them)."""
+    if not isinstance(call, dict):  # text.tools.ToolCall
+        call = {"id": call.id, "function": {"name": call.name, "arguments": call.arguments}}
     fn = call.get("function") or {}
     args = fn.get("arguments") or {}
     if isinstance(args, str):  # OpenAI sends the arguments as a JSON string
@@ -198,30 +207,40 @@ def _tool_call(call: dict) -> GoStruct:
             args = json.loads(args)
         except ValueError:
             raise UnsupportedTemplateError("tool call arguments are not JSON") from None
+    if not isinstance(args, dict):
+        raise UnsupportedTemplateError("tool call arguments are not a JSON object")
     return GoStruct({"ID": call.get("id") or "", "Function": GoStruct(
-        {"Index": fn.get("index") or 0, "Name": fn.get("name") or "", "Arguments": JSONMap(args)})})
+        {"Index": fn.get("index") or 0, "Name": fn.get("name") or "", "Arguments": JSONMap(go_any(args))})})
 
 
-def _tools(tools: Sequence[dict] | None) -> JSONList | None:
+def _tools(tools: Sequence[Any] | None) -> JSONList | None:
     if not tools:
         return None
-    return JSONList(_tool(t) for t in tools)
+    return JSONList(_tool(t if isinstance(t, dict) else t.openai()) for t in tools)  # dicts or text.tools.Tool
 
 
 def _tool(tool: dict) -> GoStruct:
+    """templateTool.  It, its Function and the Parameters print as their JSON: Ollama's
+    templateTool.String, and for {{ .Function }} (qwen2.5, qwen3) api.ToolFunction.String;
+    the template structs Ollama v0.14+ passes lack the latter two, printing Go struct
+    syntax there, a regression (ollama/ollama#14601) that we do not copy."""
     fn = tool.get("function") or {}
     params = fn.get("parameters") or {}
     props = JSONMap({k: _property(v) for k, v in (params.get("properties") or {}).items()})
-    parameters = GoStruct({"Type": params.get("type") or "", "Defs": params.get("$defs"),
-                           "Items": params.get("items"), "Required": list(params.get("required") or ()),
-                           "Properties": props})
+    required = list(params.get("required") or ())
+    params_json = StructJSON(type=params.get("type") or "", **_present(params, "$defs", "items"),
+                             **({"required": required} if required else {}),
+                             properties=props if params.get("properties") is not None else None)
+    parameters = GoStruct({"Type": params_json["type"], "Defs": go_any(params.get("$defs")),
+                           "Items": go_any(params.get("items")), "Required": required, "Properties": props},
+                          json=params_json)
     function = GoStruct({"Name": fn.get("name") or "", "Description": fn.get("description") or "",
                          "Parameters": parameters})
-    required = {"required": parameters.fields["Required"]} if parameters.fields["Required"] else {}
-    as_json = StructJSON(type=tool.get("type") or "", **_present(tool, "items"), function=StructJSON(
-        name=function.fields["Name"], description=function.fields["Description"], parameters=StructJSON(
-            type=parameters.fields["Type"], **_present(params, "$defs", "items"), **required, properties=props)))
-    return GoStruct({"Type": as_json["type"], "Items": tool.get("items"), "Function": function}, json=as_json)
+    function.json = StructJSON(name=function.fields["Name"], description=function.fields["Description"],
+                               parameters=parameters)
+    as_json = StructJSON(type=tool.get("type") or "", **_present(tool, "items"), function=function)
+    return GoStruct({"Type": as_json["type"], "Items": go_any(tool.get("items")), "Function": function},
+                    json=as_json)
 
 
 def _property(prop: dict) -> GoStruct:
@@ -229,17 +248,28 @@ def _property(prop: dict) -> GoStruct:
     types = prop.get("type")
     types = [types] if isinstance(types, str) else list(types or ())
     type_text = types[0] if len(types) == 1 else ("[" + " ".join(types) + "]" if types else "")
-    as_json = StructJSON((k, prop[k]) for k in ("anyOf", "type", "items", "description", "enum", "properties",
-                                                "required") if prop.get(k) not in (None, "", [], {}))
-    if len(types) == 1:
-        as_json["type"] = types[0]  # PropertyType marshals one type as a string
-    if isinstance(as_json.get("properties"), dict):
-        as_json["properties"] = StructJSON(as_json["properties"])  # an ordered map: insertion order
-    return GoStruct({"Type": type_text, "Items": prop.get("items"), "Description": prop.get("description") or "",
-                     "Enum": list(prop.get("enum") or ()), "AnyOf": list(prop.get("anyOf") or ()),
-                     "Properties": prop.get("properties"), "Required": list(prop.get("required") or ())},
+    any_of = [_property(p) for p in prop.get("anyOf") or () if isinstance(p, dict)]
+    nested = prop.get("properties")
+    as_json = StructJSON()  # ToolProperty's fields in order, each omitted when empty
+    if any_of:
+        as_json["anyOf"] = any_of
+    if types:
+        as_json["type"] = types[0] if len(types) == 1 else types  # PropertyType marshals one type as a string
+    as_json.update(_present(prop, "items"))
+    for key in ("description", "enum"):
+        if prop.get(key):
+            as_json[key] = go_any(prop[key])
+    if isinstance(nested, dict):  # an ordered map (ToolPropertiesMap): insertion order
+        as_json["properties"] = StructJSON((k, _property(v)) for k, v in nested.items() if isinstance(v, dict))
+    if prop.get("required"):
+        as_json["required"] = list(prop["required"])
+    return GoStruct({"Type": type_text, "Items": go_any(prop.get("items")),
+                     "Description": prop.get("description") or "",
+                     "Enum": go_any(list(prop.get("enum") or ())), "AnyOf": any_of,
+                     "Properties": nested, "Required": list(prop.get("required") or ())},
                     json=as_json)
 
 
 def _present(d: dict, *keys: str) -> dict:
-    return {k: d[k] for k in keys if d.get(k) is not None}
+    """The keys whose value is not nil (``omitempty`` on an ``any`` field), as Go holds them."""
+    return {k: go_any(d[k]) for k in keys if d.get(k) is not None}

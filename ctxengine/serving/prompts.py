@@ -16,6 +16,9 @@ minus its text for ``[anchor]``, where the anchor is a system turn. After a
 chat reply the context's assistant turn is closed as the template closes it
 (``model.chat.render(after=..., closing=True)``, text/chat.py), so the context
 always ends on a turn boundary.
+
+A chat prompt's ``prefill`` (Anthropic's final assistant message) follows the
+template's opening of the assistant turn, so the reply continues it.
 """
 from __future__ import annotations
 
@@ -23,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ..errors import ContextError, CtxError, RequestError, UnsupportedTemplateError
-from ..ollama.template import render_go_template
+from ..ollama.template import OllamaTemplate
 from ..text.chat import with_system
 
 if TYPE_CHECKING:
@@ -38,6 +41,7 @@ class Prompt:
     prefix_ids: list[int] = field(default_factory=list)  # token ids before the rest (Ollama context)
     template: str | None = None                   # a Go template for this request (Ollama's `template`)
     tools: list | None = None                     # text.tools.Tool definitions to render (text/tools.py)
+    prefill: str = ""                             # chat: the reply's opening text, which it continues
 
     @property
     def is_chat(self) -> bool:
@@ -52,13 +56,18 @@ def chat_text(model: "Model", entry: "CatalogEntry", messages: list[dict], *,
     ``layer_template=False`` uses the GGUF's template even when the entry has
     a Go template: turns rendered piecemeal (named contexts) need a template
     that can end without a generation prompt, which Ollama's cannot.
-    ``template`` overrides the entry's Go template."""
+    ``template`` overrides the entry's Go template.
+
+    Tools, tool calls and tool results go through the Go template as Ollama
+    passes them (``.Tools``, ``.ToolCalls``, tool-role messages), except tools
+    offered to a model's layer that never mentions ``.Tools`` (Ollama refuses
+    those): the GGUF's template then shows them (text/tools.py)."""
     asked, template = template, template or entry.template
-    # Tool definitions and calls go through the GGUF's own template (text/tools.py).
-    uses_tools = tools is not None or any(m.get("tool_calls") or m["role"] == "tool" for m in messages)
-    if template and layer_template and add_generation_prompt and not uses_tools:
+    if template and layer_template and add_generation_prompt:
         try:
-            return render_go_template(template, messages=with_system(messages, entry.system))
+            go = OllamaTemplate(template)
+            if asked or not tools or go.renders_tools:
+                return go.execute(with_system(messages, entry.system), tools=tools)
         except UnsupportedTemplateError as err:
             if asked:  # the request's own: the client hears why, it was not silently replaced
                 raise RequestError(f"the request's template cannot be rendered: {err}", param="template") from None
@@ -69,7 +78,7 @@ def chat_text(model: "Model", entry: "CatalogEntry", messages: list[dict], *,
 def prompt_ids(model: "Model", entry: "CatalogEntry", prompt: Prompt, limit: int | None = None) -> list[int]:
     """Every token of a fresh request's prompt, BOS included where the model wants one;
     with a ``limit``, a text that cannot fit in it is refused before it is tokenized."""
-    text = (chat_text(model, entry, prompt.messages, template=prompt.template, tools=prompt.tools)
+    text = (chat_text(model, entry, prompt.messages, template=prompt.template, tools=prompt.tools) + prompt.prefill
             if prompt.is_chat else prompt.text or "")
     if limit is not None and (least := model.tokenizer.at_least_tokens(text)) >= limit:
         raise ContextError(f"the prompt is at least {least} tokens; the context length is {limit}")
@@ -85,5 +94,5 @@ def continuation_text(model: "Model", entry: "CatalogEntry", prompt: Prompt, con
     if not prompt.is_chat:
         return prompt.text or ""
     if not context_tokens:
-        return chat_text(model, entry, prompt.messages, layer_template=False, tools=prompt.tools)
-    return model.chat.render(prompt.messages, tools=prompt.tools, after=context_tokens)
+        return chat_text(model, entry, prompt.messages, layer_template=False, tools=prompt.tools) + prompt.prefill
+    return model.chat.render(prompt.messages, tools=prompt.tools, after=context_tokens) + prompt.prefill
