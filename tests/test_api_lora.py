@@ -22,7 +22,8 @@ def adapters(tmp_path_factory, smollm2_path):
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, adapters):
-    missing = tmp_path_factory.mktemp("missing") / "gone.gguf"  # skipped, with its reason kept
+    missing = tmp_path_factory.mktemp("missing") / "gone.gguf"
+    missing.write_bytes(b"not a gguf")  # not an adapter: skipped, with its reason kept (a missing file is refused)
     copy = missing.with_name("copy.gguf")  # the same bytes as "tuned": skipped too, not listed
     copy.write_bytes(adapters["tuned"].read_bytes())
     args = ("--lora", f"tuned={adapters['tuned']}:0", "--lora", f"other={adapters['other']}:0",

@@ -15,6 +15,7 @@ GREEDY = {"temperature": 0, "num_predict": 8}
 # ChatML as an Ollama template layer: unlike the GGUF's template it adds no default system prompt
 CHATML = ("{{- range .Messages }}<|im_start|>{{ .Role }}\n{{ .Content }}<|im_end|>\n{{ end }}"
           "<|im_start|>assistant\n")
+TOOLS_PARAMS = {"num_ctx": 512, "stop": ["<|im_end|>", 'say "hi"'], "temperature": 0.7}
 
 
 @pytest.fixture(scope="module")
@@ -22,6 +23,8 @@ def store(tmp_path_factory, smollm2_path):
     root = tmp_path_factory.mktemp("ollama-store")
     make_ollama_store(root, "smollm2:135m", smollm2_path, system=PIRATE, params={"temperature": 0, "num_predict": 12})
     make_ollama_store(root, "smollm2:chatml", smollm2_path, template=CHATML)
+    make_ollama_store(root, "smollm2:tools", smollm2_path, template="{{ if .Tools }}tools: {{ .Tools }}\n{{ end }}"
+                      + CHATML, params=TOOLS_PARAMS)
     make_ollama_store(root, "broken:1b", smollm2_path,
                       extra_layers=[("application/vnd.ollama.image.tensor", b"not a tensor")])
     return root
@@ -56,7 +59,7 @@ def test_show_has_model_info_and_the_layers(ollama_client):
     assert r.modelinfo["general.architecture"] == "llama"
     assert r.modelinfo["llama.context_length"] == 8192
     assert r.details.parameter_size == "134.52M"
-    assert "temperature 0" in r.parameters and "num_predict 12" in r.parameters
+    assert r.parameters == "num_predict                    12\ntemperature                    0"
     assert PIRATE in r.modelfile
     assert "<|im_start|>" in r.template  # no template layer: the GGUF's own
     with pytest.raises(ollama.ResponseError) as e:
@@ -184,3 +187,75 @@ def test_unknown_model_is_404(ollama_client):
     with pytest.raises(ollama.ResponseError) as e:
         ollama_client.chat(model="no-such-model", messages=[{"role": "user", "content": "hi"}])
     assert e.value.status_code == 404 and "no-such-model" in e.value.error
+
+
+def test_show_formats_parameters_as_ollama_and_says_what_the_template_can(ollama_client):
+    # Ollama's GetModelInfo: fmt.Sprintf("%-*s %#v", 30, k, v), a line a value; they were "k v"
+    r = ollama_client.show("smollm2:tools")
+    assert r.parameters == ('num_ctx                        512\n'
+                            'stop                           "<|im_end|>"\n'
+                            'stop                           "say \\"hi\\""\n'
+                            'temperature                    0.7')
+    assert "PARAMETER num_ctx 512" in r.modelfile
+    # a template that uses .Tools can call tools (capabilities were always ["completion"])
+    assert r.capabilities == ["completion", "tools"]
+    assert ollama_client.show("smollm2:chatml").capabilities == ["completion"]
+    assert ollama_client.show("smollm2").capabilities == ["completion"]  # SmolLM2's Jinja renders no tools
+
+
+@pytest.mark.parametrize("route, body", [("/api/chat", {"messages": [{"role": "user", "content": "hi"}]}),
+                                         ("/api/generate", {"prompt": "hi"})])
+def test_log_probabilities_are_refused_not_ignored(server, route, body):
+    for extra in ({"logprobs": True}, {"top_logprobs": 5}, {"logprobs": True, "top_logprobs": 2}):
+        r = server.post(route, {"model": "smollm2", "stream": False, "options": {"num_predict": 1}, **body, **extra})
+        assert r.status_code == 400 and set(r.json()) == {"error"}, extra
+        assert "logprobs" in r.json()["error"]
+    off = server.post(route, {"model": "smollm2", "stream": False, "options": {"num_predict": 1}, **body,
+                              "logprobs": False, "top_logprobs": 0})
+    assert off.status_code == 200
+
+
+def test_a_tag_without_a_model_name_is_no_model(server):
+    # ":latest" lost its tag and named the default model: /api/show said 404 while these served it
+    for route, body in (("/api/chat", {"messages": [{"role": "user", "content": "hi"}]}),
+                        ("/api/generate", {"prompt": "hi"}), ("/api/embed", {"input": "hi"}), ("/api/show", {})):
+        r = server.post(route, {"model": ":latest", "stream": False, "options": {"num_predict": 1}, **body})
+        assert r.status_code == 404 and "':latest' not found" in r.json()["error"], route
+
+
+def test_ps_context_length_is_the_context_requests_get(ollama_client):
+    assert ollama_client.generate(model="smollm2:tools", prompt="").done_reason == "load"
+    loaded = {m.model: m for m in ollama_client.ps().models}
+    assert loaded["smollm2:tools"].context_length == 512  # its params layer's num_ctx, not the file's 8192
+    ollama_client.generate(model="smollm2:tools", prompt="", keep_alive=0)
+
+
+def test_embed_of_no_input_is_no_embedding(server):
+    # As Ollama's EmbedHandler: the model loads and nothing is embedded (they were 400s)
+    for body in ({"input": []}, {"input": ""}, {}):
+        r = server.post("/api/embed", {"model": "smollm2", **body})
+        assert r.status_code == 200 and r.json() == {"model": "smollm2", "embeddings": []}, body
+
+
+def test_generate_context_is_the_prompt_and_the_visible_reply(ollama_client, model):
+    # "The colour I'm referring to is a": the stop string cuts " referring" after " re"
+    prompt = model.tokenize(model.chat_prompt([{"role": "user", "content": "Name a colour."}]), parse_special=True)
+    r = ollama_client.generate(model="smollm2", prompt="Name a colour.", options={**GREEDY, "stop": ["ferring"]})
+    assert r.done_reason == "stop" and r.response == "The colour I'm re"
+    assert r.context[:len(prompt)] == prompt
+    assert model.detokenize(r.context[len(prompt):]) == r.response  # the stop string's tokens were in it
+    streamed = list(ollama_client.generate(model="smollm2", prompt="Name a colour.", stream=True,
+                                           options={**GREEDY, "stop": ["ferring"]}))
+    assert streamed[-1].context == r.context
+    # a raw prompt has no context array (Ollama's GenerateHandler makes none)
+    assert ollama_client.generate(model="smollm2", prompt="The sky is", raw=True, options=GREEDY).context is None
+
+
+def test_a_listed_model_whose_file_cannot_be_read_says_why_at_the_top_level(tmp_path):
+    # It was in details.error, where an Ollama store entry has it at the top level
+    from ctxengine.api.ollama import _Ollama
+    from ctxengine.serving.exports import CatalogEntry
+    item = _Ollama(None, None, None).listing(CatalogEntry("gone", tmp_path / "gone.gguf", "packaged"))
+    assert "is gone" in item["error"] and "error" not in item["details"]
+    broken = _Ollama(None, None, None).listing(CatalogEntry("broken", None, "ollama", error="blob is missing"))
+    assert broken["error"] == "blob is missing" and "error" not in broken["details"]

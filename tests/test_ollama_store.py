@@ -126,7 +126,7 @@ def test_every_manifest_is_listed(catalog):
     names = {e.name for e in catalog.entries()}
     assert names == {"smollm2:135m", "smollm2:latest", "someone/smol:q4", "localhost:5000/team/smol:v1",
                      "mamba:latest", "iquant:latest", "safetensors:latest", "adapter:latest", "badparams:latest",
-                     "gone:latest", "garbage:latest", f"{DEFAULT_HOST}/library/-bad/latest"}
+                     "gone:latest", "garbage:latest"}  # not .../library/-bad/latest: no model's name
     assert all(e.source == "ollama" for e in catalog.entries())
 
 
@@ -174,11 +174,16 @@ def test_adapter_layers_are_kept(catalog):
     ("badparams", "params layer is not valid JSON"),
     ("gone", "is missing"),
     ("garbage", "manifest is not valid JSON"),
-    ("registry.ollama.ai/library/-bad/latest", "not a valid Ollama model name"),
 ])
 def test_broken_entries_are_listed_with_the_reason(catalog, name, reason):
     e = catalog.get(name)
     assert not e.servable and e.path is None and reason in e.error
+
+
+def test_a_path_that_names_no_model_is_not_listed(catalog):
+    # Ollama skips what is no valid name; a stray .DS_Store was listed as a broken model.
+    assert catalog.lookup("registry.ollama.ai/library/-bad/latest") is None
+    assert not [e for e in catalog.entries() if "-bad" in e.name or "DS_Store" in e.name]
 
 
 def test_a_bad_manifest_hides_nothing_else(tmp_path, smollm2_path):

@@ -11,8 +11,10 @@ def add_http_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--api-key", default=None, help="require this key on every HTTP route but /health "
                    "and the studio's page files (Authorization: Bearer KEY, or x-api-key: KEY)")
     p.add_argument("--ollama-models", action="append", default=[], metavar="DIR",
-                   help="an Ollama model store to serve from, read-only (repeatable; default: $OLLAMA_MODELS, "
-                        "~/.ollama/models and /usr/share/ollama/.ollama/models, those that exist)")
+                   help="an Ollama model store to serve from (repeatable; default: $OLLAMA_MODELS, else "
+                        "~/.ollama/models and /usr/share/ollama/.ollama/models, then ctx's own store, those that "
+                        "exist). Ollama's /api/pull writes into the first one given and /api/delete removes from "
+                        "it (default: ctx's own store, where `ctx pull ollama://` writes); the others are only read")
     p.add_argument("--no-ollama", action="store_true", help="do not look for Ollama's model store")
     # default None: the prefix cache's own (importing it here would load the engine to parse arguments)
     p.add_argument("--prefix-cache", type=int, default=None, metavar="N",

@@ -1,5 +1,6 @@
-"""Ollama's dialect: ``/``, ``/api/version``, ``/api/tags``, ``/api/show``,
-``/api/ps``, ``/api/generate``, ``/api/chat``, ``/api/embed``, ``/api/embeddings``.
+"""Ollama's dialect: ``/``, ``/api/version``, ``/api/tags``, ``/api/ps``,
+``/api/generate``, ``/api/chat``, ``/api/embed``, ``/api/embeddings``
+(``/api/show`` and the store's routes: api/ollama_store.py).
 
 Streaming is Ollama's default (``"stream": false`` turns it off): NDJSON, the
 last line with ``done``, the counts and nanosecond durations. ``options`` go
@@ -31,7 +32,7 @@ from ..text.tools import ToolUse
 from .embeddings import embed
 from .errors import OLLAMA, ApiError, error_body
 from .fields import Fields, json_body
-from .options import ollama_sampling
+from .options import entry_sampling, ollama_sampling
 from .streaming import GenerationStream, Writer, collected, ndjson, started
 from .structured import ollama_grammar
 from .tools import ollama_calls, ollama_tool_use, openai_message
@@ -73,6 +74,14 @@ def _keep_alive_value(value) -> float | None:
     raise ApiError(400, "'keep_alive' must be a number of seconds or a duration like '5m'")
 
 
+def untagged(catalog, name: str) -> str:
+    """``name`` as the catalog knows it: ``x:latest`` is ``x`` unless listed with its tag.
+    ``:latest`` alone names no model (it is not the default model: a 404, as /api/show's)."""
+    if catalog.lookup(name) is None and name.endswith(":latest") and name != ":latest":
+        return name.removesuffix(":latest")
+    return name
+
+
 def requested_model(f: Fields) -> str:
     """The model a request names: ``model``, or ``name`` as older clients send it."""
     name = f.str("model", None) or f.str("name", None)
@@ -89,18 +98,20 @@ class _Ollama:
 
     def resolve(self, name: str):
         """Ollama names: an untagged model is ``:latest``, so accept either spelling."""
-        if self.runtime.catalog.lookup(name) is None and name.endswith(":latest"):
-            name = name[: -len(":latest")]
-        return self.runtime.resolve(name)
+        return self.runtime.resolve(untagged(self.runtime.catalog, name))
 
     def model_name(self, f: Fields) -> str:
         return self.resolve(requested_model(f)).name
 
     def listing(self, entry) -> dict:
+        """An /api/tags entry; one that cannot be served says why in its top-level ``error``
+        (a file the catalog lists but cannot read too: not in ``details``)."""
+        details = model_facts.details(entry)
+        error = entry.error or details.pop("error", None)
         item = {"name": entry.name, "model": entry.name, "modified_at": iso(entry.modified or None),
-                "size": entry.size, "digest": model_facts.digest(entry), "details": model_facts.details(entry)}
-        if entry.error:
-            item["error"] = entry.error
+                "size": entry.size, "digest": model_facts.digest(entry), "details": details}
+        if error:
+            item["error"] = error
         return item
 
     async def generation_body(self, request: Request) -> tuple[Fields, str]:
@@ -125,6 +136,10 @@ class _Ollama:
             self.runtime.keep_alive(name, ka)
         return {"model": name, "created_at": iso(), **body, "done": True, "done_reason": "load"}
 
+    def tokenizer(self, name: str):
+        """A loaded model's tokenizer (a generation that has started holds its model loaded)."""
+        return next((e.model.tokenizer for e in self.runtime.loaded() if e.entry.name == name), None)
+
     def is_loaded(self, name: str) -> bool:
         return any(e.entry.name == name for e in self.runtime.loaded())
 
@@ -135,6 +150,9 @@ class _Ollama:
         stream = f.bool("stream", True)
         gen = await started(self.generations, req, client)
         reply = LineWriter(gen.started, req.model, chat)
+        if not chat and context is None:  # Ollama's context array: none for a raw prompt
+            tokenizer = self.tokenizer(gen.started.model)
+            reply.context = None if not prompt.is_chat else UNSET if tokenizer is None else tokenizer
         if stream:
             return GenerationStream(gen, reply)
         return JSONResponse(reply.body(await collected(gen, client)))
@@ -168,14 +186,6 @@ def _model_routes(router: APIRouter, o: _Ollama) -> None:
         # A first listing reads every model's header: off the event loop.
         return await anyio.to_thread.run_sync(lambda: {"models": [o.listing(e) for e in runtime.catalog.entries()]})
 
-    @router.post("/api/show")
-    async def show(request: Request):
-        name = requested_model(Fields(await json_body(request)))
-        entry = runtime.catalog.get(name if runtime.catalog.lookup(name) else name.removesuffix(":latest"))
-        if entry.path is None:
-            raise ApiError(400, f"model '{entry.name}' cannot be served: {entry.error}")
-        return await anyio.to_thread.run_sync(_show, entry)
-
     @router.get("/api/ps")
     async def ps():
         out = []
@@ -183,7 +193,7 @@ def _model_routes(router: APIRouter, o: _Ollama) -> None:
             out.append({"name": e.entry.name, "model": e.entry.name, "size": e.memory_bytes,
                         "digest": model_facts.digest(e.entry), "details": model_facts.details(e.entry),
                         "expires_at": iso(e.expires_at) if e.expires_at is not None else _FOREVER,
-                        "size_vram": 0, "context_length": e.model.config.n_ctx})
+                        "size_vram": 0, "context_length": _context_length(e)})
         return {"models": out}
 
 
@@ -224,6 +234,10 @@ def _embedding_routes(router: APIRouter, o: _Ollama) -> None:
         f = Fields(await json_body(request))
         name = o.model_name(f)
         ollama_sampling(f.data.get("options") or {})  # checked, though nothing in it applies
+        if f.data.get("input") in (None, "", []):  # as Ollama's EmbedHandler: the model loads, nothing is embedded
+            await anyio.to_thread.run_sync(lambda: o.runtime.model(name))
+            o.apply_keep_alive(f, name)
+            return {"model": name, "embeddings": []}
         inputs = f.str_list("input")
         result = await embed(o.runtime, name, inputs, truncate=f.bool("truncate", True),
                              dimensions=f.int("dimensions", None), metrics=o.metrics)
@@ -245,6 +259,16 @@ def _embedding_routes(router: APIRouter, o: _Ollama) -> None:
         return {"embedding": result.vectors[0].tolist()}
 
 
+def _context_length(loaded) -> int:
+    """The context a request on a loaded model gets: its params layer's num_ctx, within n_ctx."""
+    n_ctx = loaded.model.config.n_ctx
+    try:
+        num_ctx = entry_sampling(loaded.entry).num_ctx
+    except ApiError:  # an unusable params layer: each request is refused, the model still runs
+        num_ctx = None
+    return min(n_ctx, num_ctx) if num_ctx else n_ctx
+
+
 def _keep_alive(f: Fields):
     value = f.data.get("keep_alive")
     return UNSET if value is None else keep_alive_seconds(value)
@@ -258,6 +282,8 @@ def _sampling(f: Fields):
 
 def _refuse_unsupported(f: Fields) -> None:
     f.refuse("images", "images are not supported")
+    f.refuse("logprobs", "log-probabilities are not returned")
+    f.refuse("top_logprobs", "log-probabilities are not returned")
     if f.data.get("think") not in (None, False):
         raise ApiError(400, "'think' is not supported: the models served here do not think aloud", param="think")
 
@@ -278,6 +304,9 @@ class LineWriter(Writer):
     of their own, then the last line with the counts and durations."""
 
     media_type = "application/x-ndjson"
+
+    context = UNSET  # /api/generate: UNSET (a named context): its tokens; None: no context array;
+    # else the tokenizer that spells the reply Ollama's way (context_array)
 
     def __init__(self, started: Started, model: str, chat: bool):
         self.started, self.model, self.chat = started, model, chat
@@ -315,25 +344,22 @@ class LineWriter(Writer):
                    eval_count=fin.completion_tokens, eval_duration=fin.decode_ns,
                    prompt_cached_count=s.cached_tokens, draft_count=fin.drafted_tokens,
                    draft_accepted_count=fin.accepted_tokens)
-        if not self.chat:
-            out["context"] = fin.tokens
+        if not self.chat and self.context is not None:
+            out["context"] = fin.tokens if self.context is UNSET else context_array(self.context, fin)
         return out
 
 
-# -- what /api/show says of a model (its file's facts: serving/model_facts.py) ------------
-def _show(entry) -> dict:
-    details, info = model_facts.facts(entry)
-    params = "\n".join(f"{k} {v}" for k, vs in entry.params.items()
-                       for v in (vs if isinstance(vs, list) else [vs]))
-    template = model_facts.chat_template(entry)
-    lines = [f"FROM {entry.path}", f'TEMPLATE """{template}"""']
-    if entry.system:
-        lines.append(f'SYSTEM """{entry.system}"""')
-    lines += [f"PARAMETER {line}" for line in params.splitlines()]
-    out = {"modelfile": "\n".join(lines) + "\n", "parameters": params, "template": template, "details": details,
-           "model_info": info, "capabilities": ["completion"], "modified_at": iso(entry.modified or None)}
-    if entry.system:
-        out["system"] = entry.system
-    if entry.license:
-        out["license"] = entry.license
-    return out
+def context_array(tokenizer, fin: Finished) -> list[int]:
+    """Ollama's ``context``: the prompt's tokens and the reply's visible text, not what a stop
+    string cut off nor the end-of-turn token. The reply's own tokens while they spell that text."""
+    new = fin.tokens[len(fin.tokens) - fin.completion_tokens:]
+    out, shown = fin.tokens[:len(fin.tokens) - fin.completion_tokens], fin.text.encode("utf-8", "surrogatepass")
+    at = 0
+    for i in new:
+        piece = tokenizer.token_bytes(i) if i not in tokenizer.eog_ids else None
+        if not piece or not shown.startswith(piece, at):
+            break
+        out.append(i)
+        at += len(piece)
+    rest = shown[at:].decode("utf-8", "replace")
+    return out + tokenizer.encode(rest, parse_special=True) if rest else out

@@ -6,6 +6,9 @@ import argparse
 # ctxengine.engine.engine.KV_DTYPES, repeated so that parsing arguments does not import the native core.
 KV_DTYPES = ("f16", "q8", "vq8")
 MAX_THREADS = 512  # ctxengine.engine.engine.MAX_THREADS, likewise
+MAX_PORT = 65535
+# The sampler settings the verbs start from (``ctx run``: where the model's params layer sets none).
+SAMPLING_DEFAULTS = {"temperature": 0.0, "top_k": 40, "top_p": 0.95, "min_p": 0.05, "repeat_penalty": 1.0}
 
 
 def thread_count(text: str) -> int | None:
@@ -14,6 +17,17 @@ def thread_count(text: str) -> int | None:
     if not 0 <= n <= MAX_THREADS:
         raise argparse.ArgumentTypeError(f"must be between 1 and {MAX_THREADS} (0: one a core), not {n}")
     return n or None
+
+
+def port_number(text: str) -> int:
+    """A port option's value: 0 to MAX_PORT, 0 turning that face off (argparse names the option)."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a port number, not {text!r}") from None
+    if not 0 <= n <= MAX_PORT:
+        raise argparse.ArgumentTypeError(f"must be between 0 and {MAX_PORT} (0: off), not {n}")
+    return n
 
 
 def add_model_arguments(p: argparse.ArgumentParser) -> None:
@@ -40,24 +54,50 @@ def hf_model(spec: str) -> str:
     return pull_hf(spec).spec.name
 
 
-def load_model(args: argparse.Namespace, *, threads: int | None = None):
-    """The model the arguments name (``-hf`` before ``-m``); ``threads`` overrides ``--threads``."""
+def load_model(args: argparse.Namespace, *, threads: int | None = None, n_ctx: int | None = None):
+    """The model the arguments name (``-hf`` before ``-m``); ``threads`` overrides ``--threads``,
+    ``n_ctx`` shortens its context length."""
     from ..state.model import load
 
     spec = hf_model(args.hf) if getattr(args, "hf", None) else args.model
-    return load(spec, threads=threads or args.threads, kv=args.kv)
+    return load(spec, threads=threads or args.threads, kv=args.kv, n_ctx=n_ctx)
 
 
-def add_sampling_arguments(p: argparse.ArgumentParser, *, max_tokens: int, seed_help: str) -> None:
-    p.add_argument("-n", "--max-tokens", type=int, default=max_tokens,
-                   help=f"tokens to generate at most (default {max_tokens})")
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    p.add_argument("--top-k", type=int, default=40)
-    p.add_argument("--top-p", type=float, default=0.95)
-    p.add_argument("--min-p", type=float, default=0.05)
-    p.add_argument("--repeat-penalty", type=float, default=1.0)
+def source_entry(args: argparse.Namespace):
+    """The catalog entry, with its layers (system, template, params), of the model ``-m``
+    names when a model source (Ollama's store) is where ``load_model`` finds it; else None."""
+    import os
+
+    from ..engine.model_source import find_in_sources
+    from ..engine.registry import is_known_name
+    from ..state.model import MODEL_SOURCES, resolve_model
+
+    spec = args.model
+    if getattr(args, "hf", None) or not isinstance(spec, str) or not spec or is_known_name(spec) \
+            or os.path.isfile(os.path.expanduser(spec)):
+        return None  # a packaged model or a file: no layers
+    entry = find_in_sources(MODEL_SOURCES, spec)
+    if entry is None or not entry.servable:
+        return None  # loading says why it cannot be served
+    # A file or a packaged model by that spelling comes before any source (engine/registry.py).
+    return entry if resolve_model(spec) == entry.path else None
+
+
+def add_sampling_arguments(p: argparse.ArgumentParser, *, max_tokens: int, seed_help: str,
+                           layered: bool = False) -> None:
+    """The sampling options; ``layered``: those not given are None, for a model's params
+    layer to set before SAMPLING_DEFAULTS and ``max_tokens`` do (``sampling_options``)."""
+    d = dict.fromkeys(SAMPLING_DEFAULTS) if layered else SAMPLING_DEFAULTS
+    layer = ", unless the model's params layer sets it" if layered else ""
+    p.add_argument("-n", "--max-tokens", type=int, default=None if layered else max_tokens,
+                   help=f"tokens to generate at most (default {max_tokens}{layer})")
+    p.add_argument("--temperature", type=float, default=d["temperature"], help=f"0 = greedy (default{layer})")
+    for name in ("top_k", "top_p", "min_p", "repeat_penalty"):
+        p.add_argument(f"--{name.replace('_', '-')}", type=type(SAMPLING_DEFAULTS[name]), default=d[name],
+                       help=f"default {SAMPLING_DEFAULTS[name]}{layer}")
     p.add_argument("--seed", type=int, default=None, help=seed_help)
-    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    p.add_argument("--stop", action="append", default=[],
+                   help=f"stop string (repeatable{'; given, they replace the params layer' if layered else ''})")
 
 
 def add_grammar_arguments(p: argparse.ArgumentParser) -> None:
@@ -87,6 +127,5 @@ def grammar_options(args: argparse.Namespace) -> dict:
 
 
 def sampling_options(args: argparse.Namespace) -> dict:
-    """The SamplerParams fields the sampling arguments set."""
-    return dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
-                repeat_penalty=args.repeat_penalty, seed=args.seed)
+    """The SamplerParams fields the sampling arguments set (None: not given, where ``layered``)."""
+    return {**{name: getattr(args, name) for name in SAMPLING_DEFAULTS}, "seed": args.seed}

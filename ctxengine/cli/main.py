@@ -36,22 +36,40 @@ VERBS = {
 }
 
 
+class Parser(argparse.ArgumentParser):
+    """Its usage errors are one line too, naming where the usage is (each verb's parser is one)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (usage: {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="ctx", description="ctx-engine: contexts as objects, for GGUF models")
+    parser = Parser(prog="ctx", description="ctx-engine: contexts as objects, for GGUF models")
     parser.add_argument("--version", action="version", version=_version())
     sub = parser.add_subparsers(dest="verb", metavar="VERB", required=True)
     for verb, (module, help_text) in VERBS.items():
         mod = importlib.import_module(f"ctxengine.cli.{module}")
         p = sub.add_parser(verb, help=help_text, description=help_text)
         mod.add_arguments(p)
-        p.set_defaults(func=mod.main)
+        p.set_defaults(func=mod.main, verb_parser=p)
     return parser
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The arguments; one the verb does not take is its usage error (``ctx serve: error:``), not ctx's."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        before_verb = argv[:argv.index(args.verb)] if args.verb in argv else []
+        (parser if extra[0] in before_verb else args.verb_parser).error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
     from ..errors import CtxError
 
-    args = build_parser().parse_args(argv)
+    args = parse_args(argv)
     try:
         return int(args.func(args) or 0)
     except CtxError as err:

@@ -13,7 +13,7 @@ import signal
 import sys
 import threading
 
-from .common import KV_DTYPES, add_hf_argument, hf_model, thread_count
+from .common import KV_DTYPES, add_hf_argument, hf_model, port_number, thread_count
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_HTTP_PORT = 11435
@@ -29,9 +29,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--models-dir", metavar="DIR", default=None, help="serve every .gguf file under DIR")
     add_hf_argument(p, repeatable=True)
     p.add_argument("--host", default=DEFAULT_HOST, help=f"address to bind (default {DEFAULT_HOST}: loopback only)")
-    p.add_argument("--port", type=int, default=DEFAULT_HTTP_PORT,
+    p.add_argument("--port", type=port_number, default=DEFAULT_HTTP_PORT,
                    help=f"HTTP port (default {DEFAULT_HTTP_PORT}; 0 turns HTTP off)")
-    p.add_argument("--grpc-port", type=int, default=DEFAULT_GRPC_PORT,
+    p.add_argument("--grpc-port", type=port_number, default=DEFAULT_GRPC_PORT,
                    help=f"gRPC port (default {DEFAULT_GRPC_PORT}; 0 turns gRPC off)")
     p.add_argument("--store", metavar="DIR", default=None,
                    help="snapshot store directory (default: $CTX_STORE, else the XDG data dir)")
@@ -60,9 +60,13 @@ def build_runtime(args: argparse.Namespace):
     from ..serving.runtime import Runtime
     from ..store import Store
 
+    lora = [LoraSpec.parse(text, need_file=True) for text in args.lora]
+    for spec in args.model:
+        check_model("-m", spec)
+    if args.draft is not None:
+        check_model("--draft", args.draft)
     args.model = [*args.model, *(hf_model(spec) for spec in args.hf)]  # pulled first when not cached
     budget = None if args.memory_budget is None else int(args.memory_budget * (1 << 30))
-    lora = [LoraSpec.parse(text) for text in args.lora]
     return Runtime(catalog_from_args(args), store=Store(args.store, fleet=args.fleet), threads=args.threads, kv=args.kv,
                    memory_budget=budget, prefix_cache_entries=args.prefix_cache, lora=lora, draft=args.draft,
                    speculative=args.speculative)
@@ -73,6 +77,14 @@ def main(args: argparse.Namespace) -> int:
     from ..rpc import start_grpc
     from ..serving.allocator import pin_mmap_threshold
 
+    clash = ("both --port and --grpc-port are 0; nothing to serve" if not args.port and not args.grpc_port else
+             f"--port and --grpc-port are both {args.port}" if args.port == args.grpc_port else None)
+    if clash is not None:
+        print(f"ctx serve: error: {clash}", file=sys.stderr)
+        return 2
+    for face, port in (("gRPC", args.grpc_port), ("HTTP", args.port)):
+        if port:
+            check_listen(face, args.host, port)  # before the servers try (and log their own lines)
     pin_mmap_threshold()  # big per-request buffers go back to the system (serving/allocator.py)
     runtime = build_runtime(args)
     grpc_server = None
@@ -93,17 +105,63 @@ def main(args: argparse.Namespace) -> int:
                       "it can use the API and the studio", file=sys.stderr, flush=True)
             # Blocks until SIGINT/SIGTERM; streams in flight are finished or cancelled.
             serve_http(runtime, args, on_ready=ready)
-        elif grpc_server is not None:
+        else:
             ready(None)
             _wait_for_signal()
-        else:
-            print("ctx serve: error: both --port and --grpc-port are 0; nothing to serve", file=sys.stderr)
-            return 2
     finally:
         if grpc_server is not None:
             grpc_server.stop(grace=5.0)
         runtime.close()
     return 0
+
+
+def check_model(option: str, spec: str) -> None:
+    """Refuse a model named on the command line that cannot be found, or whose file cannot
+    be served (its header read, as the catalog reads it), naming the option."""
+    from ..engine.catalog import ModelCatalog
+    from ..errors import CtxError
+    from ..state.model import MODEL_SOURCES
+
+    entry = ModelCatalog(sources=MODEL_SOURCES).add_spec(spec)  # what the served catalog lists for it
+    if not entry.servable:
+        raise CtxError(f"{option} {spec}: {entry.error or 'cannot be served'}")
+
+
+def check_listen(face: str, host: str, port: int) -> None:
+    """Refuse, naming the cause, an address this process cannot listen on: a host name
+    that does not resolve, a port in use or not ours to take. Each address the host
+    resolves to is bound as asyncio (uvicorn) binds it, then let go."""
+    import errno
+    import socket
+
+    from ..errors import CtxError
+
+    name = host.strip("[]") or None
+    try:
+        found = socket.getaddrinfo(name, port, socket.AF_UNSPEC, socket.SOCK_STREAM, 0, socket.AI_PASSIVE)
+    except socket.gaierror as err:
+        raise CtxError(f"--host {host}: cannot listen there for {face}: the name does not resolve to an "
+                       f"address ({err.strerror})") from None
+    bound = 0
+    for family, kind, proto, _, address in dict.fromkeys(found):
+        with socket.socket(family, kind, proto) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            try:
+                sock.bind(address)
+                bound += 1
+            except OSError as err:
+                if err.errno == errno.EADDRNOTAVAIL and len(found) > 1:
+                    continue  # one of several addresses (localhost's ::1 without IPv6): the others serve
+                why = f"port {port} is already in use" if err.errno == errno.EADDRINUSE else err.strerror
+                raise CtxError(f"cannot listen for {face} on {_hostport(address[0], port)}: {why}") from None
+    if not bound:
+        raise CtxError(f"cannot listen for {face} on {_hostport(host, port)}: no address of it can be bound")
+
+
+def _hostport(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def is_loopback(host: str) -> bool:

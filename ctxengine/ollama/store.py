@@ -145,12 +145,9 @@ def add_ollama_models(catalog: ModelCatalog, roots: Iterable[str | os.PathLike])
     added = []
     for root in roots:
         for name, path in manifests(Path(root)):
-            if name is None:
-                rel = path.relative_to(Path(root) / "manifests").as_posix()
-                entry = CatalogEntry(rel, None, "ollama", error="not a valid Ollama model name")
-            else:
-                entry = read_manifest(Path(root), name, path)
-            added.append(catalog.add(entry))
+            if name is None:  # no model's name (a .DS_Store, "-bad"): skipped, as Ollama's listing skips it
+                continue
+            added.append(catalog.add(read_manifest(Path(root), name, path)))
     return added
 
 

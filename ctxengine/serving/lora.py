@@ -31,8 +31,21 @@ class LoraSpec:
     scale: float = 1.0
 
     @classmethod
-    def parse(cls, text: str) -> "LoraSpec":
-        """``name=path[:scale]`` (a path alone is named after its file)."""
+    def parse(cls, text: str, *, need_file: bool = False) -> "LoraSpec":
+        """``name=path[:scale]`` (a path alone is named after its file); ``need_file``:
+        refused unless the file can be opened (``ctx run`` and ``ctx serve`` at start)."""
+        spec = cls._parse(text)
+        if need_file:
+            try:
+                with open(spec.path, "rb"):
+                    pass
+            except OSError as err:
+                form = "" if "=" in text else " (expected NAME=PATH[:SCALE], or an adapter file's path)"
+                raise CtxError(f"--lora {text!r}: cannot open {spec.path}: {err.strerror}{form}") from None
+        return spec
+
+    @classmethod
+    def _parse(cls, text: str) -> "LoraSpec":
         name, eq, rest = text.partition("=")
         if not eq:
             name, rest = Path(text).stem, text
