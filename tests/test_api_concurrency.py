@@ -90,3 +90,18 @@ def test_a_client_gone_during_its_prompt_stops_the_prefill(server, named):
         assert server.get("/v1/contexts/gone").json()["text"] == before_text
     r = server.post("/v1/chat/completions", {**body, "messages": [{"role": "user", "content": "Hi"}]})
     assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"]
+
+
+@pytest.mark.parametrize("route,body", [
+    ("/v1/embeddings", {"model": "smollm2", "input": [LONG_PROMPT]}),
+    ("/api/embed", {"model": "smollm2", "input": LONG_PROMPT}),
+])
+def test_a_client_gone_during_its_embedding_stops_it(server, route, body):
+    """It embedded all 6,390 tokens for nobody, a chunk at a time, holding the model."""
+    server.post(route, {**body, "input": "warm up"})
+    before = settled(server)
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(server.url + route, json=body, timeout=httpx.Timeout(60, read=1.0))
+    ran = settled(server) - before
+    assert ran < 6390 / 2, ran
+    assert server.post(route, {**body, "input": "still serving"}).status_code == 200

@@ -114,6 +114,9 @@ def test_completions_take_token_ids(openai_client, model):
     r = openai_client.completions.create(model="smollm2", prompt=ids, max_tokens=6, temperature=0)
     assert r.choices[0].text == greedy_reply(model, text="The capital of France is", max_tokens=6)
     assert r.usage.prompt_tokens == len(ids)
+    # An empty list was told it "must be ... a list of token ids", which it is.
+    with pytest.raises(openai.BadRequestError, match="empty list"):
+        openai_client.completions.create(model="smollm2", prompt=[], max_tokens=6)
 
 
 def test_embeddings_are_pooled_and_normalised(openai_client, model):

@@ -6,17 +6,25 @@ Each input runs on a page table of its own that is dropped afterwards (the
 hidden states are not what a later request could reuse); inputs run one
 after the other on a worker thread, their forward steps batched with
 whatever else the model is doing, CHUNK tokens at a time (an 8k-token input
-sent as one step held every generation on the model for its whole prefill).
+sent as one step held every generation on the model for its whole prefill);
+a client that goes away stops its input at the next chunk.
 """
 from __future__ import annotations
 
+import asyncio
+import threading
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import anyio.to_thread
 import numpy as np
 
 from .errors import ApiError
+from .streaming import until_disconnect
+
+if TYPE_CHECKING:
+    from starlette.requests import Request
 
 CHUNK = 512  # tokens an input sends to the scheduler at a time
 
@@ -30,7 +38,8 @@ class Embeddings:
     total_ns: int
 
 
-def _embed(runtime, name: str | None, inputs: list, *, truncate: bool, dimensions: int | None) -> Embeddings:
+def _embed(runtime, name: str | None, inputs: list, *, truncate: bool, dimensions: int | None,
+           gone: threading.Event) -> Embeddings:
     t0 = time.perf_counter_ns()
     entry = runtime.resolve(name)
     with runtime.lease(entry.name) as model:
@@ -48,6 +57,8 @@ def _embed(runtime, name: str | None, inputs: list, *, truncate: bool, dimension
             seq, total = engine.new_sequence(), np.zeros(engine.config.n_embd, np.float64)
             try:  # room for its pages is made when the scheduler admits each chunk
                 for start in range(0, len(ids), CHUNK):  # other requests' steps run between chunks
+                    if gone.is_set():  # and a client gone stops it there
+                        raise ApiError(499, "the client closed the request while its input was embedded")
                     part = engine.forward_hidden(seq, ids[start:start + CHUNK], reserve=model.contexts.reserve_pages)
                     total += part.astype(np.float64).sum(axis=0)
             finally:
@@ -70,12 +81,24 @@ def _ids(model, item) -> list[int]:
 
 
 async def embed(runtime, name: str | None, inputs: list, *, truncate: bool = True,
-                dimensions: int | None = None, metrics=None) -> Embeddings:
-    """Embed each input (a string, or a list of token ids)."""
+                dimensions: int | None = None, metrics=None, client: "Request | None" = None) -> Embeddings:
+    """Embed each input (a string, or a list of token ids); ``client`` going away
+    (its body read) stops the work at the next chunk."""
     if not inputs:
         raise ApiError(400, "no input to embed")
-    result = await anyio.to_thread.run_sync(
-        lambda: _embed(runtime, name, inputs, truncate=truncate, dimensions=dimensions))
+    gone = threading.Event()
+    watch = asyncio.ensure_future(_left(client, gone)) if client is not None else None
+    try:
+        result = await anyio.to_thread.run_sync(
+            lambda: _embed(runtime, name, inputs, truncate=truncate, dimensions=dimensions, gone=gone))
+    finally:
+        if watch is not None:
+            watch.cancel()
     if metrics is not None:
         metrics.embedded_tokens.labels(result.model).inc(result.n_tokens)
     return result
+
+
+async def _left(client: "Request", gone: threading.Event) -> None:
+    await until_disconnect(client)
+    gone.set()

@@ -240,7 +240,7 @@ def _embedding_routes(router: APIRouter, o: _Ollama) -> None:
             return {"model": name, "embeddings": []}
         inputs = f.str_list("input")
         result = await embed(o.runtime, name, inputs, truncate=f.bool("truncate", True),
-                             dimensions=f.int("dimensions", None), metrics=o.metrics)
+                             dimensions=f.int("dimensions", None), metrics=o.metrics, client=request)
         o.apply_keep_alive(f, name)
         return {"model": name, "embeddings": [v.tolist() for v in result.vectors],
                 "total_duration": result.total_ns, "load_duration": result.load_ns,
@@ -254,7 +254,7 @@ def _embedding_routes(router: APIRouter, o: _Ollama) -> None:
         text = f.str("prompt", "")
         if not text:
             return {"embedding": []}
-        result = await embed(o.runtime, name, [text], metrics=o.metrics)
+        result = await embed(o.runtime, name, [text], metrics=o.metrics, client=request)
         o.apply_keep_alive(f, name)
         return {"embedding": result.vectors[0].tolist()}
 

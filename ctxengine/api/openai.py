@@ -109,6 +109,8 @@ def _completion_prompt(f: Fields) -> Prompt:
         return Prompt(text=p)
     if isinstance(p, list) and p and all(isinstance(t, int) and not isinstance(t, bool) for t in p):
         return Prompt(text="", prefix_ids=list(p))
+    if p == []:
+        raise ApiError(400, "'prompt' is an empty list: give a string (it may be empty) or token ids", param="prompt")
     raise ApiError(400, "'prompt' must be a string, or a list of token ids (one prompt per request)", param="prompt")
 
 
@@ -168,7 +170,7 @@ def routes(runtime, generations: Generations, metrics) -> APIRouter:
         if fmt not in ("float", "base64"):
             raise ApiError(400, "'encoding_format' must be 'float' or 'base64'", param="encoding_format")
         result = await embed(runtime, f.str("model", None), items, dimensions=f.int("dimensions", None),
-                             truncate=False, metrics=metrics)  # as OpenAI's: an input too long is a 400
+                             truncate=False, metrics=metrics, client=request)  # too long: a 400, as OpenAI's
 
         def encoded(v):
             return base64.b64encode(v.astype("<f4").tobytes()).decode() if fmt == "base64" else v.tolist()

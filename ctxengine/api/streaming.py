@@ -34,7 +34,7 @@ async def started(generations: "Generations", request: "GenerationRequest", clie
     ``client``'s request going away first (while it waits its turn on a busy context,
     say) abandons it: it then never touches the context it was queued on."""
     start = asyncio.ensure_future(generations.start(request))
-    watch = asyncio.ensure_future(_watch_disconnect(client))
+    watch = asyncio.ensure_future(until_disconnect(client))
     try:
         await asyncio.wait({start, watch}, return_when=asyncio.FIRST_COMPLETED)
         if not start.done():
@@ -64,11 +64,11 @@ async def collected(gen: "Generation", client: "Request") -> Finished:
 
 
 async def _watch(gen: "Generation", client: "Request") -> None:
-    await _watch_disconnect(client)
+    await until_disconnect(client)
     gen.cancel()
 
 
-async def _watch_disconnect(client: "Request") -> None:
+async def until_disconnect(client: "Request") -> None:
     # The body is read, so the next ASGI message is the disconnect (streams
     # have starlette's own watch: GenerationStream).
     while (await client.receive())["type"] != "http.disconnect":
