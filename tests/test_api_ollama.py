@@ -259,3 +259,29 @@ def test_a_listed_model_whose_file_cannot_be_read_says_why_at_the_top_level(tmp_
     assert "is gone" in item["error"] and "error" not in item["details"]
     broken = _Ollama(None, None, None).listing(CatalogEntry("broken", None, "ollama", error="blob is missing"))
     assert broken["error"] == "blob is missing" and "error" not in broken["details"]
+
+
+def test_a_chat_longer_than_its_context_loses_its_oldest_turns(ollama_client, model):
+    """As Ollama's chatPrompt: the oldest turns go (system messages stay) until the chat
+    fits num_ctx; it was a 400. The reply is the one to the chat that fits."""
+    system = {"role": "system", "content": "You answer in one word."}
+    turns = []
+    for i in range(12):
+        turns += [{"role": "user", "content": f"Tell me fact number {i} about the sea, at some length please."},
+                  {"role": "assistant", "content": f"Fact {i}: the sea is deep, wide, salty and old."}]
+    chat = [system, *turns, {"role": "user", "content": "Name a colour."}]
+    full = n_tokens(model, chat)
+    assert full > 300
+    r = ollama_client.chat(model="smollm2", messages=chat, options={**GREEDY, "num_ctx": 300})
+    assert 0 < r.prompt_eval_count < 300
+    kept = next(chat[:1] + chat[start:] for start in range(1, len(chat))
+                if n_tokens(model, chat[:1] + chat[start:]) < 300)
+    assert r.prompt_eval_count == n_tokens(model, kept) and kept[1:] != chat[1:]
+    assert r.message.content == greedy_reply(model, messages=kept, max_tokens=8)
+    with pytest.raises(ollama.ResponseError, match="context length"):  # the last message alone is too long
+        ollama_client.chat(model="smollm2", messages=[{"role": "user", "content": "sea " * 400}],
+                           options={**GREEDY, "num_ctx": 300})
+
+
+def n_tokens(model, messages) -> int:
+    return len(model.tokenize(model.chat_prompt(messages), parse_special=True))

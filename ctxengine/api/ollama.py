@@ -224,8 +224,9 @@ def _generation_routes(router: APIRouter, o: _Ollama) -> None:
         named = f.str("context", None)
         if not messages:
             return await o.load_or_unload(f, name, {"message": {"role": "assistant", "content": ""}})
-        return await o.run(f, name, Prompt(messages=messages, tools=tools and tools.prompt_tools), named, chat=True,
-                           client=request, tools=tools)
+        # A chat longer than the context loses its oldest turns, as Ollama's (its system messages kept)
+        prompt = Prompt(messages=messages, tools=tools and tools.prompt_tools, trim=True)
+        return await o.run(f, name, prompt, named, chat=True, client=request, tools=tools)
 
 
 def _embedding_routes(router: APIRouter, o: _Ollama) -> None:

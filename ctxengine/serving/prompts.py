@@ -22,6 +22,7 @@ template's opening of the assistant turn, so the reply continues it.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -42,6 +43,7 @@ class Prompt:
     template: str | None = None                   # a Go template for this request (Ollama's `template`)
     tools: list | None = None                     # text.tools.Tool definitions to render (text/tools.py)
     prefill: str = ""                             # chat: the reply's opening text, which it continues
+    trim: bool = False                            # chat: drop the oldest turns that do not fit (Ollama's)
 
     @property
     def is_chat(self) -> bool:
@@ -77,16 +79,45 @@ def chat_text(model: "Model", entry: "CatalogEntry", messages: list[dict], *,
 
 def prompt_ids(model: "Model", entry: "CatalogEntry", prompt: Prompt, limit: int | None = None) -> list[int]:
     """Every token of a fresh request's prompt, BOS included where the model wants one;
-    with a ``limit``, a text that cannot fit in it is refused before it is tokenized."""
+    with a ``limit``, a text that cannot fit in it is refused before it is tokenized
+    (a ``trim`` chat first loses its oldest turns)."""
+    if prompt.trim and prompt.is_chat and limit is not None:
+        prompt = _trimmed(model, entry, prompt, limit)
     text = (chat_text(model, entry, prompt.messages, template=prompt.template, tools=prompt.tools) + prompt.prefill
             if prompt.is_chat else prompt.text or "")
     if limit is not None and (least := model.tokenizer.at_least_tokens(text)) >= limit:
         raise ContextError(f"the prompt is at least {least} tokens; the context length is {limit}")
+    return _ids(model, prompt, text)
+
+
+def _ids(model: "Model", prompt: Prompt, text: str) -> list[int]:
     ids = model.tokenize(text, parse_special=True)
     ids = list(prompt.prefix_ids) + ids if prompt.prefix_ids else model.tokenizer.with_bos(ids)
     if not ids:
         raise CtxError("the prompt is empty")
     return ids
+
+
+def _trimmed(model: "Model", entry: "CatalogEntry", prompt: Prompt, limit: int) -> Prompt:
+    """The chat from the oldest turn on which it fits in ``limit`` tokens (with room for
+    one more), every system message before that turn kept, as Ollama's chatPrompt keeps
+    them; the last message is always kept (alone too long, it is refused as before)."""
+    msgs = prompt.messages
+
+    def kept(start: int) -> list[dict]:
+        return [m for m in msgs[:start] if m["role"] == "system"] + msgs[start:]
+
+    def fits(start: int) -> bool:
+        text = chat_text(model, entry, kept(start), template=prompt.template, tools=prompt.tools) + prompt.prefill
+        return len(_ids(model, prompt, text)) < limit
+
+    lo, hi = 0, len(msgs) - 1  # fewer turns are shorter: the first start that fits, by halves
+    if fits(lo):
+        return prompt
+    while lo + 1 < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if fits(mid) else (mid, hi)
+    return dataclasses.replace(prompt, messages=kept(hi))
 
 
 def continuation_text(model: "Model", entry: "CatalogEntry", prompt: Prompt, context_tokens: list[int]) -> str:
