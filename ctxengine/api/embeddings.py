@@ -7,7 +7,7 @@ hidden states are not what a later request could reuse); inputs run one
 after the other on a worker thread, their forward steps batched with
 whatever else the model is doing, CHUNK tokens at a time (an 8k-token input
 sent as one step held every generation on the model for its whole prefill);
-a client that goes away stops its input at the next chunk.
+a client that goes away stops its input at the scheduler's next step.
 """
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 import anyio.to_thread
 import numpy as np
 
+from ..serving.exports import cancelled_when
 from .errors import ApiError
 from .streaming import until_disconnect
 
@@ -55,12 +56,14 @@ def _embed(runtime, name: str | None, inputs: list, *, truncate: bool, dimension
                     raise ApiError(400, f"an input is {len(ids)} tokens; the context length is {engine.config.n_ctx}")
                 ids = ids[: engine.config.n_ctx]
             seq, total = engine.new_sequence(), np.zeros(engine.config.n_embd, np.float64)
-            try:  # room for its pages is made when the scheduler admits each chunk
-                for start in range(0, len(ids), CHUNK):  # other requests' steps run between chunks
-                    if gone.is_set():  # and a client gone stops it there
-                        raise ApiError(499, "the client closed the request while its input was embedded")
-                    part = engine.forward_hidden(seq, ids[start:start + CHUNK], reserve=model.contexts.reserve_pages)
-                    total += part.astype(np.float64).sum(axis=0)
+            # Room for its pages is made when the scheduler admits each chunk; other requests' steps
+            # run between them, and a client gone stops it at the next step (cancelled_when).
+            try:
+                with cancelled_when(gone.is_set):
+                    for start in range(0, len(ids), CHUNK):
+                        part = engine.forward_hidden(seq, ids[start:start + CHUNK],
+                                                     reserve=model.contexts.reserve_pages)
+                        total += part.astype(np.float64).sum(axis=0)
             finally:
                 seq.truncate(0)  # give its pages back now, not when the object goes
             v = (total / len(ids))[:dimensions]

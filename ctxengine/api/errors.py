@@ -17,7 +17,7 @@ import logging
 
 import math
 
-from ..errors import (ContextError, CorruptDataError, CtxError, InvalidNameError, ModelFileError,
+from ..errors import (CancelledError, ContextError, CorruptDataError, CtxError, InvalidNameError, ModelFileError,
                       ModelNotFoundError, RefConflictError, RequestError, StoreError, UnavailableError,
                       UnsupportedModelError, WeightMismatchError)
 
@@ -60,6 +60,8 @@ def dialect_of(path: str) -> str:
 
 def status_of(err: CtxError) -> int:
     """The HTTP status of an error the engine, state or store raised on purpose."""
+    if isinstance(err, CancelledError):
+        return 499  # nginx's "client closed request": the work stopped because its client left
     if isinstance(err, ModelNotFoundError):
         return 404
     if isinstance(err, (WeightMismatchError, RefConflictError)):

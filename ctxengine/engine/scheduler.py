@@ -77,7 +77,8 @@ class _Request:
     __slots__ = ("seq", "tokens", "logits", "all_logits", "hidden", "lora", "decode", "start", "done",
                  "error", "finished", "give_up", "_done")
 
-    def __init__(self, seq, tokens, logits, all_logits, hidden, lora: list | None = None, decode: bool = False):
+    def __init__(self, seq, tokens, logits, all_logits, hidden, lora: list | None = None, decode: bool = False,
+                 give_up: Callable[[], bool] | None = None):
         self.seq, self.tokens, self.logits, self.all_logits, self.hidden = seq, tokens, logits, all_logits, hidden
         self.lora = lora           # [(native adapter, scale)] of the sequence, or None
         # A decode step of a stream: one token, or one and its drafts (speculative decoding).
@@ -86,7 +87,7 @@ class _Request:
         self.done = 0              # tokens already run
         self.error: BaseException | None = None
         self.finished = False
-        self.give_up = _give_up.get()  # the caller's (cancelled_when), read on its thread
+        self.give_up = give_up     # the caller's (cancelled_when)
         self._done = threading.Lock()  # held until the request finishes: the cheapest one-shot wake-up
         self._done.acquire()
 
@@ -169,13 +170,13 @@ class Scheduler:
         ``decode``: a stream's token and its drafts, scheduled as a decode row, not a prompt."""
         if len(tokens) > self.step_tokens:
             self._check(seq, tokens)  # before the first chunk, so a refused prompt leaves no KV behind
-        give_up = _give_up.get()
+        give_up = _give_up.get()  # read on the caller's thread: the scheduler's has its own context
         if give_up is not None and give_up():
             raise CancelledError("the request was cancelled before it ran")
         # Room is made here, on the caller's thread: it may write evictions to the store.
         release = reserve(pages_needed(seq, len(tokens), self.page_tokens)) if reserve is not None else None
         try:
-            self._run(_Request(seq, tokens, logits, all_logits, hidden, lora, decode))
+            self._run(_Request(seq, tokens, logits, all_logits, hidden, lora, decode, give_up))
         finally:
             if release is not None:
                 release()

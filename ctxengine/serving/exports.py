@@ -7,6 +7,7 @@ from __future__ import annotations
 from ..version import __version__
 from ..engine.model_source import CatalogEntry
 from ..engine.sampler import SamplerParams
+from ..engine.scheduler import cancelled_when
 from ..state import Context, Piece
 from ..store import Manifest, Store, page_key, validate_name
 from ..store.names import is_host_local
@@ -14,4 +15,4 @@ from ..store.refs import MIN_PREFIX
 from .sessions import Snapshot, client_name
 
 __all__ = ["MIN_PREFIX", "CatalogEntry", "Context", "Manifest", "Piece", "SamplerParams", "Snapshot", "Store", "__version__",
-           "client_name", "is_host_local", "page_key", "validate_name"]
+           "cancelled_when", "client_name", "is_host_local", "page_key", "validate_name"]
