@@ -80,14 +80,23 @@ def chat_text(model: "Model", entry: "CatalogEntry", messages: list[dict], *,
 def prompt_ids(model: "Model", entry: "CatalogEntry", prompt: Prompt, limit: int | None = None) -> list[int]:
     """Every token of a fresh request's prompt, BOS included where the model wants one;
     with a ``limit``, a text that cannot fit in it is refused before it is tokenized
-    (a ``trim`` chat first loses its oldest turns)."""
+    (a ``trim`` chat that does not fit first loses its oldest turns)."""
+    text = _text(model, entry, prompt)
     if prompt.trim and prompt.is_chat and limit is not None:
+        ids = _ids(model, prompt, text)
+        if len(ids) < limit:
+            return ids
         prompt = _trimmed(model, entry, prompt, limit)
-    text = (chat_text(model, entry, prompt.messages, template=prompt.template, tools=prompt.tools) + prompt.prefill
-            if prompt.is_chat else prompt.text or "")
+        text = _text(model, entry, prompt)
     if limit is not None and (least := model.tokenizer.at_least_tokens(text)) >= limit:
         raise ContextError(f"the prompt is at least {least} tokens; the context length is {limit}")
     return _ids(model, prompt, text)
+
+
+def _text(model: "Model", entry: "CatalogEntry", prompt: Prompt) -> str:
+    if not prompt.is_chat:
+        return prompt.text or ""
+    return chat_text(model, entry, prompt.messages, template=prompt.template, tools=prompt.tools) + prompt.prefill
 
 
 def _ids(model: "Model", prompt: Prompt, text: str) -> list[int]:
@@ -99,25 +108,23 @@ def _ids(model: "Model", prompt: Prompt, text: str) -> list[int]:
 
 
 def _trimmed(model: "Model", entry: "CatalogEntry", prompt: Prompt, limit: int) -> Prompt:
-    """The chat from the oldest turn on which it fits in ``limit`` tokens (with room for
-    one more), every system message before that turn kept, as Ollama's chatPrompt keeps
+    """A chat too long for ``limit`` tokens (with room for one more) from the oldest turn on
+    which it fits, every system message before that turn kept, as Ollama's chatPrompt keeps
     them; the last message is always kept (alone too long, it is refused as before)."""
     msgs = prompt.messages
 
-    def kept(start: int) -> list[dict]:
-        return [m for m in msgs[:start] if m["role"] == "system"] + msgs[start:]
+    def kept(start: int) -> Prompt:
+        return dataclasses.replace(prompt, messages=[m for m in msgs[:start] if m["role"] == "system"] + msgs[start:])
 
     def fits(start: int) -> bool:
-        text = chat_text(model, entry, kept(start), template=prompt.template, tools=prompt.tools) + prompt.prefill
-        return len(_ids(model, prompt, text)) < limit
+        shorter = kept(start)
+        return len(_ids(model, shorter, _text(model, entry, shorter))) < limit
 
-    lo, hi = 0, len(msgs) - 1  # fewer turns are shorter: the first start that fits, by halves
-    if fits(lo):
-        return prompt
+    lo, hi = 0, len(msgs) - 1  # the whole chat (lo) does not fit; fewer turns are shorter: halve
     while lo + 1 < hi:
         mid = (lo + hi) // 2
         lo, hi = (lo, mid) if fits(mid) else (mid, hi)
-    return dataclasses.replace(prompt, messages=kept(hi))
+    return kept(hi)
 
 
 def continuation_text(model: "Model", entry: "CatalogEntry", prompt: Prompt, context_tokens: list[int]) -> str:
