@@ -1,11 +1,17 @@
 """The prefix cache (ctxengine.serving.prefix_cache) on the real model: reuse,
 bounds, and output identical to computing the prompt from scratch."""
+import asyncio
+import time
+
 import numpy as np
 import pytest
 
 import ctxengine
 from ctxengine.engine.catalog import ModelCatalog
+from ctxengine.serving.generate import Sampling
+from ctxengine.serving.generation import GenerationRequest, Generations
 from ctxengine.serving.prefix_cache import PrefixCache, common_prefix
+from ctxengine.serving.prompts import Prompt
 from ctxengine.serving.runtime import Runtime
 
 
@@ -114,5 +120,34 @@ def test_runtime_keeps_cache_contexts_out_of_the_clients_view(smollm2_path):
         off.model(name)
         assert off.prefix_cache(name) is None
         off.close()
+    finally:
+        runtime.close()
+
+
+def test_a_reply_arrives_only_once_its_context_is_cached(smollm2_path, monkeypatch):
+    """A client sends its next turn the moment a reply arrives: the reply's context must
+    already be in the cache then. (The generation thread once told the client first and
+    cached after; on a busy machine the next turn missed and prefilled everything.)"""
+    slow_release = PrefixCache.release
+
+    def release(self, ctx, *, keep=True):
+        time.sleep(0.3)  # a busy machine, between the reply and the cache
+        slow_release(self, ctx, keep=keep)
+
+    monkeypatch.setattr(PrefixCache, "release", release)
+    runtime = Runtime(ModelCatalog.build([str(smollm2_path)], packaged=False))
+    try:
+        name = runtime.catalog.entries()[0].name
+        request = GenerationRequest(name, Prompt(text="The capital of France is"), Sampling(max_tokens=4))
+
+        async def reply():
+            return await (await Generations(runtime).start(request)).collect()
+
+        finished = asyncio.run(reply())
+        cache = runtime.prefix_cache(name)
+        assert len(cache) == 1
+        ctx, n = cache.acquire(finished.tokens + ids(runtime.model(name), " And"))
+        assert n == len(finished.tokens) - 1
+        ctx.delete()
     finally:
         runtime.close()

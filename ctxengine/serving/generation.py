@@ -242,13 +242,16 @@ class Generation:
             with cancelled_when(self._gone.is_set):  # a client gone during a long prompt stops it
                 ctx.append(ids[cached:])
             self._started(Started(self.entry.name, len(ids), cached, load_ns, time.perf_counter_ns() - t))
-            self._finish(self._decode(model, ctx, limit, t0))
+            finished = self._decode(model, ctx, limit, t0)
             ok = True
         finally:
             if cache is not None:
                 cache.release(ctx, keep=ok)
             else:
                 ctx.delete()
+        # Told only now, when the cache holds this request's context: a client's next turn,
+        # sent the moment this reply arrives, finds it there.
+        self._finish(finished)
 
     def _continue_named(self, model, load_ns: int, t0: int) -> None:
         with self._runtime.hold_context(self.request.context) as ctx:
