@@ -6,7 +6,7 @@ import pytest
 
 import ctxengine as ce
 from ctxengine.engine.catalog import CatalogEntry, ModelCatalog
-from ctxengine.errors import CtxError, ModelFileError
+from ctxengine.errors import CtxError, ModelFileError, UnsupportedModelError
 from ctxengine.ollama.store import add_ollama_models
 from ctxengine.serving.runtime import Runtime
 from lora_files import ALL, random_lora, write_lora
@@ -55,7 +55,7 @@ def test_adapter_layer_applies_to_every_request(served):
 
 def test_an_adapter_that_does_not_load_refuses_the_model(served):
     rt, _ = served
-    with pytest.raises(ModelFileError, match="sha256-[0-9a-f]{64}: "):
+    with pytest.raises(UnsupportedModelError, match="its ADAPTER layer cannot be used: sha256-[0-9a-f]{64}: "):
         rt.model("broken")
     assert rt.model("tuned") is not None  # the runtime goes on serving the others
 
@@ -144,5 +144,5 @@ def test_load_by_name_runs_the_adapter_layer_too(served, monkeypatch):
     finally:
         tuned.close()
         ref.close()
-    with pytest.raises(ModelFileError, match="sha256-[0-9a-f]{64}: "):
+    with pytest.raises(UnsupportedModelError, match="its ADAPTER layer cannot be used: sha256-[0-9a-f]{64}: "):
         ce.load("broken", threads=1)

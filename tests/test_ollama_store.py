@@ -13,12 +13,14 @@ from ctxengine.serving.catalog import build_catalog
 from ctxengine.ollama.store import add_ollama_models, ollama_roots, parse_model_name
 from ctxengine.state.model import resolve_model
 from ctxengine.errors import CtxError, InvalidNameError, ModelNotFoundError, UnsupportedModelError
+from lora_files import random_lora, write_lora
 from ollama_layout import DEFAULT_HOST, blob_path, go_json, make_ollama_store, manifest_path
 from tiny_models import TinyConfig, make_weights, write_gguf
 
 TEMPLATE = "{{- range .Messages }}<|im_start|>{{ .Role }}\n{{ .Content }}<|im_end|>\n{{ end }}<|im_start|>assistant\n"
 PARAMS = {"stop": ["<|im_end|>"], "temperature": 0.2, "num_ctx": 2048}
 SYSTEM = "You are terse."
+ADAPTER = "application/vnd.ollama.image.adapter"
 
 
 def _mamba(path: Path, rows: int = 8) -> Path:
@@ -29,6 +31,12 @@ def _mamba(path: Path, rows: int = 8) -> Path:
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+def _other_arch_lora(files: Path) -> bytes:
+    path = files / "gemma-adapter.gguf"
+    write_lora(path, "gemma3", random_lora({"attn_q": (640, 1024)}, 1, 2, ("attn_q",)))
+    return path.read_bytes()
 
 
 def _iquant(path: Path) -> Path:
@@ -50,9 +58,17 @@ def store(tmp_path_factory, smollm2_path):
     make_ollama_store(root, "iquant", _iquant(files / "iquant.gguf"))
     make_ollama_store(root, "safetensors", smollm2_path,
                       extra_layers=[("application/vnd.ollama.image.tensor", b"\0" * 64)])
-    make_ollama_store(root, "adapter", smollm2_path, extra_layers=[("application/vnd.ollama.image.adapter", b"lora")])
+    adapter = files / "adapter.gguf"
+    write_lora(adapter, "llama", random_lora({"attn_q": (576, 576)}, 1, 2, ("attn_q",)))
+    make_ollama_store(root, "adapter", smollm2_path, extra_layers=[(ADAPTER, adapter.read_bytes())])
+    make_ollama_store(root, "notlora", smollm2_path, extra_layers=[(ADAPTER, b"lora")])
+    make_ollama_store(root, "otherarch", smollm2_path, extra_layers=[(ADAPTER, _other_arch_lora(files))])
     make_ollama_store(root, "badparams", smollm2_path,
                       extra_layers=[("application/vnd.ollama.image.params", b"{not json")])
+    make_ollama_store(root, "hotparams", smollm2_path, params={"temperature": "hot", "stop": ["x"]})
+    make_ollama_store(root, "nostop", smollm2_path, params={"stop": [1]})
+    make_ollama_store(root, "zeroctx", smollm2_path, params={"num_ctx": 0})
+    make_ollama_store(root, "oddparams", smollm2_path, params={"unknown": [1, {}], "num_ctx": 64.0, "use_mmap": True})
     # A manifest whose model blob is gone.
     make_ollama_store(root, "gone", _mamba(files / "gone.gguf", rows=4))
     gone = json.loads(manifest_path(root, "gone").read_text())
@@ -126,7 +142,8 @@ def test_every_manifest_is_listed(catalog):
     names = {e.name for e in catalog.entries()}
     assert names == {"smollm2:135m", "smollm2:latest", "someone/smol:q4", "localhost:5000/team/smol:v1",
                      "mamba:latest", "iquant:latest", "safetensors:latest", "adapter:latest", "badparams:latest",
-                     "gone:latest", "garbage:latest"}  # not .../library/-bad/latest: no model's name
+                     "gone:latest", "garbage:latest", "notlora:latest", "otherarch:latest", "hotparams:latest",
+                     "nostop:latest", "zeroctx:latest", "oddparams:latest"}  # not .../library/-bad/latest: no model's name
     assert all(e.source == "ollama" for e in catalog.entries())
 
 
@@ -164,7 +181,12 @@ def test_layers_are_read(catalog, store, smollm2_path):
 
 def test_adapter_layers_are_kept(catalog):
     e = catalog.get("adapter")  # served with its ADAPTER layer (tests/test_lora_ollama.py loads real ones)
-    assert e.servable and len(e.adapters) == 1 and e.adapters[0].read_bytes() == b"lora"
+    assert e.servable and len(e.adapters) == 1 and e.adapters[0].read_bytes()[:4] == b"GGUF"
+
+
+def test_params_ollama_ignores_or_we_can_apply_are_servable(catalog):
+    e = catalog.get("oddparams")  # unknown names ignored, as Ollama does; 64.0 is an integer
+    assert e.servable and e.params["num_ctx"] == 64.0
 
 
 @pytest.mark.parametrize("name, reason", [
@@ -172,6 +194,13 @@ def test_adapter_layers_are_kept(catalog):
     ("iquant", "tensor type IQ4_NL is not supported"),
     ("safetensors", "safetensors"),
     ("badparams", "params layer is not valid JSON"),
+    # Listed as servable once, these failed every request with a 500 (a model's broken
+    # defaults, or an adapter that could never load, found only at use).
+    ("hotparams", "the params layer's 'temperature' must be a finite number, not 'hot'"),
+    ("nostop", "the params layer's 'stop' must be a list of strings"),
+    ("zeroctx", "'num_ctx' must be >= 1"),
+    ("notlora", "its ADAPTER layer cannot be used: sha256-"),
+    ("otherarch", "an adapter for architecture 'gemma3', and the model is 'llama'"),
     ("gone", "is missing"),
     ("garbage", "manifest is not valid JSON"),
 ])

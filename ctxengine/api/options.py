@@ -13,6 +13,7 @@ names are ignored, as Ollama ignores them.
 """
 from __future__ import annotations
 
+from ..serving.exports import OLLAMA_NO_EFFECT, OLLAMA_SAMPLER
 from ..serving.generate import Sampling
 from .errors import ApiError
 from .fields import Fields
@@ -20,25 +21,14 @@ from .fields import Fields
 __all__ = ["Sampling", "entry_sampling", "ollama_sampling"]
 
 
-# Ollama option -> (kind, SamplerParams field or None: no effect here)
-_SAMPLER = {"temperature": "float", "top_k": "int", "top_p": "float", "min_p": "float",
-            "repeat_penalty": "float", "repeat_last_n": "int", "presence_penalty": "float",
-            "frequency_penalty": "float"}
-_NO_EFFECT = {"num_keep": "int", "typical_p": "float", "tfs_z": "float", "mirostat": "int",
-              "mirostat_tau": "float", "mirostat_eta": "float", "penalize_newline": "bool", "numa": "bool",
-              "num_batch": "int", "num_gpu": "int", "main_gpu": "int", "low_vram": "bool", "f16_kv": "bool",
-              "logits_all": "bool", "vocab_only": "bool", "use_mmap": "bool", "use_mlock": "bool",
-              "embedding_only": "bool", "num_thread": "int"}
-
-
 def ollama_sampling(options: dict, where: str = "options.") -> Sampling:
     """Ollama options (a request's, or a params layer's) as Sampling."""
     f = Fields(options, where)
     out = Sampling()
-    for name, kind in _SAMPLER.items():
+    for name, kind in OLLAMA_SAMPLER.items():
         if name in f:
             out.params[name] = getattr(f, kind)(name)
-    for name, kind in _NO_EFFECT.items():
+    for name, kind in OLLAMA_NO_EFFECT.items():
         if name in f:
             getattr(f, kind)(name)
     if "seed" in f:

@@ -11,6 +11,15 @@ from ..errors import CtxError
 from .gguf_file import open_gguf
 
 _reasons: dict[tuple, str | None] = {}  # by the file's identity (a served catalog is built again often)
+_adapter_reasons: dict[tuple, str | None] = {}  # by the adapter's and the model's identities
+
+
+def _identity(path: Path) -> tuple | None:
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return str(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
 
 
 def unservable_reason(path: Path) -> str | None:
@@ -19,11 +28,7 @@ def unservable_reason(path: Path) -> str | None:
     walks the whole vocabulary, tens of milliseconds a model."""
     from .config import unsupported_reason  # loads the native core: only when a file is looked at
 
-    try:
-        st = path.stat()
-        key = (str(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
-    except OSError:
-        key = None
+    key = _identity(path)
     if key is not None and key in _reasons:
         return _reasons[key]
     try:
@@ -37,4 +42,29 @@ def unservable_reason(path: Path) -> str | None:
         why = f"{path.name}: cannot read its header: {type(err).__name__}: {err}"
     if key is not None:
         _reasons[key] = why
+    return why
+
+
+def adapter_reason(adapter: Path, model: Path) -> str | None:
+    """Why ``adapter`` cannot be a LoRA adapter of the model in ``model``, from the two
+    headers (the matrices' shapes are checked when it is loaded), or None. Remembered
+    while both files are the same."""
+    key = (_identity(adapter), _identity(model))
+    if None not in key and key in _adapter_reasons:
+        return _adapter_reasons[key]
+    try:
+        with open_gguf(adapter, header_only=True) as f:
+            kind, lora, arch = f.get("general.type"), f.get("adapter.type"), f.arch
+        with open_gguf(model, header_only=True) as f:
+            model_arch = f.arch
+        if kind != "adapter" or lora != "lora":
+            why = f"{adapter.name}: not a LoRA adapter (general.type {kind!r}, adapter.type {lora!r})"
+        elif arch != model_arch:
+            why = f"{adapter.name}: an adapter for architecture {arch!r}, and the model is {model_arch!r}"
+        else:
+            why = None
+    except CtxError as err:
+        why = str(err)
+    if None not in key:
+        _adapter_reasons[key] = why
     return why

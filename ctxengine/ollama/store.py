@@ -27,8 +27,9 @@ from typing import Iterable
 from .. import paths
 from ..errors import CtxError, InvalidNameError
 from ..engine.catalog import ModelCatalog
-from ..engine.servable import unservable_reason
+from ..engine.servable import adapter_reason, unservable_reason
 from ..engine.model_source import CatalogEntry
+from .options import params_problem
 
 DEFAULT_HOST = "registry.ollama.ai"
 DEFAULT_NAMESPACE = "library"
@@ -195,6 +196,9 @@ def read_manifest(root: Path, name: OllamaName, path: Path) -> CatalogEntry:
             raise _Refused(f"a cloud model served by {entry.config['remote_host']}, not stored here")
         model_path = _read_layers(root, manifest["layers"], entry)
         _check_gguf(model_path)
+        for adapter in entry.adapters:
+            if (why := adapter_reason(adapter, model_path)) is not None:
+                raise _Refused(f"its ADAPTER layer cannot be used: {why}")
         entry.path = model_path
     except _Refused as why:
         entry.error = str(why)
@@ -252,6 +256,8 @@ def _read_layers(root: Path, layers: list, entry: CatalogEntry) -> Path:
             params = _json(_blob(root, layer)[0].read_bytes(), "the params layer")
             if not isinstance(params, dict):
                 raise _Refused("the params layer is not a JSON object")
+            if (why := params_problem(params)) is not None:
+                raise _Refused(why)
             entry.params = params
     if model_path is None:
         raise _Refused("no GGUF model layer")
