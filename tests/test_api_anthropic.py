@@ -67,6 +67,19 @@ def test_top_k_and_top_p_are_honoured(anthropic_client):
         anthropic_client.messages.create(extra_body={"top_p": 1.5}, **kw)
 
 
+def test_a_seed_makes_a_sampled_reply_again(anthropic_client, server):
+    """``seed`` (our extension, as OpenAI's): it was read by no one, so no sampled reply
+    could be had again. A seed gives the reply OpenAI's face gives for it."""
+    kw = dict(model="smollm2", max_tokens=12, messages=HELLO)
+    replies = [anthropic_client.messages.create(extra_body={"temperature": 1.0, "seed": s}, **kw).content[0].text
+               for s in (7, 7, 8, 9, 10)]
+    assert replies[0] == replies[1] and len(set(replies[1:])) > 1
+    body = {"model": "smollm2", "max_tokens": 12, "messages": HELLO, "temperature": 1.0, "seed": 7}
+    assert server.post("/v1/chat/completions", body).json()["choices"][0]["message"]["content"] == replies[0]
+    with pytest.raises(anthropic.BadRequestError, match="'seed' must be a 64-bit integer"):
+        anthropic_client.messages.create(extra_body={"seed": 1 << 64}, **kw)
+
+
 def test_count_tokens(anthropic_client, model):
     r = anthropic_client.messages.count_tokens(model="smollm2", messages=HELLO, system="Be brief.")
     msgs = [{"role": "system", "content": "Be brief."}, *HELLO]

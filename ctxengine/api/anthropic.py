@@ -2,7 +2,8 @@
 
 ``system`` (a string or text blocks), messages with text content blocks,
 ``max_tokens`` (required, as Anthropic requires it), ``temperature``,
-``top_p`` (both in [0, 1], as Anthropic's), ``top_k``, ``stop_sequences``;
+``top_p`` (both in [0, 1], as Anthropic's), ``top_k``, ``stop_sequences``,
+``seed`` (our extension, as OpenAI's);
 ``stream`` sends Anthropic's event sequence. A final assistant message is a
 prefill: the reply continues its text and holds only the continuation. Usage
 follows Anthropic's accounting: ``input_tokens`` are the prompt tokens that
@@ -30,7 +31,7 @@ from ..serving.prompts import Prompt, prompt_ids
 from ..text.tools import ToolUse
 from .errors import ANTHROPIC, ApiError, error_body
 from .fields import Fields, json_body, messages_of, text_content
-from .options import Sampling
+from .options import Sampling, seed
 from .streaming import GenerationStream, Writer, collected, sse, started
 from .structured import anthropic_grammar
 from .tools import anthropic_blocks, anthropic_messages, anthropic_tool_use
@@ -66,6 +67,8 @@ def sampling(f: Fields) -> Sampling:
     params = {name: f.float(name, within=(0, 1)) for name in ("temperature", "top_p") if name in f}
     if "top_k" in f:
         params["top_k"] = f.int("top_k", min=0)
+    if "seed" in f:  # our extension (Anthropic has none): a sampled reply that can be had again
+        params["seed"] = seed(f)
     return Sampling(max_tokens=f.int("max_tokens", min=1), stop=f.str_list("stop_sequences", None, one=False),
                     params=params, speculative=f.bool("speculative", None))
 

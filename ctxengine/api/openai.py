@@ -27,7 +27,7 @@ from ..serving.prompts import Prompt
 from .embeddings import embed
 from .errors import OPENAI, ApiError, error_body
 from .fields import Fields, json_body, messages_of
-from .options import Sampling
+from .options import Sampling, seed
 from .streaming import GenerationStream, Writer, collected, sse, started
 from .structured import openai_grammar
 from .tools import openai_calls, openai_message, openai_tool_use
@@ -56,15 +56,6 @@ def sampling(f: Fields, default_max_tokens: int | None = None) -> Sampling:
         max_tokens = f.int("max_tokens", default_max_tokens, min=1)
     return Sampling(max_tokens=max_tokens, stop=f.str_list("stop", None), params=params,
                     speculative=f.bool("speculative", None))
-
-
-def seed(f: Fields) -> int:
-    """OpenAI's ``seed``, a signed 64-bit integer, as the engine's unsigned one (two's complement);
-    seeds up to 2**64 - 1 are taken as they always were."""
-    value = f.int("seed")
-    if not -(1 << 63) <= value < 1 << 64:
-        raise ApiError(400, f"'seed' must be a 64-bit integer, got {value}", param="seed")
-    return value % (1 << 64)
 
 
 def refuse_stream_options(f: Fields) -> None:

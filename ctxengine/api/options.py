@@ -18,7 +18,7 @@ from ..serving.generate import Sampling
 from .errors import ApiError
 from .fields import Fields
 
-__all__ = ["Sampling", "entry_sampling", "ollama_sampling"]
+__all__ = ["Sampling", "entry_sampling", "ollama_sampling", "seed"]
 
 
 def ollama_sampling(options: dict, where: str = "options.") -> Sampling:
@@ -53,3 +53,12 @@ def entry_sampling(entry) -> Sampling:
         return ollama_sampling(entry.params, where=f"{entry.name} params layer: ")
     except ApiError as err:
         raise ApiError(500, f"model '{entry.name}' has an unusable params layer: {err.message}") from None
+
+
+def seed(f: Fields) -> int:
+    """OpenAI's ``seed``, a signed 64-bit integer, as the engine's unsigned one (two's complement);
+    seeds up to 2**64 - 1 are taken as they always were."""
+    value = f.int("seed")
+    if not -(1 << 63) <= value < 1 << 64:
+        raise ApiError(400, f"'seed' must be a 64-bit integer, got {value}", param="seed")
+    return value % (1 << 64)

@@ -33,8 +33,8 @@ from ..serving.prompts import Prompt
 from ..text.tools import ToolCall
 from .errors import ApiError
 from .fields import Fields, json_body, text_content
-from .openai import RANGES, ROLES, refuse_stream_options, seed
-from .options import Sampling
+from .openai import RANGES, ROLES, refuse_stream_options
+from .options import Sampling, seed
 from .response_store import ResponseStore, context_name, new_id
 from .streaming import GenerationStream, Writer, collected, sse, started
 from .structured import responses_grammar
