@@ -211,7 +211,7 @@ def test_pages_are_reserved_when_a_request_is_admitted(model):
     seq = eng.new_sequence()
     asked = []
     eng.forward(seq, list(range(1, 600)), reserve=asked.append)  # three chunks, one admission
-    assert asked == [-(-599 // pt) + 1]
+    assert asked == [-(-599 // pt)]  # a new sequence: no shared page to copy
 
     def refuse(n):
         raise ContextError(f"no room for {n} pages")
@@ -222,6 +222,38 @@ def test_pages_are_reserved_when_a_request_is_admitted(model):
     _, errs = concurrently([lambda: eng.forward(eng.new_sequence(), [1, 2], reserve=refuse),
                             lambda: eng.forward(eng.new_sequence(), [1, 2, 3])])
     assert isinstance(errs[0], ContextError) and errs[1] is None
+
+
+def test_a_pool_holds_as_many_tokens_as_its_pages(smollm2_path, model):
+    """Every page of a pool can be filled: a reservation counts one more page only to copy
+    a partly filled last page that a fork shares (always one more left the last page
+    unused: a context could never fill a pool of its own)."""
+    from ctxengine.engine.engine import Engine
+    from ctxengine.errors import ContextError
+
+    small = ce.Model(Engine(smollm2_path, threads=1, kv_budget=16 * model.engine.pool.page_bytes))
+    try:
+        pool, pt = small.engine.pool, small.engine.pool.page_tokens
+        whole = small.context("whole")
+        whole.append(list(range(100, 100 + 16 * pt)))  # all 16 pages
+        assert pool.n_used == 16 and whole.n_cached == 16 * pt
+        whole.delete()
+        ctx = small.context("a")
+        ctx.append(list(range(100, 100 + 7 * pt + 3)))  # 8 pages, the last partly filled
+        fork = ctx.fork("b")
+        seq = fork._kv.seq
+        asked = []
+        small.engine.forward(seq, [5, 6], reserve=asked.append)  # the shared last page is copied first
+        assert asked == [1] and pool.n_used == 9
+        asked.clear()
+        small.engine.forward(seq, [7], reserve=asked.append)  # now its own
+        assert asked == [0]
+        ctx.append(list(range(200, 200 + 8 * pt - 3)))  # its own last page, and 7 more: 16 in all
+        assert pool.n_used == 16
+        with pytest.raises(ContextError, match="pool"):
+            ctx.append([1])
+    finally:
+        small.close()
 
 
 def test_sequences_let_go_of_give_their_pages_back_without_another_step(model):

@@ -69,8 +69,13 @@ def cancelled_when(check: Callable[[], bool]) -> Iterator[None]:
 
 
 def pages_needed(seq, n_tokens: int, page_tokens: int) -> int:
-    """New pages n_tokens more fill on seq, plus one for copying a shared last page before writing it."""
-    return -(-(seq.n_tokens + n_tokens) // page_tokens) - len(seq.pages) + 1
+    """New pages n_tokens more fill on seq, plus one for copying its last page before writing
+    it when that page is partly filled and shared (a fork's). Only a forward on seq changes
+    that, and seq's forwards run one at a time (its context's lock), so the count holds
+    until the forward takes its pages. (One more page, always, left a pool's last unused.)"""
+    pages = seq.pages
+    copy = bool(pages) and seq.n_tokens % page_tokens != 0 and seq.pool.refcount(pages[-1]) > 1
+    return -(-(seq.n_tokens + n_tokens) // page_tokens) - len(pages) + copy
 
 
 class _Request:
