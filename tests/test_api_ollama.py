@@ -173,6 +173,12 @@ def test_options_unknown_ignored_wrong_types_refused(ollama_client, server):
         assert set(r.json()) == {"error"} and next(iter(bad)) in r.json()["error"]
 
 
+def test_a_context_of_ids_outside_the_vocabulary_is_refused(server):
+    for context in ([2**64], [-1], [1, 10**6]):  # 2**64 was a 500 (an OverflowError in the prefix cache)
+        r = server.post("/api/generate", {"model": "smollm2", "prompt": "Hi", "stream": False, "context": context})
+        assert r.status_code == 400 and "outside the vocabulary" in r.json()["error"], context
+
+
 def test_load_unload_and_ps(ollama_client):
     assert ollama_client.generate(model="smollm2", prompt="", keep_alive=0).done_reason == "unload"
     assert "smollm2" not in [m.model for m in ollama_client.ps().models]

@@ -161,6 +161,9 @@ def test_refused_requests_are_openai_errors(openai_client):
     with pytest.raises(openai.BadRequestError, match="token id 99999999 is outside the vocabulary"):
         openai_client.chat.completions.create(model="smollm2", messages=QUESTION, max_tokens=2,
                                               logit_bias={"99999999": 1})
+    for ids in ([2**64], [1, -1], [10**6]):  # 2**64 was a 500 (an OverflowError in the prefix cache)
+        with pytest.raises(openai.BadRequestError, match="outside the vocabulary"):
+            openai_client.completions.create(model="smollm2", prompt=ids, max_tokens=2)
     with pytest.raises(openai.BadRequestError, match=r"logit_bias\[5\] must be in \[-100, 100\]"):
         openai_client.chat.completions.create(model="smollm2", messages=QUESTION, max_tokens=2, logit_bias={"5": 300})
     with pytest.raises(openai.BadRequestError, match="'messages' is empty"):

@@ -101,7 +101,9 @@ def _text(model: "Model", entry: "CatalogEntry", prompt: Prompt) -> str:
 
 def _ids(model: "Model", prompt: Prompt, text: str) -> list[int]:
     ids = model.tokenize(text, parse_special=True)
-    ids = list(prompt.prefix_ids) + ids if prompt.prefix_ids else model.tokenizer.with_bos(ids)
+    # token ids a client sent (a completion's prompt, Ollama's context): checked here, before
+    # anything (the prefix cache's int64 arrays, say) reads them
+    ids = model.engine.checked_ids(prompt.prefix_ids) + ids if prompt.prefix_ids else model.tokenizer.with_bos(ids)
     if not ids:
         raise CtxError("the prompt is empty")
     return ids
