@@ -6,9 +6,11 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import gguf
+import numpy as np
 import pytest
 
 import ctxengine as ce
@@ -66,6 +68,30 @@ def test_token_embeddings_must_be_a_matrix(tmp_path, shape):
     ggml_shape = re.escape(str(list(reversed(shape))))  # GGUF lists the row length first
     with pytest.raises(ModelFileError, match=rf"token_embd.weight has shape {ggml_shape}, not \[n_embd, n_vocab\]"):
         ce.load(path, threads=1)
+
+
+def test_a_weight_with_a_third_dimension_is_refused(tmp_path):
+    # [64, 64, 2] loaded and ran on half of the tensor, silently
+    weights = make_weights(TinyConfig())
+    q = weights["blk.0.attn_q.weight"]
+    weights["blk.0.attn_q.weight"] = np.stack([q, q])
+    path = write_model(tmp_path / "q3d.gguf", {}, weights=weights)
+    with pytest.raises(ModelFileError, match=r"q3d.gguf: tensor blk.0.attn_q.weight has shape \[64, 64, 2\]; "
+                                             "the engine's weights have at most two dimensions"):
+        ce.load(path, threads=1)
+    weights["blk.0.attn_q.weight"] = q.reshape(1, *q.shape)  # a dimension of 1 is no dimension
+    ce.load(write_model(tmp_path / "q1.gguf", {}, weights=weights), threads=1).close()
+
+
+@pytest.mark.parametrize("cfg", [TinyConfig(), GEMMA3], ids=["llama", "gemma3"])
+def test_a_block_count_beyond_the_files_blocks_is_refused_at_once(tmp_path, cfg):
+    # gemma3 built a per-layer tuple of 2**31 - 1 first: the load hung, eating memory
+    path = write_model(tmp_path / "blocks.gguf", {f"{cfg.arch}.block_count": (2**31 - 1, VT.UINT32)}, cfg)
+    t = time.monotonic()
+    with pytest.raises(ModelFileError, match=f"{cfg.arch}.block_count is 2147483647, and the file holds "
+                                             "no tensor of block 2147483646"):
+        ce.load(path, threads=1)
+    assert time.monotonic() - t < 10
 
 
 # -- hyperparameters ---------------------------------------------------------------

@@ -67,6 +67,10 @@ class ModelConfig:
         n_embd = _int_key(f, "embedding_length")
         n_head = _int_key(f, "attention.head_count")
         n_layer = _int_key(f, "block_count")
+        if not any(name.startswith(f"blk.{n_layer - 1}.") for name in f.tensors):
+            # before anything is built per layer (a 2**31 - 1 once built a tuple that large)
+            raise ModelFileError(f"{f.path.name}: {f.arch}.block_count is {n_layer}, and the file holds "
+                                 f"no tensor of block {n_layer - 1}")
         head_dim = _int_key(f, "attention.key_length", n_embd // n_head)
         if head_dim < 1:  # no key_length, and fewer embedding dims than heads
             raise ModelFileError(f"{f.path.name}: {f.arch}.embedding_length {n_embd} is smaller than "
@@ -230,4 +234,8 @@ def unsupported_reason(f: GGUFFile) -> str | None:
         ModelConfig.from_gguf(f)
     except UnsupportedModelError as err:
         return str(err).removeprefix(f"{f.path.name}: ")
+    for t in f.tensors.values():
+        if any(d != 1 for d in t.shape[2:]):  # the kernels read a matrix's first two dimensions only
+            raise ModelFileError(f"{f.path.name}: tensor {t.name} has shape {list(t.shape)}; "
+                                 "the engine's weights have at most two dimensions")
     return None
