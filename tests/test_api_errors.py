@@ -82,7 +82,35 @@ def test_unknown_routes_in_the_dialect_of_their_path(server):
     r = server.post("/api/nothing-here", {})
     assert r.status_code == 404 and "no such route" in message_of(r, "ollama")
     r = server.get("/v1/chat/completions")
-    assert r.status_code == 405
+    assert r.status_code == 405 and r.headers["allow"] == "POST"  # HTTP requires it; it was dropped
+
+
+@pytest.mark.parametrize("route,body,dialect", ROUTES)
+def test_a_number_too_large_for_a_float_is_400_and_the_connection_lives_on(server, route, body, dialect):
+    # an OverflowError: a 500, after which the server dropped the connection (the client's next
+    # request on it failed too)
+    field = {"openai": "temperature", "anthropic": "top_p", "ollama": "min_p"}[dialect]
+    sent = {**body, "options": {**body["options"], field: "BIG"}} if dialect == "ollama" else {**body, field: "BIG"}
+    raw = json.dumps(sent).replace('"BIG"', "1" + "0" * 400)
+    with httpx.Client(base_url=server.url, timeout=30) as client:
+        r = client.post(route, content=raw, headers={"content-type": "application/json"})
+        assert r.status_code == 400 and f"{field}' must be a finite number" in message_of(r, dialect)
+        assert client.get("/health").status_code == 200
+
+
+@pytest.mark.parametrize("route,body,dialect", ROUTES)
+def test_a_refusal_that_repeats_a_lone_surrogate_is_still_the_refusal(server, route, body, dialect):
+    # the error's JSON was encoded as UTF-8, which has no lone surrogate: a 500
+    r = httpx.post(server.url + route, content=json.dumps({**body, "model": "m\ud800"}), timeout=30,
+                   headers={"content-type": "application/json"})
+    assert r.status_code == 404 and "m\ud800" in message_of(r, dialect)
+
+
+@pytest.mark.parametrize("options", [0, False, [], ""])
+def test_ollama_options_must_be_an_object(server, options):
+    # taken as {} (and with it any num_predict meant)
+    r = server.post("/api/chat", {**ROUTES[2][1], "options": options})
+    assert r.status_code == 400 and message_of(r, "ollama").startswith("options must be an object")
 
 
 def test_cors_is_off_unless_configured(server):

@@ -37,17 +37,18 @@ _ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 4
 
 class ApiError(Exception):
     def __init__(self, status: int, message: str, *, param: str | None = None,
-                 retry_after_s: float | None = None):
+                 retry_after_s: float | None = None, extra_headers: dict[str, str] | None = None):
         super().__init__(message)
         self.status = status
         self.message = message
         self.param = param
         self.retry_after_s = retry_after_s  # sent as Retry-After (whole seconds, at least 1)
+        self.extra_headers = extra_headers or {}  # a 405's Allow, say
 
     def headers(self) -> dict[str, str]:
         if self.retry_after_s is None:
-            return {}
-        return {"retry-after": str(max(1, math.ceil(self.retry_after_s)))}
+            return dict(self.extra_headers)
+        return {**self.extra_headers, "retry-after": str(max(1, math.ceil(self.retry_after_s)))}
 
 
 def dialect_of(path: str) -> str:
@@ -106,9 +107,12 @@ def error_body(dialect: str, err: ApiError) -> dict:
 
 
 def error_response(dialect: str, err: ApiError):
-    from starlette.responses import JSONResponse
+    """The error as a response. Its JSON is ASCII (``error_bytes``): a message that repeats a
+    client's string holding a lone surrogate is still sent (UTF-8 has no spelling for one)."""
+    from starlette.responses import Response
 
-    return JSONResponse(error_body(dialect, err), status_code=err.status, headers=err.headers())
+    return Response(error_bytes(dialect, err), status_code=err.status, headers=err.headers(),
+                    media_type="application/json")
 
 
 def error_bytes(dialect: str, err: ApiError) -> bytes:

@@ -123,7 +123,7 @@ class Fields:
         value = self._get(name, default)
         if value is default:
             return value
-        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not finite(value):
             raise self._bad(name, "a finite number", value)
         if within is not None and not within[0] <= value <= within[1]:
             raise ApiError(400, f"'{self.where}{name}' must be in [{within[0]:g}, {within[1]:g}], got {value}",
@@ -163,6 +163,14 @@ class Fields:
         """400 if the field is set to anything but null/false/empty."""
         if self.data.get(name) not in (None, False, [], {}, ""):
             raise ApiError(400, f"'{self.where}{name}' is not supported: {why}", param=name)
+
+
+def finite(value: numbers.Real) -> bool:
+    """Whether a JSON number is finite as a float (an integer of 400 digits is not: it has none)."""
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
 
 
 def messages_of(f: Fields) -> list:

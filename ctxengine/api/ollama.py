@@ -234,7 +234,7 @@ def _embedding_routes(router: APIRouter, o: _Ollama) -> None:
     async def embed_route(request: Request):
         f = Fields(await json_body(request))
         name = o.model_name(f)
-        ollama_sampling(f.data.get("options") or {})  # checked, though nothing in it applies
+        ollama_sampling(f.obj("options").data)  # checked, though nothing in it applies
         if f.data.get("input") in (None, "", []):  # as Ollama's EmbedHandler: the model loads, nothing is embedded
             await anyio.to_thread.run_sync(lambda: o.runtime.model(name))
             o.apply_keep_alive(f, name)
@@ -251,7 +251,7 @@ def _embedding_routes(router: APIRouter, o: _Ollama) -> None:
     async def embeddings_route(request: Request):
         f = Fields(await json_body(request))
         name = o.model_name(f)
-        ollama_sampling(f.data.get("options") or {})
+        ollama_sampling(f.obj("options").data)
         text = f.str("prompt", "")
         if not text:
             return {"embedding": []}
@@ -276,7 +276,7 @@ def _keep_alive(f: Fields):
 
 
 def _sampling(f: Fields):
-    s = ollama_sampling(f.data.get("options") or {})
+    s = ollama_sampling(f.obj("options").data)
     s.speculative = f.bool("speculative", None)  # our extension: false turns drafting off
     return s
 

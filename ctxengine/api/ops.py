@@ -6,7 +6,7 @@ responses): it refuses a missing or wrong API key on every route but
 ``x-api-key: KEY``), refuses a body over the size limit (413, by Content-Length up front, or while
 a chunked body is read), refuses writes a browser sends from another site (403: a web page the
 user visits must not drive a local server; API clients send no Origin), and counts requests by
-route and status.
+route and status. :class:`Bugs`, inside it, answers what no handler took.
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import time
 from fastapi import APIRouter, FastAPI, Request
 from starlette.responses import JSONResponse, Response
 
-from .errors import ApiError, dialect_of, error_response
+from .errors import ApiError, as_api_error, dialect_of, error_response
 
 OPEN_PATHS = frozenset({"/health"})
 STUDIO_PAGE = "/studio"  # the studio's static files hold no data; the page asks for the key itself
@@ -94,6 +94,33 @@ class Guard:
             return message
 
         return limited
+
+
+class Bugs:
+    """Whatever a route raises that no handler takes (a bug) is a 500 in the route's dialect,
+    its traceback logged. Here, not as FastAPI's catch-all handler, which answers and then
+    raises again, so that the server dropped the connection: the client's next request on
+    it, pipelined or kept alive, failed too. A reply already begun can only be cut."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        started = False
+
+        async def sending(message):
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, sending)
+        except Exception as err:  # noqa: BLE001 - a bug, answered and logged (as_api_error)
+            if started:
+                raise
+            await error_response(dialect_of(scope["path"]), as_api_error(err))(scope, receive, send)
 
 
 def _open(path: str) -> bool:

@@ -68,7 +68,8 @@ def build_app(runtime, *, api_key: str | None = None, max_body: int = DEFAULT_MA
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, err: HTTPException):
         message = "no such route" if err.status_code == 404 else str(err.detail)
-        return reply(request, ApiError(err.status_code, f"{message}: {request.method} {request.url.path}"))
+        return reply(request, ApiError(err.status_code, f"{message}: {request.method} {request.url.path}",
+                                       extra_headers=dict(err.headers or {})))  # a 405's Allow
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, err: RequestValidationError):
@@ -76,10 +77,7 @@ def build_app(runtime, *, api_key: str | None = None, max_body: int = DEFAULT_MA
         where = ".".join(str(x) for x in first.get("loc", ()))
         return reply(request, ApiError(400, f"invalid {where}: {first.get('msg', 'bad request')}"))
 
-    @app.exception_handler(Exception)
-    async def bug(request: Request, err: Exception):
-        return reply(request, as_api_error(err))
-
+    app.add_middleware(ops.Bugs)  # innermost: anything else is a 500 that keeps the connection
     app.add_middleware(ops.Guard, api_key=api_key, max_body=max_body, metrics=metrics, cors_origins=cors_origins)
     ops.add_cors(app, list(cors_origins))
     app.add_middleware(fleet.HostHeader, host_id=runtime.host_id)

@@ -36,7 +36,10 @@ def fits(kind: str, value: object) -> bool:
     if kind == "int":
         return isinstance(value, int) or (isinstance(value, float) and value.is_integer())
     if kind == "float":
-        return isinstance(value, numbers.Real) and math.isfinite(value)
+        try:
+            return isinstance(value, numbers.Real) and math.isfinite(value)
+        except OverflowError:  # an integer too large for a float: no finite number here either
+            return False
     return isinstance(value, str) or (isinstance(value, list) and all(isinstance(v, str) for v in value))
 
 
