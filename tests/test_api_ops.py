@@ -148,3 +148,21 @@ def test_sigterm_finishes_short_streams_and_cuts_long_ones(tmp_path):
 
 def finish_of(stream: dict) -> str:
     return json.loads(stream["events"][-3])["choices"][0]["finish_reason"]
+
+
+def test_a_bug_is_a_500_in_the_routes_shape_and_goes_no_further(caplog):
+    """ops.Bugs answers what no handler took. FastAPI's catch-all handler answered and raised
+    again, and the server then dropped the connection (a kept-alive or pipelined request
+    after it failed too); here nothing leaves the app but the reply."""
+    from starlette.testclient import TestClient
+
+    from ctxengine.api.ops import Bugs
+
+    async def broken(scope, receive, send):
+        raise RuntimeError("a bug")
+
+    client = TestClient(Bugs(broken))  # it raises what the app lets through
+    r = client.post("/api/chat", json={})
+    assert r.status_code == 500 and r.json() == {"error": "internal error: RuntimeError: a bug"}
+    assert client.get("/v1/models").json()["error"]["type"] == "server_error"
+    assert "a bug" in caplog.text  # its traceback is logged
