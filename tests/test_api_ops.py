@@ -166,3 +166,32 @@ def test_a_bug_is_a_500_in_the_routes_shape_and_goes_no_further(caplog):
     assert r.status_code == 500 and r.json() == {"error": "internal error: RuntimeError: a bug"}
     assert client.get("/v1/models").json()["error"]["type"] == "server_error"
     assert "a bug" in caplog.text  # its traceback is logged
+
+
+def test_a_connection_that_never_sends_a_whole_request_head_is_closed(tmp_path):
+    """--header-timeout: a connection that sends nothing, or a head a byte at a time, is
+    closed once the time is up (uvicorn timed only idle kept-alive connections: such
+    connections were held for good, and enough of them took every file descriptor)."""
+    import socket
+    from urllib.parse import urlsplit
+
+    from api_server import running
+
+    with running(tmp_path, "--header-timeout", "1") as server:
+        address = urlsplit(server.url)
+        opened = [socket.create_connection((address.hostname, address.port), timeout=10) for _ in range(3)]
+        silent, partial, trickle = opened
+        partial.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n")
+        t = time.monotonic()
+        with pytest.raises(OSError):  # cut while it trickles
+            for byte in b"GET /health HTTP/1.1\r\nHost: x\r\n":
+                trickle.sendall(bytes([byte]))
+                time.sleep(0.2)
+        assert time.monotonic() - t < 5
+        assert silent.recv(100) == b"" and partial.recv(100) == b""
+        with httpx.Client(base_url=server.url) as client:  # whole requests are untouched, idle ones kept
+            assert client.get("/health").status_code == 200
+            time.sleep(1.5)
+            assert client.get("/health").status_code == 200
+        for s in opened:
+            s.close()

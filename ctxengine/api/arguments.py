@@ -5,6 +5,7 @@ import argparse
 
 DEFAULT_MAX_BODY = 16 << 20        # bytes of a request body
 DEFAULT_SHUTDOWN_TIMEOUT = 10.0    # seconds streams may go on after SIGTERM
+DEFAULT_HEADER_TIMEOUT = 30.0      # seconds a connection has to send a request's head
 
 
 def add_http_arguments(p: argparse.ArgumentParser) -> None:
@@ -26,6 +27,9 @@ def add_http_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--request-timeout", type=_positive, default=None, metavar="S",
                    help="stop any HTTP generation after this many seconds; its reply ends cut short, as at "
                         "max_tokens (default: no limit)")
+    p.add_argument("--header-timeout", type=_positive, default=DEFAULT_HEADER_TIMEOUT, metavar="S",
+                   help="close a connection that has not sent a whole request line and headers this many "
+                        f"seconds after it opened or began them (default {DEFAULT_HEADER_TIMEOUT:g})")
     p.add_argument("--shutdown-timeout", type=float, default=DEFAULT_SHUTDOWN_TIMEOUT, metavar="S",
                    help=f"on SIGTERM, let streams finish for this long, then cancel them "
                         f"(default {DEFAULT_SHUTDOWN_TIMEOUT:g})")

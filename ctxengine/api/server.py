@@ -85,11 +85,12 @@ def build_app(runtime, *, api_key: str | None = None, max_body: int = DEFAULT_MA
 
 
 def serve_http(runtime, args, on_ready=None) -> None:
+    _raise_open_file_limit()
     app = build_app(runtime, api_key=args.api_key, max_body=args.max_body, cors_origins=args.cors_origin,
                     request_timeout=args.request_timeout)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning", access_log=False,
                             lifespan="off", timeout_graceful_shutdown=args.shutdown_timeout,
-                            timeout_keep_alive=KEEP_ALIVE_S)
+                            timeout_keep_alive=KEEP_ALIVE_S, http=_head_timed(args.header_timeout))
     server = _Server(config, on_ready, on_shutdown=app.state.generations.cancel_all,
                      on_stopping=app.state.pulls.stop_all)
     try:
@@ -100,6 +101,62 @@ def serve_http(runtime, args, on_ready=None) -> None:
         app.state.generations.shutdown(timeout=args.shutdown_timeout)
     if not server.started:
         raise CtxError(f"cannot listen on {_url(args.host, args.port)} (is the port in use?)")
+
+
+def _head_timed(timeout: float) -> type:
+    """uvicorn's h11 protocol, with a deadline for a request's head: a connection must send a
+    whole request line and headers within ``timeout`` seconds of opening, or of the first
+    bytes of its next request. uvicorn's own timer runs only between a response and the next
+    request's first byte, so a connection that never finished its headers (or never sent
+    any) was held for good, and enough of them took every file descriptor: the server then
+    answered no one."""
+    from uvicorn.protocols.http.h11_impl import H11Protocol, h11
+
+    class HeadTimed(H11Protocol):
+        _deadline: asyncio.TimerHandle | None = None
+
+        def connection_made(self, transport):
+            super().connection_made(transport)
+            self._deadline = self.loop.call_later(timeout, self._late)
+
+        def data_received(self, data: bytes) -> None:
+            super().data_received(data)
+            head_pending = self.conn.their_state is h11.IDLE and not self.transport.is_closing()
+            if head_pending and self._deadline is None:
+                self._deadline = self.loop.call_later(timeout, self._late)
+            elif not head_pending:
+                self._stop()
+
+        def connection_lost(self, exc) -> None:
+            self._stop()
+            super().connection_lost(exc)
+
+        def _stop(self) -> None:
+            if self._deadline is not None:
+                self._deadline.cancel()
+                self._deadline = None
+
+        def _late(self) -> None:
+            self._deadline = None
+            if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
+                self.transport.close()
+
+    return HeadTimed
+
+
+def _raise_open_file_limit() -> None:
+    """Every connection is a file descriptor: take all the OS allows (the soft limit is
+    often 1,024), as Go's servers do."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY:
+        hard = max(soft, 1 << 20) if soft != resource.RLIM_INFINITY else soft
+    if soft != resource.RLIM_INFINITY and soft < hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        except (ValueError, OSError):
+            pass  # a container's own ceiling: keep what we have
 
 
 def _url(host: str, port: int) -> str:
