@@ -22,6 +22,7 @@ the shared lock that very block holds.
 from __future__ import annotations
 
 import os
+import stat
 import struct
 import threading
 from contextlib import contextmanager
@@ -78,18 +79,55 @@ _META_MAGIC = 0xBEEFC0DE
 _META = struct.Struct("<16xII16xI92xQQ")  # magic, version, psize, last_pgno, txnid
 
 
+def check_store_files(path: str) -> None:
+    """Refuse a store whose data.mdb or lock.mdb is not a regular file (a FIFO would hang
+    the open, a device or directory would fail deep inside LMDB), then check data.mdb."""
+    for name in ("lock.mdb", "data.mdb"):
+        _check_regular(os.path.join(path, name))
+    check_data_file(os.path.join(path, "data.mdb"))
+
+
+def _check_regular(file: str) -> None:
+    try:
+        st = os.stat(file)  # stat opens nothing, so a FIFO cannot block here
+    except FileNotFoundError:
+        return  # a new store: LMDB creates it
+    except OSError as e:
+        raise StoreError(f"cannot read {file}: {e.strerror or e}") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise StoreError(f"{file} is not a regular file (a snapshot store keeps LMDB's data.mdb and lock.mdb "
+                         "as plain files)")
+
+
+def _read_head(data: str, n: int) -> tuple[bytes, int] | None:
+    """The first ``n`` bytes of ``data`` and its size; None if it does not exist."""
+    # O_NONBLOCK: a FIFO swapped in since _check_regular must not hang the open (no effect on files).
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0)
+    try:
+        fd = os.open(data, flags)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise StoreError(f"cannot read {data}: {e.strerror or e}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise StoreError(f"{data} is not a regular file")
+        return os.read(fd, n), st.st_size
+    except OSError as e:
+        raise StoreError(f"cannot read {data}: {e.strerror or e}") from None
+    finally:
+        os.close(fd)
+
+
 def check_data_file(data: str) -> None:
     """Refuse a data.mdb shorter than its newest meta page says it is (a partial copy, a
     disk that filled): LMDB maps it and trusts its page numbers, so reading a page past
     the end kills the process with SIGBUS, where this is a StoreError."""
-    try:
-        with open(data, "rb") as f:
-            head = f.read(64 << 10)
-            size = os.fstat(f.fileno()).st_size
-    except FileNotFoundError:
+    found = _read_head(data, 64 << 10)
+    if found is None:
         return  # a new store: LMDB creates it
-    except OSError as e:
-        raise StoreError(f"cannot read {data}: {e.strerror or e}") from None
+    head, size = found
     metas = []
     if len(head) >= _META.size:
         metas.append(_META.unpack_from(head, 0))
@@ -126,7 +164,7 @@ class Env:
         self.path = path
         self._users = 0
         self._lock = _RWLock()
-        check_data_file(os.path.join(path, "data.mdb"))
+        check_store_files(path)
         try:
             # readahead off: pages are read at random, and a large store would
             # otherwise pull neighbouring (unwanted) pages into the page cache.

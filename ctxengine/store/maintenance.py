@@ -18,8 +18,9 @@ costs little, and a branch's ancestry is what users walk back through.
 
 GC runs in one write transaction: it sees a consistent store and either
 finishes or leaves it untouched; writers wait meanwhile, readers do not.
-A live snapshot that fails to decode stops gc with CorruptDataError rather
-than letting it delete the pages that snapshot would have named.
+A live snapshot that fails to decode, a ref whose snapshot is missing, or a
+page a live snapshot names that is missing stops gc with CorruptDataError
+rather than letting it delete what that damage hides (see _mark).
 """
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from ..errors import CorruptDataError
 from . import pages as codec
 from .lmdbenv import Env
 from .manifest import Manifest
@@ -68,25 +70,51 @@ def _manifest(txn, dbs, sid: bytes) -> Manifest | None:
                                what=f"snapshot {sid.hex()}")
 
 
+def _mark(txn, dbs) -> tuple[set[bytes], set[bytes]]:
+    """The live snapshots and the pages they name; CorruptDataError for damage.
+
+    A ref always points at a stored manifest and a stored manifest's pages are all
+    present (every write keeps both), so a missing one is damage (a lost record, a
+    flipped bit in its key), not something to collect around: sweeping would delete
+    the misplaced record and every page only it names. A missing *parent* is not
+    damage: an imported or transferred snapshot's parent may live elsewhere.
+    """
+    live_manifests: set[bytes] = set()
+    live_pages: set[bytes] = set()
+    stack = []
+    for name, sid in txn.cursor(db=dbs["refs"]).iternext():
+        sid = bytes(sid)
+        if txn.get(sid, db=dbs["manifests"]) is None:
+            raise CorruptDataError(f"ref {bytes(name).decode('utf-8', 'replace')!r} points at snapshot {sid.hex()}, "
+                                   "which is not in the store (its manifest record is lost or its key damaged); "
+                                   "gc stopped and removed nothing")
+        stack.append(sid)
+    pages = txn.cursor(db=dbs["pages"])
+    while stack:
+        sid = stack.pop()
+        if sid in live_manifests:
+            continue
+        m = _manifest(txn, dbs, sid)
+        if m is None:
+            continue  # a parent not stored here (only refs were checked above)
+        live_manifests.add(sid)
+        for key in dict.fromkeys(m.page_keys):
+            kb = bytes.fromhex(key)
+            if kb not in live_pages and not pages.set_key(kb):
+                raise CorruptDataError(f"snapshot {sid.hex()} names page {key}, which is not in the store "
+                                       "(its record is lost or its key damaged); gc stopped and removed nothing")
+            live_pages.add(kb)
+        if m.parent is not None:
+            stack.append(bytes.fromhex(m.parent))
+    return live_manifests, live_pages
+
+
 def gc(env: Env, progress: Callable[[int, int], None] | None, grace: float) -> GCResult:
     dbs = env.dbs
 
     def run(txn) -> GCResult:
         # 1. Mark: refs, then parent chains.
-        live_manifests: set[bytes] = set()
-        live_pages: set[bytes] = set()
-        stack = [bytes(v) for _, v in txn.cursor(db=dbs["refs"]).iternext()]
-        while stack:
-            sid = stack.pop()
-            if sid in live_manifests:
-                continue
-            m = _manifest(txn, dbs, sid)
-            if m is None:
-                continue
-            live_manifests.add(sid)
-            live_pages.update(bytes.fromhex(k) for k in m.page_keys)
-            if m.parent is not None:
-                stack.append(bytes.fromhex(m.parent))
+        live_manifests, live_pages = _mark(txn, dbs)
 
         # Pages still waiting for their manifest are live until the grace period ends.
         cutoff = time.time() - grace
