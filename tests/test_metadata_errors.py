@@ -109,13 +109,17 @@ BAD_VALUES = [
     ("llama.attention.key_length", ([16, 16], VT.ARRAY, VT.UINT32), r"\[16, 16\]"),
     ("llama.attention.layer_norm_rms_epsilon", ("4", VT.STRING), "'4'"),
     ("llama.rope.freq_base", (1e300, VT.FLOAT64), "1e\\+300"),
+    # these loaded, and every logit was NaN
+    ("llama.rope.freq_base", (0.0, VT.FLOAT32), "0.0"),
+    ("llama.rope.freq_base", (-10000.0, VT.FLOAT32), "-10000.0"),
+    ("llama.attention.layer_norm_rms_epsilon", (-0.5, VT.FLOAT32), "-0.5"),
 ]
 
 
 @pytest.mark.parametrize("key, spec, shown", BAD_VALUES, ids=[f"{k}={s}" for k, _, s in BAD_VALUES])
 def test_a_bad_hyperparameter_is_named_with_its_value(tmp_path, key, spec, shown):
     path = write_model(tmp_path / "bad.gguf", {key: spec})
-    with pytest.raises(ModelFileError, match=rf"bad.gguf: {key} is {shown}, not (an integer|a finite number)"):
+    with pytest.raises(ModelFileError, match=rf"bad.gguf: {key} is {shown}, not (an integer|a finite number|a number)"):
         ce.load(path, threads=1)
 
 

@@ -93,8 +93,8 @@ class ModelConfig:
             n_ff=_int_key(f, "feed_forward_length"),
             n_vocab=_vocabulary_size(f),
             n_ctx=_int_key(f, "context_length"),
-            norm_eps=_float_key(f, "attention.layer_norm_rms_epsilon"),
-            rope_base=_float_key(f, "rope.freq_base", 10000.0),
+            norm_eps=_float_key(f, "attention.layer_norm_rms_epsilon", sign=">= 0"),
+            rope_base=_float_key(f, "rope.freq_base", 10000.0, sign="> 0"),
             rope_dim=_int_key(f, "rope.dimension_count", head_dim),
             rope_neox=f.arch in NEOX_ROPE_ARCHS,
             rope_scale=_rope_scale(f),
@@ -131,10 +131,14 @@ def _int_key(f: GGUFFile, suffix: str, default: Any = _NEEDED, *, least: int = 1
                          f"not an integer from {least} to {INT_MAX}")
 
 
-def _float_key(f: GGUFFile, suffix: str, default: Any = _NEEDED) -> float:
-    """A real hyperparameter, finite in float32 (what the core computes with)."""
+def _float_key(f: GGUFFile, suffix: str, default: Any = _NEEDED, *, sign: str = "") -> float:
+    """A real hyperparameter, finite in float32 (what the core computes with); ``sign``
+    "> 0" or ">= 0" where any other value makes every logit NaN (a RoPE base of 0, a
+    negative norm epsilon): the file is refused at load, naming the key."""
     value = _key(f, suffix, default)
     if type(value) in (int, float) and abs(value) <= FLOAT32_MAX:  # NaN compares false too
+        if sign == "> 0" and value <= 0 or sign == ">= 0" and value < 0:
+            raise ModelFileError(f"{f.path.name}: {f.arch}.{suffix} is {_shown(value)}, not a number {sign}")
         return float(value)
     raise ModelFileError(f"{f.path.name}: {f.arch}.{suffix} is {_shown(value)}, not a finite number")
 
@@ -198,7 +202,7 @@ def _gemma3_options(f: GGUFFile, n_layer: int, n_embd: int, n_head: int, head_di
         logit_softcap=_float_key(f, "final_logit_softcapping", 0.0),
         swa_window=window,
         swa_layers=layers if window > 0 else (),
-        rope_base_swa=_float_key(f, "rope.freq_base_swa", GEMMA3_ROPE_BASE_SWA),
+        rope_base_swa=_float_key(f, "rope.freq_base_swa", GEMMA3_ROPE_BASE_SWA, sign="> 0"),
     )
 
 
