@@ -156,6 +156,35 @@ def test_a_bound_never_makes_a_satisfiable_schema_refused(model, schema, instanc
     assert takes(model, schema, json.dumps(instance))
 
 
+def test_bounds_past_64_bits_are_refused_before_llguidance_sees_them():
+    # maximum -1e19 (with the cap added below it) crashed the server (SIGSEGV in llguidance);
+    # minimum 1e19 was clamped to 2**63 - 1, which came back, failing the schema
+    for schema in ({"type": "object", "properties": {"n": {"type": "integer", "maximum": -1e19}}, "required": ["n"]},
+                   {"type": "integer", "minimum": -2e19, "maximum": -1e19}, {"type": "integer", "minimum": 1e19},
+                   {"type": "integer", "exclusiveMinimum": 2 ** 63 - 1}, {"items": [{"type": "integer", "maximum": -1e19}]}):
+        with pytest.raises(GrammarError, match="is beyond the \\+-9223372036854771712 constrained sampling can"):
+            Grammar.json_schema(schema).compiled()
+    with pytest.raises(GrammarError, match="beyond the"):  # a forced call's Lark too
+        Grammar("lark", 'start: call\ncall: %json {"type": "integer", "maximum": -1e19}').compiled()
+    for schema in ({"type": "integer", "maximum": -6e18}, {"type": "integer", "minimum": 6e18}):
+        Grammar.json_schema(schema).compiled()  # the cap beyond them stays within 64 bits
+
+
+def test_an_integer_const_past_2_to_the_53_is_refused_not_rounded():
+    # {"const": 12345678901234567890123} came back as 12345678901234568000000
+    for schema in ({"const": 12345678901234567890123}, {"enum": [1, 2 ** 60]}):
+        with pytest.raises(GrammarError, match="beyond 2\\*\\*53, which constrained sampling cannot write exactly"):
+            Grammar.json_schema(schema).compiled()
+    Grammar.json_schema({"enum": [1, 2 ** 53, "x"]}).compiled()
+
+
+def test_one_of_is_named_among_what_sampling_cannot_enforce():
+    # read as anyOf: a value matching two branches passed a strict schema
+    g = Grammar.json_schema({"oneOf": [{"type": "integer"}, {"type": "number"}]})
+    assert g.unenforced() == ["oneOf (enforced as anyOf)"]
+    assert Grammar.json_schema({"anyOf": [{"type": "integer"}, {"type": "string"}]}).unenforced() == []
+
+
 def test_a_number_written_next_to_an_exclusive_bound_parses_inside_it(model):
     schema = {"type": "number", "exclusiveMinimum": 1e14, "exclusiveMaximum": 2e14}
     # 100000000000000.000001 is the double 1e14 itself: a value the grammar took before

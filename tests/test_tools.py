@@ -114,6 +114,20 @@ def stream(pieces, forced=False):
     return shown, rest, [(c.name, c.arguments) for c in calls]
 
 
+def test_a_call_whose_arguments_hold_the_closing_tag_is_a_call():
+    # the call ran to the first </tool_call>, inside the JSON string: no call, the raw text
+    def named(found):
+        return found[0], [(c.name, c.arguments) for c in found[1]]
+
+    text = '<tool_call>\n{"name": "f", "arguments": {"s": "a</tool_call>b"}}\n</tool_call>'
+    assert named(parse_tool_calls(text, {"f"})) == ("", [("f", {"s": "a</tool_call>b"})])
+    stream = ToolStream(forced=True, names={"f"})
+    assert stream.push(text) == "" and named(stream.finish()) == ("", [("f", {"s": "a</tool_call>b"})])
+    text = 'x <tool_call>{"name": "f", "arguments": {}} junk</tool_call> <tool_call>{"name": "f", "arguments": {}}'
+    assert named(parse_tool_calls(text, {"f"})) == ('x <tool_call>{"name": "f", "arguments": {}} junk</tool_call>',
+                                                    [("f", {})])
+
+
 def test_streaming_shows_text_and_holds_calls():
     call = '{"name": "get_time", "arguments": {"zone": "UTC"}}'
     pieces = ["Let me", " look. <to", "ol_c", "all>\n", call[:10], call[10:], "\n</tool_call>"]

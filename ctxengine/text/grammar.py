@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 import numpy as np
 
 from ..errors import CtxError
-from .json_bounds import bounded_schema, infinite_ref
+from .json_bounds import bounded_schema, check_exact, infinite_ref, uses_keyword
 
 if TYPE_CHECKING:
     from .tokenizer import Tokenizer
@@ -120,8 +120,12 @@ class Grammar:
         return _compile(self.kind, self.source)[0]
 
     def unenforced(self) -> list[str]:
-        """The JSON Schema keywords its schemas use that sampling cannot enforce (ignored)."""
-        return list(_compile(self.kind, self.source)[1])
+        """The JSON Schema keywords its schemas use that sampling cannot enforce (ignored;
+        ``oneOf`` is enforced as ``anyOf``: a value may match more than one branch)."""
+        keys = list(_compile(self.kind, self.source)[1])
+        if any(uses_keyword(schema, "oneOf") for schema in self.schemas()):
+            keys.append("oneOf (enforced as anyOf)")
+        return keys
 
     def to_dict(self) -> dict:
         return {"kind": self.kind, "source": self.source}
@@ -151,6 +155,8 @@ def _compile(kind: str, source: str) -> tuple[str, tuple[str, ...]]:
     llg = _llg()
     what = {"gbnf": "GBNF grammar", "lark": "Lark grammar", "regex": "regex", "json_schema": "JSON schema"}[kind]
     try:
+        for schema in Grammar(kind, source).schemas():  # before llguidance, which a bound past int64 crashes
+            check_exact(schema)
         if kind == "json_schema":
             loaded = json.loads(source)
             endless = infinite_ref(loaded)

@@ -46,6 +46,13 @@ MAX_ITEMS = 64
 MAX_PROPERTIES = 32
 MAX_DEPTH = 4
 _INT_BOUND = 10 ** MAX_INT_DIGITS - 1
+# llguidance builds number ranges in 64-bit integers, read through doubles: a bound past
+# them is clamped (a minimum of 1e19 let 2**63 - 1 through) or, below -2**63, crashes the
+# process. A bound beyond this (a double, 2**63 less 4096) is refused, and the caps added
+# here stay within it.
+MAX_BOUND = 2 ** 63 - 4096
+# An integer const or enum value llguidance writes exactly (it holds them as doubles).
+MAX_EXACT_INT = 2 ** 53
 
 _SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
 _SCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties", "dependentSchemas")
@@ -116,6 +123,42 @@ def _missing(s: dict, props: dict) -> list[str]:
     return [k for k in required if isinstance(k, str) and k not in props] if isinstance(required, list) else []
 
 
+def check_exact(schema: Any) -> None:
+    """ValueError naming a number in the schema (at any depth) that sampling could not keep:
+    a bound past +-MAX_BOUND, an integer const or enum value past 2**53."""
+    stack = [schema]
+    while stack:
+        s = stack.pop()
+        if isinstance(s, list):
+            stack.extend(s)
+        if not isinstance(s, dict):
+            continue
+        for word in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"):
+            if _is_num(x := s.get(word)) and abs(x) > MAX_BOUND:
+                raise ValueError(f"{word} {x} is beyond the +-{MAX_BOUND} constrained sampling can enforce")
+        values = [s["const"]] if "const" in s else s["enum"] if isinstance(s.get("enum"), list) else []
+        for x in values:
+            if isinstance(x, int) and not isinstance(x, bool) and abs(x) > MAX_EXACT_INT:
+                raise ValueError(f"{'const' if 'const' in s else 'enum value'} {x} is an integer beyond 2**53, "
+                                 "which constrained sampling cannot write exactly (it would come back rounded); "
+                                 "give it as a string")
+        stack.extend(v for k, v in s.items() if k not in ("const", "enum"))
+
+
+def uses_keyword(schema: Any, word: str) -> bool:
+    """Whether a schema (at any depth, a const or enum value aside) uses this keyword."""
+    stack = [schema]
+    while stack:
+        s = stack.pop()
+        if isinstance(s, list):
+            stack.extend(s)
+        elif isinstance(s, dict):
+            if word in s:
+                return True
+            stack.extend(v for k, v in s.items() if k not in ("const", "enum"))
+    return False
+
+
 def _bound_number(s: dict, out: dict, exact: bool) -> None:
     lo, hi = _edge(s, "minimum", "exclusiveMinimum", -1), _edge(s, "maximum", "exclusiveMaximum", 1)
     if lo is None:  # the added cap, or twice the schema's upper bound where that is below it
@@ -143,9 +186,10 @@ def _edge(s: dict, plain: str, exclusive: str, side: int) -> float | None:
 
 
 def _far(bound: float, exact: bool) -> float:
-    """A cap for the other side of a bound beyond the added ones: twice it (llguidance
-    builds number ranges up to about 1e18)."""
-    return int(bound) * 2 if exact else bound * 2.0
+    """A cap for the other side of a bound beyond the added ones: twice it, within
+    +-MAX_BOUND."""
+    far = int(bound) * 2 if exact else bound * 2.0
+    return max(-MAX_BOUND, min(MAX_BOUND, far))
 
 
 def _ulp15(x: float) -> float:

@@ -23,10 +23,9 @@ from __future__ import annotations
 
 import functools
 import json
-import re
 import secrets
 from dataclasses import dataclass, field
-from typing import Collection, Sequence
+from typing import Collection, Iterator, Sequence
 
 from ..errors import CtxError
 from .grammar import JSON_OPTIONS, Grammar, GrammarError
@@ -39,6 +38,7 @@ FALLBACK_PROMPT = (
     "come back inside <tool_response></tool_response> tags.\nFunctions:\n<tools>\n{tools}\n</tools>"
 )
 _OPEN, _CLOSE = "<tool_call>", "</tool_call>"
+_DECODER = json.JSONDecoder()
 _PYTHON_TAG = "<|python_tag|>"
 
 
@@ -215,12 +215,9 @@ def parse_tool_calls(text: str, names: Collection[str] | None = None) -> tuple[s
     field, say) is no call but text (None: any name)."""
     if _OPEN in text:
         calls, rest, pos = [], [], 0
-        for m in re.finditer(re.escape(_OPEN) + r"(.*?)(?:" + re.escape(_CLOSE) + r"|$)", text, re.S):
-            call = _call(m.group(1), names)
-            if call is None:
-                continue
-            rest.append(text[pos:m.start()])
-            pos = m.end()
+        for start, end, call in _tagged(text, names):
+            rest.append(text[pos:start])
+            pos = end
             calls.extend(call)
         if calls:
             rest.append(text[pos:])
@@ -232,6 +229,33 @@ def parse_tool_calls(text: str, names: Collection[str] | None = None) -> tuple[s
     return ("", calls) if calls else (text, [])
 
 
+def _tagged(text: str, names: Collection[str] | None) -> Iterator[tuple[int, int, list[ToolCall]]]:
+    """(start, end, calls) of each ``<tool_call>`` JSON ``</tool_call>`` in the text (the
+    closing tag may be cut off at its end). The JSON value is read whole, so a string in
+    it may hold the closing tag itself (a regex up to the first one cut such a call)."""
+    start = text.find(_OPEN)
+    while start != -1:
+        at = _skip_space(text, start + len(_OPEN))
+        try:
+            value, end = _DECODER.raw_decode(text, at)
+        except ValueError:
+            value, end = None, -1
+        after = _skip_space(text, end) if end >= 0 else -1
+        call = _calls(value, names) if end >= 0 else None
+        if call is not None and (text.startswith(_CLOSE, after) or after == len(text)):
+            end = after + len(_CLOSE) if after < len(text) else after
+            yield start, end, call
+            start = text.find(_OPEN, end)
+        else:
+            start = text.find(_OPEN, start + len(_OPEN))
+
+
+def _skip_space(text: str, i: int) -> int:
+    while i < len(text) and text[i] in " \t\r\n":
+        i += 1
+    return i
+
+
 def _call(text: str, names: Collection[str] | None) -> list[ToolCall] | None:
     """The calls one JSON value holds (an object or a list of them, each naming
     one of ``names``), or None."""
@@ -239,6 +263,10 @@ def _call(text: str, names: Collection[str] | None) -> list[ToolCall] | None:
         value = json.loads(text)
     except ValueError:
         return None
+    return _calls(value, names)
+
+
+def _calls(value: object, names: Collection[str] | None) -> list[ToolCall] | None:
     items = value if isinstance(value, list) else [value]
     out = []
     for v in items:
