@@ -10,7 +10,7 @@ import pytest
 import ctxengine
 from ctxengine.text.closing import Closer
 from ctxengine.text.grammar import Constraint, Grammar, GrammarError
-from ctxengine.text.json_bounds import MAX_INT_DIGITS, MAX_ITEMS, MAX_STRING, bounded_schema
+from ctxengine.text.json_bounds import MAX_INT_DIGITS, MAX_ITEMS, MAX_PROPERTIES, MAX_STRING, bounded_schema
 from ctxengine.text.tools import ToolChoice, as_tools, forced_call_grammar, parse_tool_calls
 
 WEATHER = {"type": "object", "properties": {"city": {"type": "string"}, "unit": {"enum": ["c", "f"]}},
@@ -260,6 +260,33 @@ def test_free_keys_the_walk_writes_are_distinct_and_dates_are_real_dates(model):
     walk = Closer(Constraint(Grammar.json_schema(dated), tok, 0), tok)
     value = json.loads(tok.decode([t for t in walk._completion(walk._c.matcher, False, False) if t not in tok.eog_ids]))
     assert datetime.datetime.fromisoformat(value["at"]).year >= 1 and datetime.date.fromisoformat(value["day"])
+
+
+def test_an_object_of_keys_of_its_own_choosing_is_bounded_in_number():
+    # {"x_x":1,"x_x":1,"x_x":1,...}: a patternProperties object had no cap, and a model repeated a key
+    pattern = {"type": "object", "patternProperties": {"^x_[a-z]+$": {"type": "integer"}}, "additionalProperties": False}
+    assert bounded_schema(pattern)["maxProperties"] == MAX_PROPERTIES
+    assert bounded_schema({**pattern, "minProperties": 40})["maxProperties"] == 40
+    assert bounded_schema({"type": "object", "additionalProperties": {"type": "integer"}})["maxProperties"] == MAX_PROPERTIES
+    closed = {"type": "object", "properties": {"a": {"type": "integer"}}, "additionalProperties": False}
+    assert "maxProperties" not in bounded_schema(closed)
+
+
+def test_free_keys_the_walk_writes_are_not_keys_the_reply_has(model):
+    # {"a": 1, "a@":0,"a@":0}: "a" taken by the model, the walk wrote one name twice (a parsed
+    # object of two properties, short of minProperties 3)
+    tok = model.engine.tokenizer
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"],
+              "additionalProperties": {"type": "integer"}, "minProperties": 3}
+    for begun in ('{"a": 1', '{"a": 1, "b": 2', '{"a": 1, "k26": 2, "c": 3'):
+        c = Constraint(Grammar.json_schema(schema), tok, 0)
+        ids = model.tokenize(begun)
+        c.feed(ids)
+        walk = Closer(c, tok, ids)
+        rest = tok.decode([t for t in walk._completion(c.matcher, False, False) if t not in tok.eog_ids])
+        value = json.loads(begun + rest)
+        assert len(value) >= 3 and (begun + rest).count('"') == 2 * len(value), begun + rest
+        jsonschema.validate(value, schema)
 
 
 @pytest.mark.parametrize("pattern", [

@@ -68,8 +68,10 @@ class Closer:
         self._examples = [e for e in _examples(constraint.grammar) if all(b in self._bytes for b in e)]
         self._plan: list[int] | None = None   # the completion being emitted, once closing
         self._next_plan: list[int] | None = None  # the completion after the sampled token
-        # Whether the output so far ends inside a JSON string (and just after a backslash).
-        self._in_string, self._escaped = _scan(b"".join(tok.token_bytes(t) for t in consumed), False, False)
+        # The output so far (the keys in it), and whether it ends inside a JSON string (and
+        # just after a backslash).
+        self._written = bytearray(b"".join(tok.token_bytes(t) for t in consumed))
+        self._in_string, self._escaped = _scan(bytes(self._written), False, False)
         plan = self._completion(constraint.matcher, self._in_string, self._escaped)
         self._need = None if plan is None else len(plan)
 
@@ -95,7 +97,7 @@ class Closer:
         if token in self._tok.eog_ids or not m.consume_token(int(token)):
             return True  # the grammar's own check (advance) decides
         in_string, escaped = _scan(self._tok.token_bytes(token), self._in_string, self._escaped)
-        after = self._completion(m, in_string, escaped)
+        after = self._completion(m, in_string, escaped, self._tok.token_bytes(token))
         if after is None or len(after) <= left - 1:
             self._next_plan = after
             return True
@@ -108,6 +110,7 @@ class Closer:
 
     def consumed(self, token: int) -> None:
         data = self._tok.token_bytes(token)
+        self._written += data
         self._in_string, self._escaped = _scan(data, self._in_string, self._escaped)
         if self._next_plan is not None:
             self._need, self._next_plan = len(self._next_plan), None
@@ -116,24 +119,22 @@ class Closer:
             self._need = None if plan is None else len(plan)
 
     # -- the completion ------------------------------------------------------
-    def _completion(self, matcher, in_string: bool, escaped: bool) -> list[int] | None:
+    def _completion(self, matcher, in_string: bool, escaped: bool, pending: bytes = b"") -> list[int] | None:
         """Tokens that complete the grammar from this matcher's state (plus an end of
-        generation if more could follow), or None if the greedy walk finds none."""
+        generation if more could follow), or None if the greedy walk finds none.
+        ``pending``: what the matcher took beyond the output so far (a sampled token)."""
         m = matcher.deep_copy()
         ids: list[int] = []
         data = bytearray()
         repeats = 0  # the same byte picked again and again inside a string (free letters)
         tried = False  # whether this string was offered the schema's examples
-        keys = 0  # free keys the walk wrote (each a new name: a duplicate counts once)
         while not m.is_accepting():
             if len(ids) >= MAX_CLOSING_BYTES:
                 return None
             opened = bool(data) and data[-1] == 0x22  # the walk itself opened this string
-            run = self._string_run(m, keys, opened) if in_string and not escaped and not tried else None
+            run = self._string_run(m, pending + data, opened) if in_string and not escaped and not tried else None
             tried = tried or in_string
-            if run is not None:
-                keys += run == _key_name(keys)
-            else:
+            if run is None:
                 b = self._pick(m, in_string, escaped)
                 if b is None:
                     return None
@@ -153,11 +154,13 @@ class Closer:
             plan.append(self._c.eos)
         return plan
 
-    def _string_run(self, m, keys: int, opened: bool) -> bytes | None:
+    def _string_run(self, m, data: bytes, opened: bool) -> bytes | None:
         """What to write first in a string, where closing it at once is not the answer:
         where it cannot end yet, the first of the schema's examples (a pattern's, a
         format's) the grammar takes whole; where the walk opened a free key, a name of its
-        own (``a``, ``b``: ``{"":0,"":0}`` is one property, not two)."""
+        own that the reply (``data``: what follows the output so far) has not used as a string yet (``a``,
+        ``b``: ``{"":0,"":0}`` is one property, not two, and so was ``{"a": 1, "b":0,"b":0}``
+        where the schema did not take "a" as a free key)."""
         quote = self._bytes.get(0x22)
         if quote is None:
             return None
@@ -167,7 +170,8 @@ class Closer:
             colon = self._bytes.get(0x3A)
             if not opened or colon is None or after.validate_tokens([colon]) != 1:
                 return None  # a string value, or a key the model began: closing it now is shortest
-            candidates = [_key_name(keys)]
+            written = bytes(self._written) + data
+            candidates = [name for name in map(_key_name, range(64)) if b'"' + name + b'"' not in written][:8]
         else:
             candidates = self._examples
         for text in candidates:

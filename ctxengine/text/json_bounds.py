@@ -107,6 +107,9 @@ def _bound(s: Any, depth: int, resolve: Callable[[str], Any], closing: bool = Tr
 def _bound_object(s: dict, out: dict, depth: int, closing: bool) -> None:
     """Close an object that lists its properties; bound the count of one that does not."""
     if "additionalProperties" in s or "patternProperties" in s:
+        if s.get("additionalProperties") is not False or "patternProperties" in s:
+            # keys of its own choosing: bounded in number too (a model repeated one at length)
+            out.setdefault("maxProperties", max(MAX_PROPERTIES, _int(s.get("minProperties"))))
         return
     props = s.get("properties")
     if closing and isinstance(props, dict) and _int(s.get("minProperties")) <= len(props) + len(_missing(s, props)):
