@@ -147,6 +147,11 @@ _B = {"type": "object", "properties": {"b": {"type": "integer"}}, "required": ["
     ({"type": "object", "properties": {"kind": {"enum": ["a", "b"]}}, "required": ["kind"],  # parent and branch keys
       "anyOf": [{"properties": {"x": {"type": "integer"}}, "required": ["x"]},
                 {"properties": {"y": {"type": "string"}}, "required": ["y"]}]}, {"kind": "a", "y": "z"}),
+    ({"$defs": {"A": _A}, "$ref": "#/$defs/A", "properties": {"b": {"type": "integer"}}, "required": ["b"]},
+     {"a": "x", "b": 1}),  # a $ref beside properties (2019-09): closed apart, each forbade the other's keys
+    ({"type": "object", "properties": {"p": {"$ref": "#/$defs/A", "properties": {"b": {"type": "integer"}},
+                                             "required": ["b"]}}, "required": ["p"], "$defs": {"A": _A}},
+     {"p": {"a": "x", "b": 1}}),
     ({"$defs": {"c": {"type": "object", "properties": {"text": {"type": "string"}, "reply": {  # oneOf: anyOf
         "oneOf": [{"type": "null"}, {"$ref": "#/$defs/c"}]}}, "required": ["text", "reply"]}}, "$ref": "#/$defs/c"},
      {"text": "a", "reply": {"text": "b", "reply": None}}),
@@ -168,6 +173,16 @@ def test_bounds_past_64_bits_are_refused_before_llguidance_sees_them():
         Grammar("lark", 'start: call\ncall: %json {"type": "integer", "maximum": -1e19}').compiled()
     for schema in ({"type": "integer", "maximum": -6e18}, {"type": "integer", "minimum": 6e18}):
         Grammar.json_schema(schema).compiled()  # the cap beyond them stays within 64 bits
+
+
+def test_a_tiny_range_gets_no_grid_llguidance_refuses(model):
+    # the grid 1e-12 (9.999999999999999e-13 to llguidance) was a 400 "too many digits", and an
+    # exclusive bound of 1e-20 moved inside by 1e-14 crossed the other end
+    for schema, inside, outside in (({"type": "number", "exclusiveMinimum": 0, "maximum": 1e-12}, "0.0000000000005", "0"),
+                                    ({"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 1e-9}, "0.0000000005",
+                                     "0.000000001")):
+        assert takes(model, schema, inside) and not takes(model, schema, outside)
+    Grammar.json_schema({"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 1e-20}).compiled()
 
 
 def test_an_integer_const_past_2_to_the_53_is_refused_not_rounded():

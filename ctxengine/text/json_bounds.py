@@ -76,7 +76,7 @@ def _bound(s: Any, depth: int, resolve: Callable[[str], Any], closing: bool = Tr
         return s  # True/False, or something the compiler will name as wrong
     if not (_SAYS_WHAT & s.keys()):
         return {**s, **_any_value(depth)}
-    s = _merged_all_of(s, resolve) or _distributed(s, resolve) or s
+    s = _merged_all_of(s, resolve) or _distributed(s, resolve) or _merged_ref(s, resolve) or s
     out = dict(s)
     for key in _SCHEMA_LISTS:
         if isinstance(s.get(key), list):
@@ -174,7 +174,9 @@ def _bound_number(s: dict, out: dict, exact: bool) -> None:
         x = s.get(word)
         if _is_num(x):  # a number written next to x may parse as x itself
             del out[word]
-            inside = x + _ulp15(x) * (1 if pick is max else -1)
+            # (next to 0, the unit is a tenth of the range, for a range as narrow as (0, 1e-20))
+            unit = _ulp15(x) if x else min(1e-14, abs(hi if pick is max else lo) / 10 or 1e-14)
+            inside = x + unit * (1 if pick is max else -1)
             out[plain] = pick(inside, s[plain]) if _is_num(s.get(plain)) else inside
     if "multipleOf" not in s:
         step = _grid(out.get("minimum", lo), out.get("maximum", hi))
@@ -197,12 +199,13 @@ def _far(bound: float, exact: bool) -> float:
 
 def _ulp15(x: float) -> float:
     """A unit of the 15th significant digit of x: numbers that far from x parse as other doubles."""
-    return 10.0 ** (max(1, math.floor(math.log10(abs(x))) + 1 if x else 1) - 15)
+    return 10.0 ** (math.floor(math.log10(abs(x))) + 1 - 15)
 
 
 def _grid(lo: float, hi: float) -> float | None:
-    """The coarsest step 10**-k (k >= MAX_FRACTION_DIGITS) with a multiple in [lo, hi]."""
-    for k in range(MAX_FRACTION_DIGITS, 16):
+    """The coarsest step 10**-k (MAX_FRACTION_DIGITS <= k <= 10: llguidance refuses finer ones,
+    1e-11 being 9.999999999999999e-12) with a multiple in [lo, hi]."""
+    for k in range(MAX_FRACTION_DIGITS, 11):
         step = 10.0 ** -k
         if math.ceil(lo / step) <= math.floor(hi / step):
             return step
@@ -248,6 +251,17 @@ def _merged_all_of(s: dict, resolve: Callable[[str], Any], depth: int = 8) -> di
         merged["required"] += [k for k in p.get("required") or [] if k not in merged["required"]]
     merged.update({k: parts[0][k] for k in ("title", "description") if k in parts[0]})
     return merged
+
+
+def _merged_ref(s: dict, resolve: Callable[[str], Any]) -> dict | None:
+    """An object with properties of its own beside a ``$ref`` to another (2019-09 on: both
+    apply, as an ``allOf``), as one object; None where it is not that. Closing the two
+    apart forbade each other's keys: a valid schema was refused as unsatisfiable."""
+    if not isinstance(s.get("$ref"), str) or "allOf" in s or not ({"properties", "required"} & s.keys()):
+        return None
+    defs = {k: s[k] for k in ("$defs", "definitions") if k in s}
+    own = {k: v for k, v in s.items() if k not in ("$ref", "$defs", "definitions")}
+    return _merged_all_of({**defs, "allOf": [{"$ref": s["$ref"]}, own]}, resolve)  # the ref's keys first
 
 
 def _distributed(s: dict, resolve: Callable[[str], Any]) -> dict | None:
