@@ -101,6 +101,10 @@ def test_retrieve_delete_and_unknown_ids(openai_client, server):
     r = openai_client.responses.create(model="smollm2", input="Hi", max_output_tokens=4, temperature=0)
     assert openai_client.responses.retrieve(r.id).output_text == r.output_text
     assert r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens"
+    assert r.output[0].status == "incomplete"  # the message cut short says so too (it said "completed")
+    events = list(openai_client.responses.create(model="smollm2", input="Hi", max_output_tokens=4, temperature=0,
+                                                 stream=True, store=False))
+    assert events[-1].type == "response.incomplete" and events[-1].response.output[0].status == "incomplete"
     openai_client.responses.delete(r.id)
     for call in (lambda: openai_client.responses.retrieve(r.id),
                  lambda: openai_client.responses.create(model="smollm2", input="x", previous_response_id=r.id),

@@ -155,6 +155,11 @@ def message_item(text: str, status: str = "completed", item_id: str | None = Non
             "role": "assistant", "content": content}
 
 
+def _message_status(fin: Finished) -> str:
+    """A message cut at max_output_tokens is "incomplete", as the response is (OpenAI's)."""
+    return "incomplete" if fin.finish_reason == "length" else "completed"
+
+
 def _text_part(text: str) -> dict:
     return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
 
@@ -243,16 +248,16 @@ class ResponseWriter(Writer):
     async def finish(self, fin: Finished) -> list[bytes]:
         out = self._open_message() if not fin.calls else []
         if self.parts:
-            out += self._message_done("".join(self.parts))
+            out += self._message_done("".join(self.parts), _message_status(fin))
         for c in fin.calls:
             out += self._call(c)
         body = await self.saved(self.turn.body(self.model, "completed", self.output, usage(self.started, fin), fin))
         kind = "response.completed" if body["status"] == "completed" else "response.incomplete"
         return out + [self.event(kind, response=body)]
 
-    def _message_done(self, text: str) -> list[bytes]:
+    def _message_done(self, text: str, status: str) -> list[bytes]:
         ids = {"item_id": self.msg_id, "output_index": 0, "content_index": 0}
-        self.output.append(message_item(text, item_id=self.msg_id))
+        self.output.append(message_item(text, status, item_id=self.msg_id))
         return [self.event("response.output_text.done", **ids, text=text, logprobs=[]),
                 self.event("response.content_part.done", **ids, part=_text_part(text)),
                 self.event("response.output_item.done", output_index=0, item=self.output[-1])]
@@ -273,7 +278,8 @@ class ResponseWriter(Writer):
 
     def body(self, fin: Finished) -> dict:
         """The reply not streamed: the response whole."""
-        output = ([message_item(fin.text)] if fin.text or not fin.calls else []) + [call_item(c) for c in fin.calls]
+        output = (([message_item(fin.text, _message_status(fin))] if fin.text or not fin.calls else [])
+                  + [call_item(c) for c in fin.calls])
         return self.turn.body(self.model, "completed", output, usage(self.started, fin), fin)
 
     async def saved(self, body: dict) -> dict:
