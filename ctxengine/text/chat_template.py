@@ -7,7 +7,8 @@ loopcontrols extension, a ``{% generation %}`` block (rendered as its body),
 ``json.dumps`` (no HTML escaping, keys in order, ``ensure_ascii=False``).
 Templates are data from a model file, so the sandbox refuses unsafe attribute
 access (``''.__class__``...) outright instead of rendering it as empty, and a
-render is bounded in steps, time, memory and size (text/template_limits.py).
+render is bounded in steps, time, memory and size (text/template_limits.py);
+compiling one, inside ``ctxengine.load``, runs none of its code.
 
 Without a template in the file, ``ChatTemplate.for_model`` falls back by
 ``general.architecture``: gemma, gemma2 and gemma3 get Gemma's turn format
@@ -96,8 +97,9 @@ class _Sandbox(LimitedSandbox):
 
 
 def _environment() -> jinja2.Environment:
-    env = _Sandbox(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols", _GenerationTag])
-    env.filters["tojson"] = _tojson
+    # The filters go in through the constructor: LimitedSandbox bounds each, and keeps it from compile time.
+    env = _Sandbox(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols", _GenerationTag],
+                   filters={"tojson": _tojson})
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
     return env
