@@ -118,11 +118,22 @@ def test_gemma_fallback_is_gemma3s_own_template_wherever_that_renders():
     ([("system", "Be kind."), ("assistant", "Hello! Ask me."), ("user", "Hi")],
      "<start_of_turn>model\nHello! Ask me.<end_of_turn>\n<start_of_turn>user\nBe kind.\n\nHi<end_of_turn>\n"),
     ([("system", "s1"), ("system", "s2"), ("user", "b")], "<start_of_turn>user\ns1s2\n\nb<end_of_turn>\n"),
+    # as llama.cpp's too (the probe of 2026-12-05 compared 456 such chats with it): a system
+    # message in the middle joins the next user turn, one at the end is dropped, and system
+    # text is trimmed (these were a "system" turn, a system turn, and " s1  s2 ")
+    ([("user", "a"), ("user", "b"), ("system", "mid"), ("user", "c")],
+     "<start_of_turn>user\na<end_of_turn>\n<start_of_turn>user\nb<end_of_turn>\n<start_of_turn>user\nmid\n\nc"
+     "<end_of_turn>\n"),
+    ([("user", "a"), ("user", "b"), ("system", "late")],
+     "<start_of_turn>user\na<end_of_turn>\n<start_of_turn>user\nb<end_of_turn>\n"),
+    ([("system", "S"), ("assistant", "x"), ("system", "T")], "<start_of_turn>model\nx<end_of_turn>\n"),
+    ([("system", " s1 "), ("system", " s2 "), ("user", "hi")], "<start_of_turn>user\ns1s2\n\nhi<end_of_turn>\n"),
 ])
 def test_gemma_fallback_renders_what_gemma3s_template_refuses_as_llama_cpp_does(messages, text):
     # Two user turns in a row (an agent's), a chat that opens with the model's greeting, two
     # system messages: Gemma 3's template raises; llama.cpp's gemma template (and so this
-    # fallback) gives each message its turn and the opening system text to the first user turn.
+    # fallback) gives each message its turn and every system message's text, trimmed, to
+    # the next user turn.
     turns = [{"role": r, "content": c} for r, c in messages]
     with pytest.raises(CtxError, match="alternate"):
         ChatTemplate(HF_GEMMA3).render(turns, add_generation_prompt=False)

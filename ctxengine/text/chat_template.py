@@ -36,20 +36,28 @@ from .template_limits import LimitedSandbox, TemplateLimit, render_limited
 ROLES = ("system", "user", "assistant")
 
 GEMMA_FALLBACK = (
-    # Gemma 3's own template (Hugging Face's) wherever it renders a conversation; where it
-    # refuses one (roles that do not alternate: two user turns in a row, a chat that opens
-    # with the model's greeting, two system messages), llama.cpp's gemma template's way:
-    # each message its own turn, the opening system text kept for the first user turn.
-    "{%- set ns = namespace(system=none, started=false) -%}"
+    # Gemma 3's own template (Hugging Face's) wherever it renders a conversation: an opening
+    # system message before the first turn's text, then turns whose roles alternate from
+    # "user" (any role but "user" in the second place of a pair, a later "system" a turn of
+    # its own). Where it refuses one (two user turns in a row, a chat that opens with the
+    # model's greeting, a second system message), llama.cpp's gemma template's way: every
+    # system message, trimmed, joined to the next turn that is not the model's (dropped
+    # if none follows), each other message its own turn.
+    "{%- set first = 1 if messages and messages[0]['role'] == 'system' else 0 -%}"
+    "{%- set ns = namespace(hf=true, system='') -%}"
+    "{%- for message in messages[first:] -%}"
+    "{%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}{%- set ns.hf = false -%}{%- endif -%}"
+    "{%- endfor -%}"
     "{%- for message in messages -%}"
-    "{%- if message['role'] == 'system' and not ns.started -%}"
-    "{%- set ns.system = (ns.system or '') + message['content'] -%}"
+    "{%- if ns.hf and loop.first and first -%}"
+    "{%- set ns.system = message['content'] + '\n\n' -%}"
+    "{%- elif message['role'] == 'system' and not ns.hf -%}"
+    "{%- set ns.system = ns.system + (message['content'] | trim) -%}"
     "{%- else -%}"
-    "{%- set ns.started = true -%}"
     "{%- set role = 'model' if message['role'] == 'assistant' else message['role'] -%}"
     "{{ '<start_of_turn>' + role + '\n' }}"
-    "{%- if ns.system is not none and role != 'model' -%}"
-    "{{ ns.system + '\n\n' }}{%- set ns.system = none -%}"
+    "{%- if ns.system and role != 'model' -%}"
+    "{{ ns.system if ns.hf else ns.system + '\n\n' }}{%- set ns.system = '' -%}"
     "{%- endif -%}"
     "{{ message['content'] | trim }}"
     "{{ '<end_of_turn>\n' }}"
