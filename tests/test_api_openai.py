@@ -183,6 +183,23 @@ def test_values_outside_openais_ranges_are_refused(openai_client, field, value):
     assert e.value.param == field
 
 
+def test_log_probabilities_are_refused_on_every_route_and_in_every_spelling(openai_client):
+    # logprobs 0 (a request for the chosen tokens' log-probabilities, no alternatives) was taken
+    # as unset (0 == False) and answered with "logprobs": null; the Responses API answered []
+    for ask in (lambda: openai_client.completions.create(model="smollm2", prompt="Hi", max_tokens=2, logprobs=0),
+                lambda: openai_client.chat.completions.create(model="smollm2", messages=QUESTION, max_tokens=2,
+                                                              extra_body={"logprobs": 0}),
+                lambda: openai_client.responses.create(model="smollm2", input="Hi", max_output_tokens=2,
+                                                       top_logprobs=5),
+                lambda: openai_client.responses.create(model="smollm2", input="Hi", max_output_tokens=2,
+                                                       include=["message.output_text.logprobs"])):
+        with pytest.raises(openai.BadRequestError, match="log-probabilities are not returned"):
+            ask()
+    assert openai_client.chat.completions.create(model="smollm2", messages=QUESTION, max_tokens=2,
+                                                 logprobs=False).choices[0].logprobs is None
+    assert openai_client.responses.create(model="smollm2", input="Hi", max_output_tokens=2, top_logprobs=0).output
+
+
 def test_the_rest_of_openais_ranges_is_taken(openai_client, model):
     kw = dict(model="smollm2", messages=QUESTION, max_tokens=4)
     # top_p 0 keeps only the most likely token (llama.cpp's reading): greedy at any temperature

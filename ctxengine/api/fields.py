@@ -159,9 +159,14 @@ class Fields:
             raise self._bad(name, "a list", value)
         return value
 
-    def refuse(self, name: str, why: str) -> None:
-        """400 if the field is set to anything but null/false/empty."""
-        if self.data.get(name) not in (None, False, [], {}, ""):
+    def refuse(self, name: str, why: str, *, zero: bool = False) -> None:
+        """400 if the field is set to anything but null, false or empty; ``zero``: 0 is unset
+        too (a count of none). (0 == False in Python: OpenAI's ``logprobs: 0``, a request for
+        the chosen tokens' log-probabilities, was taken as unset and answered with none.)"""
+        value = self.data.get(name)
+        unset = value is None or value is False or (type(value) in (list, dict, str) and not value) \
+            or (zero and type(value) in (int, float) and value == 0)
+        if not unset:
             raise ApiError(400, f"'{self.where}{name}' is not supported: {why}", param=name)
 
 

@@ -284,7 +284,7 @@ def _sampling(f: Fields):
 def _refuse_unsupported(f: Fields) -> None:
     f.refuse("images", "images are not supported")
     f.refuse("logprobs", "log-probabilities are not returned")
-    f.refuse("top_logprobs", "log-probabilities are not returned")
+    f.refuse("top_logprobs", "log-probabilities are not returned", zero=True)
     if f.data.get("think") not in (None, False):
         raise ApiError(400, "'think' is not supported: the models served here do not think aloud", param="think")
 

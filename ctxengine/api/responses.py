@@ -155,6 +155,14 @@ def message_item(text: str, status: str = "completed", item_id: str | None = Non
             "role": "assistant", "content": content}
 
 
+def _refuse_logprobs(f: Fields) -> None:
+    """Log-probabilities are refused, not answered with an empty list, as on every route."""
+    f.refuse("top_logprobs", "log-probabilities are not returned", zero=True)
+    if "message.output_text.logprobs" in f.list("include", []):
+        raise ApiError(400, "'include' names message.output_text.logprobs: log-probabilities are not returned",
+                       param="include")
+
+
 def _message_status(fin: Finished) -> str:
     """A message cut at max_output_tokens is "incomplete", as the response is (OpenAI's)."""
     return "incomplete" if fin.finish_reason == "length" else "completed"
@@ -177,6 +185,7 @@ def routes(runtime, generations: Generations) -> APIRouter:
     async def create(request: Request):
         f = Fields(await json_body(request))
         refuse_stream_options(f)
+        _refuse_logprobs(f)
         previous_id = f.str("previous_response_id", None)
         previous = await anyio.to_thread.run_sync(responses.get, previous_id) if previous_id else None
         turn = _Turn(f, new_id(), previous)
