@@ -64,3 +64,23 @@ def _second_turn(client, gemma):
     second = client.chat.completions.create(model="gemma3:270m", messages=turn2, max_tokens=8, temperature=0)
     assert second.usage.prompt_tokens_details.cached_tokens > first.usage.prompt_tokens // 2
     assert second.choices[0].message.content == greedy_reply(gemma, messages=turn2, max_tokens=8)
+
+
+def test_embeddings_past_the_sliding_window(server, gemma):
+    """An input longer than the 512-token window, whose early KV the window released: the
+    vector is the mean over every token, as in one pass here (543 tokens and more were a 500:
+    cleaning up stepped back past the released KV). And empty text is refused as for SmolLM2
+    (it was embedded as the BOS alone)."""
+    import numpy as np
+
+    text = "The sliding window forgets what came before. " * 80  # ~720 tokens
+    r = server.post("/v1/embeddings", {"model": "gemma3:270m", "input": [text, "Short."]})
+    assert r.status_code == 200, r.text
+    ids = gemma.tokenizer.with_bos(gemma.tokenize(text))
+    assert len(ids) > 600 and r.json()["usage"]["prompt_tokens"] == len(ids) + len(gemma.tokenizer.with_bos(
+        gemma.tokenize("Short.")))
+    want = gemma.engine.forward_hidden(gemma.engine.new_sequence(), ids).astype(np.float64).mean(axis=0)
+    assert np.allclose(r.json()["data"][0]["embedding"], want / np.linalg.norm(want), atol=1e-5)
+    for route, body in (("/v1/embeddings", {"input": ""}), ("/api/embed", {"input": ["a", ""]})):
+        r = server.post(route, {"model": "gemma3:270m", **body})
+        assert r.status_code == 400 and "cannot embed an empty input" in r.text, (route, r.text)

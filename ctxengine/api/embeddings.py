@@ -65,7 +65,9 @@ def _embed(runtime, name: str | None, inputs: list, *, truncate: bool, dimension
                                                      reserve=model.contexts.reserve_pages)
                         total += part.astype(np.float64).sum(axis=0)
             finally:
-                seq.truncate(0)  # give its pages back now, not when the object goes
+                # its pages back now, not when a collection finds it (truncate(0) is refused once
+                # a sliding window released pages: Gemma 3's inputs of 543 tokens and more were a 500)
+                del seq
             v = (total / len(ids))[:dimensions]
             norm = np.linalg.norm(v)
             vectors.append((v / norm if norm > 0 else v).astype(np.float32))
@@ -75,7 +77,8 @@ def _embed(runtime, name: str | None, inputs: list, *, truncate: bool, dimension
 
 def _ids(model, item) -> list[int]:
     if isinstance(item, str):
-        ids = model.tokenizer.with_bos(model.tokenize(item))
+        # empty text is refused whatever the model (a BOS alone was embedded where one is added)
+        ids = model.tokenizer.with_bos(model.tokenize(item)) if item else []
     else:  # token ids, each checked (["a"] or 2**64 were a 500)
         ids = model.engine.checked_ids(item)
     if not ids:
