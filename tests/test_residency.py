@@ -160,7 +160,7 @@ def test_a_stream_keeps_its_pace_while_an_eviction_is_written(smollm2_path, page
         while len(stamps) < 5:
             time.sleep(0.01)
         store.delays = [delay]
-        model.context("big").append(model.tokenize(PROMPT * 4)[:230])  # 16 pages: more than are free
+        model.context("big").append(model.tokenize(PROMPT * 5)[:250])  # 16 pages: more than the 15 free
         store.delays = []
         time.sleep(0.3)
         stop.set()
