@@ -127,6 +127,15 @@ def test_refusals_lose_nothing(server, openai_client):
                      headers={"Content-Type": "application/json"}, timeout=60)
     assert bad.status_code == 400 and "surrogate" in bad.json()["error"]["message"]
     assert server.get("/v1/contexts/x").status_code == 404
+    # Labels travel in every listing: 0.9 MB each, three contexts once broke gRPC's List for everyone
+    big = {"k": "x" * (64 << 10)}
+    r = server.post("/v1/contexts", {"name": "x", "labels": big})
+    assert r.status_code == 400 and "a request may set" in r.json()["error"]["message"]
+    assert server.get("/v1/contexts/x").status_code == 404
+    server.post("/v1/contexts", {"name": "lab", "labels": {"k": "v"}})
+    r = server.post("/v1/contexts/lab/snapshot", {"ref": "lab-big", "labels": big})
+    assert r.status_code == 400 and "a request may set" in r.json()["error"]["message"]
+    httpx.delete(server.url + "/v1/contexts/lab", timeout=60)
     with pytest.raises(openai.BadRequestError, match="context"):  # a bad name, not an unknown one (404)
         openai_client.chat.completions.create(model="smollm2", max_tokens=4, extra_body={"context": "../x"},
                                        messages=[{"role": "user", "content": "hi"}])

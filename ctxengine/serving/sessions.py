@@ -37,7 +37,7 @@ from ..engine.lora import adapter_ids, describe_identity
 from ..errors import ContextError, InvalidNameError, StoreError
 from ..state import Residency
 from ..state.snapshots import take_snapshot
-from ..store.manifest import checked_labels
+from ..store.manifest import new_labels
 from ..store.names import HOST_LOCAL_PREFIX, is_host_local, validate_name
 
 if TYPE_CHECKING:
@@ -140,7 +140,7 @@ class Sessions:
         m = self.models.model(model)
         ctx = m.contexts.adopt(name, m.engine.new_sequence(), (), lora=adapters)
         try:
-            ctx.labels.update(checked_labels(labels))  # a bad one (a lone surrogate) fails every snapshot
+            ctx.labels.update(new_labels(labels))  # a bad one (a lone surrogate) fails every snapshot
             if fill is not None:
                 fill(ctx)
         except BaseException:

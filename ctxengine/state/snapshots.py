@@ -32,7 +32,7 @@ from ..engine.lora import LoraSet, continuing_set
 from ..engine.sampler import Sampler
 from ..errors import ContextError, CorruptDataError, CtxError, StoreError, WeightMismatchError
 from ..store import Manifest, Store, page_key, validate_name
-from ..store.manifest import checked_labels
+from ..store.manifest import checked_labels, new_labels
 
 from .page_keys import PageKeyCache
 
@@ -111,7 +111,7 @@ def write_pages(ctx: "Context", seq, store: Store, *, ref: str | None,
 
 
 def _merged_labels(own: Mapping[str, str], extra: Mapping[str, str] | None) -> dict[str, str]:
-    return checked_labels({**own, **checked_labels(extra)})
+    return checked_labels({**own, **new_labels(extra)})
 
 
 def _page_keys(seq, cache: PageKeyCache) -> tuple[list[str], dict[str, bytes], int]:

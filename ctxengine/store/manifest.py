@@ -193,6 +193,22 @@ def checked_labels(labels: Mapping[str, str] | None) -> dict[str, str]:
     return dict(labels)
 
 
+# Labels a request may set at once, in UTF-8 bytes of keys and values: they travel in every
+# listing (gRPC's List, the studio's tree), so three contexts of 0.9 MB labels each once put
+# List past a 1 MiB message limit for everyone.
+MAX_NEW_LABELS_BYTES = 64 << 10
+
+
+def new_labels(labels: Mapping[str, str] | None) -> dict[str, str]:
+    """Labels a caller sets (checked_labels), at most MAX_NEW_LABELS_BYTES of them. Labels
+    already stored are read whatever their size: an old snapshot stays restorable."""
+    out = checked_labels(labels)
+    size = sum(len(k.encode()) + len(v.encode()) for k, v in out.items())
+    if size > MAX_NEW_LABELS_BYTES:
+        raise StoreError(f"labels of {size:,} bytes are more than the {MAX_NEW_LABELS_BYTES:,} a request may set")
+    return out
+
+
 def _is_text(s: str) -> bool:
     try:
         s.encode("utf-8")

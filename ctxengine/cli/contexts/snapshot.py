@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 
 from ...errors import CtxError
-from ...store.manifest import checked_labels
+from ...store.manifest import new_labels
 from . import add_common_arguments, check_name, load_model, open_context, open_store, require_absent, save
 
 
@@ -35,7 +35,7 @@ def main(args: argparse.Namespace) -> int:
             require_absent(store, args.tag)
         if labels:
             ctx = open_context(load_model(args), store, args.name)
-            ctx.labels.update(checked_labels(labels))
+            ctx.labels.update(new_labels(labels))
             sid = save(ctx, store, args.name)
         else:
             check_name(args.name)
