@@ -12,16 +12,39 @@ Protocol: proto/ctxengine/v1/*.proto, docs/grpc.md.
 from __future__ import annotations
 
 import argparse
+import math
 
 
 def add_grpc_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--token", default=None, help="bearer token required on every gRPC call (default: $CTX_TOKEN)")
     p.add_argument("--tls-cert", metavar="FILE", default=None, help="serve gRPC over TLS with this PEM certificate")
     p.add_argument("--tls-key", metavar="FILE", default=None, help="the PEM private key of --tls-cert")
-    p.add_argument("--max-message-mb", type=float, default=16.0, metavar="MB",
+    p.add_argument("--max-message-mb", type=_positive_mb, default=16.0, metavar="MB",
                    help="largest gRPC message accepted or sent (default 16; a KV page must fit)")
-    p.add_argument("--max-pages", type=int, default=65536, metavar="N",
+    p.add_argument("--max-pages", type=_positive_int, default=65536, metavar="N",
                    help="most page keys in one request or snapshot (default 65536)")
+
+
+def _positive_mb(text: str) -> float:
+    """A finite size > 0 that is at least one byte: 0 would fail every call, a negative or
+    infinite one would lift the limit, and nan cannot be compared."""
+    try:
+        mb = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not math.isfinite(mb) or int(mb * (1 << 20)) < 1 or mb * (1 << 20) >= 1 << 31:
+        raise argparse.ArgumentTypeError(f"must be a size in MB above 0 and below 2048, not {text!r}")
+    return mb
+
+
+def _positive_int(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {text!r}")
+    return n
 
 
 def start_grpc(runtime, args: argparse.Namespace):

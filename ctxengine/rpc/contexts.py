@@ -3,7 +3,7 @@
 Each method is the matching session call (serving/sessions.py) or Context
 call (state/context.py) on the shared Runtime, so a context made here is the
 one the HTTP face and every other client sees. Generate streams as it samples; a client that cancels stops it
-at the next token, and the context keeps what was streamed.
+before the next token is sampled (one still queued for the context's lock samples none).
 """
 from __future__ import annotations
 
@@ -51,20 +51,31 @@ class ContextServicer(context_pb2_grpc.ContextServiceServicer):
         ctx = self.sessions.find(request.name)
         sampling = {f: getattr(request.sampling, f) for f in _SAMPLING if request.sampling.HasField(f)}
         max_tokens = request.max_tokens if request.HasField("max_tokens") else DEFAULT_MAX_TOKENS
+        stop = list(request.stop)
+        if not all(stop):
+            raise Refused(Code.INVALID_ARGUMENT, "stop strings must be non-empty")
         cancelled = threading.Event()
         context.add_callback(cancelled.set)  # runs when the call ends, however it ends
-        before = ctx.n_tokens
-        stream = ctx.generate(max_tokens, stop=list(request.stop), **sampling)
-        try:
-            for piece in stream:
-                if cancelled.is_set():
-                    return  # the client went away: sample no more
-                yield pb.GenerateEvent(piece=pb.Piece(text=piece.text, token_id=piece.token_id))
-        finally:
-            stream.close()  # here, in this thread: it releases the context's lock
+        # The context's lock (reentrant, so generate() takes it again) is held from here to the
+        # count: a call queued behind another waits here, and another call's tokens are not ours.
+        with ctx.hold():
+            if cancelled.is_set():
+                return  # the client went away while this call waited: take nothing into the context
+            before = ctx.n_tokens
+            stream = ctx.generate(max_tokens, stop=stop, **sampling)
+            try:
+                while not cancelled.is_set():  # asked before each token is sampled
+                    piece = next(stream, None)
+                    if piece is None:
+                        break
+                    yield pb.GenerateEvent(piece=pb.Piece(text=piece.text, token_id=piece.token_id))
+            finally:
+                stream.close()  # here, in this thread: it releases the context's lock
+            after, finish = ctx.n_tokens, ctx.finish_reason or "length"
+        if cancelled.is_set():
+            return  # the client went away: sample no more
         self.sessions.turn_done(ctx)  # in a fleet: published, so any host continues it
-        after = ctx.n_tokens
-        yield pb.GenerateEvent(done=pb.Done(finish_reason=ctx.finish_reason or "length", prompt_tokens=before,
+        yield pb.GenerateEvent(done=pb.Done(finish_reason=finish, prompt_tokens=before,
                                             completion_tokens=after - before, n_tokens=after))
 
     @guarded

@@ -44,6 +44,8 @@ _BY_WORDING: tuple[tuple[type[CtxError], str, grpc.StatusCode], ...] = (
     (StoreError, "no ref or snapshot named", Code.NOT_FOUND),
     (StoreError, "no ref named", Code.NOT_FOUND),
     (StoreError, "is not in the store", Code.NOT_FOUND),
+    (StoreError, "no such snapshot", Code.NOT_FOUND),
+    (StoreError, "not a ref or snapshot id", Code.INVALID_ARGUMENT),
 )
 
 

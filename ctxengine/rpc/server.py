@@ -25,7 +25,10 @@ from .v1 import context_pb2_grpc, snapshot_pb2_grpc
 if TYPE_CHECKING:
     from ..serving.runtime import Runtime
 
-MAX_WORKERS = 32
+# One pool thread for every call let in: a call past the limit is refused (RESOURCE_EXHAUSTED)
+# at once, where with fewer threads it would queue behind streams that may sit idle for long.
+MAX_CONCURRENT_RPCS = 128
+MAX_WORKERS = MAX_CONCURRENT_RPCS
 
 
 class GrpcServer:
@@ -53,7 +56,7 @@ def start_grpc(runtime: "Runtime", args: argparse.Namespace) -> GrpcServer:
                ("grpc.so_reuseport", 0)]
     server = grpc.server(futures.ThreadPoolExecutor(MAX_WORKERS, thread_name_prefix="ctx-grpc"),
                          interceptors=[TokenInterceptor(token)] if token else [], options=options,
-                         maximum_concurrent_rpcs=4 * MAX_WORKERS)
+                         maximum_concurrent_rpcs=MAX_CONCURRENT_RPCS)
     context_pb2_grpc.add_ContextServiceServicer_to_server(ContextServicer(runtime), server)
     snapshot_pb2_grpc.add_SnapshotServiceServicer_to_server(SnapshotServicer(runtime, limits), server)
     address = _address(args.host, args.grpc_port)

@@ -8,6 +8,7 @@ snapshot's weights refuses it before a page moves (docs/grpc.md).
 """
 from __future__ import annotations
 
+import itertools
 import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -23,6 +24,7 @@ if TYPE_CHECKING:
     from ..serving.runtime import Runtime
 
 KEY_BYTES = 32
+SLOT_POLL_S = 0.25  # how often a PutPages waiting for a slot asks whether its call is still on
 
 
 @dataclass(frozen=True)
@@ -61,13 +63,26 @@ class SnapshotServicer(snapshot_pb2_grpc.SnapshotServiceServicer):
 
     @guarded
     def PutPages(self, request_iterator, context):
-        with self._put_slots:
-            return self._put_pages(request_iterator)
+        pages = iter(request_iterator)
+        first = next(pages, None)  # no slot is held while a sender is silent: only pages buffered count
+        if first is None:
+            return pb.PutPagesResponse(received=0, stored=0)
+        self._take_put_slot(context)
+        try:
+            return self._put_pages(itertools.chain([first], pages))
+        finally:
+            self._put_slots.release()
 
-    def _put_pages(self, request_iterator) -> pb.PutPagesResponse:
+    def _take_put_slot(self, context) -> None:
+        """Wait for one of the max_put_calls slots, but not past the end of this call."""
+        while not self._put_slots.acquire(timeout=SLOT_POLL_S):
+            if not context.is_active():
+                raise Refused(Code.CANCELLED, "the call ended while it waited to buffer its pages")
+
+    def _put_pages(self, pages) -> pb.PutPagesResponse:
         records: dict[str, bytes] = {}
         size = received = 0
-        for page in request_iterator:
+        for page in pages:
             key = self._key(page.key)
             received += 1
             size += len(page.record)
@@ -75,7 +90,10 @@ class SnapshotServicer(snapshot_pb2_grpc.SnapshotServiceServicer):
                 raise Refused(Code.RESOURCE_EXHAUSTED,
                               f"a PutPages call may carry at most {self.limits.max_pages} pages and "
                               f"{self.limits.max_call_bytes >> 20} MiB; send the rest in another call")
-            records[key] = page.record
+            if records.setdefault(key, page.record) != page.record:
+                # Keeping either record would drop the other unverified: refuse them both.
+                raise Refused(Code.INVALID_ARGUMENT, f"page {key} came twice in one call with different "
+                                                     "records; nothing from this call was stored")
         try:  # every record is verified before any is written, in one transaction
             stored = self.store.put_page_records(records)
         except CorruptDataError as err:
@@ -110,13 +128,19 @@ class SnapshotServicer(snapshot_pb2_grpc.SnapshotServiceServicer):
 
     @guarded
     def GetManifest(self, request, context):
+        if not request.ref:
+            raise Refused(Code.INVALID_ARGUMENT, "ref is required: a ref name or a snapshot id")
         sid = self.store.resolve(request.ref)
         m = self.store.get_manifest(sid)  # verified against sid as it is read
         return pb.GetManifestResponse(snapshot_id=sid, manifest=m.canonical_bytes())
 
     @guarded
     def SetRef(self, request, context):
-        self.store.set_ref(client_name(request.name, "ref"), request.snapshot_id)
+        name = client_name(request.name, "ref")
+        sid = request.snapshot_id
+        if len(sid) != 2 * KEY_BYTES or not all(c in "0123456789abcdefABCDEF" for c in sid):
+            raise Refused(Code.INVALID_ARGUMENT, f"a snapshot id is {2 * KEY_BYTES} hex digits, not {sid!r}")
+        self.store.set_ref(name, sid)  # NOT_FOUND (errors.py) when no such snapshot is stored
         return pb.SetRefResponse()
 
     @guarded
