@@ -31,7 +31,7 @@ from ..errors import CtxError
 from ..serving.exports import __version__, client_name, is_host_local
 from ..serving.runtime import Runtime
 from .errors import ApiError
-from .studio_tree import Item, build_tree, messages
+from .studio_tree import Item, build_tree, dumps, messages
 
 STATIC = resources.files("ctxengine.api") / "static" / "studio"
 # The page runs only its own files: no inline script, nothing from elsewhere, not framed.
@@ -44,7 +44,7 @@ MAX_TREE_SNAPSHOTS = 500  # refs drawn in the tree (their manifests are read at 
 
 def mount(app: FastAPI, runtime: Runtime) -> None:
     """The page's files and its JSON routes."""
-    static = StaticFiles(directory=str(STATIC))
+    static = _PageFiles(directory=str(STATIC))
 
     @app.get("/studio", include_in_schema=False)
     async def page():
@@ -52,6 +52,16 @@ def mount(app: FastAPI, runtime: Runtime) -> None:
 
     app.mount("/studio", static, name="studio")
     app.include_router(routes(runtime))
+
+
+class _PageFiles(StaticFiles):
+    """The page's files, each sent with the page's headers: ``/studio/index.html`` is the
+    page too, and must not be framed by another site any more than ``/studio``."""
+
+    async def get_response(self, path: str, scope) -> Response:
+        response = await super().get_response(path, scope)
+        response.headers.update(_PAGE_HEADERS)
+        return response
 
 
 def routes(runtime: Runtime) -> APIRouter:
@@ -75,7 +85,12 @@ def _model_routes(router: APIRouter, runtime: Runtime) -> None:
 
     @router.get("/tree")
     async def tree():
-        return await _run(lambda: {"object": "tree", "models": _forest(runtime)})
+        def go():
+            models, n_left_out = _forest(runtime)
+            return dumps({"object": "tree", "models": models, "n_refs_left_out": n_left_out})
+
+        # dumps, not the JSON response: a chain of forks nests deeper than json.dumps goes
+        return Response(await _run(go), media_type="application/json")
 
     @router.get("/contexts/{name:path}/messages")
     async def context_messages(name: str):
@@ -147,8 +162,9 @@ def _store_routes(router: APIRouter, runtime: Runtime) -> None:
                         headers={"Content-Disposition": f'attachment; filename="{filename}"'})
 
 
-def _forest(runtime: Runtime) -> list[dict]:
-    """One prefix tree per weight_id: its live contexts and its snapshot refs."""
+def _forest(runtime: Runtime) -> tuple[list[dict], int]:
+    """One prefix tree per weight_id: its live contexts and its snapshot refs; and how many
+    refs were left out (past MAX_TREE_SNAPSHOTS)."""
     groups: dict[str, dict] = {}
 
     def group(weight_id: str, model: str, served: bool) -> dict:
@@ -168,6 +184,7 @@ def _forest(runtime: Runtime) -> list[dict]:
                                                 "snapshot_id": ctx.snapshot_id, "labels": ctx.labels,
                                                 "busy": pages is None, "n_pages": len(pages or ())},
                                    pages=None if pages is None else frozenset(pages)))
+    refs = []
     if runtime.store is not None:
         served = runtime.weight_ids()
         refs = sorted((n, sid) for n, sid in runtime.store.refs().items() if not is_host_local(n))
@@ -188,5 +205,5 @@ def _forest(runtime: Runtime) -> list[dict]:
     for g in groups.values():
         items = g.pop("items")
         out.append({**g, "n_items": len(items), "root": build_tree(items).as_json()})
-    return sorted(out, key=lambda g: (not g["served"], g["model"]))
+    return sorted(out, key=lambda g: (not g["served"], g["model"])), max(0, len(refs) - MAX_TREE_SNAPSHOTS)
 

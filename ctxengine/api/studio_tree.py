@@ -22,6 +22,7 @@ message holding the whole text.
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -46,44 +47,97 @@ class Node:
     items: list[Item] = field(default_factory=list)
     children: list["Node"] = field(default_factory=list)
 
-    def all_items(self) -> list[Item]:
-        out = list(self.items)
-        for c in self.children:
-            out += c.all_items()
+    def walk(self) -> list["Node"]:
+        """This node and every node below it, parents before children (no recursion:
+        a chain of forks makes a tree thousands of levels deep)."""
+        out, stack = [], [self]
+        while stack:
+            node = stack.pop()
+            out.append(node)
+            stack.extend(reversed(node.children))
         return out
 
+    def all_items(self) -> list[Item]:
+        return [i for node in self.walk() for i in node.items]
+
     def as_json(self) -> dict:
-        below = self.all_items()
-        live = [i.pages for i in below if i.pages is not None]
-        stored = [i.page_keys for i in below if i.card["kind"] == "snapshot" and i.page_keys]
-        return {"n_tokens": self.n_tokens, "items": [i.card for i in self.items],
-                "shared_pages": len(frozenset.intersection(*live)) if len(live) > 1 else 0,
-                "shared_stored_pages": len(frozenset.intersection(*stored)) if len(stored) > 1 else 0,
-                "children": [c.as_json() for c in self.children]}
+        # Bottom up, once: each node's shared pages are the meet of its own items' and its children's.
+        done: dict[int, tuple[dict, _Meet, _Meet]] = {}
+        for node in reversed(self.walk()):
+            below = [done.pop(id(c)) for c in node.children]
+            live = _Meet.of([i.pages for i in node.items if i.pages is not None], [b[1] for b in below])
+            stored = _Meet.of([i.page_keys for i in node.items if i.card["kind"] == "snapshot" and i.page_keys],
+                              [b[2] for b in below])
+            done[id(node)] = ({"n_tokens": node.n_tokens, "items": [i.card for i in node.items],
+                               "shared_pages": live.n_shared, "shared_stored_pages": stored.n_shared,
+                               "children": [b[0] for b in below]}, live, stored)
+        return done[id(self)][0]
+
+
+@dataclass
+class _Meet:
+    """The page sets of ``n`` items below a node, met: the pages all of them hold."""
+
+    n: int = 0
+    pages: frozenset | None = None  # None while n == 0
+
+    @property
+    def n_shared(self) -> int:
+        return len(self.pages) if self.n > 1 else 0
+
+    @staticmethod
+    def of(own: list[frozenset], below: list["_Meet"]) -> "_Meet":
+        sets = own + [m.pages for m in below if m.n]
+        return _Meet(len(own) + sum(m.n for m in below), frozenset.intersection(*sets) if sets else None)
 
 
 def build_tree(items: list[Item]) -> Node:
     """The compressed prefix tree of these items (the root is the empty prefix)."""
     root = Node(0)
-    _grow(root, items, 0)
+    # Every item of a pending (node, items, depth) shares tokens[:depth]; those that end at depth
+    # stay at the node, the rest are grouped by their next token, and each group's common prefix
+    # is its node. A stack, not recursion: the tree is as deep as the longest chain of forks.
+    pending = [(root, items, 0)]
+    while pending:
+        node, group_items, depth = pending.pop()
+        groups: dict[int, list[Item]] = {}
+        for item in group_items:
+            if len(item.tokens) == depth:
+                node.items.append(item)
+            else:
+                groups.setdefault(item.tokens[depth], []).append(item)
+        for group in groups.values():
+            n = _common_prefix(group, depth + 1)
+            child = Node(n)
+            node.children.append(child)
+            pending.append((child, group, n))
+        node.children.sort(key=lambda c: c.n_tokens)
     return root
 
 
-def _grow(node: Node, items: list[Item], depth: int) -> None:
-    # Every item here shares tokens[:depth]; those that end at depth stay at this node,
-    # the rest are grouped by their next token, and each group's common prefix is its node.
-    groups: dict[int, list[Item]] = {}
-    for item in items:
-        if len(item.tokens) == depth:
-            node.items.append(item)
+def dumps(value) -> str:
+    """``value`` as JSON text, however deeply it nests (``json.dumps`` stops at ~1000 levels)."""
+    out: list[str] = []
+    stack: list = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, _Text):
+            out.append(v)
+        elif isinstance(v, dict) and v:
+            stack.append(_Text("}"))
+            for k, (key, val) in reversed(list(enumerate(v.items()))):
+                stack += [val, _Text(("," if k else "{") + json.dumps(str(key)) + ":")]
+        elif isinstance(v, (list, tuple)) and v:
+            stack.append(_Text("]"))
+            for k, val in reversed(list(enumerate(v))):
+                stack += [val, _Text("," if k else "[")]
         else:
-            groups.setdefault(item.tokens[depth], []).append(item)
-    for group in groups.values():
-        n = _common_prefix(group, depth + 1)
-        child = Node(n)
-        _grow(child, group, n)
-        node.children.append(child)
-    node.children.sort(key=lambda c: c.n_tokens)
+            out.append(json.dumps(v))
+    return "".join(out)
+
+
+class _Text(str):
+    """JSON text already written (a marker on ``dumps``'s stack)."""
 
 
 def _common_prefix(items: list[Item], start: int) -> int:

@@ -113,11 +113,13 @@ class Studio {
     if (!this.info) return;
     try {
       const tree = await api.get("/v1/studio/tree");
-      const drawn = JSON.stringify([tree.models, this.selectedKey()]);
+      const leftOut = tree.n_refs_left_out ?? 0;
+      const drawn = JSON.stringify([tree.models, leftOut, this.selectedKey()]);
       this.forest = tree.models;
       if (drawn !== this.drawn) {  // redraw only on change: keeps hover and keyboard focus
         this.drawn = drawn;
-        renderTree($("tree"), this.forest, { selected: this.selectedKey(), onOpen: (item) => this.open(item) });
+        renderTree($("tree"), this.forest, { selected: this.selectedKey(), leftOut,
+          onOpen: (item) => this.open(item) });
       }
       await this.follow();
       $("conn").textContent = "connected";

@@ -5,6 +5,7 @@
 const ROW = 30;      // px per row
 const INDENT = 18;   // px per level
 const PAD = 14;
+const MAX_INDENT = 8; // levels indented; deeper rows stay there and show their depth as a number
 const NS = "http://www.w3.org/2000/svg";
 
 function el(name, attrs = {}, text) {
@@ -34,8 +35,22 @@ function itemKey(item) {
   return item.kind === "context" ? `context:${item.name}` : `snapshot:${item.ref}`;
 }
 
-export function renderTree(container, forest, { selected, onOpen }) {
+// Redraws keep the list where the reader scrolled it (a click or a poll redraws).
+export function renderTree(container, forest, { selected, onOpen, leftOut = 0 }) {
+  const scrolled = [];
+  for (let e = container; e; e = e.parentElement) if (e.scrollTop) scrolled.push([e, e.scrollTop]);
   container.replaceChildren();
+  drawForest(container, forest, selected, onOpen);
+  if (leftOut > 0) {
+    const more = document.createElement("p");
+    more.className = "empty more";
+    more.textContent = `${leftOut} more snapshot ref${leftOut === 1 ? "" : "s"} not shown`;
+    container.append(more);
+  }
+  for (const [e, top] of scrolled) e.scrollTop = top;
+}
+
+function drawForest(container, forest, selected, onOpen) {
   if (!forest.length || forest.every((g) => !g.n_items)) {
     const empty = document.createElement("p");
     empty.className = "empty";
@@ -63,7 +78,7 @@ export function renderTree(container, forest, { selected, onOpen }) {
     const edges = el("g", { class: "edges" });
     svg.append(edges);
     rows.forEach((row, i) => {
-      row.x = PAD + row.depth * INDENT;
+      row.x = PAD + Math.min(row.depth, MAX_INDENT) * INDENT;
       row.y = i * ROW + ROW / 2 + 4;
     });
     for (const row of rows) {
@@ -96,7 +111,8 @@ function drawRow(svg, row, width, selected, onOpen) {
   // Contexts first: the row's dot and main label are the first item's.
   const items = [...node.items].sort((a, b) => (a.kind === "context" ? 0 : 1) - (b.kind === "context" ? 0 : 1));
   const first = items[0];
-  const hit = el("rect", { x: row.x - 10, y: -12, width: width - row.x + 4, height: 24, rx: 6, class: "hit" });
+  const hit = el("rect", { x: row.x - 10, y: -12, width: Math.max(0, width - row.x + 4), height: 24, rx: 6,
+    class: "hit" });
   hit.addEventListener("click", () => onOpen(first));
   g.append(hit);
   if (items.some((i) => itemKey(i) === selected)) g.classList.add("selected");
@@ -110,13 +126,42 @@ function drawRow(svg, row, width, selected, onOpen) {
   g.append(metaText);
   const right = width - 14 - metaText.getComputedTextLength();
   let x = row.x + 12;
-  for (const item of items) {
+  if (row.depth > MAX_INDENT) {  // not indented further: say how deep it is
+    const level = el("text", { x, y: 4, class: "meta depth" }, `${row.depth}`);
+    level.append(el("title", {}, `${row.depth} levels deep`));
+    g.append(level);
+    x += level.getComputedTextLength() + 6;
+  }
+  for (const [k, item] of items.entries()) {
     const entry = entryOf(item, x, item === first, selected, onOpen);
     g.append(entry);
     fit(entry, item === first);
-    x += entry.getBBox().width + 6;
+    const end = x + entry.getBBox().width;
+    if (item !== first && end > width - 8) {  // no room: the rest are one "+N" chip
+      entry.remove();
+      const more = moreChip(items.slice(k), x, onOpen);
+      g.append(more);  // measured once in the document
+      more.querySelector(".chip-box").setAttribute("width", more.querySelector("text").getComputedTextLength() + 12);
+      x = width;
+      break;
+    }
+    x = end + 6;
   }
   if (x - 6 > right) metaText.remove();  // long names win over the token count (it is in the tooltip)
+}
+
+// The chips a row has no room for, as one: its tooltip names them, a click opens the first.
+function moreChip(rest, x, onOpen) {
+  const e = el("g", { class: "entry chip more", tabindex: "0", role: "treeitem" });
+  e.append(el("rect", { x, y: -9, width: 10, height: 18, rx: 4, class: "chip-box" }));
+  e.append(el("text", { x: x + 6, y: 4, class: "chip-label" }, `+${rest.length}`));
+  e.append(el("title", {}, rest.map((i) => (i.kind === "context" ? i.name : i.ref)).join("\n")));
+  const open = (ev) => { ev.stopPropagation(); onOpen(rest[0]); };
+  e.addEventListener("click", open);
+  e.addEventListener("keydown", (ev) => {
+    if (ev.key === "Enter" || ev.key === " ") { ev.preventDefault(); open(ev); }
+  });
+  return e;
 }
 
 // One clickable entry of a row: the main label, or a chip for a snapshot ref beside it.
