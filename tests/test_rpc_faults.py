@@ -191,3 +191,15 @@ def test_idle_streaming_calls_do_not_stall_the_server(snapshots):
         stop.set()
         for f in idle:
             f.cancel()
+
+
+def test_an_append_whose_client_cancels_stops_its_prefill_and_adds_nothing(contexts):
+    # a cancelled unary Append prefilled to its end (seconds of both cores for nobody), and kept it
+    contexts.Create(cpb.CreateRequest(name="long-append"))
+    call = contexts.Append.future(cpb.AppendRequest(name="long-append", text="a story of the sea " * 1500))
+    time.sleep(0.5)
+    assert call.cancel()
+    t = time.monotonic()
+    after = contexts.Append(cpb.AppendRequest(name="long-append", text="The end."))  # waits for the context
+    assert time.monotonic() - t < 4  # the scheduler's next step, not the 6,000-token prompt's end
+    assert after.context.n_tokens == after.n_new  # nothing of the cancelled text stayed

@@ -10,6 +10,7 @@ from __future__ import annotations
 import threading
 from typing import TYPE_CHECKING
 
+from ..serving.exports import cancelled_when
 from .errors import Code, Refused, guarded
 from .v1 import context_pb2 as pb
 from .v1 import context_pb2_grpc
@@ -43,7 +44,9 @@ class ContextServicer(context_pb2_grpc.ContextServiceServicer):
         if which is None:
             raise Refused(Code.INVALID_ARGUMENT, "append needs text or ids")
         content = request.text if which == "text" else list(request.ids.ids)
-        n_new = ctx.append(content, parse_special=request.parse_special)
+        # a client gone stops a long prefill at the scheduler's next step, the context as it was
+        with cancelled_when(lambda: not context.is_active()):
+            n_new = ctx.append(content, parse_special=request.parse_special)
         return pb.AppendResponse(n_new=n_new, context=self._info(ctx))
 
     @guarded

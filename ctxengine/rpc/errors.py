@@ -13,7 +13,7 @@ import inspect
 
 import grpc
 
-from ..errors import (ContextError, CorruptDataError, CtxError, InvalidNameError, ModelFileError,
+from ..errors import (CancelledError, ContextError, CorruptDataError, CtxError, InvalidNameError, ModelFileError,
                       ModelNotFoundError, RequestError, StoreError, TokenizerError, UnavailableError,
                       UnsupportedModelError, WeightMismatchError, WeightsNotServedError)
 
@@ -22,6 +22,7 @@ Code = grpc.StatusCode
 # Most specific first: CorruptDataError and WeightMismatchError are StoreErrors.
 _BY_CLASS: tuple[tuple[type[CtxError], grpc.StatusCode], ...] = (
     (InvalidNameError, Code.INVALID_ARGUMENT),
+    (CancelledError, Code.CANCELLED),        # the client went away; the work stopped (a RequestError)
     (RequestError, Code.INVALID_ARGUMENT),
     (WeightMismatchError, Code.FAILED_PRECONDITION),
     (CorruptDataError, Code.DATA_LOSS),
