@@ -139,6 +139,8 @@ def test_embeddings_are_pooled_and_normalised(openai_client, model):
     seq = model.engine.new_sequence()
     want = model.engine.forward_hidden(seq, model.tokenize(long)).astype(np.float64).mean(axis=0)
     assert np.allclose(chunked, want / np.linalg.norm(want), atol=1e-6)
+    with pytest.raises(openai.BadRequestError, match="2049 inputs are more than the 2048"):  # as OpenAI's limit
+        openai_client.embeddings.create(model="smollm2", input=["a"] * 2049)
     with pytest.raises(openai.BadRequestError, match="the context length is"):  # was cut to fit in silence
         openai_client.embeddings.create(model="smollm2", input="word " * 9000)
     for bad in ([["a"]], [1, "a"], [2 ** 64]):  # each was a 500 with a traceback

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from starlette.requests import Request
 
 CHUNK = 512  # tokens an input sends to the scheduler at a time
+MAX_INPUTS = 2048  # inputs a request may hold, as OpenAI's (each is a forward of its own)
 
 
 @dataclass
@@ -92,6 +93,8 @@ async def embed(runtime, name: str | None, inputs: list, *, truncate: bool = Tru
     (its body read) stops the work at the next chunk."""
     if not inputs:
         raise ApiError(400, "no input to embed")
+    if len(inputs) > MAX_INPUTS:
+        raise ApiError(400, f"{len(inputs)} inputs are more than the {MAX_INPUTS} a request may hold")
     gone = threading.Event()
     watch = asyncio.ensure_future(_left(client, gone)) if client is not None else None
     try:
