@@ -47,6 +47,7 @@ _BY_WORDING: tuple[tuple[type[CtxError], str, grpc.StatusCode], ...] = (
     (StoreError, "is not in the store", Code.NOT_FOUND),
     (StoreError, "no such snapshot", Code.NOT_FOUND),
     (StoreError, "not a ref or snapshot id", Code.INVALID_ARGUMENT),
+    (StoreError, "must be 64 hex digits", Code.INVALID_ARGUMENT),  # store/pages.py key_bytes
 )
 
 
