@@ -37,7 +37,7 @@ These bound the length of every value; the sampler's budget steering
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 MAX_INT_DIGITS = 15
 MAX_FRACTION_DIGITS = 6
@@ -129,13 +129,7 @@ def _missing(s: dict, props: dict) -> list[str]:
 def check_exact(schema: Any) -> None:
     """ValueError naming a number in the schema (at any depth) that sampling could not keep:
     a bound past +-MAX_BOUND, an integer const or enum value past 2**53."""
-    stack = [schema]
-    while stack:
-        s = stack.pop()
-        if isinstance(s, list):
-            stack.extend(s)
-        if not isinstance(s, dict):
-            continue
+    for s in _objects(schema):
         for word in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"):
             if _is_num(x := s.get(word)) and abs(x) > MAX_BOUND:
                 raise ValueError(f"{word} {x} is beyond the +-{MAX_BOUND} constrained sampling can enforce")
@@ -145,21 +139,23 @@ def check_exact(schema: Any) -> None:
                 raise ValueError(f"{'const' if 'const' in s else 'enum value'} {x} is an integer beyond 2**53, "
                                  "which constrained sampling cannot write exactly (it would come back rounded); "
                                  "give it as a string")
-        stack.extend(v for k, v in s.items() if k not in ("const", "enum"))
 
 
 def uses_keyword(schema: Any, word: str) -> bool:
     """Whether a schema (at any depth, a const or enum value aside) uses this keyword."""
+    return any(word in s for s in _objects(schema))
+
+
+def _objects(schema: Any) -> Iterator[dict]:
+    """Every object in a schema, however deep (without recursion), but for const and enum values."""
     stack = [schema]
     while stack:
         s = stack.pop()
         if isinstance(s, list):
             stack.extend(s)
         elif isinstance(s, dict):
-            if word in s:
-                return True
+            yield s
             stack.extend(v for k, v in s.items() if k not in ("const", "enum"))
-    return False
 
 
 def _bound_number(s: dict, out: dict, exact: bool) -> None:
