@@ -145,16 +145,15 @@ def _head_timed(timeout: float) -> type:
 
 
 def _raise_open_file_limit() -> None:
-    """Every connection is a file descriptor: take all the OS allows (the soft limit is
-    often 1,024), as Go's servers do."""
+    """Every connection is a file descriptor: raise the soft limit (often 1,024) to the hard
+    one, as Go's servers do (to 2**20 where the hard one is unlimited; the hard one stays)."""
     import resource
 
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if hard == resource.RLIM_INFINITY:
-        hard = max(soft, 1 << 20) if soft != resource.RLIM_INFINITY else soft
-    if soft != resource.RLIM_INFINITY and soft < hard:
+    want = 1 << 20 if hard == resource.RLIM_INFINITY else hard
+    if soft != resource.RLIM_INFINITY and soft < want:
         try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
         except (ValueError, OSError):
             pass  # a container's own ceiling: keep what we have
 
