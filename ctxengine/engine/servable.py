@@ -10,7 +10,8 @@ from pathlib import Path
 from ..errors import CtxError
 from .gguf_file import open_gguf
 
-_reasons: dict[tuple, str | None] = {}  # by the file's identity (a served catalog is built again often)
+# (why not, architecture) by the file's identity (a served catalog is built again often)
+_facts: dict[tuple, tuple[str | None, str | None]] = {}
 _adapter_reasons: dict[tuple, str | None] = {}  # by the adapter's and the model's identities
 
 
@@ -26,13 +27,20 @@ def unservable_reason(path: Path) -> str | None:
     """Why the engine cannot run this GGUF file (a split model: its first part), or None.
     Remembered while the file is the same (device, inode, size, mtime): reading a header
     walks the whole vocabulary, tens of milliseconds a model."""
+    return _model_facts(path)[0]
+
+
+def _model_facts(path: Path) -> tuple[str | None, str | None]:
+    """(unservable_reason, its architecture or None where the header cannot be read), remembered."""
     from .config import unsupported_reason  # loads the native core: only when a file is looked at
 
     key = _identity(path)
-    if key is not None and key in _reasons:
-        return _reasons[key]
+    if key is not None and key in _facts:
+        return _facts[key]
+    arch = None
     try:
         with open_gguf(path, header_only=True) as f:
+            arch = f.arch
             why = unsupported_reason(f)
     except CtxError as err:
         why = str(err)
@@ -41,22 +49,21 @@ def unservable_reason(path: Path) -> str | None:
         # be listed as unservable, not take the listing of every other model down with it.
         why = f"{path.name}: cannot read its header: {type(err).__name__}: {err}"
     if key is not None:
-        _reasons[key] = why
-    return why
+        _facts[key] = (why, arch)
+    return why, arch
 
 
 def adapter_reason(adapter: Path, model: Path) -> str | None:
-    """Why ``adapter`` cannot be a LoRA adapter of the model in ``model``, from the two
-    headers (the matrices' shapes are checked when it is loaded), or None. Remembered
-    while both files are the same."""
+    """Why ``adapter`` cannot be a LoRA adapter of the model in ``model``, from its header
+    and the model's architecture (the matrices' shapes are checked when it is loaded), or
+    None. Remembered while both files are the same."""
     key = (_identity(adapter), _identity(model))
     if None not in key and key in _adapter_reasons:
         return _adapter_reasons[key]
     try:
         with open_gguf(adapter, header_only=True) as f:
             kind, lora, arch = f.get("general.type"), f.get("adapter.type"), f.arch
-        with open_gguf(model, header_only=True) as f:
-            model_arch = f.arch
+        model_arch = _model_facts(model)[1]  # the listing read the model's header already
         if kind != "adapter" or lora != "lora":
             why = f"{adapter.name}: not a LoRA adapter (general.type {kind!r}, adapter.type {lora!r})"
         elif arch != model_arch:
