@@ -1,6 +1,7 @@
 """Embeddings for OpenAI's ``/v1/embeddings`` and Ollama's ``/api/embed``,
 ``/api/embeddings``: the model's final normed hidden states, mean-pooled
-over the input's tokens and L2-normalised.
+over the input's tokens and L2-normalised (not on Ollama's legacy
+``/api/embeddings``, whose handler returns the pooled vector as it is).
 
 Each input runs on a page table of its own that is dropped afterwards (the
 hidden states are not what a later request could reuse); inputs run one
@@ -40,7 +41,7 @@ class Embeddings:
     total_ns: int
 
 
-def _embed(runtime, name: str | None, inputs: list, *, truncate: bool, dimensions: int | None,
+def _embed(runtime, name: str | None, inputs: list, *, truncate: bool, dimensions: int | None, normalize: bool,
            gone: threading.Event) -> Embeddings:
     t0 = time.perf_counter_ns()
     entry = runtime.resolve(name)
@@ -70,7 +71,7 @@ def _embed(runtime, name: str | None, inputs: list, *, truncate: bool, dimension
                 # a sliding window released pages: Gemma 3's inputs of 543 tokens and more were a 500)
                 del seq
             v = (total / len(ids))[:dimensions]
-            norm = np.linalg.norm(v)
+            norm = np.linalg.norm(v) if normalize else 0.0
             vectors.append((v / norm if norm > 0 else v).astype(np.float32))
             n_tokens += len(ids)
         return Embeddings(entry.name, vectors, n_tokens, load_ns, time.perf_counter_ns() - t0)
@@ -88,9 +89,11 @@ def _ids(model, item) -> list[int]:
 
 
 async def embed(runtime, name: str | None, inputs: list, *, truncate: bool = True,
-                dimensions: int | None = None, metrics=None, client: "Request | None" = None) -> Embeddings:
-    """Embed each input (a string, or a list of token ids); ``client`` going away
-    (its body read) stops the work at the next chunk."""
+                dimensions: int | None = None, normalize: bool = True, metrics=None,
+                client: "Request | None" = None) -> Embeddings:
+    """Embed each input (a string, or a list of token ids), L2-normalised unless
+    ``normalize`` is false; ``client`` going away (its body read) stops the work at
+    the next chunk."""
     if not inputs:
         raise ApiError(400, "no input to embed")
     if len(inputs) > MAX_INPUTS:
@@ -99,7 +102,8 @@ async def embed(runtime, name: str | None, inputs: list, *, truncate: bool = Tru
     watch = asyncio.ensure_future(_left(client, gone)) if client is not None else None
     try:
         result = await anyio.to_thread.run_sync(
-            lambda: _embed(runtime, name, inputs, truncate=truncate, dimensions=dimensions, gone=gone))
+            lambda: _embed(runtime, name, inputs, truncate=truncate, dimensions=dimensions,
+                           normalize=normalize, gone=gone))
     finally:
         if watch is not None:
             watch.cancel()

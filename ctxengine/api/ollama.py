@@ -255,7 +255,8 @@ def _embedding_routes(router: APIRouter, o: _Ollama) -> None:
         text = f.str("prompt", "")
         if not text:
             return {"embedding": []}
-        result = await embed(o.runtime, name, [text], metrics=o.metrics, client=request)
+        # Ollama's legacy handler returns the pooled vector unnormalised (/api/embed normalises)
+        result = await embed(o.runtime, name, [text], normalize=False, metrics=o.metrics, client=request)
         o.apply_keep_alive(f, name)
         return {"embedding": result.vectors[0].tolist()}
 
