@@ -47,7 +47,8 @@ for _ in range(a['rounds']):
     for b in a['streams']:
         streams[str(b)].append(mod.measure_llama_batched(m, a['threads'], b, a['prompt'], a['gen']))
 del m
-branches = mod.measure_llama_branches(a['path'], a['threads'], a['branches'], a['prefix'], a['gen']) if a['branches'] else None
+branches = (mod.measure_llama_branches(a['path'], a['threads'], a['branches'], a['prefix'], a['gen'])
+            if a['branches'] else None)
 print(json.dumps({'streams': streams, 'branches': branches}))
 """
 
