@@ -60,6 +60,31 @@ def test_fallback_renders_tools_calls_and_results_into_the_prompt(model):
     assert text.endswith("<|im_start|>assistant\n")
 
 
+def test_openai_shaped_messages_render_as_the_engine_shaped_ones(model):
+    # The Python API took only engine-shaped turns: text parts were refused, a user's
+    # name too, and an OpenAI tool call (a dict) was an AttributeError.
+    call = ToolCall("get_weather", {"city": "Paris"}, id="call_1")
+    engine = [{"role": "user", "content": "Weather in Paris?"},
+              {"role": "assistant", "content": "", "tool_calls": [call]},
+              {"role": "tool", "content": "sunny", "tool_call_id": "call_1"}]
+    openai = [{"role": "user", "name": "ann", "content": [{"type": "text", "text": "Weather "},
+                                                           {"type": "text", "text": "in Paris?"}]},
+              {"role": "assistant", "content": None, "tool_calls": [
+                  {"id": "call_1", "type": "function",
+                   "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+              {"role": "tool", "content": "sunny", "tool_call_id": "call_1"}]
+    assert model.chat_prompt(openai, tools=[WEATHER]) == model.chat_prompt(engine, tools=[WEATHER])
+    for bad, words in [([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}],
+                        "content must be a string"),
+                       ([{"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "f",
+                                                                                          "arguments": "{"}}]}],
+                        "arguments are not valid JSON"),
+                       ([{"role": "assistant", "content": "", "tool_calls": "f()"}], "tool_calls must be a list"),
+                       ("Hi", "messages must be a list")]:
+        with pytest.raises(ce.CtxError, match=words):
+            model.chat_prompt(bad)
+
+
 def test_a_template_that_knows_tools_renders_them_itself():
     t = ChatTemplate(HERMES_TEMPLATE)
     from ctxengine.text.tools import template_messages

@@ -26,7 +26,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Sequence
 
 from ..errors import CtxError
-from .tools import as_tools, template_messages, tool_format
+from .tools import as_calls, as_tools, template_messages, tool_format
 
 if TYPE_CHECKING:
     from .chat_template import ChatTemplate
@@ -44,6 +44,36 @@ def with_system(turns: Sequence[dict], system: str | None) -> list[dict]:
     return turns
 
 
+def as_turns(turns: Sequence) -> list:
+    """Chat turns as the renderer takes them, from engine-shaped or OpenAI-shaped dicts:
+    content given as ``{"type": "text"}`` parts is joined, an assistant's None content
+    beside its tool calls is empty, tool calls given as dicts become ToolCalls, and a
+    participant's ``name`` (which no template renders) is dropped; anything else is left
+    for the template's check to refuse by name."""
+    if not isinstance(turns, (list, tuple)):
+        return turns  # refused by the template's check
+    out = []
+    for m in turns:
+        if not isinstance(m, dict):
+            out.append(m)
+            continue
+        m = dict(m)
+        content = m.get("content")
+        if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text"
+                                             and isinstance(p.get("text"), str) for p in content):
+            m["content"] = "".join(p["text"] for p in content)
+        if m.get("tool_calls"):
+            m["tool_calls"] = as_calls(m["tool_calls"])
+            if content is None:
+                m["content"] = ""
+        elif "tool_calls" in m:
+            del m["tool_calls"]  # an empty list, or None: no calls
+        if m.get("role") != "tool":
+            m.pop("name", None)
+        out.append(m)
+    return out
+
+
 def _uses_tools(turns: Sequence[dict]) -> bool:
     return any(m.get("tool_calls") or m.get("role") == "tool" for m in turns if isinstance(m, dict))
 
@@ -59,8 +89,9 @@ class ChatRenderer:
     def render(self, turns: Sequence[dict] = (), *, system: str | None = None, tools=None,
                after: Sequence[int] | None = None, closing: bool = False,
                generation_prompt: bool = True) -> str:
-        """The text for these turns (see the module doc for each flag); parse it with parse_special=True."""
-        turns = with_system(turns, system)
+        """The text for these turns (engine- or OpenAI-shaped: text/tools.py as_turns; see the
+        module doc for each flag); parse it with parse_special=True."""
+        turns = with_system(as_turns(turns), system)
         if after is None:
             return self._whole(turns, tools, generation_prompt)
         last = after[-1] if len(after) else None

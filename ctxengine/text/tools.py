@@ -117,6 +117,35 @@ def as_tools(tools: Sequence) -> list[Tool]:
     return out
 
 
+def as_calls(calls: Sequence) -> list[ToolCall]:
+    """Tool calls from ToolCall objects or dicts (OpenAI's ``{"id", "type": "function",
+    "function": {"name", "arguments"}}`` or flat ``{"name", "arguments"}``; arguments an
+    object or its JSON text)."""
+    if not isinstance(calls, (list, tuple)):
+        raise CtxError(f"tool_calls must be a list, got {type(calls).__name__}")
+    out = []
+    for c in calls:
+        if isinstance(c, ToolCall):
+            out.append(c)
+            continue
+        f = c.get("function", c) if isinstance(c, dict) else None
+        if not isinstance(f, dict) or not isinstance(f.get("name"), str) or not f["name"]:
+            raise CtxError(f"a tool call must be a ToolCall or a dict with a function name: {c!r}"[:200])
+        args = f.get("arguments") or {}
+        if isinstance(args, str):
+            try:
+                args = json.loads(args)
+            except ValueError:
+                raise CtxError(f"tool call {f['name']!r}: arguments are not valid JSON") from None
+        if not isinstance(args, dict):
+            raise CtxError(f"tool call {f['name']!r}: arguments must be a JSON object")
+        call = ToolCall(f["name"], args)
+        if isinstance(c.get("id"), str) and c["id"]:
+            call.id = c["id"]
+        out.append(call)
+    return out
+
+
 # -- which format ---------------------------------------------------------------
 @functools.lru_cache(maxsize=64)
 def tool_format(template) -> str:
