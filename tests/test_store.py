@@ -501,3 +501,14 @@ def test_a_truncated_data_file_is_refused_before_lmdb_maps_it(tmp_path):
         r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
         assert r.returncode == 0, (size, r.returncode, r.stderr[-500:])
         assert f"data.mdb is truncated: {size:,} bytes" in r.stdout and "restore it from a backup" in r.stdout
+
+
+def test_an_empty_data_file_is_refused_not_taken_for_a_new_store(tmp_path):
+    # LMDB starts a new store on a 0-byte data.mdb: a store truncated to nothing came back empty, in silence.
+    path = tmp_path / "s"
+    with Store(path) as s:
+        s.put_pages([rand_page(random.Random(3))])
+    os.truncate(path / "data.mdb", 0)
+    with pytest.raises(StoreError, match="data.mdb is empty .* holds no snapshots"):
+        Store(path)
+    assert (path / "data.mdb").stat().st_size == 0  # nothing written over it

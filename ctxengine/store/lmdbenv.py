@@ -25,6 +25,7 @@ import os
 import stat
 import struct
 import threading
+import time
 from contextlib import contextmanager
 from typing import Callable, Iterator, TypeVar
 
@@ -77,6 +78,7 @@ class _RWLock:
 # magic, the page size (the free list's md_pad), the last page used and the transaction.
 _META_MAGIC = 0xBEEFC0DE
 _META = struct.Struct("<16xII16xI92xQQ")  # magic, version, psize, last_pgno, txnid
+EMPTY_WAIT_S = 2.0  # how long an empty data.mdb may take to get its meta pages (a store being created)
 
 
 def check_store_files(path: str) -> None:
@@ -128,6 +130,15 @@ def check_data_file(data: str) -> None:
     if found is None:
         return  # a new store: LMDB creates it
     head, size = found
+    waited = 0.0
+    while size == 0 and waited < EMPTY_WAIT_S:  # another process creating the store writes its metas now
+        time.sleep(0.05)
+        waited += 0.05
+        head, size = _read_head(data, 64 << 10) or (b"", 0)
+    if size == 0:
+        # LMDB would start a new store on it in silence, as though it never held anything
+        raise StoreError(f"{data} is empty (truncated to nothing, or its creation was cut off): it holds no "
+                         "snapshots; restore it from a backup, or remove it to start a new store")
     metas = []
     if len(head) >= _META.size:
         metas.append(_META.unpack_from(head, 0))
