@@ -133,3 +133,26 @@ def test_responses_route_takes_lora_and_its_chain_keeps_it(client, model):
     with pytest.raises(openai.BadRequestError, match="unknown LoRA adapter 'nope'"):
         client.responses.create(model="smollm2", input=QUESTION, max_output_tokens=4,
                                 extra_body={"lora": [{"name": "nope"}]})
+
+
+def test_embeddings_run_under_the_requests_adapters(server, client):
+    # They ran on the base model whatever the request asked: an unknown adapter was a 200,
+    # and an Ollama model's own ADAPTER layers were left out of its embeddings.
+    def embedding(lora=None):
+        extra = {} if lora is None else {"lora": lora}
+        return client.embeddings.create(model="smollm2", input="A large animal.", extra_body=extra).data[0].embedding
+
+    tuned = [{"name": "tuned", "scale": 1.0}]
+    base = embedding()
+    assert embedding(tuned) != base and embedding([]) == base
+    r = server.post("/api/embed", {"model": "smollm2", "input": "A large animal.", "lora": tuned})
+    assert r.status_code == 200 and r.json()["embeddings"][0] == pytest.approx(embedding(tuned), abs=1e-6)
+    try:
+        server.post("/lora-adapters", [{"id": 0, "scale": 1.0}])
+        assert embedding() == embedding(tuned)  # the default scales, as a generation's
+    finally:
+        server.post("/lora-adapters", [])
+    with pytest.raises(openai.BadRequestError, match="unknown LoRA adapter 'nope'"):
+        embedding([{"name": "nope"}])
+    r = server.post("/api/embeddings", {"model": "smollm2", "prompt": "A large animal.", "lora": [{"name": "nope"}]})
+    assert r.status_code == 400 and "unknown LoRA adapter 'nope'" in r.json()["error"]

@@ -1,7 +1,9 @@
 """Embeddings for OpenAI's ``/v1/embeddings`` and Ollama's ``/api/embed``,
 ``/api/embeddings``: the model's final normed hidden states, mean-pooled
 over the input's tokens and L2-normalised (not on Ollama's legacy
-``/api/embeddings``, whose handler returns the pooled vector as it is).
+``/api/embeddings``, whose handler returns the pooled vector as it is),
+under the LoRA adapters a generation of the same request would run with
+(a ``lora`` field, else the model's default scales and its own ADAPTER layers).
 
 Each input runs on a page table of its own that is dropped afterwards (the
 hidden states are not what a later request could reuse); inputs run one
@@ -42,11 +44,12 @@ class Embeddings:
 
 
 def _embed(runtime, name: str | None, inputs: list, *, truncate: bool, dimensions: int | None, normalize: bool,
-           gone: threading.Event) -> Embeddings:
+           lora: list | None, gone: threading.Event) -> Embeddings:
     t0 = time.perf_counter_ns()
     entry = runtime.resolve(name)
     with runtime.lease(entry.name) as model:
         load_ns = time.perf_counter_ns() - t0
+        adapters = runtime.loras(entry.name).for_request(lora)  # of the leased model; unknown ones: a 400
         engine = model.engine
         if dimensions is not None and not 1 <= dimensions <= engine.config.n_embd:
             raise ApiError(400, f"dimensions must be in 1..{engine.config.n_embd} for {entry.name}")
@@ -64,7 +67,7 @@ def _embed(runtime, name: str | None, inputs: list, *, truncate: bool, dimension
                 with cancelled_when(gone.is_set):
                     for start in range(0, len(ids), CHUNK):
                         part = engine.forward_hidden(seq, ids[start:start + CHUNK],
-                                                     reserve=model.contexts.reserve_pages)
+                                                     reserve=model.contexts.reserve_pages, lora=adapters)
                         total += part.astype(np.float64).sum(axis=0)
             finally:
                 # its pages back now, not when a collection finds it (truncate(0) is refused once
@@ -89,11 +92,12 @@ def _ids(model, item) -> list[int]:
 
 
 async def embed(runtime, name: str | None, inputs: list, *, truncate: bool = True,
-                dimensions: int | None = None, normalize: bool = True, metrics=None,
+                dimensions: int | None = None, normalize: bool = True, lora: list | None = None, metrics=None,
                 client: "Request | None" = None) -> Embeddings:
     """Embed each input (a string, or a list of token ids), L2-normalised unless
-    ``normalize`` is false; ``client`` going away (its body read) stops the work at
-    the next chunk."""
+    ``normalize`` is false, under the adapters ``lora`` picks (a request's field; None:
+    the model's scales); ``client`` going away (its body read) stops the work at the
+    next chunk."""
     if not inputs:
         raise ApiError(400, "no input to embed")
     if len(inputs) > MAX_INPUTS:
@@ -103,7 +107,7 @@ async def embed(runtime, name: str | None, inputs: list, *, truncate: bool = Tru
     try:
         result = await anyio.to_thread.run_sync(
             lambda: _embed(runtime, name, inputs, truncate=truncate, dimensions=dimensions,
-                           normalize=normalize, gone=gone))
+                           normalize=normalize, lora=lora, gone=gone))
     finally:
         if watch is not None:
             watch.cancel()

@@ -241,7 +241,8 @@ def _embedding_routes(router: APIRouter, o: _Ollama) -> None:
             return {"model": name, "embeddings": []}
         inputs = f.str_list("input")
         result = await embed(o.runtime, name, inputs, truncate=f.bool("truncate", True),
-                             dimensions=f.int("dimensions", None), metrics=o.metrics, client=request)
+                             dimensions=f.int("dimensions", None), lora=f.data.get("lora"), metrics=o.metrics,
+                             client=request)
         o.apply_keep_alive(f, name)
         return {"model": name, "embeddings": [v.tolist() for v in result.vectors],
                 "total_duration": result.total_ns, "load_duration": result.load_ns,
@@ -256,7 +257,8 @@ def _embedding_routes(router: APIRouter, o: _Ollama) -> None:
         if not text:
             return {"embedding": []}
         # Ollama's legacy handler returns the pooled vector unnormalised (/api/embed normalises)
-        result = await embed(o.runtime, name, [text], normalize=False, metrics=o.metrics, client=request)
+        result = await embed(o.runtime, name, [text], normalize=False, lora=f.data.get("lora"), metrics=o.metrics,
+                             client=request)
         o.apply_keep_alive(f, name)
         return {"embedding": result.vectors[0].tolist()}
 

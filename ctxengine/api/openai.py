@@ -161,7 +161,8 @@ def routes(runtime, generations: Generations, metrics) -> APIRouter:
         if fmt not in ("float", "base64"):
             raise ApiError(400, "'encoding_format' must be 'float' or 'base64'", param="encoding_format")
         result = await embed(runtime, f.str("model", None), items, dimensions=f.int("dimensions", None),
-                             truncate=False, metrics=metrics, client=request)  # too long: a 400, as OpenAI's
+                             truncate=False, lora=f.data.get("lora"), metrics=metrics,
+                             client=request)  # too long: a 400, as OpenAI's
 
         def encoded(v):
             return base64.b64encode(v.astype("<f4").tobytes()).decode() if fmt == "base64" else v.tolist()

@@ -188,11 +188,11 @@ class Engine:
         return logits
 
     def forward_hidden(self, seq: "_core.KVSeq", tokens: Sequence[int], *,
-                       reserve: Reserve | None = None) -> np.ndarray:
+                       reserve: Reserve | None = None, lora: LoraSet = NO_LORA) -> np.ndarray:
         """Append tokens; final normed hidden state of every new position (n, n_embd)."""
         toks = np.asarray(tokens, dtype=np.int32)
         hidden = np.empty((len(toks), self.config.n_embd), dtype=np.float32)
-        self.scheduler.submit(seq, toks, None, False, hidden, reserve)
+        self.scheduler.submit(seq, toks, None, False, hidden, reserve, lora=lora.native())
         return hidden
 
     def logprobs(self, ids: Sequence[int], *, top: int = 40, chunk: int = 256,
