@@ -213,6 +213,26 @@ def test_bad_names_scales_and_sets_refused(tmp_path, tiny):
     assert len({engine.lora_set({"copy": 0.5}), engine.lora_set({"good": 0.5})}) == 1
 
 
+def test_scales_that_overflow_are_refused_and_nan_logits_name_the_adapters(tmp_path, tiny):
+    # An alpha of 1e30 loaded, and every forward under it was NaN: logprobs returned NaN
+    # and a generation failed only in the sampler, with no word of the adapter.
+    from ctxengine.engine.lora import check_finite
+    engine, _ = tiny
+    path = adapter_file(tmp_path, "loud", 4, alpha=1e30)[0]
+    engine.load_lora("loud", path)
+    with pytest.raises(ValueError, match=r"scale 1e\+10 of LoRA adapter 'loud' times its alpha 1e\+30 overflows"):
+        engine.lora_set({"loud": 1e10})
+    loud = engine.lora_set({"loud": 1.0})  # 1e30 / 4 is finite: the overflow comes in the forward
+    with pytest.raises(CtxError, match=r"not finite under LoRA loud \(.*\) x 1\.0: .* use smaller ones"):
+        engine.logprobs(TOKENS, lora=loud)
+    with pytest.raises(CtxError, match="not finite under LoRA loud"):
+        check_finite(engine.forward(engine.new_sequence(), TOKENS, lora=loud), loud)
+    logits = np.zeros(8, np.float32)
+    logits[3] = -np.inf
+    check_finite(logits, loud)  # a masked token is not an overflow
+    assert np.isfinite(engine.logprobs(TOKENS).next_logprobs).all()
+
+
 def test_adapter_of_another_engine_refused(tmp_path, tiny):
     engine, _ = tiny
     path = adapter_file(tmp_path, "one", 4)[0]

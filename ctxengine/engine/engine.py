@@ -22,7 +22,7 @@ from ..text.tokenizer import Tokenizer
 from .config import ModelConfig, unsupported_reason
 from .cpu import physical_cores
 from .gguf_file import open_gguf
-from .lora import NO_LORA, LoraAdapter, LoraSet, load_adapter
+from .lora import NO_LORA, LoraAdapter, LoraSet, check_finite, load_adapter
 from .scheduler import Reserve, Scheduler
 from .speculation_stats import SpeculationStats
 from .weights import cached_weight_id
@@ -207,6 +207,7 @@ class Engine:
         for start in range(0, len(ids), chunk):
             part = ids[start:start + chunk]
             logits = self.forward(seq, part, all_logits=True, lora=lora).astype(np.float64)
+            check_finite(logits, lora)
             lse = np.logaddexp.reduce(logits, axis=1, keepdims=True)
             lp = logits - lse
             idx = np.argpartition(-lp, top - 1, axis=1)[:, :top]

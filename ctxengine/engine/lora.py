@@ -67,6 +67,18 @@ def check_scale(scale: object, what: str = "LoRA scale") -> float:
     return single
 
 
+def _check_factor(adapter: LoraAdapter, scale: float) -> None:
+    """Refuse a scale whose factor, scale * alpha / rank as the core computes it in
+    float32 (lora.h), is not finite: every forward under it would be NaN."""
+    if not adapter.alpha:
+        return
+    with np.errstate(over="ignore"):
+        product = np.float32(scale) * np.float32(adapter.alpha)
+    if not np.isfinite(product):
+        raise ValueError(f"scale {scale_text(scale)} of LoRA adapter {adapter.name!r} times its alpha "
+                         f"{scale_text(adapter.alpha)} overflows float32; use a smaller scale")
+
+
 def _short(value: object) -> str:
     text = repr(value)
     return text if len(text) <= 40 else text[:37] + "..."
@@ -97,6 +109,7 @@ class LoraSet:
                                  f"(BLAKE3 {adapter.id[:12]}); list it once")
             seen[adapter.id] = adapter.name
             value = check_scale(scale, f"scale of LoRA adapter {adapter.name!r}")
+            _check_factor(adapter, value)
             if value != 0.0:  # a zero scale adds exactly nothing: the same KV as without it
                 pairs.append((adapter, value))
         return cls(tuple(sorted(pairs, key=lambda p: p[0].id)))
@@ -138,6 +151,17 @@ class LoraSet:
 
 
 NO_LORA = LoraSet()
+
+
+def check_finite(logits: np.ndarray, lora: LoraSet) -> None:
+    """A ContextError for logits a forward pass under ``lora`` gave that hold NaN or
+    +inf (-inf is a masked token), naming the adapters' scales as the likely cause."""
+    if np.all(logits < np.inf):  # False for NaN too
+        return
+    if lora:
+        raise ContextError(f"the logits are not finite under LoRA {lora.describe()}: the adapters' output "
+                           "overflows float32 at these scales; use smaller ones")
+    raise ContextError("the logits are not finite (NaN or +inf): the forward pass overflowed")
 
 
 def describe_identity(identity: list) -> str:

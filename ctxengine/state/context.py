@@ -20,7 +20,7 @@ from . import conversation
 from .constraint import forked_constraint, started_constraint, stored_constraint
 from ..text.closing import Closer
 from ..text.grammar import Constraint, Grammar, as_grammar
-from ..engine.lora import NO_LORA, LoraSet
+from ..engine.lora import NO_LORA, LoraSet, check_finite
 from ..engine.sampler import Sampler, StopMatcher
 from ..engine.speculative import SpeculationStats
 from ..store.manifest import checked_labels
@@ -68,9 +68,7 @@ class Context:
         # The unfinished grammar of the last generation: live, or as a stored
         # state (a restore) that is replayed when a generation first needs it.
         self._constraint = constraint
-        # The LoRA adapters and scales its KV is computed with: fixed for its
-        # life (a context never holds KV made under two adapter sets).
-        self.lora = lora
+        self.lora = lora  # the adapters and scales its KV is made with: fixed for its life (never two sets)
         # The running generation's speculation (its drafts' KV may lie past our
         # tokens until it settles), and the drafted/accepted counts of the last one.
         self._speculation: Speculation | None = None
@@ -268,6 +266,8 @@ class Context:
         logits = self._sync() if spec is None else spec.next_logits()
         if constraint is not None:
             logits = constraint.mask(logits)
+        if self.lora:  # an adapter at too large a scale: say so (the sampler would refuse without the cause)
+            check_finite(logits, self.lora)
         return sampler.sample(logits, self._tokens)
 
     # -- branching --------------------------------------------------------------
