@@ -268,11 +268,16 @@ def test_an_empty_conversation_renders():
 
 # -- the one renderer (text/chat.py) ----------------------------------------------------
 class _Tok:
-    """Just what ChatRenderer reads of a tokenizer: end-of-turn ids and their text."""
+    """Just what ChatRenderer reads of a tokenizer: end-of-turn ids and their text, and
+    the tokens of an assistant turn's opening (7, 8)."""
     eog_ids = frozenset({2})
 
     def decode(self, ids):
-        return "".join({2: "<|im_end|>", 5: "x"}[i] for i in ids)
+        return "".join({2: "<|im_end|>", 5: "x", 7: "<|im_start|>", 8: "assistant\n"}[i] for i in ids)
+
+    def encode(self, text, parse_special=False):
+        assert text == "<|im_start|>assistant\n" and parse_special
+        return [7, 8]
 
 
 CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
@@ -298,6 +303,9 @@ def test_renderer_whole_system_and_continuation():
     assert r.render(after=[5], closing=True, generation_prompt=False) == "<|im_end|>\n"
     assert r.render(after=[5, 2], closing=True, generation_prompt=False) == "\n"
     assert r.render(after=[], closing=True, generation_prompt=False) == "<|im_end|>\n"
+    # a reply cut short (its turn opened after the last end-of-turn token) is closed first
+    assert r.render(hi, after=[5, 2, 7, 8, 5]) == "<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+    assert r.render(hi, after=[7, 8, 5, 2, 5]) == "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
 
 
 def test_renderer_without_a_template_says_so():
@@ -306,3 +314,31 @@ def test_renderer_without_a_template_says_so():
     with pytest.raises(CtxError, match="m has no chat template"):
         ChatRenderer(None, _Tok(), "m").render([{"role": "user", "content": "Hi"}])
     assert ChatRenderer(None, _Tok(), "m").render(after=[5], closing=True, generation_prompt=False) == ""
+
+
+@pytest.mark.parametrize("which", ["smollm2", "gemma3"])
+def test_a_conversation_built_turn_by_turn_is_the_whole_conversation(which, request):
+    # Gemma's template holds a system turn's text for the first user turn, so the system
+    # anchor rendered to nothing on its own and its stand-in text leaked into every
+    # continuation of a Gemma context ("ctx-anchor-3f9b1c\n\nAnother one?"); and a reply
+    # cut short by its token limit was left open when the next turn came.
+    from ctxengine.text.chat import ChatRenderer
+    from ctxengine.text.tokenizer import Tokenizer
+
+    meta = request.getfixturevalue(f"{which}_meta")
+    tok = Tokenizer.from_metadata(meta)
+    r = ChatRenderer(ChatTemplate.for_model(meta, lambda i: tok.token_bytes(i).decode("utf-8", "replace")), tok, which)
+    turns = [{"role": "user", "content": "Name a fruit."}, {"role": "assistant", "content": "A pear."},
+             {"role": "user", "content": "Another one?"}, {"role": "assistant", "content": "A plum, cut"},
+             {"role": "user", "content": "And a third?"}]
+    for system in ([], [{"role": "system", "content": "Be terse."}]):
+        conv = system + turns
+        whole = r.render(conv)
+        held = tok.encode(r.render(conv[:len(system) + 1]), parse_special=True)
+        for i in range(len(system) + 1, len(conv), 2):
+            held += tok.encode(conv[i]["content"], parse_special=False)  # the reply, as generated
+            if i != len(system) + 3:  # the second reply was cut short: no end-of-turn token
+                held += [tok.encode(r.render(after=held, closing=True, generation_prompt=False),
+                                    parse_special=True)[0]]
+            held += tok.encode(r.render([conv[i + 1]], after=held), parse_special=True)
+        assert tok.decode(held) == whole

@@ -15,7 +15,8 @@
 * ``closing``: begin with what the template writes after an assistant reply
   (less the end-of-turn token the reply already ended with), so a context
   that holds a reply ends on a turn boundary. A continuation of a context
-  that ends on an end-of-turn token always gets it.
+  that ends on an end-of-turn token, or inside an assistant turn (a reply
+  cut short by its token limit), always gets it.
 * ``generation_prompt``: end with the template's opening of an assistant turn.
 
 The template itself (the GGUF's Jinja, sandboxed) is text/chat_template.py;
@@ -23,6 +24,7 @@ an Ollama Go template layer is the Ollama package's (ollama/template.py).
 """
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING, Sequence
 
 from ..errors import CtxError
@@ -32,9 +34,15 @@ if TYPE_CHECKING:
     from .chat_template import ChatTemplate
     from .tokenizer import Tokenizer
 
-# Stand-in turn contents for rendering a template around (continuations, closings).
+# Stand-in turns to render a template around (continuations, closings): a system turn first,
+# so that no default one is added, then a whole exchange, after which any turn may come (templates
+# that make roles alternate, or that hold the system text for the first user turn, as Gemma's,
+# render nothing for a system turn alone).
 _ANCHOR = "ctx-anchor-3f9b1c"
+_ASKED = "ctx-asked-6c1f0e"
 _REPLY = "ctx-reply-8d2e4a"
+_EXCHANGE = ({"role": "system", "content": _ANCHOR}, {"role": "user", "content": _ASKED},
+             {"role": "assistant", "content": _REPLY})
 
 
 def with_system(turns: Sequence[dict], system: str | None) -> list[dict]:
@@ -95,16 +103,30 @@ class ChatRenderer:
         if after is None:
             return self._whole(turns, tools, generation_prompt)
         last = after[-1] if len(after) else None
-        opening = self._closing(last) if closing or last in self.tokenizer.eog_ids else ""
+        ended = closing or last in self.tokenizer.eog_ids or self._in_reply(after)
+        opening = self._closing(last) if ended else ""
         if not turns and not generation_prompt:
             return opening
-        anchor = [{"role": "system", "content": _ANCHOR}]
-        before = self._whole(anchor, tools, False)
-        full = self._whole(anchor + turns, tools, generation_prompt)
-        if not full.startswith(before):
-            raise CtxError(f"{self.model_name}'s chat template cannot render turns on their own; "
-                           "append the turns as text instead")
-        return opening + full[len(before):]
+        return opening + self._continuation(turns, tools, generation_prompt)
+
+    def _continuation(self, turns: list[dict], tools, generation_prompt: bool) -> str:
+        """The turns as they continue a conversation: the rendering of [anchor] + turns minus
+        that of [anchor], where no stand-in text is left (else the next, shorter anchor)."""
+        first = turns[0].get("role") if isinstance(turns[0], dict) else None
+        anchors = [_EXCHANGE[:2], _EXCHANGE[:1]] if first == "assistant" else [_EXCHANGE, _EXCHANGE[:1]]
+        for anchor in map(list, anchors):
+            try:
+                before = self._whole(anchor, tools, False)
+                full = self._whole(anchor + turns, tools, generation_prompt)
+            except CtxError:
+                continue  # a shape this template refuses (roles out of turn): the next anchor
+            rest = full[len(before):]
+            if full.startswith(before) and not any(s in rest for s in (_ANCHOR, _ASKED, _REPLY)):
+                return rest
+        # one more rendering, with no anchor, says why when the turns themselves are refused
+        self._whole(turns, tools, generation_prompt)
+        raise CtxError(f"{self.model_name}'s chat template cannot render turns on their own; "
+                       "append the turns as text instead")
 
     def _whole(self, turns: list[dict], tools, generation_prompt: bool) -> str:
         """A whole conversation through the template."""
@@ -116,12 +138,36 @@ class ChatRenderer:
         rendered, variables = template_messages(turns, as_tools(tools or []), fmt)
         return self.template.render(rendered, add_generation_prompt=generation_prompt, **variables)
 
+    def _in_reply(self, tokens: Sequence[int]) -> bool:
+        """Whether tokens end inside an assistant turn (a reply cut short, or not begun):
+        the template's opening of one comes after their last end-of-turn token."""
+        opening, eog = self._reply_opening, self.tokenizer.eog_ids
+        if not opening:
+            return False
+        for i in range(len(tokens) - 1, -1, -1):
+            if tokens[i] in eog:
+                return False
+            if tokens[i] == opening[0] and list(tokens[i:i + len(opening)]) == opening:
+                return True
+        return False
+
+    @functools.cached_property
+    def _reply_opening(self) -> list[int]:
+        """The tokens of the template's opening of an assistant turn (its generation prompt)."""
+        asked = list(_EXCHANGE[:2])
+        try:
+            bare, prompted = self._whole(asked, None, False), self._whole(asked, None, True)
+        except CtxError:
+            return []
+        if not prompted.startswith(bare) or prompted == bare:
+            return []
+        return self.tokenizer.encode(prompted[len(bare):], parse_special=True)
+
     def _closing(self, last_token: int | None) -> str:
         """What the template writes after an assistant reply, less the end-of-turn
         token the reply already ended with (if it did)."""
-        anchor = [{"role": "system", "content": _ANCHOR}, {"role": "assistant", "content": _REPLY}]
         try:
-            text = self._whole(anchor, None, False)
+            text = self._whole(list(_EXCHANGE), None, False)
         except CtxError:
             return ""  # a template that refuses this shape: leave the turn as the reply left it
         closing = text[text.index(_REPLY) + len(_REPLY):] if _REPLY in text else ""
