@@ -12,7 +12,8 @@ the messages have none.
 
 A named context (our extension) already holds the conversation so far, so
 only the new turns are rendered: the template's text for ``[anchor] + new``
-minus its text for ``[anchor]``, where the anchor is a system turn. After a
+minus its text for ``[anchor]``, where the anchor is a stand-in exchange
+(text/chat.py; a reply cut short is closed first). After a
 chat reply the context's assistant turn is closed as the template closes it
 (``model.chat.render(after=..., closing=True)``, text/chat.py), so the context
 always ends on a turn boundary.
