@@ -2,10 +2,12 @@
 the real SmolLM2 and Gemma 3 (model_info, resolve/ with redirects, ETags,
 X-Repo-Commit and ranges); quant tags, split models, a killed pull resumed,
 offline use from the cache."""
+import os
+
 import pytest
 
 from ctxengine.engine.gguf_file import open_gguf
-from hub_servers import FakeHub
+from hub_servers import FakeHub, HubHandler
 from pull_fixtures import GEMMA_REPO, SMOL_REPO, SPLIT_REPO, kill_halfway, make_hub, pull, server_set
 from gguf_splits import write_split
 
@@ -262,3 +264,113 @@ def test_a_read_only_cache_is_named_before_the_space_it_lacks(tmp_path, monkeypa
     monkeypatch.setattr(disk.os, "access", lambda path, mode: False)
     with pytest.raises(CtxError, match="permission denied: cannot write into"):
         disk.check_free_space(tmp_path, 1 << 60)
+
+
+class _AnswersAsTold(HubHandler):
+    """The loopback Hub, answering model_info with ``server.info_body`` when one is set,
+    adding ``server.resolve_headers`` to resolve/'s redirect, and sending the CDN's
+    requests round a redirect loop when ``server.loop_cdn``."""
+
+    def do_GET(self) -> None:
+        if self.server.loop_cdn and self.path.startswith("/cdn/"):
+            return self.reply(302, b"", {"Location": self.path})
+        super().do_GET()
+
+    do_HEAD = do_GET
+
+    def model_info(self, repo: str) -> None:
+        if self.server.info_body is None:
+            return super().model_info(repo)
+        self.reply(200, self.server.info_body, {"Content-Type": "application/json"})
+
+    def reply(self, status: int, body: bytes = b"", headers: dict | None = None) -> None:
+        if status == 302 and "/resolve/" in self.path:
+            headers = {**(headers or {}), **self.server.resolve_headers}
+        super().reply(status, body, headers)
+
+
+@pytest.fixture(scope="module")
+def told(smollm2_path):
+    """A Hub serving SmolLM2's Q4_1 as the module's hub does (one repo, one commit, so one
+    cache), whose answers a test may change."""
+    server = FakeHub({SMOL_REPO: {"SmolLM2-135M-Instruct-Q4_1.gguf": smollm2_path}})
+    server.RequestHandlerClass = _AnswersAsTold
+    server.info_body, server.resolve_headers, server.loop_cdn = None, {}, False
+    yield server
+    server.close()
+
+
+def _listing(told, size: int, **sibling) -> bytes:
+    import json
+    sha = told.sha["SmolLM2-135M-Instruct-Q4_1.gguf", SMOL_REPO]
+    item = {"rfilename": "SmolLM2-135M-Instruct-Q4_1.gguf", "size": size,
+            "lfs": {"sha256": sha, "size": size, "pointerSize": 134}, **sibling}
+    return json.dumps({"id": SMOL_REPO, "sha": told.commit(SMOL_REPO), "siblings": [item]}).encode()
+
+
+@pytest.mark.parametrize("answer, says", [
+    ({"info_body": b"<html><body>Please log in to the proxy</body></html>"}, "(not JSON)"),
+    ({"info_body": b"[]"}, "TypeError"),
+    ({"info_body": b"[" * 100_000 + b"]" * 100_000}, "JSON nested too deep"),
+    ({"info_body": "lfs without pointerSize"}, "KeyError 'pointerSize'"),
+    ({"info_body": "rfilename 5"}, "a file's name is 5"),
+    ({"info_body": "size -1"}, "is -1 bytes"),
+    ({"resolve_headers": {"X-Repo-Commit": "../../../../escape"}}, "X-Repo-Commit '../../../../escape'"),
+], ids=["html", "a list", "nested", "no pointerSize", "a number for a name", "a negative size", "commit ../"])
+def test_a_hub_answer_not_understood_is_one_line_naming_it(told, tmp_path, smollm2_path, answer, says):
+    # Each was a traceback (JSONDecodeError, TypeError, RecursionError, KeyError, AttributeError,
+    # huggingface_hub's "Invalid pointer path"), or, for the negative size, taken.
+    size = smollm2_path.stat().st_size
+    body = answer.get("info_body")
+    if body == "lfs without pointerSize":
+        body = _listing(told, size).replace(b', "pointerSize": 134', b"")
+    elif body == "rfilename 5":
+        body = _listing(told, size, rfilename=5)
+    elif body == "size -1":
+        body = _listing(told, -1)
+    with server_set(told, info_body=body, resolve_headers=answer.get("resolve_headers", {})):
+        r = pull(f"hf://{SMOL_REPO}:Q4_1", home=tmp_path, env=hub_env(told, tmp_path))
+    assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert r.stderr.startswith(f"ctx pull: error: {told.url}: the Hub's answer to ") and says in r.stderr, r.stderr
+    assert "could not be understood" in r.stderr and not list(tmp_path.rglob("*escape*"))
+
+
+@pytest.mark.parametrize("size", ["-5", str(1 << 60)])
+def test_a_size_no_file_has_is_refused_before_any_byte_moves(told, tmp_path, size):
+    # -5 was taken: "sent 0 bytes of -5; they are kept in ....incomplete", a file that did
+    # not exist, and the same on every try.
+    before = told.sent
+    with server_set(told, resolve_headers={"X-Linked-Size": size}):
+        r = pull(f"hf://{SMOL_REPO}:Q4_1", home=tmp_path, env=hub_env(told, tmp_path))
+    assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert f"could not be understood (X-Linked-Size {size} is no file's size)" in r.stderr and told.sent == before
+    assert not list((tmp_path / "hf").rglob("*.incomplete"))
+
+
+def test_a_truncated_file_in_the_cache_is_fetched_again(hub, told, tmp_path, smollm2_path):
+    # It was "already here, nothing fetched", then "cannot be served", on every pull.
+    from servers import ctx
+    assert pull(f"hf://{SMOL_REPO}:Q4_1", home=tmp_path, env=hub_env(hub, tmp_path)).returncode == 0
+    blob = next((tmp_path / "hf" / "hub").glob("models--*/blobs/*"))
+    size = blob.stat().st_size
+    os.truncate(blob, size // 2)
+    offline = {**hub_env(hub, tmp_path, HF_HUB_OFFLINE="1"), "HF_ENDPOINT": "http://127.0.0.1:9"}
+    r = ctx("run", "-m", f"hf.co/{SMOL_REPO}:Q4_1", "-n", "2", "Hi", home=tmp_path, env=offline)
+    assert r.returncode == 1 and "truncated" in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    before = hub.sent
+    r = pull(f"hf://{SMOL_REPO}:Q4_1", home=tmp_path, env=hub_env(hub, tmp_path))
+    assert r.returncode == 0 and "fetched again" in r.stderr and hub.sent - before == size, r.stderr
+    assert blob.read_bytes() == smollm2_path.read_bytes()
+    # A Hub that misstates the size of a file the cache holds whole fails the pull; the blob stays.
+    with server_set(told, info_body=_listing(told, size + 1), resolve_headers={"X-Linked-Size": size + 1}):
+        r = pull(f"hf://{SMOL_REPO}:Q4_1", home=tmp_path, env=hub_env(told, tmp_path))
+    assert r.returncode == 1 and f"not the {size + 1} declared" in r.stderr, r.stderr
+    assert blob.read_bytes() == smollm2_path.read_bytes()
+
+
+def test_a_redirect_loop_is_one_line_saying_so(told, tmp_path):
+    # urllib's reason for it spans three lines ("... would lead to an infinite loop.\nThe last 30x ...").
+    with server_set(told, loop_cdn=True):
+        r = pull(f"hf://{SMOL_REPO}:Q4_1", home=tmp_path, env=hub_env(told, tmp_path))
+    assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "answered HTTP 302 Found (a redirect loop) for SmolLM2-135M-Instruct-Q4_1.gguf" in r.stderr

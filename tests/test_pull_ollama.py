@@ -7,6 +7,7 @@ import os
 import pytest
 
 from ctxengine.ollama.store import find_ollama_model
+from hub_servers import FakeRegistry, RegistryHandler, sha256_of
 from pull_fixtures import kill_halfway, make_registry, pull, server_set
 
 
@@ -186,3 +187,65 @@ def test_a_damaged_blob_in_the_store_is_fetched_again(registry, tmp_path, smollm
     assert r.returncode == 0, r.stderr
     assert "damaged" in r.stderr and registry.sent - before == size
     assert blob.read_bytes() == smollm2_path.read_bytes()
+
+
+def test_a_manifest_misstating_a_stored_blobs_size_leaves_the_blob(registry, tmp_path, smollm2_path):
+    # The blob was deleted as damaged (its size was checked before its sha256), and the
+    # model sharing it lost its weights; the pull then failed all the same.
+    assert pull("ollama://smollm2:135m", home=tmp_path, env=env_for(registry)).returncode == 0
+    digest = sha256_of(smollm2_path)
+    manifest = json.loads(next(registry.root.glob("manifests/*/library/smollm2/135m")).read_bytes())
+    for layer in manifest["layers"]:
+        layer["size"] += layer["digest"] == f"sha256:{digest}"  # one byte more, the same digest
+    root = tmp_path / "lying"
+    (root / "manifests/lying/evil/x").mkdir(parents=True)
+    (root / "manifests/lying/evil/x/1").write_text(json.dumps(manifest))
+    (root / "blobs").symlink_to(registry.root / "blobs")
+    lying = FakeRegistry(root)
+    try:
+        r = pull(f"ollama://{lying.url.removeprefix('http://')}/evil/x:1", home=tmp_path, env={})
+    finally:
+        lying.close()
+    assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "the manifest's size is wrong; the blob is kept" in r.stderr
+    assert (tmp_path / "ollama/blobs" / f"sha256-{digest}").read_bytes() == smollm2_path.read_bytes()
+    assert find_ollama_model("smollm2:135m", [tmp_path / "ollama"]).servable
+
+
+@pytest.mark.parametrize("raw, says", [
+    (b"[" * 100_000 + b"]" * 100_000, "is not an image manifest"),
+    (json.dumps({"layers": [{"digest": "sha256:" + "ab" * 32, "size": 10},
+                            {"digest": "sha256:" + "ab" * 32, "size": 11}]}).encode(), "twice, as 10 and 11 bytes"),
+], ids=["nested past the recursion limit", "one digest, two sizes"])
+def test_a_manifest_that_cannot_be_right_is_refused(raw, says):
+    # The first was a RecursionError's traceback; the second kept both sizes, so that
+    # one of them had to fail against the blob the other had fetched.
+    from ctxengine.errors import CtxError
+    from ctxengine.ollama.registry_pull import _blobs_of
+    from ctxengine.ollama.store import parse_model_name
+
+    with pytest.raises(CtxError, match=says):
+        _blobs_of(raw, parse_model_name("m:1"))
+    twice = {"layers": [{"digest": "sha256:" + "ab" * 32, "size": 10}] * 2}
+    assert _blobs_of(json.dumps(twice).encode(), parse_model_name("m:1")) == [("ab" * 32, 10)]
+
+
+class _BlobsGoRound(RegistryHandler):
+    """The loopback registry, but each blob redirects to itself."""
+
+    def do_GET(self) -> None:
+        if "/blobs/" in self.path:
+            return self.reply(307, b"", {"Location": self.path})
+        super().do_GET()
+
+
+def test_a_redirect_loop_is_one_line_saying_so(registry, tmp_path):
+    # urllib's reason for it spans three lines ("... would lead to an infinite loop.\nThe last 30x ...").
+    looping = FakeRegistry(registry.root)
+    looping.RequestHandlerClass = _BlobsGoRound
+    try:
+        r = pull("ollama://smollm2:135m", home=tmp_path, env=env_for(looping))
+    finally:
+        looping.close()
+    assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "answered HTTP 307 Temporary Redirect (a redirect loop) for the blob of smollm2:135m" in r.stderr

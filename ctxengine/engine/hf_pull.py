@@ -11,7 +11,10 @@ from), so a pull killed or interrupted resumes with a range request instead
 of starting over, which huggingface_hub's own download no longer does. A
 finished blob is checked against its sha256 (the etag of every LFS file) and
 only then renamed into place; ``hf_hub_download`` then links it into the
-cache's snapshot as it would its own download.
+cache's snapshot as it would its own download. A cached file of another size
+than the Hub declares (one truncated) is fetched again, the blob replaced only
+by bytes that check out; answers of the Hub's that are not what a Hub answers
+are refused as such (hf_transfer.not_understood), before they name a file.
 
 Loading never touches the network: a pulled name resolves from the cache
 (``cached_model``), and pulled models are remembered in
@@ -20,23 +23,21 @@ Loading never touches the network: a pulled name resolves from the cache
 from __future__ import annotations
 
 import json
+import logging
 import os
-import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
 from .. import paths
-from ..errors import CorruptDataError, CtxError, ModelNotFoundError
+from ..errors import CtxError, ModelNotFoundError
 from .disk import check_free_space, storage_error
 from .hf_files import Choice, HfSpec, choose, incomplete_splits, parse_hf_spec
-from .hf_transfer import download
+from .hf_transfer import COMMIT, SHA256, check_resolved, download, not_understood, plausible_size, verify
 from .http_fetch import claimed, install
 
 INDEX = "hf-models.json"
-_SHA256 = re.compile(r"[0-9a-f]{64}")
-_ETAG = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")  # a git blob's sha1, or an LFS file's sha256: a blob's name
 
 
 @dataclass
@@ -72,23 +73,21 @@ class PulledHf:
 
 def pull_hf(text: str) -> PulledHf:
     """Pull the model a spec names (nothing moves when the cache has it)."""
-    from huggingface_hub import HfApi
-
     spec = parse_hf_spec(text)
     hub = hub_settings()
     if hub.offline:
         return _from_cache(spec, hub, "HF_HUB_OFFLINE is set")
     try:
-        info = HfApi(endpoint=hub.endpoint).model_info(spec.repo, files_metadata=True)
-        siblings = {s.rfilename: s.size or 0 for s in info.siblings or []}
-        lfs = {s.rfilename: s.lfs.sha256 for s in info.siblings or [] if s.lfs is not None and s.lfs.sha256}
+        info = _model_info(spec.repo, hub)
+        siblings, lfs = _listing(info, spec.repo, hub)
         choice = choose(spec, list(siblings))
         Path(hub.cache_dir).mkdir(parents=True, exist_ok=True)
         check_free_space(Path(hub.cache_dir), _still_needed(spec.repo, info.sha, choice.files, siblings, lfs, hub))
         pulled = PulledHf(spec, info.sha, choice.files, Path())
         started = time.perf_counter()
         for i, name in enumerate(choice.files):
-            path, received, resumed = _download_named(spec.repo, name, info.sha, hub, lfs.get(name))
+            path, received, resumed = _download_named(spec.repo, name, info.sha, hub, lfs.get(name),
+                                                      siblings.get(name))
             pulled.path = path if i == 0 else pulled.path
             pulled.total += path.stat().st_size
             pulled.received += received
@@ -101,7 +100,56 @@ def pull_hf(text: str) -> PulledHf:
     return _recorded(pulled)
 
 
-def _still_needed(repo: str, commit: str, files: Sequence[str], sizes: dict[str, int], lfs: dict[str, str],
+def _model_info(repo: str, hub: HubSettings):
+    """The repo's listing at its newest commit. An answer huggingface_hub cannot parse (a
+    proxy's HTML page, JSON of another shape, or nested past Python's recursion limit)
+    is said to be that, where huggingface_hub raises whatever its parsing tripped on."""
+    from huggingface_hub import HfApi, errors
+
+    try:
+        return HfApi(endpoint=hub.endpoint).model_info(repo, files_metadata=True)
+    except errors.HFValidationError:
+        raise  # the repo id we gave, not the Hub's answer
+    except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as err:  # its HTTP errors are OSErrors
+        known = {json.JSONDecodeError: "not JSON", RecursionError: "JSON nested too deep"}
+        why = known.get(type(err), f"not a repo's listing: {err.__class__.__name__} {err}")
+        raise not_understood(hub.endpoint, f"model_info for {repo}", why) from None
+
+
+def _listing(info, repo: str, hub: HubSettings) -> tuple[dict[str, int | None], dict[str, str]]:
+    """(file -> size, LFS file -> sha256) of model_info's answer. Its fields name a snapshot,
+    blobs and files in the cache: one of another type or form is refused here, not
+    tripped over later."""
+    what = f"model_info for {repo}"
+    if not (isinstance(info.sha, str) and COMMIT.fullmatch(info.sha)):
+        raise not_understood(hub.endpoint, what, f"its commit is {info.sha!r}")
+    sizes: dict[str, int | None] = {}
+    lfs: dict[str, str] = {}
+    for s in info.siblings or []:
+        sha256 = s.lfs.sha256 if s.lfs is not None else None
+        if not isinstance(s.rfilename, str):
+            raise not_understood(hub.endpoint, what, f"a file's name is {s.rfilename!r}")
+        if s.size is not None and not plausible_size(s.size):
+            raise not_understood(hub.endpoint, what, f"{s.rfilename!r} is {s.size!r} bytes")
+        if sha256 and not (isinstance(sha256, str) and SHA256.fullmatch(sha256.lower())):
+            raise not_understood(hub.endpoint, what, f"{s.rfilename!r} has the sha256 {sha256!r}")
+        sizes[s.rfilename] = s.size
+        if sha256:
+            lfs[s.rfilename] = sha256.lower()
+    return sizes, lfs
+
+
+def _whole(path: Path, size: int | None) -> bool:
+    """Whether a file of the cache is there with the size the Hub declares for it (a
+    truncated one is not: it is fetched again)."""
+    try:
+        have = path.stat().st_size
+    except FileNotFoundError:
+        return False
+    return size is None or have == size
+
+
+def _still_needed(repo: str, commit: str, files: Sequence[str], sizes: dict[str, int | None], lfs: dict[str, str],
                   hub: HubSettings) -> int:
     """Bytes the files still need on disk: none for a cached file, the rest for one an
     earlier pull left partly fetched (an LFS file's blob is named by its sha256)."""
@@ -111,13 +159,14 @@ def _still_needed(repo: str, commit: str, files: Sequence[str], sizes: dict[str,
     blobs = Path(hub.cache_dir, repo_folder_name(repo_id=repo, repo_type="model"), "blobs")
     need = 0
     for name in files:
-        if isinstance(try_to_load_from_cache(repo, name, cache_dir=hub.cache_dir, revision=commit), str):
+        cached = try_to_load_from_cache(repo, name, cache_dir=hub.cache_dir, revision=commit)
+        if isinstance(cached, str) and _whole(Path(cached), sizes.get(name)):
             continue
-        if name in lfs and (blobs / lfs[name]).is_file():
+        if name in lfs and _whole(blobs / lfs[name], sizes.get(name)):
             continue  # the same bytes under another name: only a link is made
         partial = blobs / f"{lfs.get(name, '')}.incomplete"
         kept = partial.stat().st_size if name in lfs and partial.is_file() else 0
-        need += max(0, sizes.get(name, 0) - kept)
+        need += max(0, (sizes.get(name) or 0) - kept)
     return need
 
 
@@ -131,59 +180,55 @@ def _recorded(pulled: PulledHf) -> PulledHf:
     return pulled
 
 
-def _download_named(repo: str, filename: str, commit: str, hub: HubSettings,
-                    sha256: str | None) -> tuple[Path, int, int]:
+def _download_named(repo: str, filename: str, commit: str, hub: HubSettings, sha256: str | None,
+                    size: int | None) -> tuple[Path, int, int]:
     """_download, with a file the listing names but the Hub cannot give named in the error."""
     from huggingface_hub import errors
 
     try:
-        return _download(repo, filename, commit, hub, sha256)
+        return _download(repo, filename, commit, hub, sha256, size)
     except errors.RemoteEntryNotFoundError:
         raise ModelNotFoundError(f"{repo}: {filename} is in the repo's listing, but {hub.endpoint} answered "
                                  f"404 for it at commit {commit[:12]}: run the pull again later, or name "
                                  "another file") from None
 
 
-def _download(repo: str, filename: str, commit: str, hub: HubSettings, sha256: str | None) -> tuple[Path, int, int]:
+def _download(repo: str, filename: str, commit: str, hub: HubSettings, sha256: str | None,
+              size: int | None) -> tuple[Path, int, int]:
     """One file into the cache, resumable, checked against ``sha256`` (the LFS hash model_info
-    gave) and its etag; (path in the snapshot, bytes received, bytes resumed)."""
+    gave) and its etag; (path in the snapshot, bytes received, bytes resumed). A cached file
+    of another size than the Hub's (``size``, model_info's; then resolve/'s) is fetched
+    again, and replaces the blob only once verified: a Hub that misstates the size fails
+    the pull, it does not cost the blob."""
     from huggingface_hub import get_hf_file_metadata, hf_hub_download, hf_hub_url, try_to_load_from_cache
     from huggingface_hub.file_download import repo_folder_name
     from huggingface_hub.utils import build_hf_headers
 
     cached = try_to_load_from_cache(repo, filename, cache_dir=hub.cache_dir, revision=commit)
-    if isinstance(cached, str):
+    if isinstance(cached, str) and _whole(Path(cached), size):
         return Path(cached), 0, 0
     meta = get_hf_file_metadata(hf_hub_url(repo, filename, revision=commit, endpoint=hub.endpoint))
-    if not isinstance(meta.etag, str) or not _ETAG.fullmatch(meta.etag):
-        raise CtxError(f"{hub.endpoint} gave {filename} the etag {str(meta.etag)[:80]!r}, not a sha256 or git "
-                       "hash: refusing to name a file in the cache after it")
+    check_resolved(meta, filename, commit, hub.endpoint)
     blob = Path(hub.cache_dir, repo_folder_name(repo_id=repo, repo_type="model"), "blobs", meta.etag)
     received = resumed = 0
-    if not blob.is_file():
+    if not _whole(blob, meta.size):
+        if blob.is_file():
+            logging.getLogger(__name__).warning("%s in the Hugging Face cache holds %d bytes, not the %d the Hub "
+                                                "declares (truncated?): fetched again", filename, blob.stat().st_size,
+                                                meta.size)
         partial = blob.with_name(blob.name + ".incomplete")
         blob.parent.mkdir(parents=True, exist_ok=True)
         with claimed(partial, blob, f"{filename} of {repo}"):
-            if not blob.is_file():  # else another pull finished it while this one waited
+            if not _whole(blob, meta.size):  # else another pull finished it while this one waited
                 # The token goes only to the Hub itself, never to the CDN a file redirects to.
                 same_host = meta.location.startswith(hub.endpoint + "/")
                 got = download(meta.location, partial, size=meta.size, name=filename.rsplit("/", 1)[-1],
                                headers=build_hf_headers() if same_host else {})
                 resumed, received = got.kept, got.received
-                _verify(partial, filename, got.sha256, [meta.etag, sha256])
+                verify(partial, filename, got.sha256, [meta.etag, sha256])
                 install(partial, blob, meta.size, filename)
     path = hf_hub_download(repo, filename, revision=commit, cache_dir=hub.cache_dir, endpoint=hub.endpoint)
     return Path(path), received, resumed
-
-
-def _verify(partial: Path, filename: str, digest: str, expected: list[str | None]) -> None:
-    """An LFS file's etag is its sha256, and model_info names it too: a mismatch with
-    either deletes the partial file."""
-    for want in expected:
-        if want is not None and _SHA256.fullmatch(want.lower()) and digest != want.lower():
-            partial.unlink(missing_ok=True)
-            raise CorruptDataError(f"{filename}: the downloaded bytes have sha256 {digest}, the Hub says "
-                                   f"{want}; the partial download was deleted (run the pull again)")
 
 
 # -- the cache, offline ------------------------------------------------------------------

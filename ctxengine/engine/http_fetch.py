@@ -58,6 +58,15 @@ _OPENER = urllib.request.build_opener(_TokenStaysHome)  # with the default handl
 _CONTENT_RANGE = re.compile(r"bytes (\d+)-")
 
 
+def http_reason(err: urllib.error.HTTPError) -> str:
+    """The reason of an HTTP error, on one line: urllib words a redirect loop over three
+    ("... would lead to an infinite loop.\nThe last 30x error message was:\nFound")."""
+    reason = str(err.reason)
+    if reason.startswith(urllib.request.HTTPRedirectHandler.inf_msg):
+        return f"{' '.join(reason[len(urllib.request.HTTPRedirectHandler.inf_msg):].split())} (a redirect loop)"
+    return " ".join(reason.split())
+
+
 @contextlib.contextmanager
 def claimed(partial: Path, final: Path, what: str | None = None) -> Iterator[None]:
     """Hold ``partial`` for this pull alone until the block ends (rename it into place

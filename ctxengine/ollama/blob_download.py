@@ -36,15 +36,16 @@ def fetch_blob(url: str, final: Path, sha256_hex: str, size: int | None, *, head
                progress: Callable[[int], None], describe: Callable[[urllib.error.HTTPError], CtxError],
                what: str | None = None) -> Fetched:
     """Download url into final unless final is there, whole (its sha256 checked, as
-    Ollama's pull does; a damaged one is deleted and fetched again); ``progress(n)``
-    after every n bytes (those resumed from a partial included); ``describe`` words an
-    HTTP error; ``what`` names the blob for the user (which model's layer)."""
-    if _intact(final, sha256_hex, size):
+    Ollama's pull does; a damaged one is deleted and fetched again, a whole one of
+    another size than ``size`` refused, never deleted); ``progress(n)`` after every n
+    bytes (those resumed from a partial included); ``describe`` words an HTTP error;
+    ``what`` names the blob for the user (which model's layer)."""
+    if _intact(final, sha256_hex, size, what):
         progress(final.stat().st_size)
         return Fetched(final, 0, 0)
     partial = partial_path(final)
     with claimed(partial, final, what):
-        if _intact(final, sha256_hex, size):  # another pull finished it while this one waited to claim it
+        if _intact(final, sha256_hex, size, what):  # another pull finished it while this one waited to claim it
             progress(final.stat().st_size)
             return Fetched(final, 0, 0)
         h, have = hash_partial(partial, size)
@@ -61,14 +62,20 @@ def fetch_blob(url: str, final: Path, sha256_hex: str, size: int | None, *, head
     return Fetched(final, got.kept, got.received)
 
 
-def _intact(final: Path, sha256_hex: str, size: int | None) -> bool:
+def _intact(final: Path, sha256_hex: str, size: int | None, what: str | None) -> bool:
     """Whether the blob is there with its digest's bytes; one that is not (truncated, or
-    changed on disk) is deleted, so that the pull fetches it again."""
+    changed on disk) is deleted, so that the pull fetches it again. One that is, but of
+    another size than the manifest says, is kept (other models may use it) and the pull
+    refused: the manifest is wrong, not the blob."""
     try:
-        if size is None or final.stat().st_size == size:
-            h, _ = hash_partial(final, size)
-            if h.hexdigest() == sha256_hex:
-                return True
+        have = final.stat().st_size
+        h, _ = hash_partial(final, None)  # all of it, whatever size the manifest claims
+        if h.hexdigest() == sha256_hex:
+            if size is not None and have != size:
+                raise CtxError(f"{what or final.name} is {size} bytes by its manifest, but the blob of that digest "
+                               f"in {final.parent} holds {have}, its sha256 checked: the manifest's size is wrong; "
+                               f"the blob is kept and nothing was pulled")
+            return True
         final.unlink()
     except FileNotFoundError:
         return False

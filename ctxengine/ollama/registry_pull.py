@@ -40,7 +40,7 @@ from .. import paths
 from ..engine.model_source import CatalogEntry
 from ..errors import CtxError, ModelNotFoundError, UnavailableError
 from ..engine.disk import check_free_space, storage_error
-from ..engine.http_fetch import TIMEOUT
+from ..engine.http_fetch import TIMEOUT, http_reason
 from .blob_download import fetch_blob, partial_path
 from .store import DEFAULT_HOST, OllamaName, manifests, parse_model_name, read_manifest
 
@@ -158,9 +158,9 @@ def _blobs_of(raw: bytes, name: OllamaName) -> list[tuple[str, int]]:
     try:
         manifest = json.loads(raw)
         layers = [manifest["config"], *manifest["layers"]] if manifest.get("config") else list(manifest["layers"])
-    except (ValueError, KeyError, TypeError, AttributeError):
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError):  # RecursionError: [[[[...]]]]
         raise CtxError(f"the registry's manifest for {name.display} is not an image manifest") from None
-    out = []
+    out: dict[str, int] = {}
     for layer in layers:
         digest = layer.get("digest") if isinstance(layer, dict) else None
         m = DIGEST.fullmatch(digest) if isinstance(digest, str) else None
@@ -168,8 +168,10 @@ def _blobs_of(raw: bytes, name: OllamaName) -> list[tuple[str, int]]:
         if m is None or type(size) is not int or size < 0:
             raise CtxError(f"the registry's manifest for {name.display} has a layer without a "
                            f"sha256 digest (sha256:<64 lowercase hex>) and size: {layer!r}"[:300])
-        out.append((m.group(1), size))
-    return list(dict.fromkeys(out))
+        if out.setdefault(m.group(1), size) != size:  # a blob has one size: the manifest is wrong about one
+            raise CtxError(f"the registry's manifest for {name.display} names sha256:{m.group(1)} twice, as "
+                           f"{out[m.group(1)]} and {size} bytes: refusing it")
+    return list(out.items())
 
 
 def _http_error(err: urllib.error.HTTPError, name: OllamaName, base: str, what: str) -> CtxError:
@@ -180,7 +182,7 @@ def _http_error(err: urllib.error.HTTPError, name: OllamaName, base: str, what: 
         missing = "no such model or tag" if what == "manifest" else "a blob its manifest names is missing there"
         return ModelNotFoundError(f"{name.display} not found on {base} ({missing}): check the name and "
                                   "the tag (ollama://NAMESPACE/NAME:TAG, e.g. ollama://library/gemma3:270m)")
-    return CtxError(f"{base} answered HTTP {err.code} {err.reason} for the {what} of {name.display}")
+    return CtxError(f"{base} answered HTTP {err.code} {http_reason(err)} for the {what} of {name.display}")
 
 
 def _write_manifest(root: Path, name: OllamaName, raw: bytes) -> Path:
