@@ -1,10 +1,13 @@
 """The context and store verbs of `ctx`, run as a user runs them: real processes, real model."""
 import json
 import os
+import re
 import subprocess
 import sys
 
 import pytest
+
+from ctxengine.errors import StoreError
 
 
 def ctx(*args, store, input=None, env=None):
@@ -125,3 +128,132 @@ def test_kv_dtype_is_chosen_per_load_and_checked_on_restore(tmp_path):
     assert r.stdout.strip()
     one_line_error(ctx("gen", "q", "-n", "4", store=s), "holds its KV in q8", "kv='f16'", "--kv q8")
 
+
+
+def test_an_empty_store_path_is_an_error_not_the_current_directory(tmp_path):
+    # Path("") is ".": `ctx ls --store ""` left data.mdb and lock.mdb wherever it ran.
+    r = subprocess.run([sys.executable, "-m", "ctxengine.cli.main", "ls", "--store", ""], capture_output=True,
+                       text=True, cwd=tmp_path, timeout=120)
+    one_line_error(r, "store path is empty")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_names_starting_with_underscore_are_the_servers_and_refused_for_writing(tmp_path):
+    # `ctx new _evicted/999999-1/mine` hid the context from ctx ls, and the next ctx gc deleted it.
+    s = tmp_path / "store"
+    ok("new", "c", store=s)
+    ok("export", "c", str(tmp_path / "c.snap"), store=s)
+    mine = "_evicted/999999-1/mine"
+    for args in (("new", mine), ("fork", "c", mine), ("restore", "c", "--as", mine), ("append", mine, "notes"),
+                 ("gen", mine), ("snapshot", "c", "--tag", "_tag"), ("import", str(tmp_path / "c.snap"), "--as", mine),
+                 ("import", str(tmp_path / "c.snap"), "--as", mine, "--force"),
+                 ("restore", "c", "--as", mine, "--force")):
+        one_line_error(ctx(*args, store=s), "names starting with '_' are reserved")
+    assert [r["name"] for r in json.loads(ok("ls", "--all", "--json", store=s).stdout)] == ["c"]
+
+    # A server's own refs stay readable (ls --all, log, restore) and removable.
+    from ctxengine.store import Store
+
+    with Store(s) as store:
+        store.set_ref("_evicted/1-2-3-0/kept", store.resolve("c"))
+    assert "_evicted/1-2-3-0/kept" in {r["name"] for r in json.loads(ok("ls", "--all", "--json", store=s).stdout)}
+    assert len(ok("log", "_evicted/1-2-3-0/kept", store=s).stdout.splitlines()) == 1
+    assert "every page verified" in ok("restore", "_evicted/1-2-3-0/kept", store=s).stderr
+    ok("rm", "_evicted/1-2-3-0/kept", store=s)
+
+
+@pytest.fixture(scope="module")
+def model(smollm2_path):
+    from ctxengine.state.model import load
+
+    m = load(str(smollm2_path), threads=1)
+    yield m
+    m.close()
+
+
+def test_a_save_never_overwrites_what_another_process_saved_meanwhile(tmp_path, model):
+    # Two `ctx gen c` at once both said "c: 16 tokens" and the stored c kept only one of them.
+    from ctxengine.cli.contexts import open_context, save
+    from ctxengine.store import Store
+
+    with Store(tmp_path / "store") as store:
+        first = model.context("race")
+        first.append("Once upon a time")
+        base = save(first, store, "race")
+        first.delete()
+        mine = open_context(model, store, "race")             # this command reads race ...
+        other = model.restore(store, "race", name="other")    # ... and so does another
+        other.append(" there lived a cat")
+        theirs = other.snapshot(store, ref="race")            # which saves first
+        mine.append(" there was a dog")
+        with pytest.raises(StoreError) as err:
+            save(mine, store, "race")
+        msg = str(err.value)
+        assert "\n" not in msg and "'race' was changed by another process" in msg, msg
+        assert store.refs() == {"race": theirs}
+        assert [e.new for e in store.ref_log("race")] == [base, theirs]  # the refused move logged nothing
+        kept = re.search(r"snapshot ([0-9a-f]{12})", msg)[1]  # this command's work is kept, for ctx restore --as
+        assert store.get_manifest(store.resolve(kept)).token_ids == mine.tokens
+        mine.delete()
+        other.delete()
+
+
+def test_a_save_writes_its_snapshot_again_if_a_gc_took_it_before_the_move(tmp_path, model, monkeypatch):
+    # The snapshot is written, then the ref moved: in between no ref holds it, and a gc may collect it.
+    from ctxengine.cli.contexts import save
+    from ctxengine.store import Store
+
+    with Store(tmp_path / "store") as store:
+        c = model.context("gc-race")
+        c.append("Once upon a time")
+        base = save(c, store, "gc-race")
+        c.append(" there lived a cat who kept every page of her diary")
+        moves, set_ref = [], store.set_ref
+
+        def gc_first(name, sid, **kw):
+            moves.append(sid)
+            if len(moves) == 1:
+                store.gc(grace=0)
+                assert sid not in store.snapshots()
+            return set_ref(name, sid, **kw)
+
+        monkeypatch.setattr(store, "set_ref", gc_first)
+        sid = save(c, store, "gc-race")
+        assert len(moves) == 2 and store.refs() == {"gc-race": sid}
+        m = store.get_manifest(sid)
+        assert m.parent == base and m.token_ids == c.tokens
+        c.delete()
+        again = model.restore(store, "gc-race", name="gc-race-again")  # every page is there, verified
+        assert again.tokens == m.token_ids
+        again.delete()
+
+
+def test_new_does_not_replace_a_context_another_process_created_meanwhile(tmp_path, model, monkeypatch):
+    # Two `ctx new x` at once both succeeded; the second's x replaced the first's.
+    import argparse
+
+    from ctxengine.cli.contexts import new
+    from ctxengine.store import Store
+
+    s = tmp_path / "store"
+    p = argparse.ArgumentParser()
+    new.add_arguments(p)
+    args = p.parse_args(["x", "--system", "Beta system", "--store", str(s)])
+
+    def load_then_lose_the_race(_args):
+        # The other `ctx new x` saves while this one loads its model (after require_absent said x is free).
+        alpha = model.context("alpha")
+        alpha.append_system("Alpha system")
+        with Store(s) as store:
+            alpha.snapshot(store, ref="x")
+        alpha.delete()
+        return model
+
+    monkeypatch.setattr(new, "load_model", load_then_lose_the_race)
+    with pytest.raises(StoreError, match="'x' was created by another process") as err:
+        new.main(args)
+    assert "\n" not in str(err.value)
+    model.contexts.remove("x")
+    with Store(s) as store:
+        assert len(store.ref_log("x")) == 1
+        assert "Alpha system" in model.detokenize(store.get_manifest(store.resolve("x")).token_ids)

@@ -7,9 +7,10 @@ from pathlib import Path
 import lmdb
 import pytest
 
-from ctxengine.errors import CorruptDataError, InvalidNameError, StoreError
+from ctxengine.errors import CorruptDataError, InvalidNameError, RefConflictError, StoreError
 from ctxengine.store import Manifest, Store, page_key, validate_name
 from ctxengine.store import pages as codec
+from ctxengine.store.names import validate_client_name
 from ctxengine.store.store import default_store_path
 
 PAGE = 368 * 1024  # one 16-token page of SmolLM2 with an f16 KV
@@ -334,6 +335,35 @@ def test_refs_and_log(store, rng):
     assert [(e.old, e.new) for e in store.ref_log("feature/x")] == [(None, s1)]
 
 
+def test_a_conditional_ref_move_is_a_compare_and_set(store, rng):
+    # Two `ctx gen` on one context both saved, and the second silently dropped the first's tokens:
+    # a move with expect= happens only if the ref still holds what the writer read.
+    raws = [rand_page(rng, 256) for _ in range(3)]
+    s1 = store.snapshot(manifest([page_key(raws[0])]), raws[:1])
+    s2 = store.snapshot(manifest([page_key(raws[1])], parent=s1), raws[1:2])
+    store.set_ref("main", s1, expect=None)  # None: create it only if absent
+    for sid, expect in ((s2, None), (s2, s2), (s2, "f" * 64)):
+        with pytest.raises(RefConflictError, match=f"'main' is at {s1[:12]}"):
+            store.set_ref("main", sid, expect=expect)
+    assert store.refs() == {"main": s1} and len(store.ref_log("main")) == 1  # a refused move logs nothing
+    store.set_ref("main", s2, expect=s1.upper())
+    assert [(e.old, e.new) for e in store.ref_log("main")] == [(None, s1), (s1, s2)]
+    with pytest.raises(RefConflictError, match="'gone' does not exist"):
+        store.set_ref("gone", s2, expect=s1)
+
+    # The same check inside snapshot(): refused, it stores nothing at all.
+    m3 = manifest([page_key(raws[2])], parent=s1)
+    with pytest.raises(RefConflictError, match=rf"'main' is at {s2[:12]} \(this move expected {s1[:12]}\)"):
+        store.snapshot(m3, raws[2:], ref="main", expect=s1)
+    assert store.missing_pages([page_key(raws[2])]) and m3.snapshot_id not in store.snapshots()
+    assert store.refs() == {"main": s2} and len(store.ref_log("main")) == 2
+    s3 = store.snapshot(m3, raws[2:], ref="main", expect=s2)
+    with pytest.raises(RefConflictError, match=rf"'main' is at {s3[:12]} \(this move expected no ref\)"):
+        store.snapshot(manifest([page_key(raws[0])], labels={"x": "y"}), raws[:1], ref="main", expect=None)
+    store.set_ref("main", s1)  # without expect= a move is unconditional, as before
+    assert [e.new for e in store.ref_log("main")] == [s1, s2, s3, s1]
+
+
 def test_resolve_by_prefix(store, rng):
     raw = rand_page(rng, 64)
     key = store.put_pages([raw])[0]
@@ -384,6 +414,16 @@ def test_name_messages():
         validate_name("../x", "context")
     with pytest.raises(InvalidNameError, match="200 characters"):
         validate_name("x" * 200)
+
+
+def test_client_names_exclude_the_servers_own():
+    for name in ("_evicted/999999-1/mine", "_prefix", "_"):
+        with pytest.raises(InvalidNameError, match=f"context names starting with '_' are reserved.*{name!r}"):
+            validate_client_name(name)
+    for name in ("a_b", "x/_y", "main"):
+        assert validate_client_name(name) == name
+    with pytest.raises(InvalidNameError, match="'..'"):
+        validate_client_name("../x")
 
 
 # -- environment -----------------------------------------------------------------------
@@ -451,6 +491,17 @@ def test_default_path(monkeypatch, tmp_path):
         assert (s.path / "data.mdb").exists()
     monkeypatch.delenv("XDG_DATA_HOME")
     assert default_store_path() == Path.home() / ".local" / "share" / "ctxengine" / "store"
+
+
+def test_an_empty_path_is_refused_not_taken_for_the_current_directory(monkeypatch, tmp_path):
+    # Path("") is ".": `ctx ls --store ""` made a store in whatever directory it ran in.
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(StoreError, match="store path is empty"):
+        Store("")
+    assert list(tmp_path.iterdir()) == []
+    monkeypatch.setenv("CTX_STORE", "")  # an empty variable is an unset one, as in the shell
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
+    assert default_store_path() == tmp_path / "xdg" / "ctxengine" / "store"
 
 
 def test_newer_store_format_refused(tmp_path):

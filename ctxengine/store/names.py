@@ -69,6 +69,19 @@ def is_host_local(name: str) -> bool:
     return name.startswith(HOST_LOCAL_PREFIX)
 
 
+def validate_client_name(name: object, what: str = "context") -> str:
+    """validate_name, and not host-local: a name a client may create or move.
+
+    A client's context under a server's name would be taken for the server's:
+    hidden from listings, and an ``_evicted/...`` one dropped by ``ctx gc``.
+    """
+    validate_name(name, what)
+    if is_host_local(name):
+        raise InvalidNameError(f"{what} names starting with '{HOST_LOCAL_PREFIX}' are reserved for the server: "
+                               f"{name!r}")
+    return name
+
+
 def default_host_id() -> str:
     """This process's name among a fleet's hosts: $CTX_HOST_ID, else hostname:pid."""
     return os.environ.get("CTX_HOST_ID") or f"{socket.gethostname()}:{os.getpid()}"

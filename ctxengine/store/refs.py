@@ -10,6 +10,10 @@ together with the snapshot it points at):
   shares, and big-endian sequence numbers keep a ref's entries in order.
 
 The log is history, not a GC root: see maintenance.gc for why.
+
+A move may be conditional (``expect``): a compare-and-set made in the same
+transaction as the move, so two writers that read the same ref cannot both
+move it, the second overwriting the first without knowing.
 """
 from __future__ import annotations
 
@@ -18,11 +22,12 @@ from dataclasses import dataclass
 
 import lmdb
 
-from ..errors import StoreError
+from ..errors import RefConflictError, StoreError
 
 MIN_PREFIX = 8           # shortest snapshot-id prefix Store.resolve() accepts
 _ENTRY = struct.Struct(">d32s32s")
 _NO_ID = bytes(32)
+ANY = object()           # set_ref's ``expect`` for a move made wherever the ref is
 
 
 @dataclass(frozen=True)
@@ -43,9 +48,19 @@ def get_ref(txn: lmdb.Transaction, dbs: dict, name: str) -> bytes | None:
     return None if value is None else bytes(value)
 
 
-def set_ref(txn: lmdb.Transaction, dbs: dict, name: str, sid: bytes, now: float) -> None:
-    """Point ``name`` at ``sid`` and log the move (a no-op move is not logged)."""
+def set_ref(txn: lmdb.Transaction, dbs: dict, name: str, sid: bytes, now: float,
+            expect: bytes | None | object = ANY) -> None:
+    """Point ``name`` at ``sid`` and log the move (a no-op move is not logged).
+
+    ``expect``: the id ``name`` must hold now (None: it must not exist), else
+    RefConflictError before anything is written, so a refused move leaves no log entry.
+    """
     old = get_ref(txn, dbs, name)
+    if expect is not ANY and old != expect:
+        now_at = f"is at {old.hex()[:12]}" if old is not None else "does not exist"
+        wanted = expect.hex()[:12] if expect is not None else "no ref"
+        raise RefConflictError(f"ref '{name}' {now_at} (this move expected {wanted}): another writer "
+                               "changed it meanwhile, and it was left as it is")
     if old == sid:
         return
     txn.put(name.encode("utf-8"), sid, db=dbs["refs"])

@@ -43,6 +43,10 @@ class Store:
                  fleet: str | None = None, host_id: str | None = None):
         """``fleet``: redis://host:port[,...] of a Redis Cluster shared with other hosts,
         this store being its local cache (store/fleet.py, docs/fleet.md)."""
+        if path is not None and not os.fspath(path):
+            # Path("") is ".": a store would appear in whatever directory the process runs in.
+            raise StoreError("the snapshot store path is empty: name a directory, or give none for the default "
+                             "($CTX_STORE, else the XDG data dir)")
         self.path = Path(path).expanduser() if path is not None else default_store_path()
         self.fleet = None
         try:
@@ -199,15 +203,17 @@ class Store:
         return Manifest.from_bytes(data, what=f"snapshot {snapshot_id}")
 
     def snapshot(self, m: Manifest, pages: Mapping[str, bytes] | Iterable[bytes],
-                 ref: str | None = None) -> str:
+                 ref: str | None = None, *, expect: str | None | object = refs_.ANY) -> str:
         """Write the missing pages, the manifest and (optionally) move ``ref``: all or nothing.
 
         ``pages`` may be {key: raw} or just raw pages; each must hash to its key.
         Pages the store already has may be left out; pages the manifest does not
-        name are ignored. Returns the snapshot id.
+        name are ignored. ``expect`` makes the move a compare-and-set (see set_ref):
+        refused, nothing at all is stored. Returns the snapshot id.
         """
         if ref is not None:
             validate_name(ref, "ref")
+        want = _expected(ref, expect)
         data = m.canonical_bytes()  # validates, so page_keys are hex strings below
         sid = codec.page_key(data)
         keys = [k.lower() for k in m.page_keys]
@@ -231,7 +237,7 @@ class Store:
             self._put_records(txn, records)
             records_.put_manifest(txn, self.dbs, sid, record, keys, given)
             if ref is not None:
-                refs_.set_ref(txn, self.dbs, ref, bytes.fromhex(sid), now)
+                refs_.set_ref(txn, self.dbs, ref, bytes.fromhex(sid), now, want)
 
         self.env.write(write, size_hint=sum(map(len, records.values())) + len(record))
         if self.fleet is not None and not is_host_local(ref or ""):  # a host's own refs stay here
@@ -246,16 +252,23 @@ class Store:
 
     # -- refs -----------------------------------------------------------------
 
-    def set_ref(self, name: str, snapshot_id: str) -> None:
-        """Point ref ``name`` at a stored snapshot, appending (time, old, new) to its log."""
+    def set_ref(self, name: str, snapshot_id: str, *, expect: str | None | object = refs_.ANY) -> None:
+        """Point ref ``name`` at a stored snapshot, appending (time, old, new) to its log.
+
+        ``expect``: the snapshot id this store's ref must hold now, or None for "must
+        not exist"; else RefConflictError and nothing moves. A writer that read the
+        ref passes what it read, so it cannot overwrite a move made since (leave it out
+        for a move made regardless, like a server's moves of its own refs).
+        """
         validate_name(name, "ref")
         sid = codec.key_bytes(snapshot_id, "snapshot id")
+        want = _expected(name, expect)
         now = time.time()
 
         def write(txn):
             if txn.get(sid, db=self.dbs["manifests"]) is None:
                 return False
-            refs_.set_ref(txn, self.dbs, name, sid, now)
+            refs_.set_ref(txn, self.dbs, name, sid, now, want)
             return True
 
         here = self.env.write(write)
@@ -352,3 +365,12 @@ class Store:
         if record is None:
             raise StoreError(f"page {key} is not in the store")
         return codec.decode(key, record)
+
+
+def _expected(ref: str | None, expect: str | None | object) -> bytes | None | object:
+    """``expect`` as refs.set_ref takes it: the 32-byte id, None, or refs.ANY."""
+    if expect is refs_.ANY:
+        return expect
+    if ref is None:
+        raise ValueError("expect= is a condition on a ref's move: give the ref too")
+    return None if expect is None else codec.key_bytes(expect, "expected snapshot id")

@@ -14,7 +14,7 @@ import time
 from contextlib import contextmanager
 from typing import Iterator
 
-from ...errors import CtxError, StoreError
+from ...errors import CtxError, RefConflictError, StoreError
 from ..common import add_model_arguments, load_model  # noqa: F401  (the verbs import load_model from here)
 
 EVICTED_PREFIX = "_evicted/"  # refs the context table keeps for evicted contexts
@@ -35,12 +35,19 @@ def open_store(args: argparse.Namespace):
 
 
 def check_name(name: str, what: str = "context") -> str:
-    from ...store import validate_name
+    """``name``, if valid. A context name (one a verb creates or changes) must not be the
+    server's (``_...``); a ref a verb only reads or removes (``what="ref"``) may be."""
+    from ...store.names import validate_client_name, validate_name
 
-    return validate_name(name, what)
+    return (validate_client_name if what == "context" else validate_name)(name, what)
 
 
 def require_absent(store, name: str) -> None:
+    """Refuse early, before a model loads, to create ``name`` where it exists (the move
+    itself checks again: another process may create it meanwhile)."""
+    from ...store.names import validate_client_name
+
+    validate_client_name(name, "ref")
     if name in store.refs():
         raise StoreError(f"'{name}' already exists in {store.path} (ctx rm {name} first)")
 
@@ -54,8 +61,30 @@ def open_context(model, store, name: str):
 
 
 def save(ctx, store, ref: str) -> str:
-    """Snapshot ``ctx`` back under ``ref`` and say so on stderr."""
-    sid = ctx.snapshot(store, ref=ref)
+    """Snapshot ``ctx`` back under ``ref`` and say so on stderr.
+
+    ``ref`` moves only if it still holds the snapshot ``ctx`` was restored from (for a
+    new context: only if it does not exist), checked in the move's own transaction:
+    two commands that read the same context cannot both save it, the second dropping
+    the first's work. The loser's snapshot stays stored, and its error names it.
+    """
+    base = ctx.snapshot_id
+    for attempt in (1, 2):
+        sid = ctx.snapshot(store)
+        try:
+            store.set_ref(ref, sid, expect=base)
+            break
+        except RefConflictError:
+            what = "created" if base is None else "changed"
+            raise StoreError(f"'{ref}' was {what} by another process while this command ran and is left as it "
+                             f"saved it; this command's work is snapshot {sid[:12]}, kept until ctx gc "
+                             f"(ctx restore {sid[:12]} --as NAME keeps it)") from None
+        except StoreError:
+            if attempt == 2:
+                raise
+            # No ref holds the snapshot until the move, so a gc in another process may
+            # have collected it in between: write it once more, with the same parent.
+            ctx.snapshot_id = base
     print(f"{ref}: {ctx.n_tokens} tokens, snapshot {sid[:12]}", file=sys.stderr)
     return sid
 
