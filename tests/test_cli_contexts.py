@@ -257,3 +257,48 @@ def test_new_does_not_replace_a_context_another_process_created_meanwhile(tmp_pa
     with Store(s) as store:
         assert len(store.ref_log("x")) == 1
         assert "Alpha system" in model.detokenize(store.get_manifest(store.resolve("x")).token_ids)
+
+
+def test_fork_restore_and_tag_refuse_a_name_made_after_their_check(tmp_path, model, monkeypatch):
+    # Each checked that its new name was free, then moved the ref wherever it was: a name
+    # another process made in between was replaced.
+    import argparse
+
+    from ctxengine.cli.contexts import fork, restore, snapshot
+    from ctxengine.store import Store
+
+    s = tmp_path / "store"
+    src = model.context("src")
+    src.append("Source text.")
+    with Store(s) as store:
+        first = src.snapshot(store, ref="src")
+        src.append(" More.")
+        other = src.snapshot(store)
+    src.delete()
+
+    def lose_the_race(name):
+        def check(store, _name):
+            store.set_ref(name, other)  # the other process, right after the check
+        return check
+
+    for verb, argv in ((fork, ["src", "dst"]), (snapshot, ["src", "--tag", "tag"])):
+        p = argparse.ArgumentParser()
+        verb.add_arguments(p)
+        monkeypatch.setattr(verb, "require_absent", lose_the_race(argv[-1]))
+        with pytest.raises(StoreError, match=f"ref '{argv[-1]}' is at {other[:12]} .*expected no ref"):
+            verb.main(p.parse_args([*argv, "--store", str(s)]))
+    p = argparse.ArgumentParser()
+    restore.add_arguments(p)
+    real_load = restore.load_model
+
+    def load_while_another_makes_it(args):
+        with Store(s) as store:
+            store.set_ref("as", other)
+        return real_load(args)
+
+    monkeypatch.setattr(restore, "load_model", load_while_another_makes_it)
+    with pytest.raises(StoreError, match=f"ref 'as' is at {other[:12]}"):
+        restore.main(p.parse_args(["src", "--as", "as", "--store", str(s), "--threads", "1"]))
+    with Store(s) as store:
+        assert {n: store.resolve(n) for n in ("dst", "tag", "as")} == {"dst": other, "tag": other, "as": other}
+        assert store.resolve("src") == first

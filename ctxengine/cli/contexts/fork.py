@@ -22,6 +22,6 @@ def main(args: argparse.Namespace) -> int:
     with open_store(args) as store:
         sid = store.resolve(args.src)
         require_absent(store, args.dst)
-        store.set_ref(args.dst, sid)
+        store.set_ref(args.dst, sid, expect=None)  # made meanwhile by another process: refused, not replaced
         print(f"{args.dst}: forked from {args.src} at snapshot {sid[:12]}", file=sys.stderr)
     return 0

@@ -28,14 +28,14 @@ def main(args: argparse.Namespace) -> int:
         check_name(args.as_name)
     with open_store(args) as store:
         sid = store.resolve(args.ref)
+        current = store.refs().get(args.as_name) if args.as_name is not None else None
         if args.as_name is not None and not args.force:
-            current = store.refs().get(args.as_name)
             if current is not None and current != sid:
                 raise StoreError(f"'{args.as_name}' already exists (use --force to move it to {sid[:12]})")
         model = load_model(args)
         ctx = model.restore(store, sid)
-        if args.as_name is not None:
-            store.set_ref(args.as_name, sid)
+        if args.as_name is not None:  # without --force, only where NAME still is what was checked above
+            store.set_ref(args.as_name, sid, **({} if args.force else {"expect": current}))
         where = f" as {args.as_name}" if args.as_name else ""
         print(f"restored {args.ref}{where}: {ctx.n_tokens} tokens, snapshot {sid[:12]}, "
               f"weights {model.weight_id[:12]} ({model.name}), every page verified", file=sys.stderr)

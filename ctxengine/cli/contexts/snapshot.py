@@ -38,9 +38,9 @@ def main(args: argparse.Namespace) -> int:
             ctx.labels.update(new_labels(labels))
             sid = save(ctx, store, args.name)
         else:
-            check_name(args.name)
+            check_name(args.name, "ref")  # only read: a server's ref may be tagged
             sid = store.resolve(args.name)
         if args.tag is not None:
-            store.set_ref(args.tag, sid)
+            store.set_ref(args.tag, sid, expect=None)  # made meanwhile by another process: refused
         print(sid)
     return 0
