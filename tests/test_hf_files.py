@@ -24,7 +24,9 @@ def test_spellings():
 
 
 @pytest.mark.parametrize("bad", ["hf://org", "hf://org/repo:", "hf://../x:q", "hf://org/repo/x.bin",
-                                 "hf://org/repo/../x.gguf"])
+                                 "hf://org/repo/../x.gguf",
+                                 # the Hub's own rules: huggingface_hub raised them as a traceback
+                                 "hf://org/a--b", "hf://org/a..b:q4_0", "hf://org/" + "a" * 100])
 def test_bad_specs_refused(bad):
     with pytest.raises(InvalidNameError):
         parse_hf_spec(bad)

@@ -61,10 +61,23 @@ def parse_hf_spec(spec: str) -> HfSpec:
     if len(parts) < 2 or not all(_PART.match(p) for p in parts[:2]) or tag == "":
         raise InvalidNameError(f"'{spec}' is not a Hugging Face model: write hf://ORG/REPO[:QUANT] "
                                "or hf://ORG/REPO/FILE.gguf")
+    _check_repo_id(spec, f"{parts[0]}/{parts[1]}")
     file = "/".join(parts[2:]) or None
     if file is not None and (not file.endswith(".gguf") or ".." in parts[2:] or "" in parts[2:]):
         raise InvalidNameError(f"'{spec}': a file in a repo must be a path ending in .gguf")
     return HfSpec(f"{parts[0]}/{parts[1]}", tag, file)
+
+
+def _check_repo_id(spec: str, repo: str) -> None:
+    """The Hub's own rules for a repo id (no "--" or "..", at most 96 characters), as
+    huggingface_hub checks them before any request: refused here as a bad name."""
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id
+
+    try:
+        validate_repo_id(repo)
+    except HFValidationError as err:
+        raise InvalidNameError(f"'{spec}' is not a Hugging Face model: {err}") from None
 
 
 @dataclass(frozen=True)
