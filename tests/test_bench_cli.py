@@ -3,6 +3,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 
 def test_ctx_bench_json_has_the_figures():
     r = subprocess.run([sys.executable, "-m", "ctxengine.cli.main", "bench", "--reps", "1", "--json"],
@@ -25,3 +27,11 @@ def test_ctx_bench_json_has_the_figures():
     assert out["read_bandwidth"] > 1e8  # bytes/s: any machine that runs the suite reads faster than 100 MB/s
     # SmolLM2 ties its embeddings: every tensor is read per token, so nearly the whole file.
     assert 0.9 * resolve_model(None).stat().st_size < out["weight_bytes_per_token"] < resolve_model(None).stat().st_size
+
+
+@pytest.mark.parametrize("reps", ["0", "-2"])
+def test_ctx_bench_needs_a_repetition_for_a_median(reps):
+    r = subprocess.run([sys.executable, "-m", "ctxengine.cli.main", "bench", "--reps", reps, "--json"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and not r.stdout
+    assert r.stderr == f"ctx bench: error: argument --reps: must be 1 or more, not {reps} (usage: ctx bench --help)\n"

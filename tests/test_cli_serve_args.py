@@ -47,6 +47,24 @@ def test_a_port_out_of_range_is_a_usage_error(tmp_path, option, value):
         assert f"must be between 0 and 65535 (0: off), not {value}" in err
 
 
+# -- limits ----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("option,value,says", [
+    ("--memory-budget", "nan", "must be a number of GiB >= 0, not nan"),
+    ("--memory-budget", "inf", "must be a number of GiB >= 0, not inf"),
+    ("--memory-budget", "1e400", "must be a number of GiB >= 0, not 1e400"),
+    ("--memory-budget", "-1", "must be a number of GiB >= 0, not -1"),
+    ("--prefix-cache", "-1", "must be 0 or more, not -1"),
+    ("--max-body", "-5", "must be a number of bytes > 0, not -5"),
+    ("--max-body", "0", "must be a number of bytes > 0, not 0"),
+])
+def test_a_limit_out_of_range_is_a_usage_error(tmp_path, option, value, says):
+    """Started with these, the server failed at start-up with a traceback (nan, inf), or failed
+    every request later (a 500 for --prefix-cache -1, a 413 for --max-body -5)."""
+    rc, err = serve(tmp_path, option, value, "--port", free_port(), "--grpc-port", "0", timeout=30)
+    assert rc == 2
+    assert one_line(err) == f"ctx serve: error: argument {option}: {says} (usage: ctx serve --help)"
+
+
 def test_an_unknown_option_is_the_verbs_usage_error(tmp_path):
     rc, err = serve(tmp_path, "--bogus-flag", timeout=30)
     assert rc == 2

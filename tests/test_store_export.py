@@ -1,7 +1,11 @@
 """Portable snapshot files: round trip, and every kind of damage refused with nothing stored."""
 import io
+import os
 import random
+import stat
 import struct
+import subprocess
+import sys
 
 import pytest
 
@@ -151,3 +155,42 @@ def test_export_errors(tmp_path):
             s.import_file(io.BytesIO(b""), ref="../evil")
         with pytest.raises(StoreError, match="cannot read"):
             s.import_file(tmp_path / "missing.ctx")
+
+
+@pytest.mark.parametrize("kind", ["fifo", "symlink", "directory", "partial symlink"])
+def test_export_refuses_to_replace_what_is_not_a_regular_file(tmp_path, kind):
+    """A FIFO, device, directory or link at the name stays as it was (as root, /dev/null would have
+    become a file); a link is refused even to a regular file, which keeps its bytes."""
+    target = tmp_path / "keep.txt"
+    target.write_text("keep")
+    out = tmp_path / "out.ctx"
+    if kind == "fifo":
+        os.mkfifo(out)
+    elif kind == "symlink":
+        out.symlink_to(target)
+    elif kind == "directory":
+        out.mkdir()
+    else:
+        (tmp_path / "out.ctx.partial").symlink_to(target)
+    with Store(tmp_path / "s") as s:
+        make_snapshot(s, random.Random(5), n_big=1)
+        with pytest.raises(StoreError, match="not a regular file"):
+            s.export("main", out)
+    assert target.read_text() == "keep"
+    if kind == "fifo":
+        assert stat.S_ISFIFO(out.lstat().st_mode)
+    elif kind == "symlink":
+        assert out.is_symlink()
+    elif kind == "directory":
+        assert out.is_dir()
+    assert (tmp_path / "out.ctx.partial").is_symlink() == (kind == "partial symlink")
+
+
+@pytest.mark.parametrize("name", ["", "/"])
+def test_ctx_export_to_no_file_name_is_one_line(tmp_path, name):
+    with Store(tmp_path / "s") as s:
+        make_snapshot(s, random.Random(6), n_big=1)
+    r = subprocess.run([sys.executable, "-m", "ctxengine.cli.main", "export", "main", name, "--store",
+                        str(tmp_path / "s")], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1 and not r.stdout
+    assert r.stderr == f"ctx export: error: cannot write {name!r}: it names no file\n", r.stderr

@@ -18,9 +18,9 @@ def add_http_arguments(p: argparse.ArgumentParser) -> None:
                         "it (default: ctx's own store, where `ctx pull ollama://` writes); the others are only read")
     p.add_argument("--no-ollama", action="store_true", help="do not look for Ollama's model store")
     # default None: the prefix cache's own (importing it here would load the engine to parse arguments)
-    p.add_argument("--prefix-cache", type=int, default=None, metavar="N",
+    p.add_argument("--prefix-cache", type=count, default=None, metavar="N",
                    help="recent requests kept per model for prefix reuse (default 32; 0: off)")
-    p.add_argument("--max-body", type=int, default=DEFAULT_MAX_BODY, metavar="BYTES",
+    p.add_argument("--max-body", type=_size, default=DEFAULT_MAX_BODY, metavar="BYTES",
                    help=f"largest request body accepted (default {DEFAULT_MAX_BODY}; larger: 413)")
     p.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",
                    help="allow browsers from this origin ('*': any; repeatable; default: no CORS)")
@@ -40,3 +40,19 @@ def _positive(text: str) -> float:
     if not value > 0:
         raise argparse.ArgumentTypeError(f"must be a number of seconds > 0, got {text}")
     return value
+
+
+def count(text: str) -> int:
+    """A number of things, 0 or more (argparse names the option when this raises): a server
+    started with --prefix-cache -1 failed every request; ``ctx gen -n -5`` wrote a snapshot."""
+    n = int(text)
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, not {n}")
+    return n
+
+
+def _size(text: str) -> int:  # --max-body 0 or less: every request a 413
+    n = int(text)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be a number of bytes > 0, not {n}")
+    return n

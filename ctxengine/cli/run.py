@@ -16,7 +16,8 @@ import argparse
 import sys
 
 from .common import (SAMPLING_DEFAULTS, add_grammar_arguments, add_hf_argument, add_model_arguments,
-                     add_sampling_arguments, grammar_options, load_model, sampling_options, source_entry)
+                     add_sampling_arguments, grammar_options, load_model, read_stdin, require_stdout,
+                     sampling_options, source_entry)
 
 DEFAULT_MAX_TOKENS = 256
 
@@ -65,11 +66,16 @@ def main(args: argparse.Namespace) -> int:
     from ..serving.lora import LoraSpec
     from ..serving.prompts import chat_text
 
+    require_stdout()
     constraint = grammar_options(args)
     specs = [LoraSpec.parse(text, need_file=True) for text in args.lora]
     entry = source_entry(args)  # an Ollama model's layers, or None
     layer = entry_defaults(entry)
     s = settings(args, layer)  # refused before the model loads
+    piped = args.prompt is None and (sys.stdin is None or not sys.stdin.isatty())
+    prompt = read_stdin("the prompt") if piped else args.prompt  # None: a chat on the terminal
+    if piped and not prompt.strip():
+        raise CtxError('no prompt: give one as an argument (ctx run "...") or on standard input')
     model = load_model(args, n_ctx=layer.num_ctx)
     entry = entry or CatalogEntry(model.name, model.path, "file")
     for spec in specs:
@@ -106,13 +112,8 @@ def main(args: argparse.Namespace) -> int:
         if use_template:
             messages.append({"role": "assistant", "content": "".join(reply)})
 
-    if args.prompt is not None:
-        turn(args.prompt)
-    elif not sys.stdin.isatty():
-        text = sys.stdin.read()
-        if not text.strip():
-            raise CtxError('no prompt: give one as an argument (ctx run "...") or on standard input')
-        turn(text)
+    if prompt is not None:
+        turn(prompt)
     else:
         print(f"{model.name} — chat; an empty line or Ctrl-D ends it.", file=sys.stderr)
         while True:

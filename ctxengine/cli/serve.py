@@ -9,6 +9,7 @@ says otherwise.
 from __future__ import annotations
 
 import argparse
+import math
 import signal
 import sys
 import threading
@@ -38,7 +39,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-t", "--threads", type=thread_count, default=None,
                    help="threads per model (default: physical cores)")
     p.add_argument("--kv", choices=KV_DTYPES, default="f16", help="KV cache dtype of loaded models")
-    p.add_argument("--memory-budget", type=float, default=None, metavar="GIB",
+    p.add_argument("--memory-budget", type=gib, default=None, metavar="GIB",
                    help="unload least recently used models past this many GiB (default: half the RAM)")
     p.add_argument("--fleet", metavar="redis://HOST:PORT[,...]", default=None,
                    help="share contexts with other hosts through this Redis Cluster (docs/fleet.md)")
@@ -52,6 +53,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(it never changes the output, only the speed)")
     add_http_arguments(p)
     add_grpc_arguments(p)
+
+
+def gib(text: str) -> float:
+    """``--memory-budget``'s value: a finite number of GiB, 0 or more (0: only the model in use stays)."""
+    x = float(text)
+    if not 0 <= x < math.inf:  # False for NaN too
+        raise argparse.ArgumentTypeError(f"must be a number of GiB >= 0, not {text}")
+    return x
 
 
 def build_runtime(args: argparse.Namespace):

@@ -17,6 +17,7 @@ from .errors import remote_error
 from .v1 import context_pb2_grpc, snapshot_pb2_grpc
 
 DEFAULT_PORT = 11436
+MAX_PORT = 65535
 MAX_MESSAGE_BYTES = 64 << 20
 
 
@@ -33,8 +34,10 @@ def parse_target(text: str, default_port: int = DEFAULT_PORT) -> str:
         host, port = text.split(":")
     else:
         host, port = (f"[{text}]" if ":" in text else text), ""
-    if port and not port.isdigit():
+    if port and not (port.isascii() and port.isdigit()):
         raise CtxError(f"bad port in {text!r}")
+    if port and not 1 <= int(port) <= MAX_PORT:  # gRPC would dial the port modulo 65536
+        raise CtxError(f"port {int(port)} in {text!r} is out of range (1 to {MAX_PORT})")
     return f"{host}:{port or default_port}"
 
 

@@ -19,6 +19,7 @@ the Store.
 from __future__ import annotations
 
 import os
+import stat
 import struct
 import time
 from pathlib import Path
@@ -45,23 +46,55 @@ Progress = Callable[[int, int], None] | None
 
 
 def export(env: Env, sid: str, file, progress: Progress) -> None:
-    if isinstance(file, (str, os.PathLike)):
-        path = Path(file)
-        tmp = path.with_name(path.name + ".partial")
-        try:
-            with open(tmp, "wb") as f:
-                _write(env, sid, f, progress)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)  # never leave a half-written file under the real name
-        except OSError as e:
-            tmp.unlink(missing_ok=True)
-            raise StoreError(f"cannot write {path}: {e}") from None
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
-    else:
+    """Write the snapshot to ``file``, a binary stream or a path. A path is written whole or not
+    at all: through ``<name>.partial``, renamed over the name. It must name a regular file or
+    nothing: a FIFO, device, directory or socket is refused rather than replaced by a file, and
+    so is a symbolic link, even to a regular file: the rename would replace the link, not its
+    target, and a link in a shared directory is how a write gets aimed at a file it must not touch."""
+    if not isinstance(file, (str, os.PathLike)):
         _write(env, sid, file, progress)
+        return
+    path = Path(file)
+    if not path.name:  # "" (which Path reads as ".") or "/"
+        raise StoreError(f"cannot write {os.fspath(file)!r}: it names no file")
+    tmp = path.with_name(path.name + ".partial")
+    _check_writable(path)
+    _check_writable(tmp)
+    try:
+        # O_NOFOLLOW: a link planted at the .partial name since the check must not be followed.
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o666)
+    except OSError as e:
+        raise StoreError(f"cannot write {path}: {e}") from None
+    try:
+        with open(fd, "wb") as f:
+            _write(env, sid, f, progress)
+            f.flush()
+            os.fsync(f.fileno())
+        _check_writable(path)  # it may have appeared while the file was written
+        os.replace(tmp, path)  # never leave a half-written file under the real name
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise StoreError(f"cannot write {path}: {e}") from None
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def _check_writable(path: Path) -> None:
+    """Refuse a path that names something other than a regular file (export's docstring says why)."""
+    try:
+        mode = path.lstat().st_mode
+    except FileNotFoundError:
+        return
+    except OSError as e:
+        raise StoreError(f"cannot write {path}: {e}") from None
+    if not stat.S_ISREG(mode):
+        raise StoreError(f"cannot write {path}: it is {_KINDS.get(stat.S_IFMT(mode), 'something else')}, "
+                         "not a regular file")
+
+
+_KINDS = {stat.S_IFDIR: "a directory", stat.S_IFLNK: "a symbolic link", stat.S_IFIFO: "a FIFO",
+          stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device", stat.S_IFSOCK: "a socket"}
 
 
 def _write(env: Env, sid: str, f: BinaryIO, progress: Progress) -> None:

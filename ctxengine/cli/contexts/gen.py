@@ -11,7 +11,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..common import add_grammar_arguments, add_sampling_arguments, grammar_options, sampling_options
+from ..common import (add_grammar_arguments, add_sampling_arguments, grammar_options, require_stdout,
+                      sampling_options)
 from . import add_common_arguments, load_model, open_context, open_store, save
 
 
@@ -23,16 +24,39 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    sampling = {**sampling_options(args), **grammar_options(args)}
+    from ...errors import ContextError
+
+    require_stdout()
+    # Refused before the context is restored, so that a refusal writes nothing to the store.
+    sampling = {**checked_sampling(args), **grammar_options(args)}
     with open_store(args) as store:
         model = load_model(args)
         ctx = open_context(model, store, args.name)
+        if args.max_tokens and ctx.n_tokens >= (n_ctx := model.config.n_ctx):
+            raise ContextError(f"context '{args.name}' would hold at least {ctx.n_tokens + 1} tokens; "
+                               f"the model's context length is {n_ctx}")
+        n_before, finished = ctx.n_tokens, False
         try:
             for piece in ctx.generate(args.max_tokens, stop=args.stop, **sampling):
                 sys.stdout.write(piece.text)
                 sys.stdout.flush()
-        finally:
-            # Keep what was generated even if the stream was interrupted.
+            finished = True
             sys.stdout.write("\n")
-            save(ctx, store, args.name)
+        except KeyboardInterrupt:
+            sys.stdout.write("\n")  # end the text's line before save's report on stderr
+            raise
+        finally:
+            # Keep what was generated even when the stream was cut short (Ctrl-C, the output failing):
+            # it is saved before main reports why. A generation refused before its first token has
+            # nothing to keep.
+            if finished or ctx.n_tokens > n_before:
+                save(ctx, store, args.name)
     return 0
+
+
+def checked_sampling(args: argparse.Namespace) -> dict:
+    """The sampling options, refused as the sampler would refuse them (``ctx run``'s settings)."""
+    from ...api.options import Sampling
+
+    Sampling(stop=args.stop, params=sampling_options(args)).checked()
+    return sampling_options(args)
