@@ -183,3 +183,13 @@ def test_parse_target_takes_ports_1_to_65535_only():
             parse_target(bad)
     with pytest.raises(CtxError, match="bad port"):
         parse_target("h:\u0663")  # a digit, but not an ASCII one
+
+
+@pytest.mark.parametrize("mb", ["inf", "nan", "0", "33"])
+def test_push_refuses_a_chunk_no_server_takes(tmp_path, mb):
+    """--chunk-mb inf was an OverflowError's traceback; a chunk past the 64 MiB a server's
+    call carries was refused by the server after the connection."""
+    r = ctx(tmp_path, "push", "c", "127.0.0.1:1", "--chunk-mb", mb)
+    assert r.returncode == 1
+    assert r.stderr == f"ctx push: error: --chunk-mb must be more than 0 and at most 32 (a server takes at most " \
+                       f"64 MiB a call), not {float(mb):g}\n"

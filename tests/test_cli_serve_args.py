@@ -56,6 +56,9 @@ def test_a_port_out_of_range_is_a_usage_error(tmp_path, option, value):
     ("--prefix-cache", "-1", "must be 0 or more, not -1"),
     ("--max-body", "-5", "must be a number of bytes > 0, not -5"),
     ("--max-body", "0", "must be a number of bytes > 0, not 0"),
+    ("--shutdown-timeout", "nan", "must be a number of seconds >= 0, got nan"),
+    ("--shutdown-timeout", "-1", "must be a number of seconds >= 0, got -1"),
+    ("--header-timeout", "inf", "must be a number of seconds > 0, got inf"),
 ])
 def test_a_limit_out_of_range_is_a_usage_error(tmp_path, option, value, says):
     """Started with these, the server failed at start-up with a traceback (nan, inf), or failed

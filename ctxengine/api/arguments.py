@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 
 DEFAULT_MAX_BODY = 16 << 20        # bytes of a request body
 DEFAULT_SHUTDOWN_TIMEOUT = 10.0    # seconds streams may go on after SIGTERM
@@ -30,15 +31,22 @@ def add_http_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--header-timeout", type=_positive, default=DEFAULT_HEADER_TIMEOUT, metavar="S",
                    help="close a connection that has not sent a whole request line and headers this many "
                         f"seconds after it opened or began them (default {DEFAULT_HEADER_TIMEOUT:g})")
-    p.add_argument("--shutdown-timeout", type=float, default=DEFAULT_SHUTDOWN_TIMEOUT, metavar="S",
+    p.add_argument("--shutdown-timeout", type=_seconds, default=DEFAULT_SHUTDOWN_TIMEOUT, metavar="S",
                    help=f"on SIGTERM, let streams finish for this long, then cancel them "
                         f"(default {DEFAULT_SHUTDOWN_TIMEOUT:g})")
 
 
 def _positive(text: str) -> float:
     value = float(text)
-    if not value > 0:
+    if not 0 < value < math.inf:  # False for NaN too
         raise argparse.ArgumentTypeError(f"must be a number of seconds > 0, got {text}")
+    return value
+
+
+def _seconds(text: str) -> float:  # 0: cancel at once; NaN or -1 were taken, and broke the shutdown
+    value = float(text)
+    if not 0 <= value < math.inf:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds >= 0, got {text}")
     return value
 
 

@@ -12,6 +12,10 @@ import json
 from dataclasses import asdict
 
 
+# A server's PutPages call carries at most 64 MiB (rpc/snapshots.py Limits), and a call may pass
+# its chunk by a page: half of that leaves room.
+MAX_CHUNK_MB = 32
+
 def add_remote_arguments(p: argparse.ArgumentParser) -> None:
     """Options of every verb that talks to a remote host (push, remote pull)."""
     p.add_argument("--store", metavar="DIR", default=None,
@@ -41,8 +45,9 @@ def connect(args: argparse.Namespace, host: str):
 def chunk_bytes(args: argparse.Namespace) -> int:
     from ..errors import CtxError
 
-    if not args.chunk_mb > 0:
-        raise CtxError("--chunk-mb must be > 0")
+    if not 0 < args.chunk_mb <= MAX_CHUNK_MB:  # False for NaN; inf was an OverflowError's traceback
+        raise CtxError(f"--chunk-mb must be more than 0 and at most {MAX_CHUNK_MB} (a server takes at most "
+                       f"64 MiB a call), not {args.chunk_mb:g}")
     return max(1, int(args.chunk_mb * (1 << 20)))
 
 
