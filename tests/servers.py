@@ -2,6 +2,7 @@
 TCP proxy that counts (and can slow down) the bytes between a client and one."""
 from __future__ import annotations
 
+import contextlib
 import os
 import selectors
 import socket
@@ -86,6 +87,21 @@ class CtxServer:
             assert self.proc.returncode == 0 and "Traceback" not in log, \
                 f"ctx serve exited with {self.proc.returncode}:\n{log}"
         return self.proc.returncode
+
+
+@contextlib.contextmanager
+def fleet_hosts(root: Path, fleet_url: str, names: str = "ab"):
+    """One ``ctx serve`` on the fleet per name (its CTX_HOST_ID), HTTP, one thread each;
+    stopped at the end (a host the test killed is not asked how it exited)."""
+    started = []
+    try:
+        for name in names:
+            started.append(CtxServer(root / name, "--fleet", fleet_url, "-t", "1", http=True,
+                                     env={"CTX_HOST_ID": name}))
+        yield started
+    finally:
+        for h in started:
+            h.stop(check=h.proc.poll() is None)
 
 
 class ByteProxy:

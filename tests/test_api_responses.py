@@ -160,3 +160,41 @@ def test_a_stored_response_outlives_the_server(tmp_path):
     env = {"CTX_STORE": str(tmp_path / "store")}
     assert f"responses/{r.id}" not in ctx("ls", home=tmp_path, env=env).stdout
     assert f"responses/{r.id}" in ctx("ls", "--all", home=tmp_path, env=env).stdout
+
+
+def _follow_up(client, rid: str):
+    return client.responses.create(model="smollm2", input=TURNS[1], previous_response_id=rid, store=False, **GREEDY)
+
+
+def test_a_chat_cannot_name_a_stored_responses_own_context(openai_client, server):
+    # "_responses/<id>" is the server's own, refused by /v1/contexts, yet a chat's `context`
+    # field reached it (200): the injected turn went into every later follow-up.
+    r = openai_client.responses.create(model="smollm2", input=TURNS[0], **GREEDY)
+    before = _follow_up(openai_client, r.id)
+    for path in ("/v1/chat/completions", "/v1/completions"):
+        body = {"model": "smollm2", "max_tokens": 2, "context": f"_responses/{r.id}",
+                **({"prompt": "INJECTED"} if path == "/v1/completions" else
+                   {"messages": [{"role": "user", "content": "INJECTED"}]})}
+        hijack = server.post(path, body)
+        assert hijack.status_code == 400 and "reserved for the server" in hijack.text, hijack.text
+    after = _follow_up(openai_client, r.id)
+    assert (after.usage.input_tokens, after.output_text) == (before.usage.input_tokens, before.output_text)
+
+
+def test_a_stored_responses_ref_is_never_changed_by_a_client(openai_client, server):
+    # A context snapshot onto "responses/<id>" moved the response's ref (200): its id then
+    # named another conversation.
+    r = openai_client.responses.create(model="smollm2", input=TURNS[0], **GREEDY)
+    before = _follow_up(openai_client, r.id)
+    server.post("/v1/contexts", {"name": "other", "text": "Another conversation."})
+    moved = server.post("/v1/contexts/other/snapshot", {"ref": f"responses/{r.id}"})
+    assert moved.status_code == 400 and "never changes" in moved.json()["error"]["message"], moved.text
+    for path in ("/v1/contexts", f"/v1/contexts/responses/{r.id}/restore", "/v1/contexts/other/fork"):
+        assert server.post(path, {"name": f"responses/{r.id}"}).status_code == 400, path
+    chat = server.post("/v1/chat/completions", {"model": "smollm2", "max_tokens": 2, "context": f"responses/{r.id}",
+                                                "messages": [{"role": "user", "content": "INJECTED"}]})
+    assert chat.status_code == 400 and "never changes" in chat.text, chat.text
+    copy = server.post("/v1/contexts/copy/restore", {"ref": f"responses/{r.id}"})  # reading it: fine
+    assert copy.status_code == 201, copy.text
+    after = _follow_up(openai_client, r.id)
+    assert (after.usage.input_tokens, after.output_text) == (before.usage.input_tokens, before.output_text)

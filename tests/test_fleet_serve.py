@@ -15,7 +15,7 @@ from conftest import smollm2_file
 from ctxengine.engine.weights import cached_weight_id
 from ctxengine.store import Manifest, page_key
 from redis_cluster import fleet, redis_cluster  # noqa: F401 (fixtures)
-from servers import CtxServer, free_port
+from servers import CtxServer, fleet_hosts, free_port
 
 TURNS = ["Name a colour.", "Another one.", "And a third?"]
 SYSTEM = "You are brief."
@@ -39,15 +39,8 @@ def turn(host: CtxServer, context: str, text: str) -> httpx.Response:
 
 @pytest.fixture
 def hosts(fleet, tmp_path):
-    started = []
-    try:
-        for name in "abc":
-            started.append(CtxServer(tmp_path / name, "--fleet", fleet.url, "-t", "1", http=True,
-                                     env={"CTX_HOST_ID": name}))
+    with fleet_hosts(tmp_path, fleet.url, "abc") as started:
         yield started
-    finally:
-        for h in started:
-            h.stop(check=h.proc.poll() is None)  # one a test killed has nothing to report
 
 
 def fleet_stats(host: CtxServer) -> dict:
@@ -179,8 +172,11 @@ def test_a_host_whose_fleet_is_unreachable_serves_anonymous_requests_only(tmp_pa
         r = post(host, "/v1/chat/completions", {"model": "smollm2", "max_tokens": 4, "temperature": 0,
                                                  "messages": [{"role": "user", "content": TURNS[0]}]})
         assert r.status_code == 200 and r.headers["x-ctx-host"] == "alone"
-        # A named context could be further along on the fleet: refused, not forked (docs/fleet.md)
-        post(host, "/v1/contexts", {"name": "solo", "system": SYSTEM})
+        # A named context could be further along on the fleet: refused, not forked (docs/fleet.md),
+        # nor made here under a name the fleet may hold (it was: 201, a copy shadowing the fleet's)
+        for body in ({"name": "solo", "system": SYSTEM}, {"system": SYSTEM}):
+            made = post(host, "/v1/contexts", body)
+            assert made.status_code == 503 and made.headers["retry-after"] == "1", made.text
         r = post(host, "/v1/chat/completions", {"model": "smollm2", "max_tokens": 4, "context": "solo",
                                                  "messages": [{"role": "user", "content": TURNS[0]}]})
         assert r.status_code == 503 and r.headers["retry-after"] == "1", r.text

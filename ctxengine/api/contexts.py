@@ -13,7 +13,10 @@ shared with the gRPC face and the ``context`` field of generation requests.
                                              unless it names another ("ref": null: none)
     POST   /v1/contexts/{name}/restore       a live context from a ref or snapshot id (default: the ref {name})
 
-Names starting with "_" are the server's own (its prefix cache) and refused.
+Names starting with "_" are the server's own (its prefix cache) and refused; a
+stored response's (``responses/<id>``) may be read and forked, never changed.
+In a fleet a named context is the fleet's ref of that name (docs/fleet.md):
+creating one refuses a name the fleet holds, and deleting one deletes that ref.
 """
 from __future__ import annotations
 
@@ -114,10 +117,14 @@ def _context_routes(router: APIRouter, ops: _Contexts) -> None:
     @router.post("/v1/contexts/{name:path}/rewind")
     async def rewind(name: str, request: Request):
         f = Fields(await json_body(request))
-        ctx = sessions.find(name)
         n = f.int("n", min=0)
-        await _run(lambda: ctx.rewind(n))
-        return ops.card(ctx)
+
+        def go():
+            with sessions.hold(name) as ctx:  # a change: never a stored response's
+                ctx.rewind(n)
+            return ops.card(ctx)
+
+        return await _run(go)
 
     @router.post("/v1/contexts/{name:path}/fork")
     async def fork(name: str, request: Request):
@@ -132,13 +139,7 @@ def _context_routes(router: APIRouter, ops: _Contexts) -> None:
 
     @router.delete("/v1/contexts/{name:path}")
     async def delete(name: str):
-        ctx = sessions.find(name)
-
-        def go():
-            with ctx.hold(resident=False):  # after the request using it, as fork and rewind wait
-                ctx.delete()
-
-        await _run(go)
+        await _run(lambda: sessions.delete(name))  # in a fleet, the fleet's ref of it too
         return {"object": "context.deleted", "name": name, "deleted": True}
 
 
@@ -163,7 +164,7 @@ def _snapshot_routes(router: APIRouter, ops: _Contexts) -> None:
     @router.post("/v1/contexts/{name:path}/restore")
     async def restore(name: str, request: Request):
         f = Fields(await json_body(request))
-        sessions.new_name(name)
-        sessions.store()
         ref = f.str("ref", name)
+        await _run(lambda: sessions.new_name(name, restoring=ref))  # in a fleet it asks the fleet
+        sessions.store()
         return JSONResponse(ops.card(await _run(lambda: sessions.restore(ref, name))), status_code=201)

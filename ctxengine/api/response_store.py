@@ -19,13 +19,14 @@ from collections import OrderedDict
 from typing import TYPE_CHECKING
 
 from ..errors import ContextError, CtxError, StoreError
+from ..serving.sessions import RESPONSES_PREFIX
 from .errors import ApiError
 
 if TYPE_CHECKING:
     from ..serving.exports import Context
     from ..serving.runtime import Runtime
 
-REF_PREFIX = "responses/"
+REF_PREFIX = RESPONSES_PREFIX  # a client may read these refs, never change them (serving/sessions.py)
 LABEL = "ctx.response"
 LIVE = 32                 # responses whose contexts stay live to fork from
 _ID = re.compile(r"resp_[0-9a-f]{24}")

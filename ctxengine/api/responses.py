@@ -122,7 +122,7 @@ class _Turn:
 
     def request(self, model: str | None) -> GenerationRequest:
         prompt = Prompt(messages=self.messages, tools=self.tools and self.tools.prompt_tools)
-        return GenerationRequest(model, prompt, _sampling(self.f), context=context_name(self.id),
+        return GenerationRequest(model, prompt, _sampling(self.f), context=context_name(self.id), own_context=True,
                                  grammar=responses_grammar(self.f), tools=self.tools, lora=self.f.data.get("lora"))
 
     def body(self, model: str, status: str, output: list, usage: dict | None, fin: Finished | None = None) -> dict:

@@ -64,6 +64,7 @@ class GenerationRequest:
     grammar: "Grammar | None" = None  # constrains the reply (api/structured.py builds it)
     tools: ToolUse | None = None      # tools offered; a forced choice is grammar-constrained (text/tools.py)
     lora: list | None = None          # [{"id" | "name", "scale"}] (serving/lora.py); None: the model's scales
+    own_context: bool = False         # ``context`` is the server's own (the Responses API's), not a client's
 
     def __post_init__(self):
         ka = self.keep_alive
@@ -254,7 +255,7 @@ class Generation:
         self._finish(finished)
 
     def _continue_named(self, model, load_ns: int, t0: int) -> None:
-        with self._runtime.hold_context(self.request.context) as ctx:
+        with self._runtime.hold_context(self.request.context, client=not self.request.own_context) as ctx:
             if self._gone.is_set():  # abandoned while it waited for the context: append nothing
                 raise RequestError("the client went away before the context was free")
             if ctx.engine is not model.engine and not self._same_weights(ctx, model):

@@ -37,14 +37,15 @@ class Runtime(ServedModels):
             self.changed = self.fleet.changed  # a model loaded or unloaded: beat now
         self.sessions = Sessions(self, store, self.fleet)
 
-    # The runtime's older names for three session calls, which need no client's name check.
+    # The runtime's older names for three session calls (find and create: the server's own).
     def find_context(self, name: str) -> "Context":
         """A named context held here or (in a fleet) restored from the fleet's ref."""
         return self.sessions.find(name, client=False)
 
-    def hold_context(self, name: str) -> AbstractContextManager["Context"]:
-        """``sessions.hold``: a named context held for one request."""
-        return self.sessions.hold(name, client=False)
+    def hold_context(self, name: str, *, client: bool) -> AbstractContextManager["Context"]:
+        """``sessions.hold``: a named context held for one request; ``client``: the name
+        came from a client (a generation's ``context`` field), so it is checked as one."""
+        return self.sessions.hold(name, client=client)
 
     def create_context(self, name: str | None, model: str | None = None) -> "Context":
         """A new, empty named context (names are unique across models)."""

@@ -11,9 +11,12 @@ The checks are here, once:
   host-local: a name starting with ``_`` is the server's own
   (``store.names.is_host_local``). The server's own callers pass
   ``client=False``.
-* A new context's name is not taken on any model loaded here, and its LoRA
-  adapters are ones served with its model, at finite scales (a RequestError
-  naming the ``lora`` entry at fault).
+* A client changes no ``responses/<id>``: the Responses API's stored
+  responses, which never change (reading them, forking them is fine).
+* A new context's name is not taken on any model loaded here (in a fleet: nor
+  by the fleet's ref of that name), and its LoRA adapters are ones served
+  with its model, at finite scales (a RequestError naming the ``lora`` entry
+  at fault).
 * A snapshot or restore needs the server's store ("this server has no
   snapshot store").
 * A restore goes onto the served model with the snapshot's weights
@@ -24,17 +27,20 @@ In a fleet (serving/fleet_host.py) a client's named context is the fleet's ref
 of the same name: ``find`` restores it here when this host does not hold it,
 replaces a copy another host has moved past, and ``restore`` reads the fleet's
 ref rather than this host's possibly older one (FleetUnavailable, HTTP 503,
-while it cannot).
+while it cannot). ``delete`` deletes that ref too, and a copy whose turn the
+fleet refused (RefConflictError) is dropped, so the next request continues
+from the fleet's.
 """
 from __future__ import annotations
 
+import secrets
 import threading
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Iterator, Mapping
 
 from ..engine.lora import adapter_ids, describe_identity
-from ..errors import ContextError, InvalidNameError, StoreError
+from ..errors import ContextError, InvalidNameError, RefConflictError, RequestError, StoreError
 from ..state import Residency
 from ..state.snapshots import take_snapshot
 from ..store.manifest import new_labels
@@ -45,6 +51,8 @@ if TYPE_CHECKING:
     from ..store import Store
     from .fleet_host import FleetHost
     from .models import LoadedEntry, ServedModels
+
+RESPONSES_PREFIX = "responses/"  # the refs of the Responses API's stored responses (api/response_store.py)
 
 
 @dataclass(frozen=True)
@@ -66,6 +74,17 @@ def client_name(name: str, what: str = "context") -> str:
     return name
 
 
+def changeable_name(name: str, what: str = "context") -> str:
+    """A client's name of a context or ref it changes (appends to, generates into, moves,
+    deletes, makes): a valid name, never a stored response's. A response's ref, live on a
+    host as a context in a fleet, would else change under the response that names it."""
+    client_name(name, what)
+    if name.startswith(RESPONSES_PREFIX):
+        raise RequestError(f"{what} '{name}' is a stored response's (the Responses API's), which never changes: "
+                           f"continue it with previous_response_id (a new response), or fork it under another name")
+    return name
+
+
 class Sessions:
     """The named contexts of one serving process (``runtime.sessions``)."""
 
@@ -82,18 +101,35 @@ class Sessions:
             raise StoreError("this server has no snapshot store")
         return self._store
 
-    def new_name(self, name: str | None, *, client: bool = True) -> str | None:
-        """A name for a new context, refused if taken on any model (None or "": the
-        table chooses one)."""
+    def new_name(self, name: str | None, *, client: bool = True, restoring: str | None = None) -> str | None:
+        """A name for a new context, refused if taken on any model or, in a fleet, by the
+        fleet's ref of that name: a context made here under it would shadow the fleet's,
+        and its every turn would meet a conflict (FleetUnavailable while the fleet cannot
+        say). None or "": the table chooses one (in a fleet, one no host has).
+        ``restoring``: the ref a restore reads, which may be the name's own fleet ref."""
         if not name:
-            return None
+            return self._unused_name() if self.fleet is not None else None
         if client:
-            client_name(name)
+            changeable_name(name)
         try:
-            self.models.find_local_context(name)  # (in a fleet, find would restore it)
+            self.models.find_local_context(name)
         except ContextError:
-            return name
+            if name == restoring or not self._on_fleet(name):
+                return name
         raise ContextError(f"a context named '{name}' already exists")
+
+    def _on_fleet(self, name: str) -> bool:
+        return self.fleet is not None and not is_host_local(name) and self.fleet.ref(name) is not None
+
+    def _unused_name(self) -> str:
+        """A fleet-wide fresh name: the table's (ctx-1, ctx-2, ...) are every host's own."""
+        while True:
+            name = f"ctx-{secrets.token_hex(6)}"
+            try:
+                self.models.find_local_context(name)
+            except ContextError:
+                if not self._on_fleet(name):
+                    return name
 
     def loaded_entry(self, ctx: "Context") -> "LoadedEntry":
         """The loaded model a context belongs to; ContextError if it was unloaded."""
@@ -121,10 +157,42 @@ class Sessions:
 
     @contextmanager
     def hold(self, name: str, *, client: bool = True) -> Iterator["Context"]:
-        """A named context held for one request: no other request appends to or
-        generates from it until the block ends (requests on it queue up)."""
+        """A named context held for one request that changes it: no other request
+        appends to or generates from it until the block ends (requests on it queue up)."""
+        if client:
+            changeable_name(name)
         with self.find(name, client=client).hold() as ctx:  # deleted meanwhile: ContextError
             yield ctx
+
+    def delete(self, name: str, *, client: bool = True) -> None:
+        """Delete a named context, after the request using it. In a fleet (a client's
+        name) the context is the fleet's ref: that goes too, and this host's ref of the
+        name, or the next request would restore it (FleetUnavailable: nothing deleted)."""
+        if client:
+            changeable_name(name)
+        if self.fleet is None or is_host_local(name):
+            ctx = self.models.find_local_context(name)
+            with ctx.hold(resident=False):
+                if ctx.residency is Residency.DELETED:  # meanwhile: its name may be another's now
+                    raise ContextError(f"no context named '{name}'")
+                ctx.delete()
+            return
+        try:
+            ctx = self.models.find_local_context(name)
+        except ContextError:
+            ctx = None  # held elsewhere or nowhere: the fleet's ref is all there is here
+        with ctx.hold(resident=False) if ctx is not None else nullcontext():  # a turn of ours publishes first
+            held = ctx is not None and ctx.residency is not Residency.DELETED
+            on_fleet = self.fleet.fleet.delete_ref(name, or_local=False)
+            try:
+                self.store().delete_ref(name)
+            except StoreError as e:
+                if not str(e).startswith("no ref"):
+                    raise
+            if held:
+                ctx.delete()
+        if not (held or on_fleet):
+            raise ContextError(f"no context named '{name}'")
 
     # -- making contexts -------------------------------------------------------------------
     def create(self, name: str | None, model: str | None = None, *, labels: Mapping[str, str] | None = None,
@@ -157,7 +225,7 @@ class Sessions:
         weights; in a fleet, the fleet's ref (FleetUnavailable while unreadable)."""
         if client:
             client_name(ref, "ref")
-        name = self.new_name(name, client=client)
+        name = self.new_name(name, client=client, restoring=ref)
         store = self.store()
         if client and self.fleet is not None:
             self.fleet.ref(ref)  # refused while the fleet cannot say where it points
@@ -169,7 +237,7 @@ class Sessions:
                  client: bool = True) -> Snapshot:
         """Write ``ctx`` into the store (only the pages it lacks), as ``ref`` (None: no ref)."""
         if client and ref is not None:
-            client_name(ref, "ref")
+            changeable_name(ref, "ref")
         r = take_snapshot(ctx, self.store(), ref=ref, labels=labels or None)
         return Snapshot(r.snapshot_id, ref, r.n_pages, r.pages_sent, r.bytes_sent)
 
@@ -182,9 +250,16 @@ class Sessions:
 
     def turn_done(self, ctx: "Context") -> None:
         """After a generation on a named context (caller holds it): in a fleet, snapshot
-        it and move its ref, so any host continues it."""
-        if self.fleet is not None:
+        it and move its ref, so any host continues it. A turn the fleet refuses
+        (RefConflictError) leaves no copy here: a client's retry would else pile its turn
+        again onto a copy no host continues; the next request restores the fleet's."""
+        if self.fleet is None:
+            return
+        try:
             take_snapshot(ctx, self.store(), ref=ctx.name)
+        except RefConflictError:
+            self._drop(ctx)
+            raise
 
     # -- the fleet's refs ------------------------------------------------------------------
     def _restore_from_fleet(self, name: str) -> "Context | None":
@@ -222,7 +297,11 @@ class Sessions:
         if ctx.snapshot_id is None or sid == ctx.snapshot_id:
             return ctx  # made here and never published, or the fleet's latest
         if not self.fleet.holds(ctx.snapshot_id):
-            self.fleet.catch_up(ctx.name, ctx.snapshot_id)
+            try:
+                self.fleet.catch_up(ctx.name, ctx.snapshot_id)
+            except RefConflictError:
+                self._drop(ctx)  # as a refused turn: its snapshot stays stored, the copy goes
+                raise
             return ctx
         if sid is None:
             return ctx  # the ref was deleted on the fleet: this host's copy is all there is
@@ -235,3 +314,10 @@ class Sessions:
                     return ctx
                 ctx.delete()
             return self._restore(store, sid, ctx.name)
+
+    def _drop(self, ctx: "Context") -> None:
+        """Forget this host's copy of a context whose publishing the fleet refused (the
+        refused snapshot stays stored); after the request using it."""
+        with ctx.hold(resident=False):
+            if ctx.residency is not Residency.DELETED:  # else its name may be another's now
+                ctx.delete()
