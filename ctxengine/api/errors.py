@@ -6,9 +6,10 @@
 
 Every error raised on purpose becomes an :class:`ApiError` with an HTTP
 status; a CtxError from below maps to one by its class (unknown model 404,
-refused input 400, a service we depend on out of reach 503 with
-``Retry-After``, ...). Anything else is a bug: 500, logged with its
-traceback, shown to the client as one line.
+refused input 400, a service we depend on out of reach or refusing 503 with
+``Retry-After``, damaged stored data 500, ...). Anything else is a bug: 500,
+logged with its traceback, shown to the client as one line. A 409 says
+``x-should-retry: false``: the clients that retry a 409 would repeat a turn.
 """
 from __future__ import annotations
 
@@ -33,11 +34,17 @@ _OPENAI_CODES = {401: "invalid_api_key", 404: "not_found", 413: "request_too_lar
 _ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
                     409: "invalid_request_error", 413: "request_too_large", 500: "api_error",
                     503: "overloaded_error"}
+# The OpenAI and Anthropic clients retry a 409 unless told not to (x-should-retry), and a
+# conflict's request is not idempotent: each retry would generate, and append, another turn.
+_NOT_RETRIED = {409}
+MAX_MESSAGE_CHARS = 4000  # an error quoting what it was given never sends megabytes of it back
 
 
 class ApiError(Exception):
     def __init__(self, status: int, message: str, *, param: str | None = None,
                  retry_after_s: float | None = None, extra_headers: dict[str, str] | None = None):
+        if len(message) > MAX_MESSAGE_CHARS:
+            message = f"{message[:MAX_MESSAGE_CHARS]}... ({len(message) - MAX_MESSAGE_CHARS} more characters)"
         super().__init__(message)
         self.status = status
         self.message = message
@@ -46,9 +53,12 @@ class ApiError(Exception):
         self.extra_headers = extra_headers or {}  # a 405's Allow, say
 
     def headers(self) -> dict[str, str]:
-        if self.retry_after_s is None:
-            return dict(self.extra_headers)
-        return {**self.extra_headers, "retry-after": str(max(1, math.ceil(self.retry_after_s)))}
+        headers = dict(self.extra_headers)
+        if self.status in _NOT_RETRIED:
+            headers["x-should-retry"] = "false"
+        if self.retry_after_s is not None:
+            headers["retry-after"] = str(max(1, math.ceil(self.retry_after_s)))
+        return headers
 
 
 def dialect_of(path: str) -> str:
@@ -67,6 +77,8 @@ def status_of(err: CtxError) -> int:
         return 404
     if isinstance(err, (WeightMismatchError, RefConflictError)):
         return 409
+    # A fleet that holds damaged data (store/fleet_cluster.py's FleetCorrupt) or refuses a
+    # command (FleetRefused, an UnavailableError) is the server's trouble, never a 400.
     if isinstance(err, CorruptDataError):
         return 500
     if isinstance(err, UnavailableError):

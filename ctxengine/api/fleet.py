@@ -29,7 +29,9 @@ class HostHeader:
 
     def __init__(self, app, *, host_id: str):
         self.app = app
-        self.value = host_id.encode("latin-1", "replace")
+        # Checked at start (store/names.py): printable ASCII, so the header says exactly what
+        # /v1/fleet says, and h11 never refuses it (which dropped every response).
+        self.value = host_id.encode("ascii")
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":

@@ -29,14 +29,15 @@ from dataclasses import asdict, dataclass
 
 from ..errors import CorruptDataError, StoreError
 from . import fleet_refs, maintenance, pages as codec
-from .fleet_cluster import MANIFEST, PAGE, PENDING, Cluster, FleetError, FleetUnavailable
+from .fleet_cluster import Cluster, FleetCorrupt, FleetError, FleetUnavailable
+from .fleet_refs import MANIFEST, PAGE, PENDING
 from .manifest import Manifest
-from .names import default_host_id
+from .names import default_host_id, validate_host_id
 
 SEND_CHUNK_BYTES = 16 << 20    # page records per write pipeline (per master)
 ANCESTRY = 64                  # how far back a ref move looks for the ref's current snapshot
 
-__all__ = ["Fleet", "FleetError", "FleetStats", "FleetUnavailable"]
+__all__ = ["Fleet", "FleetCorrupt", "FleetError", "FleetStats", "FleetUnavailable", "parse_url"]
 
 
 @dataclass
@@ -51,9 +52,28 @@ class FleetStats:
     refs_moved: int = 0
     conflicts: int = 0
     retries: int = 0               # pipelines sent again after a failover
+    records_skipped: int = 0       # fleet records listings left out, not being ctx's (a hand-written key)
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+
+def parse_url(url: str) -> list[tuple[str, int]]:
+    """``redis://host:port[,host:port...]`` (the scheme may be left out) -> [(host, port)]."""
+    if not isinstance(url, str) or not url.strip():
+        raise FleetError(f"fleet address must be redis://host:port[,host:port...], got {url!r}")
+    text = url.strip()
+    if "://" in text:
+        scheme, text = text.split("://", 1)
+        if scheme != "redis":
+            raise FleetError(f"fleet address {url!r}: only redis:// is supported")
+    nodes = []
+    for part in text.rstrip("/").split(","):
+        host, sep, port = part.strip().rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise FleetError(f"fleet address {url!r}: {part.strip()!r} is not host:port")
+        nodes.append((host.strip("[]"), int(port)))
+    return nodes
 
 
 def _or_local(default):
@@ -80,8 +100,8 @@ class Fleet:
     def __init__(self, url: str, store, *, host_id: str | None = None):
         self.url = url
         self.store = store
-        self.host_id = host_id or default_host_id()
-        self.cluster = Cluster(url)
+        self.host_id = validate_host_id(host_id) if host_id else default_host_id()
+        self.cluster = Cluster(url, parse_url(url))
         self._stats = FleetStats()
         self._lock = threading.Lock()
 
@@ -90,7 +110,13 @@ class Fleet:
 
     @property
     def online(self) -> bool:
-        return self.cluster.online
+        """Whether the fleet is reachable now (never waits: a cluster found down is tried
+        again in the background)."""
+        try:
+            self.cluster.client()
+        except FleetUnavailable:
+            return False
+        return True
 
     def stats(self) -> FleetStats:
         with self._lock:
@@ -131,7 +157,7 @@ class Fleet:
     @_or_local(dict)
     def fetch_pages(self, keys: list[str]) -> dict[str, bytes]:
         """Copy the pages the local store lacks from the fleet into it, each verified
-        against its key first; {key: raw bytes} of those copied. StoreError names a
+        against its key first; {key: raw bytes} of those copied. FleetCorrupt names a
         page neither holds."""
         want = self.store.missing_pages(keys)
         if not want:
@@ -140,8 +166,8 @@ class Fleet:
         records, raws = {}, {}
         for key in want:
             record = replies[PAGE + key]
-            if record is None:
-                raise StoreError(f"page {key} is in neither the local store nor the fleet")
+            if record is None:  # a manifest names it, so the fleet lost it: damage, not the caller's doing
+                raise FleetCorrupt(f"page {key} is in neither the local store nor the fleet")
             try:
                 raws[key] = codec.decode(key, record)
             except CorruptDataError as e:
@@ -265,7 +291,9 @@ class Fleet:
 
     @_or_local(list)
     def hosts(self) -> list[dict]:
-        return fleet_refs.hosts(self.cluster)
+        found, skipped = fleet_refs.hosts(self.cluster)
+        self._count(records_skipped=len(skipped))
+        return found
 
     @_or_local(list)
     def hosts_serving(self, weight_id: str, adapters: Iterable[str] = ()) -> list[str]:

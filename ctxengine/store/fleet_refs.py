@@ -17,17 +17,28 @@ publishing marker names).
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Iterable, Mapping
 
 from ..errors import RefConflictError
 from . import pages as codec
-from .fleet_cluster import HOST, MANIFEST, PAGE, PENDING, REF, REFLOG, WEIGHTS, WEIGHTS_LORA, Cluster
+from .fleet_cluster import Cluster, FleetCorrupt, FleetError
 from .maintenance import GCResult
 from .manifest import Manifest
+from .names import is_host_id
 
 __all__ = ["RefConflictError", "all_refs", "delete_ref", "gc", "get_ref", "heartbeat", "hosts",
            "hosts_serving", "move_ref", "ref_log"]
+
+# Key layout (store/fleet.py's docstring): pages, manifests, publishing markers,
+# refs and their logs (hash-tagged by name), host heartbeats, hosts by weights
+# and by (weights, LoRA adapter).
+PAGE, MANIFEST, PENDING = "ctx:p:", "ctx:m:", "ctx:pm:"
+REF, REFLOG, HOST, WEIGHTS, WEIGHTS_LORA = "ctx:r:", "ctx:rl:", "ctx:host:", "ctx:w:", "ctx:wl:"
+
+_SNAPSHOT_ID = re.compile(rb"[0-9a-f]{%d}" % codec.KEY_HEX_LEN)
+QUOTED_BYTES = 64   # of a garbage value an error quotes (a ref may hold megabytes of anything)
 
 # KEYS: ref, log. ARGV: new id, log entry, then the ids the ref may be at.
 _MOVE = """
@@ -55,8 +66,25 @@ def _ref_keys(name: str) -> tuple[str, str]:
 
 
 def get_ref(cluster: Cluster, name: str) -> str | None:
-    sid = cluster.on_key(_ref_keys(name)[0], lambda p, k: p.get(k))
-    return None if sid is None else sid.decode()
+    """The snapshot id ref ``name`` is at (None: no such ref); FleetCorrupt if the ref holds
+    anything else (ctx only ever writes an id there)."""
+    value = cluster.on_key(_ref_keys(name)[0], lambda p, k: p.get(k))
+    if value is None or _SNAPSHOT_ID.fullmatch(value):
+        return None if value is None else value.decode()
+    raise _damaged_ref(name, value)
+
+
+def _damaged_ref(name: str, value: bytes) -> FleetCorrupt:
+    return FleetCorrupt(f"fleet ref '{name}' holds {_quoted(value)}, not a snapshot id; the fleet's data is "
+                        f"damaged (delete the ref on the fleet)")
+
+
+def _quoted(value: bytes) -> str:
+    """A value read from the fleet as an error may quote it: its first QUOTED_BYTES, so a
+    megabyte of garbage is never echoed whole into a reply."""
+    if len(value) <= QUOTED_BYTES:
+        return repr(bytes(value))
+    return f"{bytes(value[:QUOTED_BYTES])!r}... ({len(value)} bytes)"
 
 
 def move_ref(cluster: Cluster, name: str, sid: str, ancestors: list[str], host: str) -> str | None:
@@ -64,6 +92,8 @@ def move_ref(cluster: Cluster, name: str, sid: str, ancestors: list[str], host: 
     ref, log = _ref_keys(name)
     entry = json.dumps({"time": time.time(), "new": sid, "host": host}, sort_keys=True)
     ok, cur = cluster.on_key(ref, lambda p, k: p.eval(_MOVE, 2, ref, log, sid, entry, *ancestors), wait=True)
+    if cur and not _SNAPSHOT_ID.fullmatch(cur):
+        raise _damaged_ref(name, cur)  # (never one of the ids the move accepts)
     cur = cur.decode() if cur else None
     if not ok:
         mover = _last_mover(cluster, name)
@@ -75,9 +105,14 @@ def move_ref(cluster: Cluster, name: str, sid: str, ancestors: list[str], host: 
 
 
 def _last_mover(cluster: Cluster, name: str) -> str:
-    entries = ref_log(cluster, name)
-    host = entries[-1].get("host") if entries else None
-    return f" by host {host}" if host else ""
+    """' by host <h>' naming who moved ``name`` last, or '' when the log cannot say: the
+    conflict is the news, so neither a damaged log nor the fleet going away replaces it."""
+    try:
+        last = _json_object(cluster.on_key(_ref_keys(name)[1], lambda p, k: p.lindex(k, -1), keep_errors=True))
+    except FleetError:
+        return ""
+    host = last.get("host") if last is not None else None
+    return f" by host {host}" if is_host_id(host) else ""
 
 
 def delete_ref(cluster: Cluster, name: str) -> bool:
@@ -86,15 +121,29 @@ def delete_ref(cluster: Cluster, name: str) -> bool:
 
 
 def ref_log(cluster: Cluster, name: str) -> list[dict]:
-    """Every move of ``name`` on the fleet, oldest first: {time, new, host}."""
+    """Every move of ``name`` on the fleet, oldest first: {time, new, host} (an entry
+    ctx did not write is left out)."""
     log = _ref_keys(name)[1]
-    return [json.loads(e) for e in cluster.on_key(log, lambda p, k: p.lrange(k, 0, -1))]
+    entries = (_json_object(e) for e in cluster.on_key(log, lambda p, k: p.lrange(k, 0, -1)))
+    return [e for e in entries if e is not None]
+
+
+def _json_object(entry) -> dict | None:
+    """A ref log entry or a heartbeat as ctx writes it, a JSON object; else None."""
+    try:
+        found = json.loads(entry) if isinstance(entry, bytes) else None
+    except ValueError:  # not JSON, or not UTF-8
+        return None
+    return found if isinstance(found, dict) else None
 
 
 def all_refs(cluster: Cluster) -> dict[str, str]:
+    """Every ref on the fleet and its snapshot id; a ref holding anything else (it reaches
+    nothing) is left out, so one damaged ref neither hides the others nor stops gc."""
     keys = cluster.scan(REF + "*")
-    values = cluster.grouped(keys, lambda p, k: p.get(k))
-    return {k[len(REF) + 1:-1]: v.decode() for k, v in values.items() if v is not None}
+    values = cluster.grouped(keys, lambda p, k: p.get(k), keep_errors=True)
+    return {k[len(REF) + 1:-1]: v.decode() for k, v in values.items()
+            if isinstance(v, bytes) and _SNAPSHOT_ID.fullmatch(v)}
 
 
 # -- hosts ----------------------------------------------------------------------------------
@@ -114,11 +163,20 @@ def _serving_keys(weight_id: str, adapters: Iterable[str]) -> list[str]:
     return [WEIGHTS + weight_id, *(f"{WEIGHTS_LORA}{weight_id}:{a}" for a in dict.fromkeys(adapters))]
 
 
-def hosts(cluster: Cluster) -> list[dict]:
-    """Every host whose heartbeat has not expired, by name."""
+def hosts(cluster: Cluster) -> tuple[list[dict], list[str]]:
+    """Every host whose heartbeat has not expired, by name, and the keys under ``ctx:host:``
+    that hold no heartbeat (not ctx's: left out, for the listing is advisory and one bad
+    record must not hide the live hosts)."""
     keys = cluster.scan(HOST + "*")
-    bodies = cluster.grouped(keys, lambda p, k: p.get(k))
-    return sorted((json.loads(b) for b in bodies.values() if b is not None), key=lambda h: h["host"])
+    bodies = cluster.grouped(keys, lambda p, k: p.get(k), keep_errors=True)
+    beats, bad = [], []
+    for key, body in bodies.items():
+        beat = _json_object(body)
+        if beat is not None and isinstance(beat.get("host"), str):
+            beats.append(beat)
+        elif body is not None:  # (None: it expired between the scan and the read)
+            bad.append(key)
+    return sorted(beats, key=lambda h: h["host"]), sorted(bad)
 
 
 def hosts_serving(cluster: Cluster, weight_id: str, adapters: Iterable[str] = ()) -> list[str]:
@@ -126,9 +184,21 @@ def hosts_serving(cluster: Cluster, weight_id: str, adapters: Iterable[str] = ()
     adapters, so they can restore what they made (expired ones left out)."""
     now_ms = time.time() * 1000
     keys = _serving_keys(weight_id, adapters)
-    found = cluster.grouped(keys, lambda p, k: p.hgetall(k))
-    live = [{h.decode() for h, until in found[k].items() if int(until) > now_ms} for k in keys]
-    return sorted(set.intersection(*live))
+    found = cluster.grouped(keys, lambda p, k: p.hgetall(k), keep_errors=True)
+    return sorted(set.intersection(*(_serving(found[k], now_ms) for k in keys)))
+
+
+def _serving(entries, now_ms: float) -> set[str]:
+    """The hosts of one serving hash (host -> until when, unix ms) still serving; an entry
+    or a key ctx did not write (not a number, not a hash) names no one."""
+    live = set()
+    for host, until in entries.items() if isinstance(entries, dict) else ():
+        try:
+            if int(until) > now_ms:
+                live.add(host.decode())
+        except ValueError:  # not a number; or a host name that is not UTF-8
+            continue
+    return live
 
 
 # -- gc ---------------------------------------------------------------------------------------

@@ -82,6 +82,30 @@ def validate_client_name(name: object, what: str = "context") -> str:
     return name
 
 
+# A host id goes into every HTTP response (X-Ctx-Host), fleet keys and log lines:
+# printable ASCII without spaces is all a header value, a key and a line take as is.
+MAX_HOST_ID_LEN = 128
+_HOST_ID = re.compile(r"[!-~]{1,%d}" % MAX_HOST_ID_LEN)
+
+
+def is_host_id(host_id: object) -> bool:
+    return isinstance(host_id, str) and _HOST_ID.fullmatch(host_id) is not None
+
+
+def validate_host_id(host_id: object, what: str = "host id") -> str:
+    """Return ``host_id`` if it is 1..MAX_HOST_ID_LEN printable ASCII characters, no
+    spaces; else InvalidNameError, one line, the value quoted short."""
+    if not is_host_id(host_id):
+        shown = repr(host_id) if len(repr(host_id)) <= 80 else repr(host_id)[:76] + "..."
+        raise InvalidNameError(f"{what} {shown} is not valid: a host id is 1 to {MAX_HOST_ID_LEN} printable ASCII "
+                               "characters, no spaces or control characters")
+    return host_id
+
+
 def default_host_id() -> str:
-    """This process's name among a fleet's hosts: $CTX_HOST_ID, else hostname:pid."""
-    return os.environ.get("CTX_HOST_ID") or f"{socket.gethostname()}:{os.getpid()}"
+    """This process's name among a fleet's hosts: $CTX_HOST_ID, else hostname:pid
+    (InvalidNameError if that is not a valid host id)."""
+    chosen = os.environ.get("CTX_HOST_ID")
+    if chosen:
+        return validate_host_id(chosen, "CTX_HOST_ID")
+    return validate_host_id(f"{socket.gethostname()}:{os.getpid()}", "the default host id (hostname:pid; set CTX_HOST_ID)")
