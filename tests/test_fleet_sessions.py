@@ -121,3 +121,35 @@ def test_a_turn_the_fleet_refuses_leaves_nothing_behind(hosts):
                                                                      fleets["text"])
     assert chat(b, "split", "MARKER").status_code == 200  # the retry continues the fleet's
     assert get(a, "/v1/contexts/split").json()["text"].count("MARKER") == 1
+
+
+def test_the_grpc_face_deletes_on_the_fleet_and_changes_no_stored_response(redis_cluster, tmp_path, hosts):
+    # The gRPC face deleted only the local copy (the next Get restored it from the fleet's
+    # ref) and appended to, rewound and generated into a stored response's context.
+    import grpc
+
+    from ctxengine.rpc import Remote, RemoteError
+
+    a = hosts[0]
+    host = CtxServer(tmp_path / "g", "--fleet", redis_cluster.url, "-t", "1", env={"CTX_HOST_ID": "g"})
+    try:
+        with Remote(host.target) as remote:
+            c = remote.create("by-grpc", system=SYSTEM)
+            c.append("Name a colour.")
+            list(c.generate(max_tokens=2, temperature=0.0))
+            assert redis_cluster.keys("ctx:r:{by-grpc}") != []
+            c.delete()
+            assert redis_cluster.keys("ctx:r:{by-grpc}") == []
+            with pytest.raises(RemoteError) as e:
+                remote.context("by-grpc")
+            assert e.value.code == grpc.StatusCode.NOT_FOUND
+            r = post(a, "/v1/responses", {"model": "smollm2", "input": "Say hi.", "max_output_tokens": 2,
+                                          "temperature": 0})
+            stored = remote.context(f"responses/{r.json()['id']}")  # read: fine
+            for change in (lambda: stored.append("INJECTED"), lambda: stored.rewind(1),
+                           lambda: list(stored.generate(max_tokens=1)), stored.delete):
+                with pytest.raises(RemoteError, match="stored response's") as e:
+                    change()
+                assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    finally:
+        host.stop()

@@ -39,19 +39,17 @@ class ContextServicer(context_pb2_grpc.ContextServiceServicer):
 
     @guarded
     def Append(self, request, context):
-        ctx = self.sessions.find(request.name)
         which = request.WhichOneof("content")
         if which is None:
             raise Refused(Code.INVALID_ARGUMENT, "append needs text or ids")
         content = request.text if which == "text" else list(request.ids.ids)
         # a client gone stops a long prefill at the scheduler's next step, the context as it was
-        with cancelled_when(lambda: not context.is_active()):
+        with self.sessions.hold(request.name) as ctx, cancelled_when(lambda: not context.is_active()):
             n_new = ctx.append(content, parse_special=request.parse_special)
         return pb.AppendResponse(n_new=n_new, context=self._info(ctx))
 
     @guarded
     def Generate(self, request, context):
-        ctx = self.sessions.find(request.name)
         sampling = {f: getattr(request.sampling, f) for f in _SAMPLING if request.sampling.HasField(f)}
         max_tokens = request.max_tokens if request.HasField("max_tokens") else DEFAULT_MAX_TOKENS
         stop = list(request.stop)
@@ -61,7 +59,7 @@ class ContextServicer(context_pb2_grpc.ContextServiceServicer):
         context.add_callback(cancelled.set)  # runs when the call ends, however it ends
         # The context's lock (reentrant, so generate() takes it again) is held from here to the
         # count: a call queued behind another waits here, and another call's tokens are not ours.
-        with ctx.hold():
+        with self.sessions.hold(request.name) as ctx:  # a change: never a stored response's
             if cancelled.is_set():
                 return  # the client went away while this call waited: take nothing into the context
             before = ctx.n_tokens
@@ -88,8 +86,8 @@ class ContextServicer(context_pb2_grpc.ContextServiceServicer):
 
     @guarded
     def Rewind(self, request, context):
-        ctx = self.sessions.find(request.name)
-        ctx.rewind(request.n)
+        with self.sessions.hold(request.name) as ctx:  # a change: never a stored response's
+            ctx.rewind(request.n)
         return self._info(ctx)
 
     @guarded
@@ -105,7 +103,7 @@ class ContextServicer(context_pb2_grpc.ContextServiceServicer):
 
     @guarded
     def Delete(self, request, context):
-        self.sessions.find(request.name).delete()
+        self.sessions.delete(request.name)  # in a fleet, the fleet's ref of it too
         return pb.DeleteResponse()
 
     @guarded
