@@ -107,7 +107,9 @@ class KVSeq:
     def fork(self) -> "KVSeq":
         """Share every page copy-on-write: O(pages), no KV bytes copied."""
     def truncate(self, n_tokens: int) -> None:
-        """Keep the first n tokens."""
+        """Keep the first n tokens; refused (a full pool), the sequence is left as it was."""
+    def pages_to_truncate(self, n_tokens: int) -> int:
+        """Pages truncate(n) takes from the pool (its copy-on-write page): room to make first."""
     def append_page(self, page: int, n_valid: int, released: bool = False) -> None:
         """Attach a page (takes its own reference); released: a trim-pool page, before every full one."""
     def export_page(self, index: int) -> bytes: ...

@@ -71,6 +71,18 @@ def gemma3_meta(gemma3_path) -> dict:
     return read_metadata(gemma3_path)
 
 
+@pytest.fixture(scope="session")
+def page_bytes(smollm2_path) -> int:
+    """The bytes of one SmolLM2 KV page (f16): a pool of N pages is kv_budget=N * page_bytes."""
+    from ctxengine.engine.engine import Engine
+
+    probe = Engine(smollm2_path, threads=1)
+    try:
+        return probe.pool.page_bytes
+    finally:
+        probe.close()
+
+
 def load_reference(name: str) -> dict:
     return json.loads((REFERENCE / name).read_text())
 

@@ -45,6 +45,51 @@ def test_truncate_zeroes_the_tail_and_copies_shared_pages():
     assert k[:, :, : PT - 1].all() and v[:, : PT - 1].all()
 
 
+def stamped(pool, value):
+    """A new page filled with one byte value (refcount 1: the caller releases it)."""
+    return pool.import_page(bytes([value]) * pool.page_bytes)
+
+
+def two_pages_forked():
+    """A pool of 3 pages, a sequence of two whole stamped pages (1, 2), and a fork sharing them."""
+    pool = make_pool(max_pages=3)
+    seq = _core.KVSeq(pool)
+    for v in (1, 2):
+        seq.append_page(p := stamped(pool, v), PT)
+        pool.release(p)
+    return pool, seq, seq.fork()
+
+
+def test_a_truncate_refused_for_a_full_pool_changes_nothing():
+    # The token count was cut before the copy of the shared last page failed: the page
+    # table then claimed fewer tokens, its last page neither copied nor zeroed.
+    pool, seq, child = two_pages_forked()
+    full = stamped(pool, 3)  # the pool's last page
+    before = [child.export_page(i) for i in range(2)]
+    with pytest.raises(Exception, match="full"):
+        child.truncate(PT + 2)
+    assert (child.n_tokens, child.pages, [child.export_page(i) for i in range(2)]) == (2 * PT, seq.pages, before)
+    assert [pool.refcount(p) for p in seq.pages] == [2, 2] and pool.n_used == 3
+    assert child.pages_to_truncate(PT + 2) == 1 and child.pages_to_truncate(PT) == 0  # room to make first
+    child.truncate(PT)  # on a page boundary: no copy, so no page needed
+    assert child.n_tokens == PT and pool.refcount(seq.pages[1]) == 1
+    pool.release(full)
+
+
+def test_a_truncate_copies_into_a_page_it_drops_when_it_can():
+    # A dropped page no one else holds takes the copy: a full pool is no obstacle.
+    pool, seq, child = two_pages_forked()
+    child.append_page(p := stamped(pool, 3), PT)  # its own: the pool is full
+    pool.release(p)
+    assert child.pages_to_truncate(PT + 2) == 0
+    child.truncate(PT + 2)
+    assert child.n_tokens == PT + 2 and child.pages[0] == seq.pages[0] and child.pages[1] == p
+    assert seq.export_page(1) == bytes([2]) * pool.page_bytes, "the shared page is never written"
+    tail = np.frombuffer(child.export_page(1), np.uint16).reshape(2, 2, 8 * PT)
+    assert not tail[:, 0].reshape(2, 8, PT)[:, :, 2:].any() and tail[:, 0].reshape(2, 8, PT)[:, :, :2].all()
+    assert [pool.refcount(q) for q in seq.pages] == [2, 1] and pool.n_used == 3
+
+
 def test_pool_full_is_an_error_not_a_crash():
     pool = make_pool(max_pages=2)
     a, b = pool.import_page(bytes(pool.page_bytes)), pool.import_page(bytes(pool.page_bytes))

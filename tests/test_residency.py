@@ -39,15 +39,6 @@ class SlowStore(Store):
             self.writes.append((threading.get_ident(), start, time.monotonic()))
 
 
-@pytest.fixture(scope="module")
-def page_bytes(smollm2_path):
-    probe = Engine(smollm2_path, threads=1)
-    try:
-        return probe.pool.page_bytes
-    finally:
-        probe.close()
-
-
 @pytest.fixture
 def store(tmp_path):
     with SlowStore(tmp_path / "store") as s:

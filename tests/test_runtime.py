@@ -84,6 +84,21 @@ def test_a_leased_model_or_one_holding_a_context_is_never_unloaded(tiny_paths):
     rt.close()
 
 
+def test_models_that_overlapped_are_brought_back_under_the_budget_when_the_lease_ends(tiny_paths):
+    # The budget was checked only when a model loaded: a model loaded while another was
+    # leased stayed loaded beside it for good.
+    rt = runtime_for(tiny_paths, threads=1, memory_budget=1)
+    with rt.lease("tiny-1"):
+        with rt.lease("tiny-2"):
+            pass  # tiny-1 is in use: both stay
+        assert {e.entry.name for e in rt.loaded()} == {"tiny-1", "tiny-2"}
+    assert [e.entry.name for e in rt.loaded()] == ["tiny-1"]  # the least recently used idle one went
+    with rt.lease("tiny-2"):
+        pass
+    assert [e.entry.name for e in rt.loaded()] == ["tiny-2"]  # as in the sequential case
+    rt.close()
+
+
 def test_keep_alive_zero_unloads_after_the_request(tiny_paths):
     rt = runtime_for(tiny_paths, threads=1)
     with rt.lease("tiny-1"):

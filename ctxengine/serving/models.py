@@ -4,7 +4,9 @@ fleet and the operations on named contexts, serving/sessions.py).
 
 Models load on first use. Past the memory budget the least recently used
 model that no request is using and that holds no named context is unloaded
-(a context is state a client asked us to keep; the prefix cache is not).
+(a context is state a client asked us to keep; the prefix cache is not),
+when a model loads and again when a request's lease ends (a model in use
+when another loaded past the budget goes once it is idle).
 """
 from __future__ import annotations
 
@@ -148,6 +150,9 @@ class ServedModels:
                     loaded.expires_at = max(loaded.expires_at or 0.0, loaded.last_used + loaded.keep_for)
                 if loaded.expires_at is not None and loaded.expires_at <= loaded.last_used:
                     self._maybe_unload(loaded)
+                # Models that loaded while this one was in use may have gone past the budget
+                # with it: the least recently used idle ones go now, as on a load.
+                self._unload_over_budget(keep=entry.name)
 
     def keep_alive(self, name: str | None, seconds: float | None) -> None:
         """Ollama's keep_alive: unload after this many idle seconds (0: right after

@@ -100,7 +100,10 @@ class PrefixCache:
                         continue  # a sliding window released that prefix's KV
                     ctx = src.fork(name, n_tokens=n)
                 except CtxError:
-                    self._entries.pop(src_name, None)  # gone with its model, or unreadable
+                    # Gone with its model, unreadable, or no room for the page its fork copies
+                    # (the pool full of contexts in use): dropped, its pages with it (the entry
+                    # was left in the table, holding them, and no later trim could find it).
+                    self._drop(src_name)
                     continue
                 ctx.sampler_state = None  # a new request starts its own RNG, as without the cache
                 self._entries.move_to_end(src_name)

@@ -25,7 +25,7 @@ from ..engine.sampler import Sampler, StopMatcher
 from ..engine.speculative import SpeculationStats
 from ..store.manifest import checked_labels
 from .piece import Piece
-from .residency import KVState, Residency
+from .residency import KVState, Residency, truncated
 from .speculation import Speculation, start_speculation
 from ..text.tokenizer import StreamDecoder
 
@@ -292,16 +292,17 @@ class Context:
                                      constraint=forked_constraint(self._constraint, keep, len(self._tokens)))
 
     def rewind(self, n: int) -> None:
-        """Drop the last n tokens (their pages are released or copied on write)."""
+        """Drop the last n tokens (their pages are released or copied on write); the logits
+        after the new last token are computed on next use. Refused, it changes nothing."""
         with self.hold():
             if isinstance(n, bool) or not isinstance(n, Integral) or not 0 <= n <= len(self._tokens):
                 raise ContextError(f"cannot rewind {n!r} tokens of a {len(self._tokens)}-token context")
             keep = len(self._tokens) - n
-            self._constraint = forked_constraint(self._constraint, keep, len(self._tokens), share=True)
-            del self._tokens[keep:]
-            if self._kv.seq.n_tokens > keep:
+            constraint = forked_constraint(self._constraint, keep, len(self._tokens), share=True)
+            if self._kv.seq.n_tokens > keep:  # first: the one step that may be refused (no page for its copy)
                 self._kv.set_kv(self._truncated(self._kv.seq, keep), None)
-            self._sync()
+            self._constraint = constraint
+            del self._tokens[keep:]
 
     def shares_kv_at(self, n_tokens: int) -> bool:
         """Whether a fork of the first n tokens reuses this context's KV. It
@@ -345,13 +346,9 @@ class Context:
         return self._table.reserve_pages(n, keep=self)  # held until the forward is done
 
     def _truncated(self, seq, n: int):
-        """seq cut to its first n tokens; or, where a sliding-window model
-        released KV the window at n needs, a new empty sequence (the caller
-        prefills the tokens, which the deterministic kernels make bit-identical)."""
-        if seq.can_truncate(n):
-            seq.truncate(n)
-            return seq
-        return self.engine.new_sequence()
+        """seq cut to its first n tokens, room for its copy-on-write page made first (or a new
+        empty sequence: state/residency.py's ``truncated``); refused, seq is as it was."""
+        return truncated(seq, n, self._reserve_pages, self.engine.new_sequence)
 
     def _make_sampler(self, overrides: dict) -> Sampler:
         if not self._tokens:

@@ -1,8 +1,10 @@
 """Refs that keep evicted contexts' snapshots from gc, and who owns them.
 
 A context table that evicts a context to its store points a ref
-``_evicted/<pid>-<start>-<ns>-<table>/<context>`` at the snapshot, and drops it when
-the context comes back or is deleted. A process that dies (kill -9, a crash,
+``_evicted/<pid>-<start>-<ns>-<table>/<serial>/<context>`` at the snapshot, and drops
+it when the context comes back or is deleted. The serial (the context's KV's, never
+reused in a process) makes the ref that context's alone: one deleted while its
+eviction is written drops its own ref, never that of a new context of its name. A process that dies (kill -9, a crash,
 a power cut) cannot drop its refs, and they would pin their pages forever;
 ``ctx gc`` therefore first drops every such ref whose owner no longer runs.
 The owner is its process id *and* that process's start time, so a new

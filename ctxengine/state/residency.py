@@ -21,13 +21,25 @@ blocks assert their reference counts: a wrong move is a bug in this package,
 never the caller's, and is caught where it happens rather than as a corrupt
 page much later. The moves are made under a small guard of their own (not the
 context's lock), so a delete from another thread never sees a half-made move.
+
+A LIVE page table is cut back (rewind, a prefix fork, a last token run again)
+by ``truncated``: room for the page its copy-on-write takes is made first, as
+for a forward pass, and a refused cut leaves everything as it was.
 """
 from __future__ import annotations
 
 import enum
+import itertools
 import threading
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from .budget import Promise
+
+# Numbers every context's KV, never reused in a process: its eviction ref is its own (state/table.py).
+_serials = itertools.count(1)
 
 
 class Residency(enum.Enum):
@@ -46,6 +58,7 @@ class KVState:
 
     def __init__(self, name: str, seq, logits: np.ndarray | None = None):
         self._name = name
+        self.serial = next(_serials)  # names the ref that keeps its evicted snapshot (never another's)
         self.state = Residency.LIVE
         self.seq = seq          # the page table; None unless LIVE or EVICTING
         self.logits = logits    # after tokens[: seq.n_tokens]; None: recomputed on use
@@ -117,3 +130,22 @@ class KVState:
             pages = list(self.seq.pages) if self.seq is not None else []
             evicted, self.seq, self.logits, self.snapshot = self.snapshot, None, None, None
             return pages, evicted
+
+
+def truncated(seq, n: int, reserve: "Callable[[int], Promise]", new_sequence: Callable[[], object]):
+    """``seq`` cut to its first n tokens, the page its copy-on-write takes (a shared, partly
+    kept last page) reserved first (a context table's ``reserve_pages``, which evicts idle
+    contexts or refuses with a ContextError); the native truncate changes nothing when it
+    throws, so a refused cut leaves ``seq`` as it was. Where a sliding-window model released
+    KV the window at n needs, a new empty sequence instead (the caller prefills the tokens,
+    which the deterministic kernels make bit-identical)."""
+    if not seq.can_truncate(n):
+        return new_sequence()
+    need = seq.pages_to_truncate(n)
+    promise = reserve(need) if need else None
+    try:
+        seq.truncate(n)
+    finally:
+        if promise is not None:
+            promise.release()  # taken: the pool counts it now
+    return seq

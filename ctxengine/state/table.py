@@ -133,7 +133,7 @@ class ContextTable:
             raise ContextError(f"no context named '{name}'")
         pages, evicted = ctx._kv.delete()  # after an eviction being written, if one is
         if evicted is not None:
-            self._drop_evicted_ref(name)
+            self._drop_evicted_ref(ctx)  # its own: a new context of this name has another
         self.page_keys.forget_unused(pages)  # give back what only the key cache still held
 
     def others(self, ctx: Context) -> list[Context]:
@@ -202,7 +202,7 @@ class ContextTable:
             ctx._speculation.settle()
         seq = ctx._kv.begin_eviction()
         try:
-            result = write_pages(ctx, seq, self.store, ref=self._evicted_ref(ctx.name), labels=ctx.labels)
+            result = write_pages(ctx, seq, self.store, ref=self._evicted_ref(ctx), labels=ctx.labels)
         except BaseException:
             ctx._kv.abort_eviction()
             raise
@@ -216,17 +216,19 @@ class ContextTable:
         logits are recomputed on first use, bit-identical."""
         sid = ctx._kv.snapshot
         ctx._kv.restored(load_sequence(self, self.store, self.store.get_manifest(sid), sid))
-        self._drop_evicted_ref(ctx.name)
+        self._drop_evicted_ref(ctx)
         self.touch(ctx)
 
-    def _evicted_ref(self, name: str) -> str:
-        ref = f"{self._evict_ns}/{name}"
+    def _evicted_ref(self, ctx: Context) -> str:
+        """The ref that keeps ctx's evicted snapshot from gc: ctx's alone (numbered by its serial),
+        so a context deleted while its eviction is written never drops a newer namesake's."""
+        ref = f"{self._evict_ns}/{ctx._kv.serial}/{ctx.name}"
         if len(ref) > MAX_NAME_LEN:  # long context names: a digest keeps the ref valid
-            ref = f"{self._evict_ns}/{page_key(name.encode())[:40]}"
+            ref = f"{self._evict_ns}/{ctx._kv.serial}/{page_key(ctx.name.encode())[:40]}"
         return ref
 
-    def _drop_evicted_ref(self, name: str) -> None:
+    def _drop_evicted_ref(self, ctx: Context) -> None:
         try:
-            self.store.delete_ref(self._evicted_ref(name))
+            self.store.delete_ref(self._evicted_ref(ctx))
         except StoreError:
             pass  # already gone: only its gc protection is lost, and it is no longer needed

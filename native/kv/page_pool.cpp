@@ -6,6 +6,7 @@
 #include <cstring>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 namespace ctx {
 
@@ -259,6 +260,21 @@ void KVSeq::prepare_append(int64_t n) {
   while (static_cast<int64_t>(pages_.size()) < need) pages_.push_back(pool_->alloc());
 }
 
+int64_t KVSeq::copy_slot(int64_t n) const {
+  const int pt = pool_->layout().page_tokens;
+  if (n <= 0 || n % pt == 0) return -1;
+  const size_t last = static_cast<size_t>((n - 1) / pt);  // never released: can_truncate(n) holds
+  if (pool_->refcount(pages_[last]) <= 1) return -1;
+  for (size_t i = last + 1; i < pages_.size(); ++i)
+    if (pool_->refcount(pages_[i]) == 1) return static_cast<int64_t>(i);  // ours alone, dropped anyway
+  return static_cast<int64_t>(pages_.size());
+}
+
+int64_t KVSeq::pages_to_truncate(int64_t n) const {
+  if (n < 0 || n >= n_tokens_ || !can_truncate(n)) return 0;
+  return copy_slot(n) == static_cast<int64_t>(pages_.size()) ? 1 : 0;
+}
+
 void KVSeq::truncate(int64_t n) {
   if (n < 0 || n > n_tokens_) throw std::out_of_range("truncate past the sequence end");
   if (n == n_tokens_) return;
@@ -268,23 +284,30 @@ void KVSeq::truncate(int64_t n) {
   const PageLayout& lay = pool_->layout();
   const int pt = lay.page_tokens;
   const size_t keep_pages = static_cast<size_t>((n + pt - 1) / pt);
+  const int used = static_cast<int>(n % pt);
+  // Own the new last page first (copy-on-write), before anything changes: the
+  // only step that can fail (a full pool) then leaves the sequence as it was.
+  const int64_t slot = copy_slot(n);
+  if (slot == static_cast<int64_t>(pages_.size())) {
+    const PageId own = pool_->copy(pages_[keep_pages - 1]);
+    pool_->decref(pages_[keep_pages - 1]);
+    pages_[keep_pages - 1] = own;
+  } else if (slot >= 0) {
+    // A page being dropped that only we hold takes the copy: no allocation.
+    pool_->touch(pages_[slot]);  // its bytes change: a released copy made of it no longer holds them
+    std::memcpy(pool_->data(pages_[slot]), pool_->data(pages_[keep_pages - 1]), pool_->page_bytes());
+    std::swap(pages_[slot], pages_[keep_pages - 1]);  // the shared page is dropped below instead
+  } else if (used != 0) {
+    pool_->touch(pages_[keep_pages - 1]);  // written in place (below)
+  }
   while (pages_.size() > keep_pages) {
     pool_->decref(pages_.back());
     pages_.pop_back();
   }
   n_tokens_ = n;
-  const int used = static_cast<int>(n % pt);
-  if (used == 0 || pages_.empty()) return;
-  PageId& last = pages_.back();
-  if (pool_->refcount(last) > 1) {
-    PageId own = pool_->copy(last);
-    pool_->decref(last);
-    last = own;
-  } else {
-    pool_->touch(last);  // written in place (below)
-  }
+  if (used == 0) return;
   // Zero slots [used, pt) of every array of every layer (page_pool.h layout).
-  uint8_t* base = pool_->data(last);
+  uint8_t* base = pool_->data(pages_.back());
   auto zero_columns = [&](uint8_t* rows, int n_rows, size_t eb) {  // [n_rows][slot] arrays
     for (int r = 0; r < n_rows; ++r) std::memset(rows + (static_cast<size_t>(r) * pt + used) * eb, 0, (pt - used) * eb);
   };

@@ -203,8 +203,14 @@ class KVSeq {
   void prepare_append(int64_t n);
   void commit_append(int64_t n);
   // Keep the first n tokens [0, n); drop the rest (rewind). Zeroes the tail of
-  // the new last page, copying it first if it is shared.
+  // the new last page, copying it first if it is shared. Strongly exception-safe:
+  // the copy is made before anything changes, so a full pool throws with the
+  // sequence as it was.
   void truncate(int64_t n);
+  // Pages truncate(n) takes from the pool (0 or 1): its copy-on-write page, unless
+  // a page it drops that no other holder has is overwritten with the copy instead.
+  // The caller makes room for them first (a context table's reserve_pages).
+  int64_t pages_to_truncate(int64_t n) const;
   // Append a whole page given by the caller (restore from a snapshot). The
   // sequence must end on a page boundary; n_valid tokens of it count. A
   // released page (from the trim pool) may only follow released pages.
@@ -218,6 +224,10 @@ class KVSeq {
 
  private:
   void release_outside_window();
+  // Where truncate(n) copies the new last page to: -1, no copy (unshared, or no
+  // partly kept page); the index of a dropped page no one else holds; or
+  // pages_.size(), a new page.
+  int64_t copy_slot(int64_t n) const;
   PagePool& pool_of(size_t index) const { return index < static_cast<size_t>(n_released_) ? *swa_->trim_pool : *pool_; }
 
   std::shared_ptr<PagePool> pool_;

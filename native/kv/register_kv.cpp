@@ -82,7 +82,10 @@ void register_kv(py::module_& m) {
       .def_property_readonly("pages", [](const KVSeq& s) { return s.pages(); })
       .def_property_readonly("pool", [](const KVSeq& s) { return s.pool_ptr(); })
       .def("fork", &KVSeq::fork, "share every page copy-on-write: O(pages), no KV bytes copied")
-      .def("truncate", &KVSeq::truncate, py::arg("n_tokens"), "keep the first n tokens")
+      .def("truncate", &KVSeq::truncate, py::arg("n_tokens"),
+           "keep the first n tokens; refused (a full pool), the sequence is left as it was")
+      .def("pages_to_truncate", &KVSeq::pages_to_truncate, py::arg("n_tokens"),
+           "pages truncate(n) takes from the pool (its copy-on-write page): room to make first")
       .def("append_page", &KVSeq::append_page, py::arg("page"), py::arg("n_valid"), py::arg("released") = false,
            "attach a page (takes its own reference); released: a trim-pool page, before every full one")
       .def(
