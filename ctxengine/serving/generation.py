@@ -29,6 +29,7 @@ continues that named context: only the new turns are rendered and appended.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import threading
 import time
@@ -279,8 +280,11 @@ class Generation:
             except BaseException as err:
                 if isinstance(err, Exception) and ctx.n_tokens == prompted:
                     # refused before a token (its grammar, its sampler): the turn goes too, so
-                    # that a refused request leaves the context as it was
-                    ctx.rewind(ctx.n_tokens - before)
+                    # that a refused request leaves the context as it was; where a full pool has
+                    # no page for the rewind's copy, the turn stays and the refusal is still
+                    # what the client hears
+                    with contextlib.suppress(ContextError):
+                        ctx.rewind(ctx.n_tokens - before)
                 else:
                     self._close_turn(model, ctx)
                 raise
