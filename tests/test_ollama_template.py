@@ -342,7 +342,7 @@ def test_identifiers_as_ollama_vars():
 @pytest.mark.parametrize("template", [
     "{{ .Prompt ", "{{ if .Prompt }}x", "{{ end }}", '{{define "x"}}{{end}}{{template "x"}}', "{{ html .Prompt }}",
     "{{ .Prompt | toTypeScriptType }}", "{{ $undefined }}", "{{ if .Prompt }}{{ $x := 1 }}{{ end }}{{ $x }}",
-    "{{ 'c' }}", "{{ printf \"%5.2f\" 1.0 }}", "{{ .Prompt.Field }}", "{{ (index .Messages 0).Role }}",
+    "{{ 'c' }}", "{{ printf \"%5.2f\" 1.0 }}", "{{ .Prompt.Field }}", "{{ print (1). }}",
     "{{/* unclosed", "{{ range .Messages }}{{ .Nope }}{{ end }}", "{{ eq 1 \"1\" }}",
 ])
 def test_unsupported_templates_raise_for_a_fallback(template):

@@ -213,7 +213,7 @@ def _generation_routes(router: APIRouter, o: _Ollama) -> None:
         else:
             system = f.str("system", None)
             messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": text}]
-            prompt = Prompt(messages=messages, prefix_ids=prefix, template=f.str("template", None))
+            prompt = Prompt(messages=messages, prefix_ids=prefix, template=f.str("template", None), think=_think(f))
         return await o.run(f, name, prompt, named, chat=False, client=request)
 
     @router.post("/api/chat")
@@ -225,7 +225,7 @@ def _generation_routes(router: APIRouter, o: _Ollama) -> None:
         if not messages:
             return await o.load_or_unload(f, name, {"message": {"role": "assistant", "content": ""}})
         # A chat longer than the context loses its oldest turns, as Ollama's (its system messages kept)
-        prompt = Prompt(messages=messages, tools=tools and tools.prompt_tools, trim=True)
+        prompt = Prompt(messages=messages, tools=tools and tools.prompt_tools, trim=True, think=_think(f))
         return await o.run(f, name, prompt, named, chat=True, client=request, tools=tools)
 
 
@@ -290,6 +290,15 @@ def _refuse_unsupported(f: Fields) -> None:
     f.refuse("top_logprobs", "log-probabilities are not returned", zero=True)
     if f.data.get("think") not in (None, False):
         raise ApiError(400, "'think' is not supported: the models served here do not think aloud", param="think")
+
+
+def _think(f: Fields) -> bool | str | None:
+    """Ollama's think (api.ThinkValue: a bool or a level), which a model's template layer sees
+    as .Think, .ThinkLevel and .IsThinkSet; None when the request does not say."""
+    value = f.data.get("think")
+    if value is None or isinstance(value, bool) or value in ("high", "medium", "low", "max"):
+        return value
+    raise ApiError(400, "think must be a boolean or one of 'high', 'medium', 'low', 'max'", param="think")
 
 
 def _message(m, i: int) -> dict:

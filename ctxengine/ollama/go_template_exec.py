@@ -3,15 +3,21 @@
 Variables live on one stack, as in Go's exec.go: a control structure pops what
 was declared inside it at its end, and a range pops its body's variables after
 each iteration.  ``and`` and ``or`` evaluate their arguments lazily (Go 1.18+).
-An action prints its value unless it declares or assigns a variable.
+An action prints its value unless it declares or assigns a variable.  A
+range's else branch runs with the dot outside the range; a ``break`` there
+ends that range, a ``continue`` goes on to the enclosing one's next element
+(exec.go walkRange recovers only the break).
 """
 from __future__ import annotations
 
 from typing import Any
 
 from ..errors import UnsupportedTemplateError
-from .go_template_parse import Action, Branch, Break, Command, Continue, Dot, Field, Func, Literal, Pipe, Text, Variable
-from .go_template_values import FUNCS, GoStruct, arity_error, kind_of, to_text, truth
+from .go_template_lex import IntOverflow
+from .go_template_parse import (Action, Branch, Break, Chain, Command, Continue, Dot, Field, Func, Literal, Pipe,
+                                Text, Variable)
+from .go_template_builtins import FUNCS, arity_error
+from .go_template_values import GoStruct, JSONMap, kind_of, to_text, truth
 
 
 class _Break(Exception):
@@ -31,8 +37,10 @@ class Executor:
     def run(self, nodes: list) -> str:
         try:
             self.walk(self.vars[0][1], nodes)
-        except (_Break, _Continue):
+        except (_Break, _Continue):  # the parser refuses these; a tree built by hand may not
             raise UnsupportedTemplateError("template: break or continue outside range") from None
+        except RecursionError:  # data nested deeper than Python's stack (the parser caps the template's)
+            raise UnsupportedTemplateError("template: a value nested too deeply to render") from None
         return "".join(self.out)
 
     def walk(self, dot: Any, nodes: list) -> None:
@@ -55,7 +63,10 @@ class Executor:
         try:
             value = self.pipeline(dot, node.pipe)
             if node.kind == "range":
-                self.range(value, node, mark)
+                try:
+                    self.range(dot, value, node)
+                except _Break:  # from its else branch: it ends this range
+                    pass
             elif truth(value):
                 self.walk(value if node.kind == "with" else dot, node.body)
             elif node.else_body is not None:
@@ -63,7 +74,7 @@ class Executor:
         finally:
             del self.vars[mark:]
 
-    def range(self, value: Any, node: Branch, mark: int) -> None:
+    def range(self, dot: Any, value: Any, node: Branch) -> None:
         if isinstance(value, dict):
             pairs = [(k, value[k]) for k in sorted(value)]
         elif isinstance(value, (list, tuple)):
@@ -74,7 +85,7 @@ class Executor:
             raise UnsupportedTemplateError(f"template: range can't iterate over {kind_of(value)}")
         if not pairs:
             if node.else_body is not None:
-                self.walk(value, node.else_body)
+                self.walk(dot, node.else_body)
             return
         inner = len(self.vars)
         for key, elem in pairs:
@@ -105,6 +116,8 @@ class Executor:
 
     def command(self, dot: Any, cmd: Command, final: tuple) -> Any:
         head, rest = cmd.args[0], cmd.args[1:]
+        if isinstance(head, Literal) and head.value is None:
+            raise UnsupportedTemplateError("template: nil is not a command")
         if isinstance(head, Func):
             return self.call(dot, head.name, rest, final)
         if rest or final:
@@ -129,6 +142,8 @@ class Executor:
 
     def arg(self, dot: Any, node: Any) -> Any:
         if isinstance(node, Literal):
+            if isinstance(node.value, IntOverflow):
+                raise UnsupportedTemplateError(f"template: {node.value.text} overflows int")
             return node.value
         if isinstance(node, Dot):
             return dot
@@ -138,6 +153,8 @@ class Executor:
             return self.fields(self.lookup(node.name)[1], node.idents)
         if isinstance(node, Pipe):
             return self.pipeline(dot, node)
+        if isinstance(node, Chain):
+            return self.fields(self.pipeline(dot, node.pipe), node.idents)
         if isinstance(node, Func):
             return self.call(dot, node.name, [], ())
         raise UnsupportedTemplateError(f"template: unexpected operand {node!r}")
@@ -152,7 +169,7 @@ class Executor:
     def fields(value: Any, idents: tuple[str, ...]) -> Any:
         for ident in idents:
             if isinstance(value, dict):
-                value = value.get(ident)
+                value = value.get(ident, value.zero) if isinstance(value, JSONMap) else value.get(ident)
             elif isinstance(value, GoStruct):
                 if ident not in value.fields:
                     raise UnsupportedTemplateError(f"template: can't evaluate field {ident}")

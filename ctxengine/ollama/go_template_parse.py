@@ -4,32 +4,34 @@ Covered: text with ``{{- `` / `` -}}`` trimming, comments ``{{/* */}}``,
 actions printing a pipeline, ``if`` / ``else if`` / ``else with`` / ``else``,
 ``range`` (with ``$i, $m :=`` or ``$m :=``), ``with``, ``break``,
 ``continue``, variable declaration (``:=``) and assignment (``=``), pipes
-(``a | f``), parenthesised pipelines, fields (``.Content``, ``$.System``,
-``$m.Role``), string, raw-string, number, bool and nil literals, and calls
-of the functions in ``FUNCTIONS``.  Anything else (``define``, ``template``,
-``block``, chained fields on a parenthesised value, character constants,
-other functions) raises UnsupportedTemplateError, so a caller can fall back
-to the GGUF's own Jinja template.
+(``a | f``), parenthesised pipelines and fields of their value
+(``(index .Messages 0).Role``), fields (``.Content``, ``$.System``,
+``$m.Role``), string, raw-string, number, bool and nil literals
+(go_template_lex reads them), and calls of the functions in ``FUNCTIONS``.
+Anything else (``define``, ``template``, ``block``, character constants,
+other functions, nesting deeper than ``MAX_DEPTH``) raises
+UnsupportedTemplateError, so a caller can fall back to the GGUF's own Jinja
+template.
 
-Go rules kept: a left trim marker is ``{{-`` followed by a space, a right one
-a space followed by ``-}}``; both strip ASCII whitespace (`` \\t\\r\\n``).
-Variables must be declared before use, and a declaration lasts until the
-``{{end}}`` of the control structure it appears in (its pipeline included).
+Go rules kept: variables must be declared before use, and a declaration
+lasts until the ``{{end}}`` of the control structure it appears in (its
+pipeline included); ``break`` and ``continue`` belong inside a range's body.
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import UnsupportedTemplateError
-from .go_template_values import FUNCS
+from .go_template_lex import KEYWORDS, lex, number, unquote, unquote_raw
+from .go_template_builtins import FUNCS
 
-SPACE = " \t\r\n"
 # Builtins of text/template we evaluate, plus Ollama's own (template/template.go funcs);
 # and/or are the executor's own, as they evaluate their arguments lazily.
 FUNCTIONS = frozenset({"and", "or", *FUNCS})
-KEYWORDS = frozenset({"if", "else", "end", "range", "with", "break", "continue", "define", "template", "block"})
+# Control structures and parentheses nested deeper than this are refused: each level costs
+# the parser and the executor a few Python frames, and real templates nest a handful.
+MAX_DEPTH = 100
 
 
 # -- the tree ---------------------------------------------------------------------------
@@ -50,8 +52,14 @@ class Dot:              # .
 
 
 @dataclass
-class Literal:          # "s", `s`, 1, 1.5, true, false, nil
+class Literal:          # "s", `s`, 1, 1.5, true, false, nil (an IntOverflow fails when evaluated)
     value: Any
+
+
+@dataclass
+class Chain:            # (pipeline).A.B
+    pipe: "Pipe"
+    idents: tuple[str, ...]
 
 
 @dataclass
@@ -99,84 +107,14 @@ class Continue:
     pass
 
 
-# -- lexing -----------------------------------------------------------------------------
-_TOKEN = re.compile(r"""
-    (?P<space>[ \t\r\n]+)
-  | (?P<declare>:=) | (?P<assign>=) | (?P<pipe>\|) | (?P<lparen>\() | (?P<rparen>\)) | (?P<comma>,)
-  | (?P<string>"(?:[^"\\\n]|\\.)*")
-  | (?P<raw>`[^`]*`)
-  | (?P<number>[+-]?(?:0[xX][0-9a-fA-F_]+|(?:\d[\d_]*(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?))
-  | (?P<variable>\$[A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*)
-  | (?P<field>(?:\.[A-Za-z_][A-Za-z0-9_]*)+)
-  | (?P<dot>\.)
-  | (?P<ident>[A-Za-z_][A-Za-z0-9_]*)
-""", re.VERBOSE)
-
-
-def _unquote(s: str) -> str:
-    # Go's escapes are C's (\n \t \" \\ \xNN \uNNNN \NNN); non-ASCII passes through.
-    return s[1:-1].encode("latin-1", "backslashreplace").decode("unicode_escape")
-
-
-def _lex_action(src: str, pos: int) -> tuple[list[tuple[str, str]], int, bool]:
-    """Tokens of the action starting at pos, the index after its "}}", and whether it trims right."""
-    tokens: list[tuple[str, str]] = []
-    while True:
-        if src.startswith("}}", pos):
-            return tokens, pos + 2, False
-        m = _TOKEN.match(src, pos)
-        if m is None:
-            if pos >= len(src):
-                raise UnsupportedTemplateError("template: unclosed action")
-            raise UnsupportedTemplateError(f"template: unsupported syntax at {src[pos:pos + 20]!r}")
-        if m.lastgroup == "space":
-            if src.startswith("-}}", m.end()):
-                return tokens, m.end() + 3, True
-        else:
-            tokens.append((m.lastgroup, m.group()))
-        pos = m.end()
-        if tokens and tokens[-1][0] == "rparen" and src.startswith(".", pos) and not src.startswith(". ", pos):
-            raise UnsupportedTemplateError("template: fields of a parenthesised value are not supported")
-
-
-def _items(src: str) -> list:
-    """The template as a list of text strings and action token lists, trimming applied."""
-    items: list = []
-    pos, trim_next = 0, False
-    while True:
-        start = src.find("{{", pos)
-        text = src[pos:] if start < 0 else src[pos:start]
-        if trim_next:
-            text = text.lstrip(SPACE)
-        if start < 0:
-            items.append(text)
-            return items
-        inner = start + 2
-        if src.startswith("-", inner) and src[inner + 1: inner + 2] in tuple(SPACE):
-            text = text.rstrip(SPACE)
-            inner += 2
-        items.append(text)
-        if src.startswith("/*", inner):
-            end = src.find("*/", inner + 2)
-            if end < 0:
-                raise UnsupportedTemplateError("template: unclosed comment")
-            after = end + 2
-            trim_next = bool(re.match(r"[ \t\r\n]-}}", src[after:after + 4]))
-            after += 4 if trim_next else 0
-            if not trim_next and not src.startswith("}}", after):
-                raise UnsupportedTemplateError("template: comment ends before closing delimiter")
-            pos = after if trim_next else after + 2
-            continue
-        tokens, pos, trim_next = _lex_action(src, inner)
-        items.append(tokens)
-
-
 # -- parsing ----------------------------------------------------------------------------
 class _Parser:
     def __init__(self, src: str):
-        self.items = _items(src)
+        self.items = lex(src)
         self.i = 0
         self.vars: list[str] = ["$"]
+        self.depth = 0          # control structures and parentheses we are inside
+        self.range_depth = 0    # range bodies we are inside, where break and continue belong
 
     def parse(self) -> list:
         nodes, end = self.list_until(())
@@ -211,6 +149,8 @@ class _Parser:
         if kind == "ident" and word in ("break", "continue"):
             if len(tokens) > 1:
                 raise UnsupportedTemplateError(f"template: unexpected arguments to {word}")
+            if not self.range_depth:
+                raise UnsupportedTemplateError(f"template: {{{{{word}}}}} outside {{{{range}}}}")
             return Break() if word == "break" else Continue()
         if kind == "ident" and word in KEYWORDS:
             raise UnsupportedTemplateError(f"template: {{{{{word}}}}} is not supported here")
@@ -218,10 +158,13 @@ class _Parser:
 
     def control(self, kind: str, tokens: list) -> Branch:
         mark = len(self.vars)
+        self.enter()
         pipe = self.pipeline(tokens, decl_ok=True, range_decl=kind == "range")
         if kind == "range" and pipe.is_assign:
             raise UnsupportedTemplateError("template: range with '=' is not supported")
+        self.range_depth += kind == "range"
         body, end = self.list_until(("else", "end"))
+        self.range_depth -= kind == "range"  # a range's else is outside its loop, as in Go
         else_body = None
         if end[0][1] == "else":
             rest = end[1:]
@@ -236,7 +179,13 @@ class _Parser:
         elif len(end) > 1:
             raise UnsupportedTemplateError("template: unexpected arguments to end")
         del self.vars[mark:]
+        self.depth -= 1
         return Branch(kind, pipe, body, else_body)
+
+    def enter(self) -> None:
+        self.depth += 1
+        if self.depth > MAX_DEPTH:
+            raise UnsupportedTemplateError(f"template: nested more than {MAX_DEPTH} deep, which we do not render")
 
     def pipeline(self, tokens: list, *, decl_ok: bool = False, range_decl: bool = False) -> Pipe:
         decl, is_assign = [], False
@@ -258,7 +207,13 @@ class _Parser:
                     depth += {"lparen": 1, "rparen": -1}.get(tokens[pos][0], 0)
                 if depth:
                     raise UnsupportedTemplateError("template: unclosed left paren")
-                args.append(self.pipeline(tokens[start:pos]))
+                self.enter()
+                inner = self.pipeline(tokens[start:pos])
+                self.depth -= 1
+                if pos + 1 < len(tokens) and tokens[pos + 1][0] == "chain":
+                    pos += 1
+                    inner = Chain(inner, tuple(tokens[pos][1][1:].split(".")))
+                args.append(inner)
             else:
                 args.append(self.operand(kind, text))
             pos += 1
@@ -301,9 +256,9 @@ class _Parser:
                 raise UnsupportedTemplateError(f"template: undefined variable {name!r}")
             return Variable(name, tuple(idents))
         if kind in ("string", "raw"):
-            return Literal(_unquote(text) if kind == "string" else text[1:-1])
+            return Literal(unquote(text) if kind == "string" else unquote_raw(text))
         if kind == "number":
-            return Literal(_number(text))
+            return Literal(number(text))
         if kind == "ident":
             if text in ("true", "false"):
                 return Literal(text == "true")
@@ -313,14 +268,6 @@ class _Parser:
                 return Func(text)
             raise UnsupportedTemplateError(f"template: function {text!r} is not supported")
         raise UnsupportedTemplateError(f"template: unexpected {text!r} in operand")
-
-
-def _number(text: str) -> int | float:
-    clean = text.replace("_", "")
-    try:
-        return int(clean, 0)
-    except ValueError:
-        return float(clean)
 
 
 def parse_go_template(src: str) -> list:

@@ -1,21 +1,19 @@
-"""Go values as a template sees them, in Python: types, truth, printing, builtins.
+"""Go values as a template sees them, in Python: types, truth, printing, JSON.
 
 Go values are mapped as: ``dict`` = a Go map (a missing key is the zero value,
 nil, which prints ``<no value>``), ``GoStruct`` = a struct (an unknown field is
 an error), ``list``/``tuple`` = a slice, and str/bool/int/float/None as
-themselves.  Truth is Go's: false, 0, nil and empty strings, slices and maps
-are false; a struct is always true.  ``len``, ``slice`` and ``index`` on a
-string count bytes, as Go does.  A value whose Go type has a ``String()``
-method that renders JSON (Ollama's tool and argument types) is a GoStruct
-with ``json`` set, or a ``JSONMap`` / ``JSONList``.  Errors raise
+themselves.  ``Slice`` marks a nil slice (JSON ``null``, printed ``[]``).
+Truth is Go's: false, 0, nil and empty strings, slices and maps are false; a
+struct is always true.  A value whose Go type has a ``String()`` method is a
+``JSONMap`` / ``JSONList`` / ``PropertyType`` or a GoStruct with ``string``
+set (Ollama's tool and argument types).  Errors raise
 UnsupportedTemplateError (the caller falls back to the GGUF's template).
 """
 from __future__ import annotations
 
 import json
 import math
-import re
-from datetime import date, timedelta
 from decimal import Decimal
 from typing import Any
 
@@ -23,22 +21,52 @@ from ..errors import UnsupportedTemplateError
 
 
 class GoStruct:
-    """A Go struct value: named fields, optionally printed as JSON (a String() method)."""
+    """A Go struct value: named fields in Go's order.  `json` is what encoding/json makes of it
+    (its field names and omissions), `string` whether a String() method prints that JSON
+    (default: when there is a `json`); `pointer` marks a *struct, which text/template prints
+    dereferenced but fmt prints as an address inside another value (so that is refused);
+    `printable=False` marks a struct whose %v shows a pointer field, an address, refused too."""
 
-    def __init__(self, fields: dict[str, Any], *, json: Any = None):
+    def __init__(self, fields: dict[str, Any], *, json: Any = None, string: bool | None = None,
+                 pointer: bool = False, printable: bool = True):
         self.fields = fields
         self.json = json
+        self.string = json is not None if string is None else string
+        self.pointer = pointer
+        self.printable = printable
 
     def __repr__(self) -> str:
         return f"GoStruct({self.fields!r})"
 
 
-class JSONMap(dict):
-    """A Go map whose String() method is its JSON (Ollama's templateArgs/templateProperties)."""
+class Slice(list):
+    """A Go slice that can be nil: a nil one (``nil=True``, empty) marshals to JSON null."""
+
+    def __init__(self, items: Any = (), *, nil: bool = False):
+        super().__init__(items)
+        self.nil = nil and not self
 
 
-class JSONList(list):
+class JSONList(Slice):
     """A Go slice whose String() method is its JSON (Ollama's templateTools)."""
+
+
+class PropertyType(Slice):
+    """api.PropertyType, a []string: String() is its one type, "" or fmt's [a b]; its
+    JSON is the one type as a string, else the list."""
+
+    def text(self) -> str:
+        return self[0] if len(self) == 1 else "[" + " ".join(self) + "]" if self else ""
+
+
+class JSONMap(dict):
+    """A Go map whose String() method is its JSON (Ollama's templateArgs/templateProperties):
+    a nil one prints {} and marshals to null; `zero` is what a missing key gives."""
+
+    def __init__(self, items: Any = (), *, nil: bool = False, zero: Any = None):
+        super().__init__(items)
+        self.nil = nil and not self
+        self.zero = zero
 
 
 class StructJSON(dict):
@@ -58,6 +86,10 @@ def go_json(value: Any) -> str:
 def _encode(value: Any) -> str:
     if isinstance(value, GoStruct):
         return _encode(value.json if value.json is not None else StructJSON(value.fields))
+    if getattr(value, "nil", False):
+        return "null"
+    if isinstance(value, PropertyType) and len(value) == 1:
+        return _encode(value[0])
     if isinstance(value, dict):
         keys = value if isinstance(value, StructJSON) else sorted(value, key=str)
         return "{" + ",".join(f"{_json_string(str(k))}:{_encode(value[k])}" for k in keys) + "}"
@@ -122,7 +154,7 @@ def truth(value: Any) -> bool:
     return bool(value)
 
 
-def _go_float(x: float) -> str:
+def go_float(x: float) -> str:
     """strconv.FormatFloat(x, 'g', -1, 64), which %v uses: shortest digits, an exponent
     when it is below -4 or at least 6 (2e6 prints as 2e+06, 123456.0 as 123456)."""
     if x != x or x in (float("inf"), float("-inf")):
@@ -154,10 +186,10 @@ def go_any(value: Any) -> Any:
     return value
 
 
-def to_text(value: Any) -> str:
-    """fmt's %v of a value, as a template action prints it."""
+def to_text(value: Any, nested: bool = False) -> str:
+    """fmt's %v of a value, as a template action prints it (`nested`: inside another value)."""
     if value is None:
-        return "<no value>"
+        return "<nil>" if nested else "<no value>"
     if isinstance(value, str):
         return value
     if isinstance(value, bool):
@@ -165,21 +197,24 @@ def to_text(value: Any) -> str:
     if isinstance(value, int):
         return str(value)
     if isinstance(value, float):
-        return _go_float(value)
-    if isinstance(value, (JSONMap, JSONList)) or (isinstance(value, GoStruct) and value.json is not None):
+        return go_float(value)
+    if isinstance(value, PropertyType):
+        return value.text()
+    if isinstance(value, JSONMap):
+        return "{}" if value.nil else go_json(value)
+    if isinstance(value, JSONList) or (isinstance(value, GoStruct) and value.string):
         return go_json(value)
+    if isinstance(value, GoStruct):
+        if not value.printable or (nested and value.pointer):
+            raise UnsupportedTemplateError("template: printing this value shows a memory address")
+        return "{" + " ".join(to_text(v, True) for v in value.fields.values()) + "}"
     if isinstance(value, (list, tuple)):
-        return "[" + " ".join(_inner_text(v) for v in value) + "]"
+        return "[" + " ".join(to_text(v, True) for v in value) + "]"
     if isinstance(value, dict):
-        return "map[" + " ".join(f"{_inner_text(k)}:{_inner_text(v)}" for k, v in sorted(value.items())) + "]"
+        return "map[" + " ".join(f"{to_text(k, True)}:{to_text(v, True)}" for k, v in sorted(value.items())) + "]"
     raise UnsupportedTemplateError(f"template: cannot print a {type(value).__name__} value")
 
 
-def _inner_text(value: Any) -> str:
-    return "<nil>" if value is None else to_text(value)
-
-
-# -- builtins ---------------------------------------------------------------------------
 def kind_of(v: Any) -> str:
     if v is None:
         return "nil"
@@ -189,96 +224,4 @@ def kind_of(v: Any) -> str:
     return "other"
 
 
-def _compare(op: str, a: Any, b: Any) -> bool:
-    ka, kb = kind_of(a), kind_of(b)
-    if op in ("eq", "ne") and "nil" in (ka, kb):
-        return (a is None and b is None) == (op == "eq")
-    if ka != kb or ka in ("other", "nil") or (ka == "bool" and op not in ("eq", "ne")):
-        raise UnsupportedTemplateError(f"template: {op}: incompatible types for comparison ({ka}, {kb})")
-    return {"eq": a == b, "ne": a != b, "lt": a < b, "le": a <= b, "gt": a > b, "ge": a >= b}[op]
 
-
-def _length(v: Any) -> int:
-    if isinstance(v, str):
-        return len(v.encode())
-    if isinstance(v, (list, tuple, dict)):
-        return len(v)
-    raise UnsupportedTemplateError(f"template: len of {kind_of(v)}")
-
-
-def _index(v: Any, *keys: Any) -> Any:
-    for k in keys:
-        if isinstance(v, dict):
-            v = v.get(k)
-        elif isinstance(v, (list, tuple, str)) and kind_of(k) == "int":
-            seq = v.encode() if isinstance(v, str) else v
-            if not 0 <= k < len(seq):
-                raise UnsupportedTemplateError(f"template: index out of range: {k}")
-            v = seq[k]
-        else:
-            raise UnsupportedTemplateError(f"template: can't index item of type {kind_of(v)}")
-    return v
-
-
-def _slice(v: Any, *bounds: Any) -> Any:
-    if not isinstance(v, (list, tuple, str)) or len(bounds) > 2 or any(kind_of(b) != "int" for b in bounds):
-        raise UnsupportedTemplateError("template: slice: unsupported arguments")
-    seq = v.encode() if isinstance(v, str) else v
-    lo = bounds[0] if bounds else 0
-    hi = bounds[1] if len(bounds) > 1 else len(seq)
-    if not 0 <= lo <= hi <= len(seq):
-        raise UnsupportedTemplateError(f"template: slice: index out of range [{lo}:{hi}]")
-    out = seq[lo:hi]
-    return out.decode("utf-8", "replace") if isinstance(v, str) else list(out)
-
-
-def _sprint(*args: Any) -> str:
-    """fmt.Sprint: a space between operands when neither is a string."""
-    out = ""
-    for i, a in enumerate(args):
-        if i and not isinstance(a, str) and not isinstance(args[i - 1], str):
-            out += " "
-        out += _inner_text(a)
-    return out
-
-
-_VERB = re.compile(r"%([%svdq])")
-
-
-def _sprintf(fmt: Any, *args: Any) -> str:
-    if not isinstance(fmt, str):
-        raise UnsupportedTemplateError("template: printf: the format must be a string")
-    if re.search(r"%[^%svdq]", fmt):
-        raise UnsupportedTemplateError(f"template: printf verb in {fmt!r} is not supported")
-    rest = list(args)
-
-    def verb(m: re.Match) -> str:
-        if m.group(1) == "%":
-            return "%"
-        if not rest:
-            return f"%!{m.group(1)}(MISSING)"
-        a = rest.pop(0)
-        return json.dumps(a, ensure_ascii=False) if m.group(1) == "q" and isinstance(a, str) else _inner_text(a)
-
-    return _VERB.sub(verb, fmt)
-
-
-FUNCS = {
-    "not": lambda a: not truth(a),
-    "eq": lambda a, *bs: any(_compare("eq", a, b) for b in bs) if bs else arity_error("eq"),
-    "ne": lambda a, b: _compare("ne", a, b),
-    "lt": lambda a, b: _compare("lt", a, b),
-    "le": lambda a, b: _compare("le", a, b),
-    "gt": lambda a, b: _compare("gt", a, b),
-    "ge": lambda a, b: _compare("ge", a, b),
-    "len": _length, "index": _index, "slice": _slice,
-    "print": _sprint, "printf": _sprintf,
-    "println": lambda *a: " ".join(_inner_text(x) for x in a) + "\n",
-    "json": go_json,
-    "currentDate": lambda *_: date.today().isoformat(),
-    "yesterdayDate": lambda *_: (date.today() - timedelta(days=1)).isoformat(),
-}
-
-
-def arity_error(name: str):
-    raise UnsupportedTemplateError(f"template: wrong number of args for {name}")

@@ -14,6 +14,13 @@ Follows ollama/ollama ``template/template.go``:
   turn is rendered with everything after its ``{{ .Response }}`` cut off, so
   a trailing assistant message is continued rather than closed.
 
+Every run also gets ``.Think``, ``.ThinkLevel`` and ``.IsThinkSet`` from the
+request's ``think`` (None, a bool, or "high"/"medium"/"low"/"max"), as
+server/prompt.go renderPrompt fills template.Values; ``request_think`` is what
+Ollama's chat and generate handlers make of an unset one (a template that shows
+thinking thinks).  The template's text is used as is: Ollama does not turn its
+CRLF line endings into LF.
+
 ``render_go_template`` takes what a request has (messages, or a system and a
 prompt as /api/generate does) and returns the prompt text.  Templates outside
 the subset go_template_parse covers raise UnsupportedTemplateError, so a
@@ -21,23 +28,26 @@ caller can use the GGUF's Jinja template instead.
 """
 from __future__ import annotations
 
-import json
 from copy import copy
 from typing import Any, Iterable, Sequence
 
 from ..errors import UnsupportedTemplateError
 from .go_template_exec import execute
-from .go_template_values import GoStruct, JSONList, JSONMap, StructJSON, go_any
-from .go_template_parse import Action, Branch, Command, Field, Pipe, Variable, parse_go_template
+from .go_template_parse import Action, Branch, Command, Field, Pipe, Text, Variable, parse_go_template
+from .template_structs import message, tools as template_tools
 
 _RESPONSE = Action(Pipe([Command([Field(("Response",))])]))
+THINK_LEVELS = ("high", "medium", "low", "max")  # api.ThinkValue's strings
 
 
 class OllamaTemplate:
     def __init__(self, source: str):
         self.source = source
-        self.nodes = parse_go_template(source.replace("\r\n", "\n"))
-        self.vars = identifiers(self.nodes)
+        try:
+            self.nodes = parse_go_template(source)
+            self.vars = identifiers(self.nodes)
+        except RecursionError:  # the parser caps nesting; this is the backstop
+            raise UnsupportedTemplateError("template: nested too deeply to render") from None
         if "messages" not in self.vars and "response" not in self.vars:
             self.nodes = [*self.nodes, _RESPONSE]
 
@@ -50,13 +60,23 @@ class OllamaTemplate:
         """Whether it shows offered tools (Ollama's tools capability: it mentions .Tools)."""
         return "tools" in self.vars
 
+    @property
+    def thinks(self) -> bool:
+        """Ollama's thinking capability for a template layer: thinking.InferTags finds its tags."""
+        return all(thinking_tags(self.nodes))
+
+    def request_think(self, think: bool | str | None) -> bool | str | None:
+        """The think value Ollama's chat and generate handlers render a request with: a model
+        with the thinking capability thinks when the request does not say (routes.go)."""
+        return True if think is None and self.thinks else think
+
     def execute(self, messages: Sequence[dict], *, tools: Sequence[dict] | None = None,
-                think: bool = False) -> str:
+                think: bool | str | None = None) -> str:
         system, collated = collate(messages)
-        flags = {"Think": think, "ThinkLevel": "", "IsThinkSet": False}
+        flags = think_values(think)
         if self.uses_messages:
-            return execute(self.nodes, {"System": system, "Messages": [_message(m) for m in collated],
-                                        "Tools": _tools(tools), "Response": "", **flags})
+            return execute(self.nodes, {"System": system, "Messages": [message(m) for m in collated],
+                                        "Tools": template_tools(tools), "Response": "", **flags})
         out: list[str] = []
         turn = {"System": "", "Prompt": "", "Response": ""}
         for m in collated:
@@ -79,7 +99,7 @@ class OllamaTemplate:
 
 def render_go_template(template: str, *, system: str | None = None, prompt: str | None = None,
                        messages: Sequence[dict] | None = None, response: str = "",
-                       tools: Sequence[dict] | None = None) -> str:
+                       tools: Sequence[dict] | None = None, think: bool | str | None = None) -> str:
     """The prompt Ollama builds from a Go template.
 
     `messages` are chat messages ({"role", "content", ...}); `system` is put
@@ -94,7 +114,19 @@ def render_go_template(template: str, *, system: str | None = None, prompt: str 
         msgs.append({"role": "user", "content": prompt})
     if response:
         msgs.append({"role": "assistant", "content": response})
-    return OllamaTemplate(template).execute(msgs, tools=tools)
+    return OllamaTemplate(template).execute(msgs, tools=tools, think=think)
+
+
+def think_values(think: bool | str | None) -> dict:
+    """template.Values' Think, ThinkLevel and IsThinkSet for a request's think, as renderPrompt
+    sets them from api.ThinkValue (Bool and String): true is the level "medium"."""
+    if think is None:
+        return {"Think": False, "ThinkLevel": "", "IsThinkSet": False}
+    if isinstance(think, bool):
+        return {"Think": think, "ThinkLevel": "medium" if think else "", "IsThinkSet": True}
+    if think in THINK_LEVELS:
+        return {"Think": True, "ThinkLevel": think, "IsThinkSet": True}
+    raise UnsupportedTemplateError(f"think must be a boolean or one of {', '.join(THINK_LEVELS)}")
 
 
 # -- Ollama's helpers -------------------------------------------------------------------
@@ -186,90 +218,52 @@ def cut_after_response(nodes: list) -> list:
     return keep_list(nodes)
 
 
-def _message(m: dict) -> GoStruct:
-    """api.Message as Ollama's templateMessage struct."""
-    calls = [_tool_call(c) for c in m.get("tool_calls") or ()]
-    return GoStruct({"Role": m["role"], "Content": m["content"], "Thinking": m.get("thinking") or "",
-                     "Images": list(m.get("images") or ()), "ToolCalls": calls,
-                     "ToolName": m.get("tool_name") or m.get("name") or "",
-                     "ToolCallID": m.get("tool_call_id") or ""})
+def thinking_tags(nodes: list) -> tuple[str, str]:
+    """thinking.InferTags: for each .Thinking field under a range over .Messages, the first
+    and last text of the node list holding it (stripped) are the opening and closing tags;
+    a later match overwrites, and a list that does not start or end with text keeps the
+    previous tag.  Go's walk, like this one, does not look into (pipeline).Field chains."""
+    tags = ["", ""]
+    ancestors: list = []  # Branches, Pipes, Commands and node lists (Go's ListNodes) above us
+
+    def visit(node: Any) -> None:
+        ancestors.append(node)
+        if isinstance(node, Field) and node.idents[0] == "Thinking":
+            ranges = [a for a in ancestors if isinstance(a, Branch) and a.kind == "range"]
+            if ranges and _uses_field(ranges[-1].pipe, "Messages"):
+                holder = next(a for a in reversed(ancestors) if isinstance(a, list))
+                if isinstance(holder[0], Text):
+                    tags[0] = holder[0].text.strip()
+                if isinstance(holder[-1], Text):
+                    tags[1] = holder[-1].text.strip()
+        for child in _children(node):
+            visit(child)
+        ancestors.pop()
+
+    visit(nodes)
+    return tags[0], tags[1]
 
 
-def _tool_call(call: Any) -> GoStruct:
-    """templateToolCall: its Arguments print as their JSON (templateArgs.String: a Go map,
-    so keys sorted, and numbers float64s as Go's decoder reads them)."""
-    if not isinstance(call, dict):  # text.tools.ToolCall
-        call = {"id": call.id, "function": {"name": call.name, "arguments": call.arguments}}
-    fn = call.get("function") or {}
-    args = fn.get("arguments") or {}
-    if isinstance(args, str):  # OpenAI sends the arguments as a JSON string
-        try:
-            args = json.loads(args)
-        except ValueError:
-            raise UnsupportedTemplateError("tool call arguments are not JSON") from None
-    if not isinstance(args, dict):
-        raise UnsupportedTemplateError("tool call arguments are not a JSON object")
-    return GoStruct({"ID": call.get("id") or "", "Function": GoStruct(
-        {"Index": fn.get("index") or 0, "Name": fn.get("name") or "", "Arguments": JSONMap(go_any(args))})})
+def _children(node: Any) -> list:
+    if isinstance(node, list):
+        return node
+    if isinstance(node, Branch):
+        return [node.pipe, node.body] + ([node.else_body] if node.else_body is not None else [])
+    if isinstance(node, Action):
+        return [node.pipe]
+    if isinstance(node, Pipe):
+        return node.cmds
+    if isinstance(node, Command):
+        return node.args
+    return []
 
 
-def _tools(tools: Sequence[Any] | None) -> JSONList | None:
-    if not tools:
-        return None
-    return JSONList(_tool(t if isinstance(t, dict) else t.openai()) for t in tools)  # dicts or text.tools.Tool
-
-
-def _tool(tool: dict) -> GoStruct:
-    """templateTool.  It, its Function and the Parameters print as their JSON: Ollama's
-    templateTool.String, and for {{ .Function }} (qwen2.5, qwen3) api.ToolFunction.String;
-    the template structs Ollama v0.14+ passes lack the latter two, printing Go struct
-    syntax there, a regression (ollama/ollama#14601) that we do not copy."""
-    fn = tool.get("function") or {}
-    params = fn.get("parameters") or {}
-    props = JSONMap({k: _property(v) for k, v in (params.get("properties") or {}).items()})
-    required = list(params.get("required") or ())
-    params_json = StructJSON(type=params.get("type") or "", **_present(params, "$defs", "items"),
-                             **({"required": required} if required else {}),
-                             properties=props if params.get("properties") is not None else None)
-    parameters = GoStruct({"Type": params_json["type"], "Defs": go_any(params.get("$defs")),
-                           "Items": go_any(params.get("items")), "Required": required, "Properties": props},
-                          json=params_json)
-    function = GoStruct({"Name": fn.get("name") or "", "Description": fn.get("description") or "",
-                         "Parameters": parameters})
-    function.json = StructJSON(name=function.fields["Name"], description=function.fields["Description"],
-                               parameters=parameters)
-    as_json = StructJSON(type=tool.get("type") or "", **_present(tool, "items"), function=function)
-    return GoStruct({"Type": as_json["type"], "Items": go_any(tool.get("items")), "Function": function},
-                    json=as_json)
-
-
-def _property(prop: dict) -> GoStruct:
-    """api.ToolProperty; its Type prints as the one type name (PropertyType.String)."""
-    types = prop.get("type")
-    types = [types] if isinstance(types, str) else list(types or ())
-    type_text = types[0] if len(types) == 1 else ("[" + " ".join(types) + "]" if types else "")
-    any_of = [_property(p) for p in prop.get("anyOf") or () if isinstance(p, dict)]
-    nested = prop.get("properties")
-    as_json = StructJSON()  # ToolProperty's fields in order, each omitted when empty
-    if any_of:
-        as_json["anyOf"] = any_of
-    if types:
-        as_json["type"] = types[0] if len(types) == 1 else types  # PropertyType marshals one type as a string
-    as_json.update(_present(prop, "items"))
-    for key in ("description", "enum"):
-        if prop.get(key):
-            as_json[key] = go_any(prop[key])
-    if isinstance(nested, dict):  # an ordered map (ToolPropertiesMap): insertion order
-        as_json["properties"] = StructJSON((k, _property(v)) for k, v in nested.items() if isinstance(v, dict))
-    if prop.get("required"):
-        as_json["required"] = list(prop["required"])
-    return GoStruct({"Type": type_text, "Items": go_any(prop.get("items")),
-                     "Description": prop.get("description") or "",
-                     "Enum": go_any(list(prop.get("enum") or ())), "AnyOf": any_of,
-                     "Properties": nested, "Required": list(prop.get("required") or ())},
-                    json=as_json)
-
-
-def _present(d: dict, *keys: str) -> dict:
-    """The keys whose value is not nil (``omitempty`` on an ``any`` field), as Go holds them."""
-    return {k: go_any(d[k]) for k in keys if d.get(k) is not None}
+def _uses_field(pipe: Pipe, name: str) -> bool:
+    """thinking.rangeUsesField: a field starting with `name` anywhere in the range's pipeline."""
+    stack: list = [pipe]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, Field) and node.idents[0] == name:
+            return True
+        stack.extend(_children(node))
+    return False

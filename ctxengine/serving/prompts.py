@@ -45,6 +45,7 @@ class Prompt:
     tools: list | None = None                     # text.tools.Tool definitions to render (text/tools.py)
     prefill: str = ""                             # chat: the reply's opening text, which it continues
     trim: bool = False                            # chat: drop the oldest turns that do not fit (Ollama's)
+    think: bool | str | None = None               # Ollama's think, for a Go template's .Think (None: unset)
 
     @property
     def is_chat(self) -> bool:
@@ -53,7 +54,7 @@ class Prompt:
 
 def chat_text(model: "Model", entry: "CatalogEntry", messages: list[dict], *,
               add_generation_prompt: bool = True, layer_template: bool = True,
-              template: str | None = None, tools: list | None = None) -> str:
+              template: str | None = None, tools: list | None = None, think: bool | str | None = None) -> str:
     """The messages rendered as the model expects them (see the module doc).
 
     ``layer_template=False`` uses the GGUF's template even when the entry has
@@ -64,13 +65,14 @@ def chat_text(model: "Model", entry: "CatalogEntry", messages: list[dict], *,
     Tools, tool calls and tool results go through the Go template as Ollama
     passes them (``.Tools``, ``.ToolCalls``, tool-role messages), except tools
     offered to a model's layer that never mentions ``.Tools`` (Ollama refuses
-    those): the GGUF's template then shows them (text/tools.py)."""
+    those): the GGUF's template then shows them (text/tools.py).  ``think`` is Ollama's request
+    field, unset (None) by default: the Go template sees it as Ollama renders it."""
     asked, template = template, template or entry.template
     if template and layer_template and add_generation_prompt:
         try:
             go = OllamaTemplate(template)
             if asked or not tools or go.renders_tools:
-                return go.execute(with_system(messages, entry.system), tools=tools)
+                return go.execute(with_system(messages, entry.system), tools=tools, think=go.request_think(think))
         except UnsupportedTemplateError as err:
             if asked:  # the request's own: the client hears why, it was not silently replaced
                 raise RequestError(f"the request's template cannot be rendered: {err}", param="template") from None
@@ -97,7 +99,8 @@ def prompt_ids(model: "Model", entry: "CatalogEntry", prompt: Prompt, limit: int
 def _text(model: "Model", entry: "CatalogEntry", prompt: Prompt) -> str:
     if not prompt.is_chat:
         return prompt.text or ""
-    return chat_text(model, entry, prompt.messages, template=prompt.template, tools=prompt.tools) + prompt.prefill
+    return chat_text(model, entry, prompt.messages, template=prompt.template, tools=prompt.tools,
+                     think=prompt.think) + prompt.prefill
 
 
 def _ids(model: "Model", prompt: Prompt, text: str) -> list[int]:
