@@ -55,6 +55,11 @@ class StoreError(CtxError):
     """The snapshot store refused an operation."""
 
 
+class StorageError(StoreError):
+    """The snapshot store's disk failed a write (full, an I/O error): the server's trouble,
+    never the request's; nothing of the write was kept."""
+
+
 class UnavailableError(StoreError):
     """Something only another service can answer (the fleet) cannot be reached now;
     the same request may succeed after ``retry_after_s``."""

@@ -563,3 +563,33 @@ def test_an_empty_data_file_is_refused_not_taken_for_a_new_store(tmp_path):
     with pytest.raises(StoreError, match="data.mdb is empty .* holds no snapshots"):
         Store(path)
     assert (path / "data.mdb").stat().st_size == 0  # nothing written over it
+
+
+def test_a_write_the_disk_fails_is_the_stores_trouble_and_keeps_nothing(tmp_path):
+    # LMDB's commit error on a full disk (EIO, ENOSPC) came up as a plain StoreError, which a
+    # server answered as the client's 400 ("mdb_txn_commit: Input/output error").
+    from ctxengine.api.errors import status_of
+    from ctxengine.errors import StorageError
+
+    rng = random.Random(11)
+    with Store(tmp_path / "s") as s:
+        real = s.env.env
+
+        class FailingCommit:
+            def begin(self, **kw):
+                if kw.get("write"):
+                    raise lmdb.DiskError("mdb_txn_commit: Input/output error")
+                return real.begin(**kw)
+
+            def __getattr__(self, name):
+                return getattr(real, name)
+
+        s.env.env = FailingCommit()
+        page = rand_page(rng)
+        try:
+            with pytest.raises(StorageError, match="a write failed, nothing of it kept .* is its disk full"):
+                s.put_pages([page])
+        finally:
+            s.env.env = real
+        assert s.missing_pages([page_key(page)]) == [page_key(page)]
+    assert status_of(StorageError("x")) == 507

@@ -19,7 +19,7 @@ import logging
 import math
 
 from ..errors import (CancelledError, ContextError, CorruptDataError, CtxError, InvalidNameError, ModelFileError,
-                      ModelNotFoundError, RefConflictError, RequestError, StoreError, UnavailableError,
+                      ModelNotFoundError, RefConflictError, RequestError, StorageError, StoreError, UnavailableError,
                       UnsupportedModelError, WeightMismatchError)
 
 log = logging.getLogger("ctxengine.api")
@@ -83,6 +83,8 @@ def status_of(err: CtxError) -> int:
         return 500
     if isinstance(err, UnavailableError):
         return 503
+    if isinstance(err, StorageError):
+        return 507  # Insufficient Storage: the store's disk, as an eviction or a snapshot wrote to it
     if isinstance(err, StoreError) and str(err).startswith("no ref"):
         return 404
     if isinstance(err, ContextError) and str(err).startswith("no context named"):

@@ -31,7 +31,7 @@ from typing import Callable, Iterator, TypeVar
 
 import lmdb
 
-from ..errors import StoreError
+from ..errors import StorageError, StoreError
 
 T = TypeVar("T")
 
@@ -255,8 +255,9 @@ class Env:
                     resized = False
                 except lmdb.MapResizedError:
                     resized = True
-                except lmdb.Error as e:
-                    raise StoreError(f"snapshot store {self.path}: {e}") from None
+                except lmdb.Error as e:  # the commit's disk (full, failing), not the caller's input
+                    raise StorageError(f"snapshot store {self.path}: a write failed, nothing of it kept ({e}): "
+                                       "is its disk full?") from None
             if resized:
                 self._adopt_size()
             else:
