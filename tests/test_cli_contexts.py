@@ -265,6 +265,7 @@ def test_fork_restore_and_tag_refuse_a_name_made_after_their_check(tmp_path, mod
     import argparse
 
     from ctxengine.cli.contexts import fork, restore, snapshot
+    from ctxengine.cli.storecmd import importfile
     from ctxengine.store import Store
 
     s = tmp_path / "store"
@@ -272,6 +273,7 @@ def test_fork_restore_and_tag_refuse_a_name_made_after_their_check(tmp_path, mod
     src.append("Source text.")
     with Store(s) as store:
         first = src.snapshot(store, ref="src")
+        store.export(first, tmp_path / "src.snap")
         src.append(" More.")
         other = src.snapshot(store)
     src.delete()
@@ -281,11 +283,13 @@ def test_fork_restore_and_tag_refuse_a_name_made_after_their_check(tmp_path, mod
             store.set_ref(name, other)  # the other process, right after the check
         return check
 
-    for verb, argv in ((fork, ["src", "dst"]), (snapshot, ["src", "--tag", "tag"])):
+    for verb, argv in ((fork, ["src", "dst"]), (snapshot, ["src", "--tag", "tag"]),
+                       (importfile, [str(tmp_path / "src.snap"), "--as", "imp"])):
         p = argparse.ArgumentParser()
         verb.add_arguments(p)
         monkeypatch.setattr(verb, "require_absent", lose_the_race(argv[-1]))
-        with pytest.raises(StoreError, match=f"ref '{argv[-1]}' is at {other[:12]} .*expected no ref"):
+        with pytest.raises(StoreError, match=f"ref '{argv[-1]}' is at {other[:12]} .*expected no ref|"
+                                             f"'{argv[-1]}' was created by another process while this import"):
             verb.main(p.parse_args([*argv, "--store", str(s)]))
     p = argparse.ArgumentParser()
     restore.add_arguments(p)
@@ -300,5 +304,6 @@ def test_fork_restore_and_tag_refuse_a_name_made_after_their_check(tmp_path, mod
     with pytest.raises(StoreError, match=f"ref 'as' is at {other[:12]}"):
         restore.main(p.parse_args(["src", "--as", "as", "--store", str(s), "--threads", "1"]))
     with Store(s) as store:
-        assert {n: store.resolve(n) for n in ("dst", "tag", "as")} == {"dst": other, "tag": other, "as": other}
+        assert {n: store.resolve(n) for n in ("dst", "tag", "as", "imp")} == dict.fromkeys(("dst", "tag", "as", "imp"),
+                                                                                            other)
         assert store.resolve("src") == first

@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ...errors import CorruptDataError, InvalidNameError
+from ...errors import CorruptDataError, InvalidNameError, RefConflictError, StoreError
 from ..contexts import add_common_arguments, check_name, open_store, progress_bar, require_absent
 
 
@@ -30,8 +30,15 @@ def main(args: argparse.Namespace) -> int:
         if not args.force:
             require_absent(store, name)
         try:
-            sid = store.import_file(args.file, ref=name, progress=progress)
+            sid = store.import_file(args.file, ref=name if args.force else None, progress=progress)
         except CorruptDataError as err:
             raise CorruptDataError(f"{args.file} refused, nothing was stored: {err}") from None
+        if not args.force:  # only where the name is still free: another process may have made it meanwhile
+            try:
+                store.set_ref(name, sid, expect=None)
+            except RefConflictError:
+                raise StoreError(f"'{name}' was created by another process while this import ran and is left as "
+                                 f"it is; the import is snapshot {sid[:12]}, kept until ctx gc "
+                                 f"(ctx restore {sid[:12]} --as NAME keeps it)") from None
     print(f"imported {args.file} as {name} (snapshot {sid[:12]})")
     return 0
