@@ -2,6 +2,8 @@
 ``/api/embeddings``: the model's final normed hidden states, mean-pooled
 over the input's tokens and L2-normalised (not on Ollama's legacy
 ``/api/embeddings``, whose handler returns the pooled vector as it is),
+each input within the context a generation would get (Ollama's ``num_ctx``:
+the request's option, else the params layer's, within the model's),
 under the LoRA adapters a generation of the same request would run with
 (a ``lora`` field, else the model's default scales and its own ADAPTER layers).
 
@@ -25,6 +27,7 @@ import numpy as np
 
 from ..serving.exports import cancelled_when
 from .errors import ApiError
+from .options import entry_sampling
 from .streaming import until_disconnect
 
 if TYPE_CHECKING:
@@ -44,7 +47,7 @@ class Embeddings:
 
 
 def _embed(runtime, name: str | None, inputs: list, *, truncate: bool, dimensions: int | None, normalize: bool,
-           lora: list | None, gone: threading.Event) -> Embeddings:
+           num_ctx: int | None, lora: list | None, gone: threading.Event) -> Embeddings:
     t0 = time.perf_counter_ns()
     entry = runtime.resolve(name)
     with runtime.lease(entry.name) as model:
@@ -53,13 +56,15 @@ def _embed(runtime, name: str | None, inputs: list, *, truncate: bool, dimension
         engine = model.engine
         if dimensions is not None and not 1 <= dimensions <= engine.config.n_embd:
             raise ApiError(400, f"dimensions must be in 1..{engine.config.n_embd} for {entry.name}")
+        limit = _context_length(entry, engine.config.n_ctx, num_ctx)
         vectors, n_tokens = [], 0
         for item in inputs:
             ids = _ids(model, item)
-            if len(ids) > engine.config.n_ctx:
+            if len(ids) > limit:
                 if not truncate:
-                    raise ApiError(400, f"an input is {len(ids)} tokens; the context length is {engine.config.n_ctx}")
-                ids = ids[: engine.config.n_ctx]
+                    raise ApiError(400, f"input exceeds maximum context length: an input is {len(ids)} tokens; "
+                                        f"the context length is {limit}")
+                ids = ids[:limit]
             seq, total = engine.new_sequence(), np.zeros(engine.config.n_embd, np.float64)
             # Room for its pages is made when the scheduler admits each chunk; other requests' steps
             # run between them, and a client gone stops it at the next step (cancelled_when).
@@ -80,6 +85,13 @@ def _embed(runtime, name: str | None, inputs: list, *, truncate: bool, dimension
         return Embeddings(entry.name, vectors, n_tokens, load_ns, time.perf_counter_ns() - t0)
 
 
+def _context_length(entry, n_ctx: int, num_ctx: int | None) -> int:
+    """The tokens an input may have: as Ollama's embed handler, min(num_ctx, the model's context),
+    num_ctx the request's, else the params layer's (as a generation's), else none."""
+    num_ctx = num_ctx or entry_sampling(entry).num_ctx
+    return min(n_ctx, num_ctx) if num_ctx else n_ctx
+
+
 def _ids(model, item) -> list[int]:
     if isinstance(item, str):
         # empty text is refused whatever the model (a BOS alone was embedded where one is added)
@@ -92,12 +104,13 @@ def _ids(model, item) -> list[int]:
 
 
 async def embed(runtime, name: str | None, inputs: list, *, truncate: bool = True,
-                dimensions: int | None = None, normalize: bool = True, lora: list | None = None, metrics=None,
-                client: "Request | None" = None) -> Embeddings:
+                dimensions: int | None = None, normalize: bool = True, num_ctx: int | None = None,
+                lora: list | None = None, metrics=None, client: "Request | None" = None) -> Embeddings:
     """Embed each input (a string, or a list of token ids), L2-normalised unless
     ``normalize`` is false, under the adapters ``lora`` picks (a request's field; None:
-    the model's scales); ``client`` going away (its body read) stops the work at the
-    next chunk."""
+    the model's scales); an input longer than the context (``num_ctx``, Ollama's option,
+    else the params layer's, within the model's) is cut to it, or with ``truncate`` false
+    refused; ``client`` going away (its body read) stops the work at the next chunk."""
     if not inputs:
         raise ApiError(400, "no input to embed")
     if len(inputs) > MAX_INPUTS:
@@ -107,7 +120,7 @@ async def embed(runtime, name: str | None, inputs: list, *, truncate: bool = Tru
     try:
         result = await anyio.to_thread.run_sync(
             lambda: _embed(runtime, name, inputs, truncate=truncate, dimensions=dimensions,
-                           normalize=normalize, lora=lora, gone=gone))
+                           normalize=normalize, num_ctx=num_ctx, lora=lora, gone=gone))
     finally:
         if watch is not None:
             watch.cancel()

@@ -11,7 +11,8 @@ Ollama's fields, the last line carries ``prompt_cached_count``: how many of
 the ``prompt_eval_count`` tokens had their KV reused. ``format`` ("json" or a
 JSON Schema) and ``grammar`` (our extension: GBNF) constrain the reply
 (api/structured.py); ``/api/chat`` takes ``tools`` and answers
-``message.tool_calls`` (api/tools.py).
+``message.tool_calls`` (api/tools.py). A reply's ``model`` is the name as the
+request spelled it (``smollm2``, not ``smollm2:latest``), as Ollama echoes it.
 """
 from __future__ import annotations
 
@@ -109,7 +110,7 @@ class _Ollama:
         details = model_facts.details(entry)
         error = entry.error or details.pop("error", None)
         item = {"name": entry.name, "model": entry.name, "modified_at": iso(entry.modified or None),
-                "size": entry.size, "digest": model_facts.digest(entry), "details": details}
+                "size": entry.listed_size, "digest": model_facts.digest(entry), "details": details}
         if error:
             item["error"] = error
         return item
@@ -128,13 +129,14 @@ class _Ollama:
     async def load_or_unload(self, f: Fields, name: str, body: dict):
         """An empty prompt loads the model (keep_alive 0: unloads it), as Ollama does."""
         ka = _keep_alive(f)
+        sent = requested_model(f)
         if ka == 0:
             await anyio.to_thread.run_sync(lambda: self.runtime.keep_alive(name, 0) if self.is_loaded(name) else None)
-            return {"model": name, "created_at": iso(), **body, "done": True, "done_reason": "unload"}
+            return {"model": sent, "created_at": iso(), **body, "done": True, "done_reason": "unload"}
         await anyio.to_thread.run_sync(lambda: self.runtime.model(name))
         if ka is not UNSET:
             self.runtime.keep_alive(name, ka)
-        return {"model": name, "created_at": iso(), **body, "done": True, "done_reason": "load"}
+        return {"model": sent, "created_at": iso(), **body, "done": True, "done_reason": "load"}
 
     def tokenizer(self, name: str):
         """A loaded model's tokenizer (a generation that has started holds its model loaded)."""
@@ -149,7 +151,7 @@ class _Ollama:
                                 grammar=ollama_grammar(f), tools=tools, lora=f.data.get("lora"))
         stream = f.bool("stream", True)
         gen = await started(self.generations, req, client)
-        reply = LineWriter(gen.started, req.model, chat)
+        reply = LineWriter(gen.started, requested_model(f), chat)  # the name as sent, as Ollama echoes it
         if not chat and context is None:  # Ollama's context array: none for a raw prompt
             tokenizer = self.tokenizer(gen.started.model)
             reply.context = None if not prompt.is_chat else UNSET if tokenizer is None else tokenizer
@@ -233,18 +235,18 @@ def _embedding_routes(router: APIRouter, o: _Ollama) -> None:
     @router.post("/api/embed")
     async def embed_route(request: Request):
         f = Fields(await json_body(request))
-        name = o.model_name(f)
-        ollama_sampling(f.obj("options").data)  # checked, though nothing in it applies
+        name, sent = o.model_name(f), requested_model(f)
+        options = ollama_sampling(f.obj("options").data)  # checked; num_ctx alone applies
         if f.data.get("input") in (None, "", []):  # as Ollama's EmbedHandler: the model loads, nothing is embedded
             await anyio.to_thread.run_sync(lambda: o.runtime.model(name))
             o.apply_keep_alive(f, name)
-            return {"model": name, "embeddings": []}
+            return {"model": sent, "embeddings": []}
         inputs = f.str_list("input")
         result = await embed(o.runtime, name, inputs, truncate=f.bool("truncate", True),
-                             dimensions=f.int("dimensions", None), lora=f.data.get("lora"), metrics=o.metrics,
-                             client=request)
+                             dimensions=f.int("dimensions", None), num_ctx=options.num_ctx, lora=f.data.get("lora"),
+                             metrics=o.metrics, client=request)
         o.apply_keep_alive(f, name)
-        return {"model": name, "embeddings": [v.tolist() for v in result.vectors],
+        return {"model": sent, "embeddings": [v.tolist() for v in result.vectors],
                 "total_duration": result.total_ns, "load_duration": result.load_ns,
                 "prompt_eval_count": result.n_tokens}
 
@@ -252,13 +254,13 @@ def _embedding_routes(router: APIRouter, o: _Ollama) -> None:
     async def embeddings_route(request: Request):
         f = Fields(await json_body(request))
         name = o.model_name(f)
-        ollama_sampling(f.obj("options").data)
+        options = ollama_sampling(f.obj("options").data)
         text = f.str("prompt", "")
         if not text:
             return {"embedding": []}
         # Ollama's legacy handler returns the pooled vector unnormalised (/api/embed normalises)
-        result = await embed(o.runtime, name, [text], normalize=False, lora=f.data.get("lora"), metrics=o.metrics,
-                             client=request)
+        result = await embed(o.runtime, name, [text], normalize=False, num_ctx=options.num_ctx,
+                             lora=f.data.get("lora"), metrics=o.metrics, client=request)
         o.apply_keep_alive(f, name)
         return {"embedding": result.vectors[0].tolist()}
 

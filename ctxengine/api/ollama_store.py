@@ -5,7 +5,8 @@
 value, ``fmt.Sprintf("%-*s %#v", 30, k, v)`` (the params layer is JSON, so a
 number prints as Go's float64 and a string Go-quoted), ``capabilities``
 "completion" (or "embedding" for a model with a pooling type) and "tools"
-when the template renders tools.
+when the template renders tools; ``model_info``'s arrays (the vocabulary,
+merges) are null unless the request says ``"verbose": true``.
 
 ``/api/pull`` streams NDJSON progress lines as Ollama's server does
 (``{"status": "pulling manifest"}``, ``{"status": "pulling <12 hex>",
@@ -45,11 +46,13 @@ def routes(runtime, pulls: Pulls) -> APIRouter:
 
     @router.post("/api/show")
     async def show(request: Request):
-        name = requested_model(Fields(await json_body(request)))
-        entry = runtime.catalog.get(untagged(runtime.catalog, name))
+        f = Fields(await json_body(request))
+        entry = runtime.catalog.get(untagged(runtime.catalog, requested_model(f)))
+        verbose = f.bool("verbose", False)
         if entry.path is None:
             raise ApiError(400, f"model '{entry.name}' cannot be served: {entry.error}")
-        return await anyio.to_thread.run_sync(_show, entry)
+        # off the event loop: a packaged model not assembled yet is assembled here (model_facts.py)
+        return await anyio.to_thread.run_sync(lambda: _show(entry, verbose=verbose))
 
     @router.post("/api/pull")
     async def pull(request: Request):
@@ -101,8 +104,9 @@ async def _lines(pulls: Pulls, name: str):
 
 
 # -- what /api/show says of a model (its file's facts: serving/model_facts.py) -----------
-def _show(entry) -> dict:
-    details, info = model_facts.facts(entry)
+def _show(entry, *, verbose: bool = False) -> dict:
+    """``verbose``: model_info's arrays (the vocabulary, merges) in full, as ``ollama show --verbose``."""
+    details, info = model_facts.facts(entry, verbose=verbose)
     values = [(k, v) for k, vs in entry.params.items() for v in (vs if isinstance(vs, list) else [vs])]
     template = model_facts.chat_template(entry)
     lines = [f"FROM {entry.path}", f'TEMPLATE """{template}"""']

@@ -11,7 +11,8 @@
   ``{"type": "auto" | "any" | "tool" | "none", "name"}``; ``tool_use`` and
   ``tool_result`` content blocks;
 * Ollama: ``tools`` as OpenAI's; assistant ``tool_calls`` with arguments as an
-  object; ``role: "tool"`` results. Ollama has no tool_choice: ours (OpenAI's
+  object; ``role: "tool"`` results (their ``tool_name``: the engine message's
+  ``name``, as OpenAI's legacy ``name``). Ollama has no tool_choice: ours (OpenAI's
   values) is an extension, auto when absent.
 
 A forced choice (required, any, a named tool) is generated under a grammar,
@@ -139,6 +140,11 @@ def openai_message(f: Fields, role: str) -> dict:
         out = {"role": "tool", "content": text}
         if "tool_call_id" in f:
             out["tool_call_id"] = f.str("tool_call_id")
+        # The tool that answered (Ollama's tool_name, OpenAI's legacy name): templates show it
+        # (a Go template's .ToolName, a Jinja template's message.name)
+        name = f.str("tool_name", None) or f.str("name", None)
+        if name:
+            out["name"] = name
         return out
     calls = []
     for i, c in enumerate(f.list("tool_calls", []) if role == "assistant" else []):

@@ -29,9 +29,11 @@ class CatalogEntry:
     template: str | None = None
     modified: float = 0.0              # mtime of the file (or manifest)
     # From an Ollama manifest (ollama/store.py): the manifest's sha256 (what
-    # /api/tags lists as digest), its config blob (model_family, file_type, ...),
-    # the model layer's "from" and the license layer.
+    # /api/tags lists as digest), the bytes it holds (every layer and the config),
+    # its config blob (model_family, file_type, ...), the model layer's "from" and
+    # the license layer.
     digest: str = ""
+    manifest_size: int = 0
     config: dict = field(default_factory=dict)
     parent_model: str = ""
     license: str | None = None
@@ -44,6 +46,12 @@ class CatalogEntry:
             return self.path.stat().st_size if self.path is not None else 0
         except OSError:
             return 0
+
+    @property
+    def listed_size(self) -> int:
+        """The size Ollama's /api/tags lists: an Ollama model's whole manifest (Manifest.Size:
+        its system, template and params layers, adapters and config too), else the file's."""
+        return self.manifest_size or self.size
 
     @property
     def servable(self) -> bool:

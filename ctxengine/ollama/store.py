@@ -191,6 +191,7 @@ def read_manifest(root: Path, name: OllamaName, path: Path) -> CatalogEntry:
         manifest = _json(raw, "the manifest")
         if not isinstance(manifest, dict) or not isinstance(manifest.get("layers"), list):
             raise _Refused("the manifest has no layer list")
+        entry.manifest_size = _manifest_size(manifest)
         entry.config = _read_config(root, manifest.get("config"))
         if entry.config.get("remote_host"):
             raise _Refused(f"a cloud model served by {entry.config['remote_host']}, not stored here")
@@ -207,6 +208,12 @@ def read_manifest(root: Path, name: OllamaName, path: Path) -> CatalogEntry:
     except CtxError as err:
         entry.error = str(err)
     return entry
+
+
+def _manifest_size(manifest: dict) -> int:
+    """Manifest.Size: the sizes the manifest states for its layers and its config."""
+    items = [*manifest["layers"], manifest.get("config")]
+    return sum(i["size"] for i in items if isinstance(i, dict) and type(i.get("size")) is int and i["size"] > 0)
 
 
 def _blob(root: Path, layer: object) -> tuple[Path, dict]:
