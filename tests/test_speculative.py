@@ -261,6 +261,45 @@ def test_a_model_drafts_for_itself(smollm2_path, model, monkeypatch):
     assert spec[5].accepted == spec[5].drafted >= len(plain[0]) - 6, spec[5]  # each verify adds one of its own
 
 
+def test_a_model_drafting_for_itself_takes_no_page_plain_decoding_needs(smollm2_path, page_bytes, monkeypatch):
+    # Its fork's pages came straight from the pool, promised to no one: in a pool that fits
+    # two plain streams exactly, the other stream's reserved step found it full and failed.
+    from ctxengine.engine.engine import Engine
+    from ctxengine.state.model import Model, attach_draft
+
+    engine = Engine(smollm2_path, threads=2, kv_budget=16 * page_bytes)
+    attach_draft(engine, smollm2_path)
+    model = Model(engine)
+    free_rows(monkeypatch, model)
+    page = engine.scheduler.page_tokens
+    prompt = model.tokenize(chat(model, EDIT), parse_special=True)[:6 * page - 8]  # + 40: 8 pages a stream
+    got = {}
+
+    def stream(name, speculative):
+        c = model.context(name)
+        try:
+            c.append(prompt)
+            got[name] = [p.token_id for p in c.generate(40, temperature=0.0, speculative=speculative)]
+            got[name + " drafted"] = c.speculation.drafted
+        except CtxError as err:
+            got[name] = str(err)
+        finally:
+            c.delete()
+
+    try:
+        for _ in range(2):
+            threads = [threading.Thread(target=stream, args=("drafts", None)),
+                       threading.Thread(target=stream, args=("plain", False))]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            assert got["drafts"] == got["plain"] and len(got["plain"]) == 40, got
+            assert got["drafts drafted"] > 0  # it drafted, from pages no one was promised
+    finally:
+        model.close()
+
+
 def test_a_draft_with_another_vocabulary_is_refused(smollm2_path, gemma3_path):
     with pytest.raises(CtxError, match=r"another vocabulary .* token \d+ is b'.*' there, b'.*' here"):
         ce.load(smollm2_path, threads=1, draft=gemma3_path)

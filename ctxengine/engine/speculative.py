@@ -143,28 +143,50 @@ class ForkDrafter:
     context table's budget, and could fill the pool where plain decoding fits), only
     the pages the k drafted tokens write, released with the fork."""
 
-    def __init__(self, engine: "Engine", live_seq: Callable[[], "_core.KVSeq | None"], lora: object = None):
+    def __init__(self, engine: "Engine", live_seq: Callable[[], "_core.KVSeq | None"], lora: object = None,
+                 promise: Callable[[int], object | None] | None = None):
         """``live_seq()``: the context's KVSeq now (None when it has none); ``lora``: the
-        adapters its KV was made with, so a draft continues it as the context would."""
-        self.engine, self.live_seq, self.lora = engine, live_seq, lora
+        adapters its KV was made with, so a draft continues it as the context would;
+        ``promise(n)``: n pages held from the context table's budget, or None when they are
+        not free now (state/budget.py): the draft's pages come only from pages no one else
+        was promised, and where there are none it drafts nothing (it took them from the
+        pool, and another stream's reserved step then found the pool full)."""
+        self.engine, self.live_seq, self.lora, self.promise = engine, live_seq, lora, promise
 
     def propose(self, tokens: Sequence[int], k: int) -> list[int]:
         seq = self.live_seq()
         if seq is None or seq.n_tokens != len(tokens) - 1:
             return []
-        fork = seq.fork()
+        fork, held = seq.fork(), []
         try:
-            return _greedy(self.engine, fork, [tokens[-1]], k, len(tokens), self.lora) or []
+            return _greedy(self.engine, fork, [tokens[-1]], k, len(tokens), self.lora,
+                           lambda n: self._hold(n, held)) or []
         finally:
-            del fork  # its pages go back now
+            del fork  # its pages go back now, and then the promises that covered them
+            for promise in held:
+                promise.release()
+
+    def _hold(self, n: int, held: list) -> None:
+        """The reserve of a draft's forward: n pages promised (kept in ``held`` until the fork
+        is gone, so that another stream's reserve waits for its pages to come back rather than
+        find the pool full), or no draft (a CtxError)."""
+        if self.promise is None:
+            return None
+        promise = self.promise(n)
+        if promise is None:
+            raise CtxError("no pages free for a draft")
+        held.append(promise)
+        return None  # nothing for the scheduler to release when the forward has run
 
 
-def _greedy(engine: "Engine", seq, pending: list[int], k: int, n_tokens: int, lora=None) -> list[int] | None:
+def _greedy(engine: "Engine", seq, pending: list[int], k: int, n_tokens: int, lora=None,
+            reserve: Callable[[int], object] | None = None) -> list[int] | None:
     """Up to k greedy tokens after ``pending`` appended to seq (which holds the rest of
     the n_tokens), within the context length; None when they find no room (no KV pages
-    left: a draft source that cannot run drafts nothing, never failing the reply)."""
+    left: a draft source that cannot run drafts nothing, never failing the reply).
+    ``reserve``: as engine.forward's."""
     draft: list[int] = []
-    extra = {} if lora is None else {"lora": lora}
+    extra = ({} if lora is None else {"lora": lora}) | ({} if reserve is None else {"reserve": reserve})
     try:
         while len(draft) < k and n_tokens + len(draft) < engine.config.n_ctx:
             draft.append(int(np.argmax(engine.forward(seq, pending, **extra))))

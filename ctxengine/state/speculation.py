@@ -200,7 +200,8 @@ def default_drafter(ctx: Speculating) -> Drafter:
     """The draft model if one is loaded, else lookup over the context and its relatives."""
     draft_engine = getattr(ctx.engine, "draft", None)
     if draft_engine is ctx.engine:  # a model drafting for itself: on a fork of the context's own KV
-        return ForkDrafter(ctx.engine, lambda: ctx._kv.seq if ctx._kv.state is Residency.LIVE else None, ctx.lora)
+        return ForkDrafter(ctx.engine, lambda: ctx._kv.seq if ctx._kv.state is Residency.LIVE else None, ctx.lora,
+                           promise=ctx._table.budget.promise)
     if draft_engine is not None:
         return ModelDrafter(draft_engine)
     return LookupDrafter(ctx._tokens, relatives(ctx, ctx._table.others(ctx)))
