@@ -27,7 +27,7 @@ import numpy as np
 
 from ..serving.exports import cancelled_when
 from .errors import ApiError
-from .options import entry_sampling
+from .options import context_length
 from .streaming import until_disconnect
 
 if TYPE_CHECKING:
@@ -56,7 +56,7 @@ def _embed(runtime, name: str | None, inputs: list, *, truncate: bool, dimension
         engine = model.engine
         if dimensions is not None and not 1 <= dimensions <= engine.config.n_embd:
             raise ApiError(400, f"dimensions must be in 1..{engine.config.n_embd} for {entry.name}")
-        limit = _context_length(entry, engine.config.n_ctx, num_ctx)
+        limit = context_length(entry, engine.config.n_ctx, num_ctx)  # as Ollama's embed handler
         vectors, n_tokens = [], 0
         for item in inputs:
             ids = _ids(model, item)
@@ -83,13 +83,6 @@ def _embed(runtime, name: str | None, inputs: list, *, truncate: bool, dimension
             vectors.append((v / norm if norm > 0 else v).astype(np.float32))
             n_tokens += len(ids)
         return Embeddings(entry.name, vectors, n_tokens, load_ns, time.perf_counter_ns() - t0)
-
-
-def _context_length(entry, n_ctx: int, num_ctx: int | None) -> int:
-    """The tokens an input may have: as Ollama's embed handler, min(num_ctx, the model's context),
-    num_ctx the request's, else the params layer's (as a generation's), else none."""
-    num_ctx = num_ctx or entry_sampling(entry).num_ctx
-    return min(n_ctx, num_ctx) if num_ctx else n_ctx
 
 
 def _ids(model, item) -> list[int]:

@@ -33,7 +33,7 @@ from ..text.tools import ToolUse
 from .embeddings import embed
 from .errors import OLLAMA, ApiError, error_body
 from .fields import Fields, json_body
-from .options import entry_sampling, ollama_sampling
+from .options import context_length, ollama_sampling
 from .streaming import GenerationStream, Writer, collected, ndjson, started
 from .structured import ollama_grammar
 from .tools import ollama_calls, ollama_tool_use, openai_message
@@ -266,13 +266,11 @@ def _embedding_routes(router: APIRouter, o: _Ollama) -> None:
 
 
 def _context_length(loaded) -> int:
-    """The context a request on a loaded model gets: its params layer's num_ctx, within n_ctx."""
-    n_ctx = loaded.model.config.n_ctx
+    """The context a request on a loaded model gets (as /api/ps lists it)."""
     try:
-        num_ctx = entry_sampling(loaded.entry).num_ctx
+        return context_length(loaded.entry, loaded.model.config.n_ctx)
     except ApiError:  # an unusable params layer: each request is refused, the model still runs
-        num_ctx = None
-    return min(n_ctx, num_ctx) if num_ctx else n_ctx
+        return loaded.model.config.n_ctx
 
 
 def _keep_alive(f: Fields):

@@ -55,6 +55,13 @@ def entry_sampling(entry) -> Sampling:
         raise ApiError(500, f"model '{entry.name}' has an unusable params layer: {err.message}") from None
 
 
+def context_length(entry, n_ctx: int, num_ctx: int | None = None) -> int:
+    """The context a request on an entry gets: ``num_ctx`` (the request's, else its params
+    layer's), within the model's n_ctx; ApiError for an unusable params layer."""
+    num_ctx = num_ctx or entry_sampling(entry).num_ctx
+    return min(n_ctx, num_ctx) if num_ctx else n_ctx
+
+
 def seed(f: Fields) -> int:
     """OpenAI's ``seed``, a signed 64-bit integer, as the engine's unsigned one (two's complement);
     seeds up to 2**64 - 1 are taken as they always were."""
