@@ -102,6 +102,11 @@ class FleetHost:
         FleetUnavailable while the fleet cannot be read, never this host's older ref."""
         return self.fleet.get_ref(name, or_local=False)
 
+    def delete_ref(self, name: str) -> bool:
+        """Delete the fleet's ref ``name`` and its log (False: there was none);
+        FleetUnavailable while the fleet cannot be written, and nothing deleted."""
+        return self.fleet.delete_ref(name, or_local=False)
+
     def holds(self, snapshot_id: str) -> bool:
         """Whether the fleet (not only this host) holds a snapshot."""
         return self.fleet.has_manifest(snapshot_id, or_local=False)

@@ -183,7 +183,7 @@ class Sessions:
             ctx = None  # held elsewhere or nowhere: the fleet's ref is all there is here
         with ctx.hold(resident=False) if ctx is not None else nullcontext():  # a turn of ours publishes first
             held = ctx is not None and ctx.residency is not Residency.DELETED
-            on_fleet = self.fleet.fleet.delete_ref(name, or_local=False)
+            on_fleet = self.fleet.delete_ref(name)
             try:
                 self.store().delete_ref(name)
             except StoreError as e:
