@@ -106,7 +106,11 @@ void ThreadPool::run(int64_t n, int64_t grain, bool guided, const RangeFn& fn) {
 }
 
 void ThreadPool::worker_loop(int index) {
-  tls_index = index;
+  // The index is set at the first job, not here: tls_index lives in this dlopen'd
+  // module's dynamic TLS, whose first touch mallocs, and glibc aborts the process when
+  // that fails. A pool whose constructor the OS refused a thread has its address space
+  // spent; its workers must leave without touching it.
+  bool indexed = false;
   uint64_t seen = 0;
   for (;;) {
     uint64_t gen = generation_.load(std::memory_order_acquire);
@@ -124,6 +128,10 @@ void ThreadPool::worker_loop(int index) {
     }
     seen = gen;
     if (stop_.load()) return;
+    if (!indexed) {
+      tls_index = index;
+      indexed = true;
+    }
     run_chunks();
     n_active_.fetch_sub(1, std::memory_order_acq_rel);
   }
