@@ -240,8 +240,11 @@ def test_ctrl_c_says_the_pull_resumes_and_one_spelling_is_kept(hub, tmp_path):
     from pull_fixtures import CTX, ctx_env
     hub.rate = 40e6
     try:
+        # SIGINT as a terminal's Ctrl-C gives it: a suite run in the background (`pytest &`) ignores
+        # SIGINT, the child inherits that, and Python then raises no KeyboardInterrupt
         proc = subprocess.Popen([*CTX, "pull", f"hf://{GEMMA_REPO}:Q4_K_M"], stdout=subprocess.DEVNULL,
-                                stderr=subprocess.PIPE, text=True, env=ctx_env(tmp_path, **hub_env(hub, tmp_path)))
+                                stderr=subprocess.PIPE, text=True, env=ctx_env(tmp_path, **hub_env(hub, tmp_path)),
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and not list(tmp_path.glob("hf/hub/models--*/blobs/*.incomplete")):
             time.sleep(0.05)
