@@ -78,6 +78,26 @@ def test_a_deleted_context_is_deleted_on_the_fleet(hosts, redis_cluster):
     assert redis_cluster.keys("ctx:r:{far}") == [] and get(b, "/v1/contexts/far").status_code == 404
 
 
+def test_a_context_deleted_on_one_host_is_gone_from_anothers_live_copy(hosts, redis_cluster):
+    # B's live copy outlived the delete: B answered from it, and its turn published the
+    # deleted conversation again under the freed name.
+    a, b = hosts
+    assert post(a, "/v1/contexts", {"name": "held", "system": SYSTEM}).status_code == 201
+    assert chat(a, "held", "Name a colour.").status_code == 200
+    assert chat(b, "held", "Another one.").status_code == 200  # B restores it and holds it live
+    assert delete(a, "/v1/contexts/held").status_code == 200
+    assert redis_cluster.keys("ctx:rx:{held}") == ["ctx:rx:{held}"]
+    turn = chat(b, "held", "And one more.")
+    assert turn.status_code == 404 and "deleted on the fleet" in turn.text, turn.text
+    assert redis_cluster.keys("ctx:r:{held}") == []
+    assert get(b, "/v1/contexts/held").status_code == 404
+    # The name is free again, on either host, and a new context under it is published as any.
+    assert post(b, "/v1/contexts", {"name": "held", "system": SYSTEM}).status_code == 201
+    assert redis_cluster.keys("ctx:rx:{held}") == []
+    assert chat(b, "held", "Name a colour.").status_code == 200
+    assert get(a, "/v1/contexts/held").status_code == 200
+
+
 def test_a_stored_responses_ref_is_read_never_changed(hosts):
     # A chat naming "responses/<id>" restored it, generated and moved the ref on: the response,
     # once made, changed, and its follow-ups continued the injected text.

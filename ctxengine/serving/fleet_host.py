@@ -107,6 +107,14 @@ class FleetHost:
         FleetUnavailable while the fleet cannot be written, and nothing deleted."""
         return self.fleet.delete_ref(name, or_local=False)
 
+    def deleted(self, name: str) -> bool:
+        """Whether the fleet's ref ``name`` was deleted and no context made under it since."""
+        return self.fleet.deleted(name, or_local=False)
+
+    def forget_deleted(self, name: str) -> None:
+        """A context is being made under ``name``: a deleted ref's tombstone no longer applies."""
+        self.fleet.forget_deleted(name, or_local=False)
+
     def holds(self, snapshot_id: str) -> bool:
         """Whether the fleet (not only this host) holds a snapshot."""
         return self.fleet.has_manifest(snapshot_id, or_local=False)

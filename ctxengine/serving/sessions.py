@@ -114,7 +114,11 @@ class Sessions:
         try:
             self.models.find_local_context(name)
         except ContextError:
-            if name == restoring or not self._on_fleet(name):
+            if name == restoring:
+                return name
+            if not self._on_fleet(name):
+                if self.fleet is not None and not is_host_local(name):
+                    self.fleet.forget_deleted(name)  # a live copy elsewhere is of the deleted one, not this
                 return name
         raise ContextError(f"a context named '{name}' already exists")
 
@@ -296,6 +300,9 @@ class Sessions:
         sid = self.fleet.ref(ctx.name)
         if ctx.snapshot_id is None or sid == ctx.snapshot_id:
             return ctx  # made here and never published, or the fleet's latest
+        if sid is None and self.fleet.deleted(ctx.name):
+            self._drop(ctx)  # deleted on another host: a turn here would publish it again
+            raise ContextError(f"no context named '{ctx.name}' (it was deleted on the fleet)")
         if not self.fleet.holds(ctx.snapshot_id):
             try:
                 self.fleet.catch_up(ctx.name, ctx.snapshot_id)
@@ -304,7 +311,7 @@ class Sessions:
                 raise
             return ctx
         if sid is None:
-            return ctx  # the ref was deleted on the fleet: this host's copy is all there is
+            return ctx  # the fleet lost the ref (no tombstone): this host's copy is all there is
         store = self.store()
         with self._restoring:
             with ctx.hold(resident=False):  # not while a request of ours is using it

@@ -10,6 +10,7 @@ slot through the ``{name}`` hash tag, so one Lua script moves both):
     ctx:pm:<snapshot id>  the same manifest while it is being published (expires
                           after the gc grace): its pages are live for fleet gc
     ctx:r:{<ref>}         snapshot id          ctx:rl:{<ref>}  the ref's log
+    ctx:rx:{<ref>}        a deleted ref's tombstone (fleet_refs.py), for TOMBSTONE_S
     ctx:host:<host>       a host's heartbeat   ctx:w:<weight id>  hosts serving it
     ctx:wl:<weight id>:<adapter id>   hosts serving those weights with that LoRA adapter
 
@@ -274,7 +275,16 @@ class Fleet:
 
     @_or_local(False)
     def delete_ref(self, name: str) -> bool:
-        return fleet_refs.delete_ref(self.cluster, name)
+        return fleet_refs.delete_ref(self.cluster, name, self.host_id)
+
+    @_or_local(False)
+    def deleted(self, name: str) -> bool:
+        """Whether ref ``name`` was deleted on the fleet and not made again since."""
+        return fleet_refs.deleted(self.cluster, name)
+
+    @_or_local(None)
+    def forget_deleted(self, name: str) -> None:
+        fleet_refs.forget_deleted(self.cluster, name)
 
     @_or_local(dict)
     def refs(self) -> dict[str, str]:

@@ -9,6 +9,13 @@ second finds it at a snapshot it does not descend from and gets
 :class:`RefConflictError`. The move and its log entry are one script, so no
 write is lost and the log never disagrees with the ref.
 
+Deleting a ref leaves a tombstone in its slot (``ctx:rx:{name}``: when, by
+which host, at which snapshot; kept TOMBSTONE_S): a host still holding a live
+copy of the context finds the ref gone *and* the tombstone, and drops its copy
+rather than take the absent ref for one never published (which its next turn
+would publish again: the deleted conversation back). A new context made under
+the name, or any move of the ref, clears it.
+
 Fleet gc keeps what local gc keeps (store/maintenance.py): snapshots a ref
 reaches through parents, their pages, and for ``grace`` seconds whatever is
 being published (manifests created that recently, and every page a
@@ -28,19 +35,21 @@ from .maintenance import GCResult
 from .manifest import Manifest
 from .names import is_host_id
 
-__all__ = ["RefConflictError", "all_refs", "delete_ref", "gc", "get_ref", "heartbeat", "hosts",
-           "hosts_serving", "move_ref", "ref_log"]
+__all__ = ["RefConflictError", "all_refs", "delete_ref", "deleted", "forget_deleted", "gc", "get_ref", "heartbeat",
+           "hosts", "hosts_serving", "move_ref", "ref_log"]
 
 # Key layout (store/fleet.py's docstring): pages, manifests, publishing markers,
 # refs and their logs (hash-tagged by name), host heartbeats, hosts by weights
 # and by (weights, LoRA adapter).
 PAGE, MANIFEST, PENDING = "ctx:p:", "ctx:m:", "ctx:pm:"
 REF, REFLOG, HOST, WEIGHTS, WEIGHTS_LORA = "ctx:r:", "ctx:rl:", "ctx:host:", "ctx:w:", "ctx:wl:"
+TOMBSTONE = "ctx:rx:"
+TOMBSTONE_S = 30 * 24 * 3600  # how long a deleted ref's tombstone is kept: past any live copy's idle life
 
 _SNAPSHOT_ID = re.compile(rb"[0-9a-f]{%d}" % codec.KEY_HEX_LEN)
 QUOTED_BYTES = 64   # of a garbage value an error quotes (a ref may hold megabytes of anything)
 
-# KEYS: ref, log. ARGV: new id, log entry, then the ids the ref may be at.
+# KEYS: ref, log, tombstone. ARGV: new id, log entry, then the ids the ref may be at.
 _MOVE = """
 local cur = redis.call('GET', KEYS[1])
 if cur == ARGV[1] then return {1, cur} end
@@ -51,7 +60,15 @@ if cur then
 end
 redis.call('SET', KEYS[1], ARGV[1])
 redis.call('RPUSH', KEYS[2], ARGV[2])
+redis.call('DEL', KEYS[3])
 return {1, cur or ''}
+"""
+# KEYS: ref, log, tombstone. ARGV: the tombstone's entry, its life (s).
+_DELETE = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+redis.call('DEL', KEYS[1], KEYS[2])
+redis.call('SET', KEYS[3], ARGV[1], 'EX', ARGV[2])
+return 1
 """
 # KEYS: one hash of hosts by weights. ARGV: host, expiry (unix ms).
 _SERVE = """
@@ -63,6 +80,10 @@ return 1
 
 def _ref_keys(name: str) -> tuple[str, str]:
     return f"{REF}{{{name}}}", f"{REFLOG}{{{name}}}"
+
+
+def _tombstone_key(name: str) -> str:
+    return f"{TOMBSTONE}{{{name}}}"
 
 
 def get_ref(cluster: Cluster, name: str) -> str | None:
@@ -91,7 +112,8 @@ def move_ref(cluster: Cluster, name: str, sid: str, ancestors: list[str], host: 
     """Compare-and-set ``name`` to ``sid`` (acknowledged by a replica); the old id."""
     ref, log = _ref_keys(name)
     entry = json.dumps({"time": time.time(), "new": sid, "host": host}, sort_keys=True)
-    ok, cur = cluster.on_key(ref, lambda p, k: p.eval(_MOVE, 2, ref, log, sid, entry, *ancestors), wait=True)
+    ok, cur = cluster.on_key(ref, lambda p, k: p.eval(_MOVE, 3, ref, log, _tombstone_key(name), sid, entry,
+                                                      *ancestors), wait=True)
     if cur and not _SNAPSHOT_ID.fullmatch(cur):
         raise _damaged_ref(name, cur)  # (never one of the ids the move accepts)
     cur = cur.decode() if cur else None
@@ -115,9 +137,22 @@ def _last_mover(cluster: Cluster, name: str) -> str:
     return f" by host {host}" if is_host_id(host) else ""
 
 
-def delete_ref(cluster: Cluster, name: str) -> bool:
+def delete_ref(cluster: Cluster, name: str, host: str) -> bool:
+    """Delete ref ``name`` and its log, leaving its tombstone; False if there was no ref."""
     ref, log = _ref_keys(name)
-    return bool(cluster.on_key(ref, lambda p, k: p.delete(ref, log), wait=True))
+    entry = json.dumps({"time": time.time(), "host": host}, sort_keys=True)
+    return bool(cluster.on_key(ref, lambda p, k: p.eval(_DELETE, 3, ref, log, _tombstone_key(name), entry,
+                                                        TOMBSTONE_S), wait=True))
+
+
+def deleted(cluster: Cluster, name: str) -> bool:
+    """Whether ref ``name`` was deleted (its tombstone is there) and not made again since."""
+    return bool(cluster.on_key(_tombstone_key(name), lambda p, k: p.exists(k)))
+
+
+def forget_deleted(cluster: Cluster, name: str) -> None:
+    """Clear ref ``name``'s tombstone: a new context of that name is being made."""
+    cluster.on_key(_tombstone_key(name), lambda p, k: p.delete(k))
 
 
 def ref_log(cluster: Cluster, name: str) -> list[dict]:
