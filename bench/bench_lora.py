@@ -2,7 +2,7 @@
 llama.cpp's, alternated in one run.
 
     python bench/bench_lora.py [--threads 2] [--rounds 5] [--prompt 512] [--gen 64] [--rank 16]
-        [--dtype F32|F16] [--old-core OLD_CORE.so] [--llama-python /opt/llamavenv/bin/python]
+        [--dtype F32|F16|BF16] [--old-core OLD_CORE.so] [--llama-python /opt/llamavenv/bin/python]
 
 The adapter (tests/lora_files.py smollm2_lora): rank 16 on every attention
 and FFN matrix of the packaged SmolLM2 (7 matrices x 30 layers), f32 (or
@@ -85,7 +85,7 @@ def main() -> int:
     ap.add_argument("--prompt", type=int, default=512)
     ap.add_argument("--gen", type=int, default=64)
     ap.add_argument("--rank", type=int, default=16)
-    ap.add_argument("--dtype", choices=("F32", "F16"), default="F32", help="the adapter file's matrices")
+    ap.add_argument("--dtype", choices=("F32", "F16", "BF16"), default="F32", help="the adapter file's matrices")
     ap.add_argument("--old-core", help="another build's _core .so, run alternated with ours (old, old+lora)")
     ap.add_argument("--llama-python", default=os.environ.get("CTX_LLAMA_PYTHON"))
     ap.add_argument("--child", nargs=3, metavar=("ENGINE", "MODEL", "ADAPTER"), help=argparse.SUPPRESS)

@@ -123,16 +123,18 @@ _BatchItem = tuple  # of 5 or 6 as above
 class LoraAdapter:
     """A LoRA adapter's A and B matrices for one Model (native/models/lora.h)."""
     def __init__(self, model: Model, alpha: float) -> None: ...
-    def set(self, layer: int, target: str, a: _F32, b: _F32) -> None:
+    def set(self, layer: int, target: str, a: _F32, b: _F32, *, bf16: bool = False) -> None:
         """target: attn_q, attn_k, attn_v, attn_output, ffn_gate, ffn_up or ffn_down;
-        a: (rank, n_in), b: (n_out, rank), both float16 (kept in f16) or else float32;
+        a: (rank, n_in), b: (n_out, rank), both float16 (kept in f16), both uint16 bf16 bits
+        with bf16=True (kept in bf16; uint16 is refused without it) or else float32;
         ValueError naming the matrix if they do not fit."""
     @property
     def n_matrices(self) -> int: ...
 
-def lora_up(bt: _F32, t: _F32, factor: float, y: _F32, o0: int, o1: int) -> npt.NDArray[np.float32]:
+def lora_up(bt: _F32, t: _F32, factor: float, y: _F32, o0: int, o1: int, *,
+            bf16: bool = False) -> npt.NDArray[np.float32]:
     """y + factor * (t . bt) for outputs [o0, o1) by the active path's kernel (models/lora_kernels.h);
-    a float16 bt goes through lora_up_f16."""
+    a float16 bt goes through lora_up_f16, a uint16 one of bf16 bits (bf16=True) through lora_up_bf16."""
 
 class Model:
     """A decoder-only transformer over mapped GGUF weights."""

@@ -37,9 +37,11 @@ def random_lora(shapes: dict[str, tuple[int, int]], n_layer: int, rank: int, tar
 
 
 def write_lora(path: Path, arch: str, mats: dict[str, tuple[np.ndarray, np.ndarray]], *, alpha: float = 0.0,
-               dtype: str = "F32", extra: dict | None = None) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+               dtype: str | tuple[str, str] = "F32",
+               extra: dict | None = None) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """An adapter GGUF: general.type adapter, adapter.type lora, lora_a / lora_b per
-    matrix, in F32, F16 or Q8_0; returns the matrices as the file holds them."""
+    matrix, in F32, F16, BF16 or Q8_0 (or a (lora_a, lora_b) pair of those); returns
+    the matrices as the file holds them."""
     w = gguf.GGUFWriter(str(path), arch)
     w.add_string("general.type", "adapter")
     w.add_string("adapter.type", "lora")
@@ -49,11 +51,12 @@ def write_lora(path: Path, arch: str, mats: dict[str, tuple[np.ndarray, np.ndarr
         w.add_float32("adapter.lora.alpha", float(alpha))
     for key, value in (extra or {}).items():
         w.add_string(key, value)
-    qtype = gguf.GGMLQuantizationType[dtype]
+    dtypes = (dtype, dtype) if isinstance(dtype, str) else dtype
     stored = {}
     for name, pair in mats.items():
         kept = []
-        for suffix, m in zip(("lora_a", "lora_b"), pair):
+        for suffix, m, dtype in zip(("lora_a", "lora_b"), pair, dtypes):
+            qtype = gguf.GGMLQuantizationType[dtype]
             if dtype == "F32":
                 w.add_tensor(f"{name}.weight.{suffix}", m)
                 kept.append(m)

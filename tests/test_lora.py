@@ -104,7 +104,7 @@ def test_mixed_batch_threads_and_chunks_bit_identical(tmp_path, tiny):
         one.close()
 
 
-@pytest.mark.parametrize("dtype", ["F32", "F16"])
+@pytest.mark.parametrize("dtype", ["F32", "F16", "BF16"])
 def test_every_simd_path_bit_identical(tmp_path, tiny, dtype):
     engine, _ = tiny
     engine.load_lora("one", adapter_file(tmp_path, "one", 5, ALL, dtype=dtype)[0])
@@ -122,11 +122,13 @@ def test_every_simd_path_bit_identical(tmp_path, tiny, dtype):
         assert np.array_equal(out, first), isa
 
 
-def test_f16_adapter_kept_in_f16_computes_as_its_f32_values(tmp_path, tiny):
-    """An F16 file is kept in f16 (half the bytes); each value widens exactly, so its
-    logits are those of an F32 file holding the same values, bit for bit."""
+@pytest.mark.parametrize("dtype", ["F16", "BF16", ("BF16", "F16")], ids=["F16", "BF16", "BF16,F16"])
+def test_16bit_adapter_kept_as_is_computes_as_its_f32_values(tmp_path, tiny, dtype):
+    """An F16 or BF16 file is kept in f16 or bf16 (half the bytes); each value widens
+    exactly, so its logits are those of an F32 file holding the same values, bit for
+    bit (a pair of two types goes as float32, the same values too)."""
     engine, _ = tiny
-    half, stored = adapter_file(tmp_path, "half", 16, ALL, seed=3, dtype="F16")
+    half, stored = adapter_file(tmp_path, "half", 16, ALL, seed=3, dtype=dtype)
     write_lora(tmp_path / "full.gguf", CFG.arch, stored, dtype="F32")
     engine.load_lora("half", half)
     engine.load_lora("full", tmp_path / "full.gguf")
@@ -173,6 +175,9 @@ def test_refusals(tmp_path, tiny):
     nan = {"blk.0.attn_q": (np.full((4, 64), np.nan, np.float32), np.ones((64, 4), np.float32))}
     write_lora(tmp_path / "nan.gguf", CFG.arch, nan)
     refuse(engine, tmp_path / "nan.gguf", "not finite")
+    inf = {"blk.0.attn_q": (np.ones((4, 64), np.float32), np.full((64, 4), -np.inf, np.float32))}
+    write_lora(tmp_path / "inf.gguf", CFG.arch, inf, dtype="BF16")  # checked on its bits
+    refuse(engine, tmp_path / "inf.gguf", "not finite")
     write_lora(tmp_path / "huge.gguf", CFG.arch, mats, alpha=np.float64(1e300))  # finite, not in float32
     refuse(engine, tmp_path / "huge.gguf", r"adapter.lora.alpha is 1e\+300, not a finite number in float32")
     write_gguf(tmp_path / "model.gguf", CFG, make_weights(CFG))
@@ -245,17 +250,21 @@ def test_adapter_of_another_engine_refused(tmp_path, tiny):
         other.close()
 
 
-@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+@pytest.mark.parametrize("dtype", ["f32", "f16", "bf16"])
 @pytest.mark.parametrize("rank", [1, 3, 8, 16, 17, 40])
 def test_lora_up_kernel_every_path_bit_identical(rank, dtype):
-    """lora_up (lora_up_f16 for f16 B) on each SIMD path against the scalar one, bit
-    for bit, and against matmul_f's canonical order (B t) then a float32 multiply and add."""
+    """lora_up (lora_up_f16, lora_up_bf16 for 16-bit B) on each SIMD path against the scalar
+    one, bit for bit, and against matmul_f's canonical order (B t) then a float32 multiply and add."""
     rng = np.random.default_rng(rank)
     n_out, n_x = 37, 3
-    bt = rng.standard_normal((rank, n_out)).astype(dtype)
+    bt = rng.standard_normal((rank, n_out)).astype(np.float32)
+    if dtype == "f16":
+        bt = bt.astype(np.float16)
+    elif dtype == "bf16":  # the high halves: bf16 bits (truncated, as good as rounded here)
+        bt = (bt.view(np.uint32) >> 16).astype(np.uint16)
     t = rng.standard_normal((n_x, rank)).astype(np.float32)
     y0 = rng.standard_normal((n_x, n_out)).astype(np.float32)
-    wtype = 0 if dtype == np.float32 else 1  # GGML F32 / F16 weights: B's rows
+    wtype = {"f32": 0, "f16": 1, "bf16": 30}[dtype]  # GGML F32 / F16 / BF16 weights: B's rows
     d = _core.quant.matmul(wtype, np.ascontiguousarray(bt.T).view(np.uint8), rank, n_out, t)
     want = y0.copy()
     want[:, 5:33] = y0[:, 5:33] + np.float32(0.75) * d[:, 5:33]
@@ -263,7 +272,7 @@ def test_lora_up_kernel_every_path_bit_identical(rank, dtype):
     try:
         for isa in PATHS[: PATHS.index(_core.detect_isa()) + 1]:
             _core.set_isa(isa)
-            got = _core.lora_up(bt, t, 0.75, y0.copy(), 5, 33)
+            got = _core.lora_up(bt, t, 0.75, y0.copy(), 5, 33, bf16=dtype == "bf16")
             assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), isa
     finally:
         _core.set_isa(before)

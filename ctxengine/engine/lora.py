@@ -275,8 +275,11 @@ def _build(core_model, arch: str, f: GGUFFile, label: str):
             raise bad(f"{what}: lora_a has rank {a.shape[0]} and lora_b rank {b.shape[1]}")
         if layer >= core_model.n_layer:
             raise bad(f"{what}: the model has {core_model.n_layer} layers")
+        bf16 = a.dtype == np.uint16 and b.dtype == np.uint16
+        if not bf16:  # a BF16 matrix beside another type: both go as float32, as a mixed F16 pair does
+            a, b = _widened(a), _widened(b)
         try:
-            core.set(layer, target, a, b)
+            core.set(layer, target, a, b, bf16=bf16)
         except ValueError as err:
             raise bad(f"not made for this model: {err}") from None
         ranks.add(a.shape[0])
@@ -284,8 +287,9 @@ def _build(core_model, arch: str, f: GGUFFile, label: str):
 
 
 def _matrix(t, bad) -> np.ndarray:
-    """A tensor as a (ne1, ne0) matrix: float16 as an F16 file holds it (the core
-    keeps a pair of those in f16, half the bytes each token reads), else float32."""
+    """A tensor as a (ne1, ne0) matrix: float16 as an F16 file holds it, BF16 as its
+    uint16 bits (the core keeps a pair of either in 16 bits, half the bytes each
+    token reads), else float32."""
     if len(t.shape) != 2:
         raise bad(f"tensor {t.name} has {len(t.shape)} dimensions, a LoRA matrix has 2")
     if t.ggml_type not in _TYPES:
@@ -293,8 +297,18 @@ def _matrix(t, bad) -> np.ndarray:
     n_in, n_out = t.shape  # never 0: the GGUF reader refuses empty dimensions (so a rank of 0)
     if t.ggml_type == int(_T.F16):
         m = np.frombuffer(t.data, dtype=np.float16).reshape(n_out, n_in)
+        finite = np.isfinite(m).all()
+    elif t.ggml_type == int(_T.BF16):
+        m = np.frombuffer(t.data, dtype=np.uint16).reshape(n_out, n_in)
+        finite = not ((m & 0x7F80) == 0x7F80).any()  # exponent all ones: inf or NaN
     else:
         m = np.asarray(gguf.quants.dequantize(t.data, _T(t.ggml_type)), dtype=np.float32).reshape(n_out, n_in)
-    if not np.isfinite(m).all():
+        finite = np.isfinite(m).all()
+    if not finite:
         raise bad(f"tensor {t.name} holds values that are not finite")
     return m
+
+
+def _widened(m: np.ndarray) -> np.ndarray:
+    """bf16 bits (uint16) as the float32 values they are (exactly: the high half); other matrices as they are."""
+    return (m.astype(np.uint32) << 16).view(np.float32) if m.dtype == np.uint16 else m

@@ -39,6 +39,7 @@ const Kernels& scalar_table() {
     t.rope = act::rope_scalar;
     t.lora_up = lora::up_scalar;
     t.lora_up_f16 = lora::up_f16_scalar;
+    t.lora_up_bf16 = lora::up_bf16_scalar;
     return t;
   }();
   return k;
@@ -67,6 +68,7 @@ const Kernels& avx2_table() {
     t.rope = act::rope_avx2;
     t.lora_up = lora::up_avx2;
     t.lora_up_f16 = lora::up_f16_avx2;
+    t.lora_up_bf16 = lora::up_bf16_avx2;
     t.quantize_row_q8k = qk::quantize_row_q8k_avx2;
     return t;
   }();
@@ -95,6 +97,7 @@ const Kernels& avx512_table() {
     t.rope = act::rope_avx512;
     t.lora_up = lora::up_avx512;
     t.lora_up_f16 = lora::up_f16_avx512;
+    t.lora_up_bf16 = lora::up_bf16_avx512;
     return t;
   }();
   return k;

@@ -55,6 +55,8 @@ struct Kernels {
                   float* y, size_t y_stride);
   void (*lora_up_f16)(const uint16_t* bt, int rank, int n_out, int o0, int o1, const float* t, int n_x,
                       float factor, float* y, size_t y_stride);
+  void (*lora_up_bf16)(const uint16_t* bt, int rank, int n_out, int o0, int o1, const float* t, int n_x,
+                       float factor, float* y, size_t y_stride);
 };
 
 const Kernels& kernels();         // the chosen path's table

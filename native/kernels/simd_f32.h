@@ -60,6 +60,17 @@ struct F32x8 {
     std::memcpy(tmp, p, sizeof(uint16_t) * lanes);
     return _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(tmp)));
   }
+  // bf16 bits: the high half of an f32, so widening is exact.
+  static F load_bf16(const uint16_t* p) {
+    return _mm256_castsi256_ps(
+        _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16));
+  }
+  static F load_bf16(const uint16_t* p, Mask lanes) {
+    if (lanes >= 8) return load_bf16(p);
+    alignas(16) uint16_t tmp[8] = {};
+    std::memcpy(tmp, p, sizeof(uint16_t) * lanes);
+    return load_bf16(tmp);
+  }
   static F load_i8(const int8_t* p, Mask lanes) {
     int64_t raw = 0;
     std::memcpy(&raw, p, lanes >= 8 ? 8 : lanes);
@@ -89,6 +100,13 @@ struct F32x16 {
   static void store(float* p, Mask m, F v) { _mm512_mask_storeu_ps(p, m, v); }
   static F load_f16(const uint16_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
   static F load_f16(const uint16_t* p, Mask m) { return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p)); }
+  static F load_bf16(const uint16_t* p) {
+    return _mm512_castsi512_ps(
+        _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
+  }
+  static F load_bf16(const uint16_t* p, Mask m) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p)), 16));
+  }
   static F load_i8(const int8_t* p) {
     return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
   }

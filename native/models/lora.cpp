@@ -59,11 +59,13 @@ void LoraAdapter::set(int layer, LoraTarget t, std::vector<float> a, std::vector
   p.bt = lora::blocks(b.data(), p.n_out, rank);
 }
 
-void LoraAdapter::set_f16(int layer, LoraTarget t, std::vector<uint16_t> a, std::vector<uint16_t> b, int rank) {
+void LoraAdapter::set_16bit(int layer, LoraTarget t, DType type, std::vector<uint16_t> a, std::vector<uint16_t> b,
+                            int rank) {
+  if (type != DType::F16 && type != DType::BF16) throw std::invalid_argument("16-bit LoRA matrices are F16 or BF16");
   LoraPair& p = slot(layer, t, a.size(), b.size(), rank);
   p.a16 = std::move(a);
   p.bt16 = lora::blocks(b.data(), p.n_out, rank);
-  p.half = true;
+  p.wtype = type;
 }
 
 int LoraAdapter::n_matrices() const {

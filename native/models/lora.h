@@ -13,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include "kernels/quant/quant.h"
+
 namespace ctx {
 
 struct ModelConfig;
@@ -21,11 +23,11 @@ struct ModelConfig;
 enum class LoraTarget : int { q, k, v, o, gate, up, down, count };
 
 struct LoraPair {
-  // f32, or (half = true) f16 as the file holds them: half the bytes a token reads.
+  // f32, or (wtype F16, BF16) 16-bit as the file holds them: half the bytes a token reads.
   std::vector<float> a;      // (rank, n_in) A, row-major (GGUF lora_a: ne0 = n_in, ne1 = rank)
   std::vector<float> bt;     // (rank, n_out) B transposed (GGUF lora_b is (n_out, rank)) in lora::up's blocks
-  std::vector<uint16_t> a16, bt16;  // the same in f16, when half
-  bool half = false;
+  std::vector<uint16_t> a16, bt16;  // the same as f16 or bf16 bits, when wtype is F16 or BF16
+  DType wtype = DType::F32;
   int rank = 0, n_in = 0, n_out = 0;
 };
 
@@ -38,8 +40,9 @@ class LoraAdapter {
   // Takes A (rank, n_in) and B (n_out, rank), row-major, for one matrix; throws
   // std::invalid_argument naming the matrix if the shapes do not fit.
   void set(int layer, LoraTarget t, std::vector<float> a, std::vector<float> b, int rank);
-  // The same from f16 matrices, kept in f16 (every product widens each value exactly).
-  void set_f16(int layer, LoraTarget t, std::vector<uint16_t> a, std::vector<uint16_t> b, int rank);
+  // The same from f16 or bf16 matrices (`type` F16 or BF16: their bits), kept as
+  // they are (every product widens each value exactly).
+  void set_16bit(int layer, LoraTarget t, DType type, std::vector<uint16_t> a, std::vector<uint16_t> b, int rank);
   const LoraPair* get(int layer, LoraTarget t) const {
     const LoraPair& p = pairs_[static_cast<size_t>(layer) * kTargets + static_cast<int>(t)];
     return p.rank > 0 ? &p : nullptr;

@@ -1,5 +1,6 @@
-// LoRA adapters (models/lora.h) built from float32 (or float16) matrices Python
-// read from an adapter GGUF; the adapter copies them, so it owns what a forward reads.
+// LoRA adapters (models/lora.h) built from float32 (or float16, or bf16 bits)
+// matrices Python read from an adapter GGUF; the adapter copies them, so it owns
+// what a forward reads.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
@@ -20,7 +21,7 @@ namespace {
 
 using F32Array = py::array_t<float, py::array::c_style | py::array::forcecast>;
 
-using F16Array = py::array_t<uint16_t, py::array::c_style | py::array::forcecast>;  // float16 bits
+using U16Array = py::array_t<uint16_t, py::array::c_style | py::array::forcecast>;  // float16 or bf16 bits
 
 template <typename A>
 std::vector<typename A::value_type> matrix(const A& a, const char* what) {
@@ -29,9 +30,18 @@ std::vector<typename A::value_type> matrix(const A& a, const char* what) {
 }
 
 bool is_f16(const py::array& a) { return a.dtype().kind() == 'f' && a.dtype().itemsize() == 2; }
+bool is_u16(const py::array& a) { return a.dtype().kind() == 'u' && a.dtype().itemsize() == 2; }
 
-// A float16 array's bits as uint16 (a view, no conversion).
-F16Array bits(const py::array& a) { return F16Array::ensure(a.attr("view")(py::dtype("uint16"))); }
+// A float16 or uint16 array's bits as uint16 (a view, no conversion).
+U16Array bits(const py::array& a) { return U16Array::ensure(a.attr("view")(py::dtype("uint16"))); }
+
+// bf16 (numpy has no such type) comes as uint16 bits with bf16 = true; uint16
+// without it would be converted as integers, so it is refused.
+void check_bits(const py::array& a, bool bf16, const std::string& what) {
+  if (bf16 != is_u16(a))
+    throw std::invalid_argument(what + (bf16 ? ": bf16 matrices come as uint16 arrays of their bits"
+                                             : ": a uint16 array is bf16 bits only with bf16=True"));
+}
 
 }  // namespace
 
@@ -43,23 +53,28 @@ void register_lora(py::module_& m) {
            py::arg("model"), py::arg("alpha"))
       .def(
           "set",
-          [](LoraAdapter& ad, int layer, const std::string& target, const py::array& a, const py::array& b) {
+          [](LoraAdapter& ad, int layer, const std::string& target, const py::array& a, const py::array& b,
+             bool bf16) {
+            const std::string what = "blk." + std::to_string(layer) + "." + target;
             if (a.ndim() != 2 || b.ndim() != 2 || a.shape(0) != b.shape(1))
-              throw std::invalid_argument("blk." + std::to_string(layer) + "." + target +
-                                          ": lora_a (rank, n_in) and lora_b (n_out, rank) disagree on the rank");
+              throw std::invalid_argument(what + ": lora_a (rank, n_in) and lora_b (n_out, rank) disagree on the rank");
+            check_bits(a, bf16, what + " lora_a");
+            check_bits(b, bf16, what + " lora_b");
             const int rank = static_cast<int>(a.shape(0));
             const LoraTarget t = LoraAdapter::target_from_name(target);
-            if (is_f16(a) && is_f16(b))
-              ad.set_f16(layer, t, matrix(bits(a), "lora_a"), matrix(bits(b), "lora_b"), rank);
+            if (bf16 || (is_f16(a) && is_f16(b)))
+              ad.set_16bit(layer, t, bf16 ? DType::BF16 : DType::F16, matrix(bits(a), "lora_a"),
+                           matrix(bits(b), "lora_b"), rank);
             else
               ad.set(layer, t, matrix(F32Array::ensure(a), "lora_a"), matrix(F32Array::ensure(b), "lora_b"), rank);
           },
-          py::arg("layer"), py::arg("target"), py::arg("a"), py::arg("b"),
-          "one matrix's A (rank, n_in) and B (n_out, rank): both float16 are kept in f16, else float32")
+          py::arg("layer"), py::arg("target"), py::arg("a"), py::arg("b"), py::kw_only(), py::arg("bf16") = false,
+          "one matrix's A (rank, n_in) and B (n_out, rank): both float16 are kept in f16, both bf16 (uint16 bits, "
+          "bf16=True) in bf16, else float32")
       .def_property_readonly("n_matrices", &LoraAdapter::n_matrices);
   m.def(
       "lora_up",
-      [](const py::array& bt, const F32Array& t, float factor, F32Array y, int o0, int o1) {
+      [](const py::array& bt, const F32Array& t, float factor, F32Array y, int o0, int o1, bool bf16) {
         // Test-facing: y (n_x, n_out) += factor * t (n_x, rank) . bt (rank, n_out), outputs [o0, o1).
         if (bt.ndim() != 2 || t.ndim() != 2 || y.ndim() != 2 || t.shape(1) != bt.shape(0) ||
             y.shape(0) != t.shape(0) || y.shape(1) != bt.shape(1) || o0 < 0 || o1 > bt.shape(1) || o0 > o1)
@@ -71,15 +86,19 @@ void register_lora(py::module_& m) {
           kernel(lora::blocks(bt_rows, n_out, rank, 1, static_cast<size_t>(n_out)).data(), rank, n_out, o0, o1,
                  t.data(), n_x, factor, y.mutable_data(), static_cast<size_t>(n_out));
         };
-        if (is_f16(bt))
+        check_bits(bt, bf16, "lora_up: bt");
+        if (bf16)
+          up(kernels().lora_up_bf16, bits(bt).data());
+        else if (is_f16(bt))
           up(kernels().lora_up_f16, bits(bt).data());
         else
           up(kernels().lora_up, F32Array::ensure(bt).data());
         return y;
       },
-      py::arg("bt"), py::arg("t"), py::arg("factor"), py::arg("y"), py::arg("o0"), py::arg("o1"),
+      py::arg("bt"), py::arg("t"), py::arg("factor"), py::arg("y"), py::arg("o0"), py::arg("o1"), py::kw_only(),
+      py::arg("bf16") = false,
       "y + factor * (t . bt) for outputs [o0, o1) with the active path's lora_up kernel (lora_up_f16 for a "
-      "float16 bt; a copy of y if it was not float32)");
+      "float16 bt, lora_up_bf16 for bf16 bits in a uint16 bt with bf16=True; a copy of y if it was not float32)");
 }
 
 }  // namespace ctx

@@ -9,6 +9,7 @@ namespace {
 
 float widen(float v) { return v; }
 float widen(uint16_t h) { return f16_to_f32(h); }
+float widen(Bf16 h) { return bf16_to_f32(h.bits); }
 
 template <typename T>
 void up_rows(const T* bt, int rank, int o0, int o1, const float* t, int n_x, float factor, float* y,
@@ -36,6 +37,11 @@ void up_scalar(const float* bt, int rank, int /*n_out*/, int o0, int o1, const f
 void up_f16_scalar(const uint16_t* bt, int rank, int /*n_out*/, int o0, int o1, const float* t, int n_x, float factor,
                    float* y, size_t y_stride) {
   up_rows(bt, rank, o0, o1, t, n_x, factor, y, y_stride);
+}
+
+void up_bf16_scalar(const uint16_t* bt, int rank, int /*n_out*/, int o0, int o1, const float* t, int n_x, float factor,
+                    float* y, size_t y_stride) {
+  up_rows(reinterpret_cast<const Bf16*>(bt), rank, o0, o1, t, n_x, factor, y, y_stride);
 }
 
 }  // namespace ctx::lora

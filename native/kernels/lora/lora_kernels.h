@@ -9,8 +9,9 @@
 // which is matmul_f's canonical order for B t, added into y. The SIMD paths
 // run 16 (AVX-512) or 8 (AVX2) outputs o side by side, one lane each, so a
 // short rank costs no horizontal sum; every path gives the same bits.
-// up_f16_*: the same with bt in f16 (an f16 adapter file kept as it is, half
-// the bytes), each value widened to float exactly before its fma.
+// up_f16_*, up_bf16_*: the same with bt in f16 or bf16 bits (a 16-bit adapter
+// file kept as it is, half the bytes), each value widened to float exactly
+// before its fma.
 #pragma once
 
 #include <cstddef>
@@ -20,6 +21,12 @@
 namespace ctx::lora {
 
 constexpr int kBlock = 16;  // outputs per block of bt
+
+// bf16 bits as their own type, so the kernels' templates widen them as bf16
+// (uint16_t is f16); up_bf16_* read their uint16_t bits through it.
+struct Bf16 {
+  uint16_t bits;
+};
 
 // static: each translation unit keeps its own copy (with -flto an inline
 // function built with -mavx512f in one unit could be handed to the baseline
@@ -52,5 +59,11 @@ void up_f16_avx2(const uint16_t* bt, int rank, int n_out, int o0, int o1, const 
                  float* y, size_t y_stride);
 void up_f16_avx512(const uint16_t* bt, int rank, int n_out, int o0, int o1, const float* t, int n_x, float factor,
                    float* y, size_t y_stride);
+void up_bf16_scalar(const uint16_t* bt, int rank, int n_out, int o0, int o1, const float* t, int n_x, float factor,
+                    float* y, size_t y_stride);
+void up_bf16_avx2(const uint16_t* bt, int rank, int n_out, int o0, int o1, const float* t, int n_x, float factor,
+                  float* y, size_t y_stride);
+void up_bf16_avx512(const uint16_t* bt, int rank, int n_out, int o0, int o1, const float* t, int n_x, float factor,
+                    float* y, size_t y_stride);
 
 }  // namespace ctx::lora

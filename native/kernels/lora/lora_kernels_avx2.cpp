@@ -14,4 +14,9 @@ void up_f16_avx2(const uint16_t* bt, int rank, int n_out, int o0, int o1, const 
   up_simd<F32x8>(bt, rank, n_out, o0, o1, t, n_x, factor, y, y_stride);
 }
 
+void up_bf16_avx2(const uint16_t* bt, int rank, int n_out, int o0, int o1, const float* t, int n_x, float factor,
+                  float* y, size_t y_stride) {
+  up_simd<F32x8>(reinterpret_cast<const Bf16*>(bt), rank, n_out, o0, o1, t, n_x, factor, y, y_stride);
+}
+
 }  // namespace ctx::lora

@@ -18,6 +18,8 @@ template <typename V>
 typename V::F load_b(const float* p) { return V::loadu(p); }
 template <typename V>
 typename V::F load_b(const uint16_t* p) { return V::load_f16(p); }
+template <typename V>
+typename V::F load_b(const Bf16* p) { return V::load_bf16(&p->bits); }
 
 void up_head(const float* bt, int rank, int n_out, int o0, int o1, const float* t, int n_x, float factor, float* y,
              size_t y_stride) {
@@ -26,6 +28,10 @@ void up_head(const float* bt, int rank, int n_out, int o0, int o1, const float* 
 void up_head(const uint16_t* bt, int rank, int n_out, int o0, int o1, const float* t, int n_x, float factor, float* y,
              size_t y_stride) {
   up_f16_scalar(bt, rank, n_out, o0, o1, t, n_x, factor, y, y_stride);
+}
+void up_head(const Bf16* bt, int rank, int n_out, int o0, int o1, const float* t, int n_x, float factor, float* y,
+             size_t y_stride) {
+  up_bf16_scalar(&bt->bits, rank, n_out, o0, o1, t, n_x, factor, y, y_stride);
 }
 
 // One group of V::kLanes outputs from b, their bt[0, o] (the next j kBlock
