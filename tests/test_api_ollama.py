@@ -87,6 +87,19 @@ def test_generate_streams_ndjson(ollama_client):
     assert last.eval_count == 8 and last.total_duration > 0 and last.context
 
 
+@pytest.mark.parametrize("brk", ["\u2028", "\u2029", "\x85"])
+def test_a_reply_holding_a_unicode_line_break_streams_as_one_line_each(ollama_client, server, brk):
+    # Sent raw, U+2028 cut the NDJSON line where the client reads lines as str.splitlines
+    # does: "Unterminated string" (Go's encoding/json, Ollama's, escapes U+2028 and U+2029).
+    opts = {"temperature": 0, "num_predict": 4}
+    whole = ollama_client.generate(model="smollm2", prompt=f"a{brk}" * 12, raw=True, options=opts).response
+    assert brk in whole
+    parts = ollama_client.generate(model="smollm2", prompt=f"a{brk}" * 12, raw=True, options=opts, stream=True)
+    assert "".join(p.response for p in parts) == whole
+    assert brk.encode() not in server.post("/api/generate", {"model": "smollm2", "prompt": f"a{brk}" * 12,
+                                                             "raw": True, "options": opts}).content
+
+
 def test_generate_continues_a_context_array(ollama_client, server, model):
     first = ollama_client.generate(model="smollm2", prompt="Name a colour.", options=GREEDY)
     body = {"model": "smollm2", "prompt": "Another one.", "context": list(first.context), "options": GREEDY,

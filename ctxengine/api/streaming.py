@@ -139,5 +139,13 @@ def sse(data: dict | str, event: str | None = None) -> bytes:
     return f"{head}data: {payload}\n\n".encode()
 
 
+# Characters that clients reading lines the way str.splitlines does (httpx's iter_lines,
+# which the ollama package uses) take for line breaks: escaped, as Go's encoding/json
+# escapes U+2028 and U+2029, so a reply holding one stays one line.
+# (json.dumps escapes the C0 ones, \x1c-\x1e included.)
+_LINE_BREAKS = str.maketrans({"\u2028": "\\u2028", "\u2029": "\\u2029", "\x85": "\\u0085"})
+
+
 def ndjson(data: dict) -> bytes:
-    return (json.dumps(data, ensure_ascii=False) + "\n").encode()
+    """One line of a newline-delimited JSON stream (Ollama's)."""
+    return (json.dumps(data, ensure_ascii=False).translate(_LINE_BREAKS) + "\n").encode()
