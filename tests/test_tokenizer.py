@@ -136,6 +136,19 @@ def test_stream_decoder_holds_back_split_characters(model, text):
     assert "\ufffd" not in "".join(pieces)
 
 
+@pytest.mark.parametrize("text", ["emoji 🙂🚀 done 日本語", "\U00020000\U0002A700 ☃︎"])
+def test_a_stream_decoder_after_any_cut_finishes_the_character_the_cut_split(model, text):
+    # A context's next generate() starts after the last one's tokens: a character they left
+    # unfinished came out as U+FFFD in one and its other bytes as U+FFFD in the next.
+    tok, _ = model
+    ids = tok.encode(text)
+    for cut in range(1, len(ids)):
+        first = StreamDecoder(tok)
+        head = "".join(first.push(t) for t in ids[:cut])
+        rest = StreamDecoder(tok, after=ids[:cut])
+        assert head + "".join(rest.push(t) for t in ids[cut:]) + rest.flush() == text, cut
+
+
 def test_stream_decoder_flush_replaces_an_unfinished_character(smollm2):
     stream = StreamDecoder(smollm2)
     assert stream.push(smollm2.encode("🙂")[0]) == ""

@@ -203,6 +203,9 @@ class Context:
         call) ``close_json`` steers the output to close within max_tokens whenever its shortest
         completion fits (text/closing.py); ``close_json=False`` cuts it where max_tokens falls.
 
+        A piece never holds part of a character: one a generation cut ("length") waits for the
+        next generate() on this context (or a fork of it), whose first piece then holds it whole.
+
         ``speculative``: verify drafted tokens several to a forward (state/speculation.py); the output
         is the same bits either way. None: the model's default (on); False: off; or a draft source
         (an object with ``propose(tokens, k)``). ``self.speculation`` counts drafted and accepted tokens.
@@ -216,7 +219,7 @@ class Context:
             constraint = started_constraint(self._constraint, grammar, tok, self._tokens)
             closer = (Closer(constraint, tok, self._tokens[constraint.start:])
                       if close_json and constraint is not None and constraint.grammar.is_json else None)
-            decoder = StreamDecoder(tok)
+            decoder = StreamDecoder(tok, after=self._tokens)  # a character the last generate() left unfinished
             matcher = StopMatcher(list(stop))
             self.finish_reason = "length"
             spec = self._speculation = start_speculation(self, speculative, max_tokens)
@@ -247,7 +250,8 @@ class Context:
                     if constraint is not None and constraint.done:
                         self.finish_reason = "stop"  # complete: only an end of turn could follow
                         break
-                rest = matcher.push(decoder.flush())[0] + matcher.flush()
+                held = decoder.flush() if self.finish_reason == "stop" else ""  # else: the next generate()'s
+                rest = matcher.push(held)[0] + matcher.flush()
                 if rest:
                     yield Piece(rest, None)
             finally:

@@ -217,12 +217,20 @@ def _cut(fragment: str | int, needle: str, token_id: int) -> list[str | int]:
 
 
 class StreamDecoder:
-    """Incremental detokenization: text comes out as soon as its UTF-8 is complete."""
+    """Incremental detokenization: text comes out as soon as its UTF-8 is complete.
 
-    def __init__(self, tokenizer: Tokenizer, *, skip_special: bool = False):
+    ``after``: the token ids this text continues (a context's). Their text may end
+    inside a character (a generation cut there); the decoder starts from those bytes,
+    so the token that finishes the character brings all of it."""
+
+    TAIL = 8  # tokens of ``after`` read: an unfinished character is at most 3 bytes
+
+    def __init__(self, tokenizer: Tokenizer, *, skip_special: bool = False, after: Sequence[int] = ()):
         self._tokenizer = tokenizer
         self._skip_special = skip_special
         self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        if after:  # only the unfinished bytes at the end stay in the decoder's state
+            self._utf8.decode(b"".join(tokenizer._piece(t, skip_special) for t in after[-self.TAIL:]))
 
     def push(self, token_id: int) -> str:
         """The text that became complete with ``token_id`` (may be "")."""
