@@ -175,6 +175,31 @@ def test_bounds_past_64_bits_are_refused_before_llguidance_sees_them():
         Grammar.json_schema(schema).compiled()  # the cap beyond them stays within 64 bits
 
 
+def _chain(n: int, link) -> dict:
+    defs = {f"d{i}": link(f"#/$defs/d{i + 1}") for i in range(n)}
+    return {"$defs": {**defs, f"d{n}": {"type": "integer"}}, "$ref": "#/$defs/d0"}
+
+
+def test_a_long_chain_of_refs_is_refused_before_llguidance_sees_it():
+    # 1,000 objects each naming the next (95 KB) overflowed llguidance's stack: the server
+    # died, every request on every model with it; an allOf chain was Python's RecursionError.
+    nested = lambda ref: {"type": "object", "properties": {"a": {"$ref": ref}}, "required": ["a"]}  # noqa: E731
+    for schema in (_chain(1000, nested), _chain(3000, lambda ref: {"$ref": ref}),
+                   _chain(1000, lambda ref: {"allOf": [{"$ref": ref}]})):
+        with pytest.raises(GrammarError, match="its schemas nest more than 256 deep \\(its \\$refs followed"):
+            Grammar.json_schema(schema).compiled()
+    with pytest.raises(GrammarError, match="nest more than 256"):  # a forced call's Lark too
+        Grammar("lark", f"start: call\ncall: %json {json.dumps(_chain(300, lambda ref: {'$ref': ref}))}").compiled()
+    # What real schemas do still compiles: a chain of 80, recursion, and a definition named
+    # twice at each of 60 levels (counted once each, not 2**60 times).
+    twice = lambda ref: {"anyOf": [{"$ref": ref}, {"type": "array", "items": {"$ref": ref}}]}  # noqa: E731
+    listed = {"$defs": {"n": {"type": "object", "properties": {"next": {"anyOf": [{"$ref": "#/$defs/n"},
+                                                                                  {"type": "null"}]}}}},
+              "$ref": "#/$defs/n"}
+    for schema in (_chain(80, nested), _chain(60, twice), listed):
+        Grammar.json_schema(schema).compiled()
+
+
 def test_a_tiny_range_gets_no_grid_llguidance_refuses(model):
     # the grid 1e-12 (9.999999999999999e-13 to llguidance) was a 400 "too many digits", and an
     # exclusive bound of 1e-20 moved inside by 1e-14 crossed the other end

@@ -30,6 +30,7 @@ import numpy as np
 
 from ..errors import CtxError
 from .json_bounds import bounded_schema, check_exact, infinite_ref, uses_keyword
+from .schema_depth import check_depth
 
 if TYPE_CHECKING:
     from .tokenizer import Tokenizer
@@ -155,8 +156,9 @@ def _compile(kind: str, source: str) -> tuple[str, tuple[str, ...]]:
     llg = _llg()
     what = {"gbnf": "GBNF grammar", "lark": "Lark grammar", "regex": "regex", "json_schema": "JSON schema"}[kind]
     try:
-        for schema in Grammar(kind, source).schemas():  # before llguidance, which a bound past int64 crashes
-            check_exact(schema)
+        for schema in Grammar(kind, source).schemas():  # before llguidance, which these would crash
+            check_depth(schema)  # its stack
+            check_exact(schema)  # a bound past int64
         if kind == "json_schema":
             loaded = json.loads(source)
             endless = infinite_ref(loaded)

@@ -66,7 +66,7 @@ _SAYS_WHAT = {"type", "enum", "const", "$ref", "anyOf", "oneOf", "allOf", "not",
 
 def bounded_schema(schema: Any) -> Any:
     """The schema with bounds added where it sets none (see the module's doc); a new dict."""
-    return _bound(schema, MAX_DEPTH, _resolver(schema))
+    return _bound(schema, MAX_DEPTH, local_resolver(schema))
 
 
 def _bound(s: Any, depth: int, resolve: Callable[[str], Any], closing: bool = True) -> Any:
@@ -286,7 +286,7 @@ def _resolved(b: Any, resolve: Callable[[str], Any]) -> Any:
     return b
 
 
-def _resolver(root: Any) -> Callable[[str], Any]:
+def local_resolver(root: Any) -> Callable[[str], Any]:
     """A local JSON pointer (``#``, ``#/$defs/x``) -> the schema there, or None."""
     def resolve(ref: str) -> Any:
         if not ref.startswith("#"):
@@ -307,7 +307,7 @@ def infinite_ref(schema: Any) -> str | None:
     requires a property of its own kind with no way to stop), where the whole schema then
     has none either; else None. llguidance compiles such a schema, and the first token
     finds nothing allowed."""
-    resolve = _resolver(schema)
+    resolve = local_resolver(schema)
     finite = {ref: False for ref in _refs(schema) if resolve(ref) is not None}
     changed = True
     while changed:  # least fixed point: a ref is finite once its schema is, given the others
