@@ -225,6 +225,18 @@ def test_one_of_is_named_among_what_sampling_cannot_enforce():
     assert Grammar.json_schema({"anyOf": [{"type": "integer"}, {"type": "string"}]}).unenforced() == []
 
 
+def test_min_properties_over_keys_not_listed_is_named_among_what_sampling_cannot_enforce(model):
+    # the grammar took {"x_5": 10, "x_5": 10} for two properties; a parser keeps one
+    free = {"type": "object", "patternProperties": {"^x_[0-9]$": {"type": "integer"}},
+            "additionalProperties": False, "minProperties": 2}
+    assert takes(model, free, '{"x_5": 10, "x_5": 10}')
+    for schema in (free, {"type": "object", "additionalProperties": {"type": "integer"}, "minProperties": 3}):
+        assert Grammar.json_schema(schema).unenforced() == ["minProperties (with keys beyond its properties: "
+                                                            "a key may repeat)"]
+    listed = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "minProperties": 1}
+    assert Grammar.json_schema(listed).unenforced() == []
+
+
 def test_a_number_written_next_to_an_exclusive_bound_parses_inside_it(model):
     schema = {"type": "number", "exclusiveMinimum": 1e14, "exclusiveMaximum": 2e14}
     # 100000000000000.000001 is the double 1e14 itself: a value the grammar took before

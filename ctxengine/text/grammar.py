@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 import numpy as np
 
 from ..errors import CtxError
-from .json_bounds import bounded_schema, check_exact, infinite_ref, uses_keyword
+from .json_bounds import bounded_schema, check_exact, counts_repeated_keys, infinite_ref, uses_keyword
 from .schema_depth import check_depth
 
 if TYPE_CHECKING:
@@ -126,6 +126,8 @@ class Grammar:
         keys = list(_compile(self.kind, self.source)[1])
         if any(uses_keyword(schema, "oneOf") for schema in self.schemas()):
             keys.append("oneOf (enforced as anyOf)")
+        if any(counts_repeated_keys(bounded_schema(schema)) for schema in self.schemas()):
+            keys.append("minProperties (with keys beyond its properties: a key may repeat)")
         return keys
 
     def to_dict(self) -> dict:

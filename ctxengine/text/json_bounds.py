@@ -146,6 +146,13 @@ def uses_keyword(schema: Any, word: str) -> bool:
     return any(word in s for s in _objects(schema))
 
 
+def counts_repeated_keys(schema: Any) -> bool:
+    """Whether an object of the schema takes keys it does not list and sets minProperties:
+    the grammar lets a key repeat and counts each time, where a parser keeps one."""
+    return any("minProperties" in s and (s.get("patternProperties") or s.get("additionalProperties") is not False)
+               for s in _objects(schema))
+
+
 def _objects(schema: Any) -> Iterator[dict]:
     """Every object in a schema, however deep (without recursion), but for const and enum values."""
     stack = [schema]
