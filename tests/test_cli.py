@@ -48,6 +48,19 @@ def test_tokenize_matches_reference(smollm2_ref):
     assert json.loads(r.stdout) == case["ids"]
 
 
+def test_bytes_that_are_not_utf8_are_read_as_llama_cpp_reads_them(smollm2_path):
+    # Python kept them as lone surrogates, which the tokenizer wrote as 3 bytes each (ED B3 xx)
+    import ctxengine as ce
+    want = ce.load(smollm2_path).tokenize("abc\ufffd\ufffd def")  # llama.cpp: one U+FFFD a byte
+    given = b"abc\xff\xfe def"
+    piped = subprocess.run([sys.executable, "-m", "ctxengine.cli.main", "tokenize"], input=given,
+                           capture_output=True, timeout=300)
+    argv = subprocess.run([sys.executable, "-m", "ctxengine.cli.main", "tokenize", given], capture_output=True,
+                          timeout=300)
+    for r in (piped, argv):
+        assert r.returncode == 0 and json.loads(r.stdout) == want, r.stderr
+
+
 def test_models_verify_reports_the_weight_id(tmp_path):
     r = ctx("models", "verify", env={"CTX_HOME": str(tmp_path)})
     assert r.returncode == 0, r.stderr

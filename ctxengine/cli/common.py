@@ -35,12 +35,27 @@ def port_number(text: str) -> int:
 
 def read_stdin(what: str) -> str:
     """All of standard input, where ``what`` (the prompt, the text) was to come from: run with
-    it closed (``<&-``), Python has no sys.stdin at all, which is the user's to hear of."""
+    it closed (``<&-``), Python has no sys.stdin at all, which is the user's to hear of. Bytes
+    that are not UTF-8 become U+FFFD, one each, as llama.cpp reads them (see as_text)."""
     if sys.stdin is None:
         from ..errors import CtxError
 
         raise CtxError(f"standard input is closed: give {what} as an argument")
-    return sys.stdin.read()
+    raw = getattr(sys.stdin, "buffer", None)
+    return raw.read().decode("utf-8", "replace") if raw is not None else as_text(sys.stdin.read())
+
+
+def as_text(value: str | None) -> str | None:
+    """Text from the command line as the model should read it. Bytes of an argument that are
+    not UTF-8 reach Python as lone surrogates (surrogateescape), which the tokenizer would
+    write as 3 bytes each, neither the user's bytes nor what llama.cpp makes of them: each
+    becomes U+FFFD, as llama.cpp's tokenizer reads such a byte."""
+    if value is None:
+        return None
+    try:
+        return value.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+    except UnicodeEncodeError:  # a surrogate no decoding made: not from argv or stdin
+        return value
 
 
 def require_stdout() -> None:

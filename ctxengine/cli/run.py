@@ -16,7 +16,7 @@ import argparse
 import sys
 
 from .common import (SAMPLING_DEFAULTS, add_grammar_arguments, add_hf_argument, add_model_arguments,
-                     add_sampling_arguments, grammar_options, load_model, read_stdin, require_stdout,
+                     add_sampling_arguments, as_text, grammar_options, load_model, read_stdin, require_stdout,
                      sampling_options, source_entry)
 
 DEFAULT_MAX_TOKENS = 256
@@ -73,7 +73,7 @@ def main(args: argparse.Namespace) -> int:
     layer = entry_defaults(entry)
     s = settings(args, layer)  # refused before the model loads
     piped = args.prompt is None and (sys.stdin is None or not sys.stdin.isatty())
-    prompt = read_stdin("the prompt") if piped else args.prompt  # None: a chat on the terminal
+    prompt = read_stdin("the prompt") if piped else as_text(args.prompt)  # None: a chat on the terminal
     if piped and not prompt.strip():
         raise CtxError('no prompt: give one as an argument (ctx run "...") or on standard input')
     model = load_model(args, n_ctx=layer.num_ctx)
@@ -88,7 +88,7 @@ def main(args: argparse.Namespace) -> int:
         ctx = model.context("run", lora={spec.name: spec.scale for spec in specs})
     except ValueError as err:  # two names for one adapter file
         raise CtxError(f"--lora: {err}") from None
-    messages = [{"role": "system", "content": args.system}] if args.system and use_template else []
+    messages = [{"role": "system", "content": as_text(args.system)}] if args.system and use_template else []
 
     def turn(user_text: str) -> None:
         if use_template:
@@ -123,5 +123,5 @@ def main(args: argparse.Namespace) -> int:
                 break
             if not line.strip():
                 break
-            turn(line)
+            turn(as_text(line))
     return 0

@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from .common import add_model_arguments, read_stdin
+from .common import add_model_arguments, as_text, read_stdin
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -21,7 +21,7 @@ def main(args: argparse.Namespace) -> int:
     from ..engine.registry import resolve_model
     from ..text.tokenizer import Tokenizer
 
-    text = args.text if args.text is not None else read_stdin("the text")
+    text = as_text(args.text) if args.text is not None else read_stdin("the text")
     with open_gguf(resolve_model(args.model)) as f:
         tok = Tokenizer.from_metadata(f.metadata)
     ids = tok.encode(text, add_bos=args.bos and tok.add_bos, parse_special=args.special)

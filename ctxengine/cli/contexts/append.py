@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..common import read_stdin
+from ..common import as_text, read_stdin
 from . import add_common_arguments, chat_turn, load_model, open_context, open_store, save
 
 
@@ -18,7 +18,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    text = read_stdin("the text") if args.text == "-" else args.text
+    text = read_stdin("the text") if args.text == "-" else as_text(args.text)
     with open_store(args) as store:
         model = load_model(args)
         ctx = open_context(model, store, args.name)
