@@ -130,6 +130,24 @@ def test_a_patterned_string_still_closes(model, schema, budget, seed):
     ctx.delete()
 
 
+@pytest.mark.parametrize("schema", [
+    {"type": "object", "properties": {"b": {"type": "integer", "multipleOf": 7, "minimum": 100}}, "required": ["b"]},
+    {"type": "object", "properties": {"x": {"type": "number", "exclusiveMinimum": 0.5, "exclusiveMaximum": 0.6}},
+     "required": ["x"]},
+])
+@pytest.mark.parametrize("budget,seed", [(10, 1), (12, 2), (14, 3)])
+def test_a_number_that_cannot_end_yet_still_closes(model, schema, budget, seed):
+    # The walk appended 0 after 0: 100000000000005 (15 digits) for a multiple of 7 from 100,
+    # 0.500001 for 0.5 < x; longer than the budget left, so the closer stood aside.
+    ctx = model.context(None)
+    n0 = ctx.append(model.chat_prompt([{"role": "user", "content": "Write a long essay about the ocean."}]),
+                    parse_special=True)
+    text = "".join(p.text for p in ctx.generate(budget, json_schema=schema, temperature=1.5, seed=seed))
+    assert ctx.finish_reason == "stop" and ctx.n_tokens - n0 <= budget, text
+    jsonschema.validate(json.loads(text), schema)
+    ctx.delete()
+
+
 _A = {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]}
 _B = {"type": "object", "properties": {"b": {"type": "integer"}}, "required": ["b"]}
 

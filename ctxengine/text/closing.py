@@ -14,7 +14,8 @@ matcher: inside a string it closes the string; elsewhere it prefers what
 ends a structure (``}`` ``]``), then the shortest values (``"`` starting an
 empty string, ``0``, ``null`` before a ``{`` or ``[`` that may recurse), and
 otherwise the first byte the grammar allows (letters first, whitespace
-last), until the grammar accepts. A string that cannot end yet is first
+last), until the grammar accepts; in a number that cannot end yet (short of
+its minimum, not yet a multiple), the first digit after which it can. A string that cannot end yet is first
 offered the schema's examples (text/string_examples.py: each pattern's
 shortest match, a canonical value per format), whole or not at all; a free
 key it opens gets a name of its own (``a``, ``b``). Inside a string whose
@@ -44,7 +45,10 @@ MAX_CLOSING_BYTES = 512
 ZONE = 16
 WIDE = 4
 _OUTSIDE = b'}]":,01ntf-{['  # null before { and [: a recursive value (a linked list's next) can end
-_LETTERS = bytes(range(ord("a"), ord("z") + 1)) + bytes(range(ord("0"), ord("9") + 1))
+_DIGITS = bytes(range(ord("0"), ord("9") + 1))
+_LETTERS = bytes(range(ord("a"), ord("z") + 1)) + _DIGITS
+_NUMBER = frozenset(b"0123456789.-+eE")  # a byte after which the walk may be inside a number
+_ENDS = b"}],"  # what may follow a finished value
 _WHITESPACE = b" \n\r\t"
 # Bytes a string's pattern may want after free letters, tried in this order to leave a loop,
 # and the bytes whose being allowed tells one state of a string from another.
@@ -135,7 +139,8 @@ class Closer:
             run = self._string_run(m, pending + data, opened) if in_string and not escaped and not tried else None
             tried = tried or in_string
             if run is None:
-                b = self._pick(m, in_string, escaped)
+                last = data[-1:] or pending[-1:] or self._written[-1:]  # the byte before this one
+                b = self._pick(m, in_string, escaped, in_number=bool(last) and last[0] in _NUMBER)
                 if b is None:
                     return None
                 repeats = repeats + 1 if in_string and data and b == data[-1] else 0
@@ -180,7 +185,9 @@ class Closer:
                 return text
         return None
 
-    def _pick(self, m, in_string: bool, escaped: bool) -> int | None:
+    def _pick(self, m, in_string: bool, escaped: bool, in_number: bool = False) -> int | None:
+        if in_number and not in_string and (digit := self._digit_that_ends(m)) is not None:
+            return digit
         order = (b'"' + _LETTERS) if in_string and not escaped else (_LETTERS if escaped else _OUTSIDE + _LETTERS)
         for b in order:
             if b in self._bytes and m.validate_tokens([self._bytes[b]]) == 1:
@@ -188,6 +195,23 @@ class Closer:
         allowed = [b for b in range(256) if b in self._bytes and m.validate_tokens([self._bytes[b]]) == 1]
         rest = [b for b in allowed if b not in _WHITESPACE] + [b for b in allowed if b in _WHITESPACE]
         return rest[0] if rest else None
+
+    def _digit_that_ends(self, m) -> int | None:
+        """In a number that cannot end yet (short of a minimum, not yet a multipleOf), the
+        first digit after which it can: appending 0 every time never reaches a multiple of 7,
+        and 0.5 < x wants 0.51, not 0.500001."""
+        if any(self._allows(m, e) for e in _ENDS):
+            return None
+        for d in _DIGITS:
+            if self._allows(m, d):
+                after = m.deep_copy()
+                after.consume_token(self._bytes[d])
+                if after.is_accepting() or any(self._allows(after, e) for e in _ENDS):
+                    return d
+        return None
+
+    def _allows(self, m, b: int) -> bool:
+        return b in self._bytes and m.validate_tokens([self._bytes[b]]) == 1
 
     def _way_out(self, m, b: int) -> int:
         """Inside a string whose pattern wants a particular byte after free letters (the @
