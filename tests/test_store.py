@@ -593,3 +593,40 @@ def test_a_write_the_disk_fails_is_the_stores_trouble_and_keeps_nothing(tmp_path
             s.env.env = real
         assert s.missing_pages([page_key(page)]) == [page_key(page)]
     assert status_of(StorageError("x")) == 507
+
+
+def _fill(folder: Path) -> None:
+    with open(folder / "filler", "wb", buffering=0) as f:
+        try:
+            while True:
+                f.write(b"\0" * (64 << 10))
+        except OSError:
+            pass  # ENOSPC: full
+
+
+def test_a_store_on_a_full_disk_is_an_error_not_a_sigbus(tmp_path):
+    # LMDB sizes lock.mdb with ftruncate and writes it through a mapping: on a full tmpfs the
+    # process died of SIGBUS, silently (rc 135), making or opening a store.
+    import subprocess
+    import sys
+    full = tmp_path / "full"
+    full.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(full)],
+                                           capture_output=True).returncode != 0:
+        pytest.skip("mounting a small tmpfs (a disk to fill) needs root")
+    try:
+        with Store(full / "kept") as s:  # made while there was room
+            s.put_pages([rand_page(random.Random(5))])
+        _fill(full)
+        for store in (full / "new", full / "kept"):
+            r = subprocess.run([sys.executable, "-c", "import sys, ctxengine as ce; ce.Store(sys.argv[1]).close()",
+                                str(store)], capture_output=True, text=True, timeout=120)
+            if store.name == "new":
+                assert r.returncode == 1 and "no room for its lock file" in r.stderr, (r.returncode, r.stderr[-500:])
+            else:  # its lock file's bytes were allocated when it was made
+                assert r.returncode == 0, r.stderr[-500:]
+        os.unlink(full / "filler")
+        with Store(full / "new") as s:  # once there is room again
+            assert s.missing_pages([]) == []
+    finally:
+        subprocess.run(["umount", "-l", str(full)], capture_output=True)

@@ -21,6 +21,7 @@ the shared lock that very block holds.
 """
 from __future__ import annotations
 
+import errno
 import os
 import stat
 import struct
@@ -156,6 +157,34 @@ def check_data_file(data: str) -> None:
                              "(a partial copy, or a disk that filled?): restore it from a backup or copy it again")
 
 
+MAX_READERS = 256
+# lock.mdb's bytes: LMDB's reader table (64 bytes a reader slot) and its header, with room over.
+LOCK_BYTES = 64 * MAX_READERS + 4096
+
+
+def reserve_lock_file(path: str) -> None:
+    """Allocate lock.mdb's bytes on disk before LMDB maps it. LMDB sizes the file with
+    ftruncate, which reserves nothing, and writes its reader slots through the mapping: on
+    a full filesystem the first write into a page with no room was a SIGBUS, and the process
+    died without a word (opening or making a store, and a reader taking a fresh slot). A
+    full disk is now a StorageError naming the store, before LMDB touches the file."""
+    lock = os.path.join(path, "lock.mdb")
+    try:
+        os.makedirs(path, exist_ok=True)
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError:
+        return  # not ours to word: lmdb.open says what is wrong with the path
+    try:
+        os.posix_fallocate(fd, 0, LOCK_BYTES)
+    except OSError as e:
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise StorageError(f"cannot open snapshot store at {path}: no room for its lock file ({e.strerror}: "
+                               "is its disk full?)") from None
+        # else (a filesystem that cannot allocate ahead) LMDB goes on as it always did
+    finally:
+        os.close(fd)
+
+
 class Env:
     _registry: dict[str, "Env"] = {}
     _registry_lock = threading.Lock()
@@ -176,11 +205,12 @@ class Env:
         self._users = 0
         self._lock = _RWLock()
         check_store_files(path)
+        reserve_lock_file(path)
         try:
             # readahead off: pages are read at random, and a large store would
             # otherwise pull neighbouring (unwanted) pages into the page cache.
             self.env = lmdb.open(path, map_size=max(int(map_size), 1 << 16), subdir=True,
-                                 max_dbs=len(DB_NAMES) + 2, readahead=False, max_readers=256)
+                                 max_dbs=len(DB_NAMES) + 2, readahead=False, max_readers=MAX_READERS)
         except lmdb.Error as e:
             raise StoreError(f"cannot open snapshot store at {path}: {e}") from None
         try:
