@@ -72,6 +72,44 @@ def test_anthropic_and_ollama_requests_continue_contexts_too(server, model):
     assert after["text"].count("<|im_start|>user") == 3
 
 
+def test_turns_appended_continue_the_context_as_a_chat_request_would(server, openai_client):
+    # append rendered its turns as a whole new conversation: SmolLM2's template put its
+    # default system turn in the middle of the context, after the context's own system turn.
+    for name in ("appended", "chatted"):
+        assert server.post("/v1/contexts", {"name": name, "system": "You are a pirate."}).status_code == 201
+    user = [{"role": "user", "content": "Hi"}]
+    assert server.post("/v1/contexts/appended/append", {"messages": user, "generation_prompt": True}).status_code == 200
+    openai_client.chat.completions.create(model="smollm2", max_tokens=1, messages=user, extra_body={"context": "chatted"})
+    appended = server.get("/v1/contexts/appended").json()["text"]
+    assert appended.count("<|im_start|>system") == 1
+    assert server.get("/v1/contexts/chatted").json()["text"].startswith(appended)
+    # A chat request with no new messages generates from what the context holds (a 500): here
+    # the reply the context opened, with nothing added before it.
+    held = server.get("/v1/contexts/appended").json()["n_tokens"]
+    r = openai_client.chat.completions.create(model="smollm2", max_tokens=4, temperature=0, messages=[],
+                                              extra_body={"context": "appended"})
+    assert r.choices[0].message.content and r.usage.prompt_tokens == held
+
+
+def test_a_system_prompt_the_template_shows_only_with_a_user_turn_is_refused_alone(gemma3_path):
+    # Gemma's template folds the system prompt into the first user turn: sent alone to
+    # POST /v1/contexts it rendered nothing, and the context went on without it (a 201).
+    import ctxengine as ce
+    from ctxengine.engine.model_source import CatalogEntry
+    from ctxengine.errors import RequestError
+    from ctxengine.serving.prompts import turns_text
+    gemma = ce.load(gemma3_path)
+    entry = CatalogEntry(gemma.name, gemma.path, "file")
+    system = [{"role": "system", "content": "You are a pirate."}]
+    with pytest.raises(RequestError, match="renders no text for these turns alone"):
+        turns_text(gemma, entry, system, [], generation_prompt=False)
+    text = turns_text(gemma, entry, system + [{"role": "user", "content": "Hi"}], [], generation_prompt=False)
+    assert "You are a pirate." in text and "Hi" in text
+    with pytest.raises(RequestError, match="renders no text"):  # nor mid-conversation
+        turns_text(gemma, entry, system, gemma.tokenize(text, parse_special=True), generation_prompt=False)
+    gemma.close()
+
+
 def test_fork_snapshot_restore(server):
     server.post("/v1/contexts", {"name": "base", "text": "The capital of France is"})
     fork = server.post("/v1/contexts/base/fork", {"name": "base-fork"})

@@ -24,7 +24,7 @@ import anyio.to_thread
 from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse
 
-from ..serving.prompts import chat_text
+from ..serving.prompts import turns_text
 from .errors import ApiError
 from .fields import Fields, json_body
 from .openai import chat_messages
@@ -59,9 +59,8 @@ class _Contexts:
         if "system" in f or "messages" in f:
             messages = ([{"role": "system", "content": f.str("system")}] if "system" in f else [])
             messages += chat_messages(f.list("messages", []))
-            n += ctx.append(chat_text(loaded.model, loaded.entry, messages, layer_template=False,
-                                      add_generation_prompt=f.bool("generation_prompt", False)),
-                            parse_special=True)
+            n += ctx.append(turns_text(loaded.model, loaded.entry, messages, ctx.tokens,
+                                       generation_prompt=f.bool("generation_prompt", False)), parse_special=True)
         if "text" in f:
             n += ctx.append(f.str("text"), parse_special=f.bool("special", False))
         if "tokens" in f:

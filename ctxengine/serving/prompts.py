@@ -140,3 +140,23 @@ def continuation_text(model: "Model", entry: "CatalogEntry", prompt: Prompt, con
     if not context_tokens:
         return chat_text(model, entry, prompt.messages, layer_template=False, tools=prompt.tools) + prompt.prefill
     return model.chat.render(prompt.messages, tools=prompt.tools, after=context_tokens) + prompt.prefill
+
+
+def turns_text(model: "Model", entry: "CatalogEntry", messages: list[dict], context_tokens: list[int], *,
+               generation_prompt: bool) -> str:
+    """Chat turns to append to a named context as they are (``POST /v1/contexts``, its
+    ``/append``): the start of a conversation in an empty context, else its continuation,
+    as a chat request naming the context renders them (no second default system turn).
+    RequestError where the template renders none of them: Gemma's shows a system prompt only
+    inside the first user turn, so one sent alone would be dropped without a word."""
+    if context_tokens:
+        text = model.chat.render(messages, after=context_tokens, generation_prompt=generation_prompt)
+    else:
+        text = chat_text(model, entry, messages, layer_template=False, add_generation_prompt=generation_prompt)
+    shown = [i for i in model.tokenize(text, parse_special=True) if i != model.tokenizer.bos_id]
+    if not shown and any(m.get("content") for m in messages):
+        raise RequestError(f"{model.name}'s chat template renders no text for these turns alone (a system prompt "
+                           "it shows only inside the first user turn?): send them with the user message that "
+                           "follows, in 'messages'", param="system" if messages[0].get("role") == "system"
+                           else "messages")
+    return text

@@ -103,16 +103,19 @@ class ChatRenderer:
         if after is None:
             return self._whole(turns, tools, generation_prompt)
         last = after[-1] if len(after) else None
-        ended = closing or last in self.tokenizer.eog_ids or self._in_reply(after)
+        in_reply = self._in_reply(after)
+        ended = closing or last in self.tokenizer.eog_ids or in_reply
         opening = self._closing(last) if ended else ""
         if not turns and not generation_prompt:
             return opening
+        if not turns and in_reply and not closing:
+            return ""  # a reply open (its prompt alone, or cut): a generation with no new turns goes on with it
         return opening + self._continuation(turns, tools, generation_prompt)
 
     def _continuation(self, turns: list[dict], tools, generation_prompt: bool) -> str:
         """The turns as they continue a conversation: the rendering of [anchor] + turns minus
         that of [anchor], where no stand-in text is left (else the next, shorter anchor)."""
-        first = turns[0].get("role") if isinstance(turns[0], dict) else None
+        first = turns[0].get("role") if turns and isinstance(turns[0], dict) else None  # none: the prompt alone
         anchors = [_EXCHANGE[:2], _EXCHANGE[:1]] if first == "assistant" else [_EXCHANGE, _EXCHANGE[:1]]
         for anchor in map(list, anchors):
             try:
