@@ -9,8 +9,8 @@ second finds it at a snapshot it does not descend from and gets
 :class:`RefConflictError`. The move and its log entry are one script, so no
 write is lost and the log never disagrees with the ref.
 
-Deleting a ref leaves a tombstone in its slot (``ctx:rx:{name}``: when, by
-which host, at which snapshot; kept TOMBSTONE_S): a host still holding a live
+Deleting a ref leaves a tombstone in its slot (``ctx:rx:{name}``: when and by
+which host; kept TOMBSTONE_S): a host still holding a live
 copy of the context finds the ref gone *and* the tombstone, and drops its copy
 rather than take the absent ref for one never published (which its next turn
 would publish again: the deleted conversation back). A new context made under
