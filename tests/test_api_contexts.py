@@ -97,16 +97,19 @@ def test_a_system_prompt_the_template_shows_only_with_a_user_turn_is_refused_alo
     import ctxengine as ce
     from ctxengine.engine.model_source import CatalogEntry
     from ctxengine.errors import RequestError
-    from ctxengine.serving.prompts import turns_text
+    from ctxengine.serving.prompts import Prompt, continuation_text, turns_text
     gemma = ce.load(gemma3_path)
     entry = CatalogEntry(gemma.name, gemma.path, "file")
     system = [{"role": "system", "content": "You are a pirate."}]
-    with pytest.raises(RequestError, match="renders no text for these turns alone"):
+    with pytest.raises(RequestError, match="chat template drops these turns"):
         turns_text(gemma, entry, system, [], generation_prompt=False)
     text = turns_text(gemma, entry, system + [{"role": "user", "content": "Hi"}], [], generation_prompt=False)
     assert "You are a pirate." in text and "Hi" in text
-    with pytest.raises(RequestError, match="renders no text"):  # nor mid-conversation
-        turns_text(gemma, entry, system, gemma.tokenize(text, parse_special=True), generation_prompt=False)
+    held = gemma.tokenize(text, parse_special=True)
+    with pytest.raises(RequestError, match="drops these turns"):  # nor mid-conversation
+        turns_text(gemma, entry, system, held, generation_prompt=False)
+    with pytest.raises(RequestError, match="drops these turns"):  # nor as a chat request naming a context
+        continuation_text(gemma, entry, Prompt(messages=system), held)
     gemma.close()
 
 

@@ -137,26 +137,32 @@ def continuation_text(model: "Model", entry: "CatalogEntry", prompt: Prompt, con
     """The text to append to a named context that holds ``context_tokens``."""
     if not prompt.is_chat:
         return prompt.text or ""
-    if not context_tokens:
-        return chat_text(model, entry, prompt.messages, layer_template=False, tools=prompt.tools) + prompt.prefill
-    return model.chat.render(prompt.messages, tools=prompt.tools, after=context_tokens) + prompt.prefill
+    return turns_text(model, entry, prompt.messages, context_tokens, tools=prompt.tools) + prompt.prefill
 
 
 def turns_text(model: "Model", entry: "CatalogEntry", messages: list[dict], context_tokens: list[int], *,
-               generation_prompt: bool) -> str:
-    """Chat turns to append to a named context as they are (``POST /v1/contexts``, its
-    ``/append``): the start of a conversation in an empty context, else its continuation,
-    as a chat request naming the context renders them (no second default system turn).
-    RequestError where the template renders none of them: Gemma's shows a system prompt only
-    inside the first user turn, so one sent alone would be dropped without a word."""
-    if context_tokens:
-        text = model.chat.render(messages, after=context_tokens, generation_prompt=generation_prompt)
-    else:
-        text = chat_text(model, entry, messages, layer_template=False, add_generation_prompt=generation_prompt)
-    shown = [i for i in model.tokenize(text, parse_special=True) if i != model.tokenizer.bos_id]
-    if not shown and any(m.get("content") for m in messages):
-        raise RequestError(f"{model.name}'s chat template renders no text for these turns alone (a system prompt "
-                           "it shows only inside the first user turn?): send them with the user message that "
-                           "follows, in 'messages'", param="system" if messages[0].get("role") == "system"
-                           else "messages")
+               tools: list | None = None, generation_prompt: bool = True) -> str:
+    """Chat turns to append to a named context (a chat request naming it, ``POST
+    /v1/contexts``, its ``/append``): the start of a conversation in an empty context, else
+    its continuation. RequestError where the template drops them all: Gemma's shows a system
+    prompt only inside the first user turn, so one sent alone would vanish without a word."""
+    def render(turns: list[dict]) -> str:
+        if context_tokens:
+            return model.chat.render(turns, tools=tools, after=context_tokens, generation_prompt=generation_prompt)
+        return chat_text(model, entry, turns, layer_template=False, tools=tools,
+                         add_generation_prompt=generation_prompt)
+
+    text = render(messages)
+    said = [c.strip() for m in messages if isinstance(c := m.get("content"), str) and c.strip()]
+    if said and not any(c in text for c in said) and _renders_as(render, [], text):  # only when none shows
+        raise RequestError(f"{model.name}'s chat template drops these turns (a system prompt it shows only "
+                           "inside the first user turn?): send them with the user message that follows, in "
+                           "'messages'", param="system" if messages[0].get("role") == "system" else "messages")
     return text
+
+
+def _renders_as(render, turns: list[dict], text: str) -> bool:
+    try:
+        return render(turns) == text
+    except CtxError:  # a template that refuses no turns at all: it cannot say, so no
+        return False
