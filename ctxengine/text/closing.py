@@ -190,9 +190,9 @@ class Closer:
             return digit
         order = (b'"' + _LETTERS) if in_string and not escaped else (_LETTERS if escaped else _OUTSIDE + _LETTERS)
         for b in order:
-            if b in self._bytes and m.validate_tokens([self._bytes[b]]) == 1:
+            if self._allows(m, b):
                 return b
-        allowed = [b for b in range(256) if b in self._bytes and m.validate_tokens([self._bytes[b]]) == 1]
+        allowed = [b for b in range(256) if self._allows(m, b)]
         rest = [b for b in allowed if b not in _WHITESPACE] + [b for b in allowed if b in _WHITESPACE]
         return rest[0] if rest else None
 
@@ -219,7 +219,7 @@ class Closer:
         a byte that changes what may follow, if there is one, else ``b``."""
         now = self._signature(m)
         for other in _WAYS_OUT:
-            if other != b and other in self._bytes and m.validate_tokens([self._bytes[other]]) == 1:
+            if other != b and self._allows(m, other):
                 after = m.deep_copy()
                 after.consume_token(self._bytes[other])
                 if self._signature(after) != now:
@@ -227,7 +227,7 @@ class Closer:
         return b
 
     def _signature(self, m) -> tuple[bool, ...]:
-        return tuple(c in self._bytes and m.validate_tokens([self._bytes[c]]) == 1 for c in _PROBES)
+        return tuple(self._allows(m, c) for c in _PROBES)
 
     def _tokenized(self, matcher, data: bytes) -> list[int] | None:
         """The completion as the tokenizer would write it, if the grammar takes it so."""
