@@ -2,11 +2,12 @@
 llama.cpp's, alternated in one run.
 
     python bench/bench_lora.py [--threads 2] [--rounds 5] [--prompt 512] [--gen 64] [--rank 16]
-        [--dtype F32|F16|BF16] [--old-core OLD_CORE.so] [--llama-python /opt/llamavenv/bin/python]
+        [--dtype F32|F16|BF16|Q8_0] [--old-core OLD_CORE.so] [--llama-python /opt/llamavenv/bin/python]
 
 The adapter (tests/lora_files.py smollm2_lora): rank 16 on every attention
 and FFN matrix of the packaged SmolLM2 (7 matrices x 30 layers), f32 (or
-``--dtype F16``), as llama.cpp's convert_lora_to_gguf.py writes them. Each
+``--dtype F16``; ``Q8_0``: A in Q8_0 and, unless the rank is a multiple of 32,
+B in F16), as llama.cpp's convert_lora_to_gguf.py writes them. Each
 round runs, each in a fresh process that warms up first: ours base, ours with
 the adapter, the same with ``--old-core`` (another build's ``_core`` .so,
 to compare a change), then llama.cpp base and with the adapter (loaded by
@@ -78,6 +79,12 @@ def measure(engine: str, model: str, adapter: str, threads: int, n_prompt: int, 
     return {"prefill_tps": pp, "decode_tps": n_gen / (time.perf_counter() - t0), "isa": isa}
 
 
+def file_types(dtype: str, rank: int) -> str | tuple[str, str]:
+    """The types convert_lora_to_gguf.py gives A and B: Q8_0 falls back to F16 for a
+    B whose rows (the rank) are not whole blocks of 32."""
+    return (dtype, "F16") if dtype == "Q8_0" and rank % 32 else dtype
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--threads", type=int, default=2)
@@ -85,7 +92,8 @@ def main() -> int:
     ap.add_argument("--prompt", type=int, default=512)
     ap.add_argument("--gen", type=int, default=64)
     ap.add_argument("--rank", type=int, default=16)
-    ap.add_argument("--dtype", choices=("F32", "F16", "BF16"), default="F32", help="the adapter file's matrices")
+    ap.add_argument("--dtype", choices=("F32", "F16", "BF16", "Q8_0"), default="F32",
+                    help="the adapter file's matrices")
     ap.add_argument("--old-core", help="another build's _core .so, run alternated with ours (old, old+lora)")
     ap.add_argument("--llama-python", default=os.environ.get("CTX_LLAMA_PYTHON"))
     ap.add_argument("--child", nargs=3, metavar=("ENGINE", "MODEL", "ADAPTER"), help=argparse.SUPPRESS)
@@ -101,7 +109,7 @@ def main() -> int:
     model = str(smollm2_file())
     facts = machine_facts(args.threads)
     adapter = str(smollm2_lora(os.path.join(tempfile.mkdtemp(), "lora.gguf"), read_metadata(model), rank=args.rank,
-                               dtype=args.dtype))
+                               dtype=file_types(args.dtype, args.rank)))
     runs = [("ours", sys.executable, ""), ("ours+lora", sys.executable, adapter)]
     if args.old_core:
         runs += [("old", sys.executable, ""), ("old+lora", sys.executable, adapter)]

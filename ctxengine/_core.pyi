@@ -3,7 +3,7 @@
 Kept in step with the module by tests/test_core_stub.py: every name here
 exists in the built module and every public name there is declared here.
 """
-from typing import Optional
+from typing import Any, Optional
 
 import numpy as np
 import numpy.typing as npt
@@ -123,13 +123,18 @@ _BatchItem = tuple  # of 5 or 6 as above
 class LoraAdapter:
     """A LoRA adapter's A and B matrices for one Model (native/models/lora.h)."""
     def __init__(self, model: Model, alpha: float) -> None: ...
-    def set(self, layer: int, target: str, a: _F32, b: _F32, *, bf16: bool = False) -> None:
+    def set(self, layer: int, target: str, a: npt.NDArray[Any], a_type: int, b: npt.NDArray[Any],
+            b_type: int) -> None:
         """target: attn_q, attn_k, attn_v, attn_output, ffn_gate, ffn_up or ffn_down;
-        a: (rank, n_in), b: (n_out, rank), both float16 (kept in f16), both uint16 bf16 bits
-        with bf16=True (kept in bf16; uint16 is refused without it) or else float32;
+        a: (rank, n_in) as a_type's rows (ggml type number: F32 float32, F16 float16 or uint16
+        bits, BF16 uint16 bits, Q8_0 uint8 block bytes), b: (n_out, rank) as b_type (F32, F16 or
+        BF16 likewise); kept in those types (an array of another element is refused);
         ValueError naming the matrix if they do not fit."""
     @property
     def n_matrices(self) -> int: ...
+    @property
+    def n_bytes(self) -> int:
+        """What its matrices hold in memory."""
 
 def lora_up(bt: _F32, t: _F32, factor: float, y: _F32, o0: int, o1: int, *,
             bf16: bool = False) -> npt.NDArray[np.float32]:
@@ -169,9 +174,9 @@ class _Quant:
         """Bytes of one row of n elements."""
     @staticmethod
     def matmul(ggml_type: int, W: npt.ArrayLike, n_in: int, n_out: int, X: _F32, o0: int = 0,
-               o1: int = -1, chunk: int = 0) -> npt.NDArray[np.float32]:
+               o1: int = -1, chunk: int = 0, *, float_x: bool = False) -> npt.NDArray[np.float32]:
         """Y (n_x, n_out) = X . W^T; W: raw row-major weight bytes; quantized types quantize X to Q8A / Q8K
-        first. Only columns [o0, o1) (o1 = -1: n_out) are computed, as one thread's share; the rest are 0.
+        first, except Q8_0 with float_x=True (matmul_f: each weight widened exactly, as LoRA's A). Only columns [o0, o1) (o1 = -1: n_out) are computed, as one thread's share; the rest are 0.
         chunk > 0: the kernel is called per `chunk` output rows of that range (the integer types' calls
         share one activation id, so the prefill tiles lay X out once per thread, as in the model)."""
     @staticmethod

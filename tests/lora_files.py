@@ -90,7 +90,7 @@ SMOLLM2_LORA = dict(rank=16, alpha=32.0, seed=22, size=0.02)
 
 
 def smollm2_lora(path: Path, meta: dict, *, rank: int | None = None, strength: float = 1.0,
-                 seed: int | None = None, dtype: str = "F32") -> Path:
+                 seed: int | None = None, dtype: str | tuple[str, str] = "F32") -> Path:
     """The comparison's adapter (or, with other arguments, another like it)."""
     spec = dict(SMOLLM2_LORA, **({"rank": rank} if rank else {}), **({"seed": seed} if seed else {}))
     mats = random_lora(target_shapes(meta, "llama"), meta["llama.block_count"], spec["rank"], ALL,

@@ -3,6 +3,7 @@ time against a float64 numpy forward on merged weights, bit-identical across
 threads, chunking, batching and SIMD paths, and refused when they do not fit."""
 import math
 
+import gguf
 import numpy as np
 import pytest
 
@@ -104,7 +105,7 @@ def test_mixed_batch_threads_and_chunks_bit_identical(tmp_path, tiny):
         one.close()
 
 
-@pytest.mark.parametrize("dtype", ["F32", "F16", "BF16"])
+@pytest.mark.parametrize("dtype", ["F32", "F16", "BF16", ("Q8_0", "F16")], ids=str)
 def test_every_simd_path_bit_identical(tmp_path, tiny, dtype):
     engine, _ = tiny
     engine.load_lora("one", adapter_file(tmp_path, "one", 5, ALL, dtype=dtype)[0])
@@ -122,18 +123,21 @@ def test_every_simd_path_bit_identical(tmp_path, tiny, dtype):
         assert np.array_equal(out, first), isa
 
 
-@pytest.mark.parametrize("dtype", ["F16", "BF16", ("BF16", "F16")], ids=["F16", "BF16", "BF16,F16"])
-def test_16bit_adapter_kept_as_is_computes_as_its_f32_values(tmp_path, tiny, dtype):
-    """An F16 or BF16 file is kept in f16 or bf16 (half the bytes); each value widens
-    exactly, so its logits are those of an F32 file holding the same values, bit for
-    bit (a pair of two types goes as float32, the same values too)."""
+@pytest.mark.parametrize("dtype,rank", [("F16", 16), ("BF16", 16), (("BF16", "F16"), 16), (("F16", "BF16"), 8),
+                                        (("Q8_0", "F16"), 16), (("Q8_0", "BF16"), 7), ("Q8_0", 32)], ids=str)
+def test_adapter_kept_as_is_computes_as_its_f32_values(tmp_path, tiny, dtype, rank):
+    """An F16, BF16 or Q8_0 matrix is kept as the file holds it (half or a quarter of
+    the bytes; A and B each in its own type); each value widens exactly, so the logits
+    are those of an F32 file holding the same values, bit for bit. (A Q8_0 B, whose rows
+    are the rank, is widened to F32 at load: lora::up has no Q8_0 form.)"""
     engine, _ = tiny
-    half, stored = adapter_file(tmp_path, "half", 16, ALL, seed=3, dtype=dtype)
+    kept, stored = adapter_file(tmp_path, "kept", rank, ALL, seed=3, dtype=dtype)
     write_lora(tmp_path / "full.gguf", CFG.arch, stored, dtype="F32")
-    engine.load_lora("half", half)
+    engine.load_lora("kept", kept)
     engine.load_lora("full", tmp_path / "full.gguf")
-    got = run_alone(engine, engine.lora_set({"half": 0.5}), (7, 1, 12))
+    got = run_alone(engine, engine.lora_set({"kept": 0.5}), (7, 1, 12))
     assert np.array_equal(got.view(np.uint32), run_alone(engine, engine.lora_set({"full": 0.5})).view(np.uint32))
+    assert engine.adapters["kept"].core.n_bytes < engine.adapters["full"].core.n_bytes * (0.6 if dtype != "Q8_0" else 1)
 
 
 def test_identity_is_canonical(tmp_path, tiny):
@@ -276,3 +280,30 @@ def test_lora_up_kernel_every_path_bit_identical(rank, dtype):
             assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), isa
     finally:
         _core.set_isa(before)
+
+
+def test_q8_0_matmul_f_every_path_is_the_f32_product_of_its_values():
+    """matmul_f on Q8_0 rows (a LoRA A kept as the file holds it): each weight widened
+    exactly, then the float order, so every path gives the bits of the F32 matmul of the
+    dequantized values, for any row range, chunking and number of activation rows."""
+    Q, G = _core.quant, gguf.GGMLQuantizationType
+    rng = np.random.default_rng(20261203)
+    before = _core.active_isa()
+    try:
+        for n_in, n_out in ((32, 5), (96, 16), (576, 17)):
+            w = rng.standard_normal((n_out, n_in)).astype(np.float32) * np.exp(rng.uniform(-6, 6, (n_out, 1)))
+            w[0, :32] = 0.0  # an all-zero block (d = 0)
+            raw = gguf.quants.quantize(w, G.Q8_0)
+            values = np.asarray(gguf.quants.dequantize(raw, G.Q8_0), dtype=np.float32).reshape(n_out, n_in)
+            for n_x in (1, 2, 3, 5, 9):
+                x = rng.standard_normal((n_x, n_in)).astype(np.float32)
+                for isa in PATHS[: PATHS.index(_core.detect_isa()) + 1]:
+                    _core.set_isa(isa)
+                    for o0, o1, chunk in ((0, n_out, 0), (1, n_out, 3), (2, n_out - 1, 4)):
+                        got = Q.matmul(int(G.Q8_0), raw.reshape(-1), n_in, n_out, x, o0, o1, chunk, float_x=True)
+                        want = Q.matmul(int(G.F32), values.view(np.uint8).reshape(-1), n_in, n_out, x, o0, o1, chunk)
+                        assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), (isa, n_in, n_x, o0, chunk)
+    finally:
+        _core.set_isa(before)
+    with pytest.raises(ValueError, match="float_x"):
+        Q.matmul(int(G.Q4_0), np.zeros(18, np.uint8), 32, 1, np.zeros((1, 32), np.float32), float_x=True)

@@ -261,7 +261,7 @@ def _build(core_model, arch: str, f: GGUFFile, label: str):
         pair = pairs.setdefault((int(m[1]), m[2]), {})
         if m[3] in pair:
             raise bad(f"blk.{int(m[1])}.{m[2]} has two lora_{m[3]} tensors (one is {t.name})")
-        pair[m[3]] = _matrix(t, bad)
+        pair[m[3]] = _matrix(t, bad, m[3])
     if not pairs:
         raise bad("the adapter holds no LoRA matrices")
     core = _core.LoraAdapter(core_model, float(alpha))
@@ -270,45 +270,44 @@ def _build(core_model, arch: str, f: GGUFFile, label: str):
         what = f"blk.{layer}.{target}"
         if set(ab) != {"a", "b"}:
             raise bad(f"{what} has lora_{''.join(ab)} without its pair")
-        a, b = ab["a"], ab["b"]
+        (a, a_type), (b, b_type) = ab["a"], ab["b"]
         if a.shape[0] != b.shape[1]:
             raise bad(f"{what}: lora_a has rank {a.shape[0]} and lora_b rank {b.shape[1]}")
         if layer >= core_model.n_layer:
             raise bad(f"{what}: the model has {core_model.n_layer} layers")
-        bf16 = a.dtype == np.uint16 and b.dtype == np.uint16
-        if not bf16:  # a BF16 matrix beside another type: both go as float32, as a mixed F16 pair does
-            a, b = _widened(a), _widened(b)
         try:
-            core.set(layer, target, a, b, bf16=bf16)
+            core.set(layer, target, a, a_type, b, b_type)
         except ValueError as err:
             raise bad(f"not made for this model: {err}") from None
         ranks.add(a.shape[0])
     return float(alpha), core, ranks
 
 
-def _matrix(t, bad) -> np.ndarray:
-    """A tensor as a (ne1, ne0) matrix: float16 as an F16 file holds it, BF16 as its
-    uint16 bits (the core keeps a pair of either in 16 bits, half the bytes each
-    token reads), else float32."""
+def _matrix(t, bad, side: str) -> tuple[np.ndarray, int]:
+    """A tensor as a (ne1, ne0) matrix and the ggml type the core keeps it in: as the
+    file holds it (F32, F16, BF16 as uint16 bits, and an A's Q8_0 as its raw blocks,
+    one row of bytes per rank), every value widened exactly where the core reads it.
+    A Q8_0 B (a rank that is a multiple of 32) is widened here to F32, exactly."""
     if len(t.shape) != 2:
         raise bad(f"tensor {t.name} has {len(t.shape)} dimensions, a LoRA matrix has 2")
     if t.ggml_type not in _TYPES:
         raise bad(f"tensor {t.name} has type {t.type_name}; LoRA matrices may be F32, F16, BF16 or Q8_0")
     n_in, n_out = t.shape  # never 0: the GGUF reader refuses empty dimensions (so a rank of 0)
-    if t.ggml_type == int(_T.F16):
+    kind = t.ggml_type
+    if kind == int(_T.F16):
         m = np.frombuffer(t.data, dtype=np.float16).reshape(n_out, n_in)
         finite = np.isfinite(m).all()
-    elif t.ggml_type == int(_T.BF16):
+    elif kind == int(_T.BF16):
         m = np.frombuffer(t.data, dtype=np.uint16).reshape(n_out, n_in)
         finite = not ((m & 0x7F80) == 0x7F80).any()  # exponent all ones: inf or NaN
+    elif kind == int(_T.Q8_0) and side == "a":
+        m = np.frombuffer(t.data, dtype=np.uint8).reshape(n_out, -1)  # blocks: f16 d, then 32 int8
+        d = m.reshape(-1, 34)[:, :2].copy().view(np.float16)
+        finite = np.isfinite(d).all()
     else:
-        m = np.asarray(gguf.quants.dequantize(t.data, _T(t.ggml_type)), dtype=np.float32).reshape(n_out, n_in)
+        m = np.asarray(gguf.quants.dequantize(t.data, _T(kind)), dtype=np.float32).reshape(n_out, n_in)
         finite = np.isfinite(m).all()
+        kind = int(_T.F32)
     if not finite:
         raise bad(f"tensor {t.name} holds values that are not finite")
-    return m
-
-
-def _widened(m: np.ndarray) -> np.ndarray:
-    """bf16 bits (uint16) as the float32 values they are (exactly: the high half); other matrices as they are."""
-    return (m.astype(np.uint32) << 16).view(np.float32) if m.dtype == np.uint16 else m
+    return m, kind

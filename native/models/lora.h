@@ -23,11 +23,14 @@ struct ModelConfig;
 enum class LoraTarget : int { q, k, v, o, gate, up, down, count };
 
 struct LoraPair {
-  // f32, or (wtype F16, BF16) 16-bit as the file holds them: half the bytes a token reads.
-  std::vector<float> a;      // (rank, n_in) A, row-major (GGUF lora_a: ne0 = n_in, ne1 = rank)
-  std::vector<float> bt;     // (rank, n_out) B transposed (GGUF lora_b is (n_out, rank)) in lora::up's blocks
-  std::vector<uint16_t> a16, bt16;  // the same as f16 or bf16 bits, when wtype is F16 or BF16
-  DType wtype = DType::F32;
+  // A and B as the file holds them, each in its own type: A's rows as matmul_f
+  // reads them (F32, F16, BF16 or Q8_0), B in lora::up's blocks (F32, or F16 and
+  // BF16 bits in bt16). Kept as they are, every product widens each value
+  // exactly: a Q8_0 A reads a quarter of the bytes its f32 widening would.
+  std::vector<uint8_t> a;     // (rank, n_in) A, row-major (GGUF lora_a: ne0 = n_in, ne1 = rank), atype's rows
+  std::vector<float> bt;      // (rank, n_out) B transposed (GGUF lora_b is (n_out, rank)) in lora::up's blocks
+  std::vector<uint16_t> bt16; // the same as f16 or bf16 bits, when btype is F16 or BF16
+  DType atype = DType::F32, btype = DType::F32;
   int rank = 0, n_in = 0, n_out = 0;
 };
 
@@ -37,12 +40,12 @@ class LoraAdapter {
   // identifies that model, so a forward of another one refuses it.
   LoraAdapter(const ModelConfig& cfg, const void* owner, float alpha);
 
-  // Takes A (rank, n_in) and B (n_out, rank), row-major, for one matrix; throws
-  // std::invalid_argument naming the matrix if the shapes do not fit.
-  void set(int layer, LoraTarget t, std::vector<float> a, std::vector<float> b, int rank);
-  // The same from f16 or bf16 matrices (`type` F16 or BF16: their bits), kept as
-  // they are (every product widens each value exactly).
-  void set_16bit(int layer, LoraTarget t, DType type, std::vector<uint16_t> a, std::vector<uint16_t> b, int rank);
+  // Takes A (rank, n_in) as `atype` rows (F32, F16, BF16 or Q8_0: their bytes)
+  // and B (n_out, rank), row-major, as `btype` (F32 floats' bytes, or F16 or
+  // BF16 bits), for one matrix; throws std::invalid_argument naming the matrix
+  // if the types or the shapes do not fit.
+  void set(int layer, LoraTarget t, DType atype, const uint8_t* a, size_t a_bytes, DType btype, const uint8_t* b,
+           size_t b_bytes, int rank);
   const LoraPair* get(int layer, LoraTarget t) const {
     const LoraPair& p = pairs_[static_cast<size_t>(layer) * kTargets + static_cast<int>(t)];
     return p.rank > 0 ? &p : nullptr;
@@ -53,13 +56,14 @@ class LoraAdapter {
   }
   const void* owner() const { return owner_; }
   int n_matrices() const;
+  size_t n_bytes() const;  // what its matrices hold in memory
 
   static constexpr int kTargets = static_cast<int>(LoraTarget::count);
   static LoraTarget target_from_name(const std::string& name);  // "attn_q", ... "ffn_down"
 
  private:
-  // Checks the shapes; the pair to fill, its rank and shape set.
-  LoraPair& slot(int layer, LoraTarget t, size_t a_size, size_t b_size, int rank);
+  // Checks the types and shapes; the pair to fill, its rank and shape set.
+  LoraPair& slot(int layer, LoraTarget t, DType atype, size_t a_bytes, DType btype, size_t b_bytes, int rank);
 
   const void* owner_;
   float alpha_;

@@ -72,8 +72,7 @@ int64_t Model::lora_prepare(int layer, std::initializer_list<MatmulJob> jobs) {
 void Model::lora_down(int64_t i, const float* x, int n_in) {
   const LoraTerm& t = lora_terms_[lora_tasks_[i].term];
   const int b0 = t.r0 + lora_tasks_[i].block * kRowBlock, b1 = std::min(t.r1, b0 + kRowBlock);
-  const void* a = t.p->wtype == DType::F32 ? static_cast<const void*>(t.p->a.data()) : t.p->a16.data();
-  matmul_f(t.p->wtype, a, n_in, 0, t.p->rank, x + static_cast<size_t>(b0) * n_in, b1 - b0,
+  matmul_f(t.p->atype, t.p->a.data(), n_in, 0, t.p->rank, x + static_cast<size_t>(b0) * n_in, b1 - b0,
            s_.lora_t.data() + t.t_off + static_cast<size_t>(b0 - t.r0) * t.p->rank, static_cast<size_t>(t.p->rank));
   lora_a_done_.fetch_add(1, std::memory_order_release);
 }
@@ -97,7 +96,7 @@ void Model::lora_up_range(const MatmulJob& j, int job, int64_t o0, int64_t o1) {
       kernel(bt, t.p->rank, n_out, static_cast<int>(o0), static_cast<int>(o1), tt, t.r1 - t.r0, t.factor, y,
              static_cast<size_t>(n_out));
     };
-    switch (t.p->wtype) {
+    switch (t.p->btype) {
       case DType::F16: up(kern.lora_up_f16, t.p->bt16.data()); break;
       case DType::BF16: up(kern.lora_up_bf16, t.p->bt16.data()); break;
       default: up(kern.lora_up, t.p->bt.data());

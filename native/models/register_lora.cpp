@@ -23,12 +23,6 @@ using F32Array = py::array_t<float, py::array::c_style | py::array::forcecast>;
 
 using U16Array = py::array_t<uint16_t, py::array::c_style | py::array::forcecast>;  // float16 or bf16 bits
 
-template <typename A>
-std::vector<typename A::value_type> matrix(const A& a, const char* what) {
-  if (a.ndim() != 2) throw std::invalid_argument(std::string(what) + " must be a matrix");
-  return std::vector<typename A::value_type>(a.data(), a.data() + a.size());
-}
-
 bool is_f16(const py::array& a) { return a.dtype().kind() == 'f' && a.dtype().itemsize() == 2; }
 bool is_u16(const py::array& a) { return a.dtype().kind() == 'u' && a.dtype().itemsize() == 2; }
 
@@ -43,6 +37,24 @@ void check_bits(const py::array& a, bool bf16, const std::string& what) {
                                              : ": a uint16 array is bf16 bits only with bf16=True"));
 }
 
+// A matrix of `type` as a C-contiguous 2-D array of its own element (float32
+// for F32, float16 or uint16 bits for F16, uint16 bits for BF16, uint8 block
+// bytes for Q8_0), whose bytes the adapter copies: never converted, so an
+// array of another element is refused rather than read as something else.
+py::array checked_matrix(const py::array& m, DType type, const std::string& what) {
+  const char kind = m.dtype().kind();
+  const auto size = m.dtype().itemsize();
+  const bool fits = type == DType::F32    ? kind == 'f' && size == 4
+                    : type == DType::F16  ? (kind == 'f' || kind == 'u') && size == 2
+                    : type == DType::BF16 ? kind == 'u' && size == 2
+                                          : kind == 'u' && size == 1;
+  if (!fits)
+    throw std::invalid_argument(what + ": a " + dtype_name(static_cast<int>(type)) + " matrix cannot come as " +
+                                std::string(py::str(m.dtype())));
+  if (m.ndim() != 2) throw std::invalid_argument(what + " must be a matrix");
+  return py::array::ensure(m, py::array::c_style);
+}
+
 }  // namespace
 
 void register_lora(py::module_& m) {
@@ -53,25 +65,25 @@ void register_lora(py::module_& m) {
            py::arg("model"), py::arg("alpha"))
       .def(
           "set",
-          [](LoraAdapter& ad, int layer, const std::string& target, const py::array& a, const py::array& b,
-             bool bf16) {
+          [](LoraAdapter& ad, int layer, const std::string& target, const py::array& a, int a_type, const py::array& b,
+             int b_type) {
             const std::string what = "blk." + std::to_string(layer) + "." + target;
-            if (a.ndim() != 2 || b.ndim() != 2 || a.shape(0) != b.shape(1))
-              throw std::invalid_argument(what + ": lora_a (rank, n_in) and lora_b (n_out, rank) disagree on the rank");
-            check_bits(a, bf16, what + " lora_a");
-            check_bits(b, bf16, what + " lora_b");
-            const int rank = static_cast<int>(a.shape(0));
             const LoraTarget t = LoraAdapter::target_from_name(target);
-            if (bf16 || (is_f16(a) && is_f16(b)))
-              ad.set_16bit(layer, t, bf16 ? DType::BF16 : DType::F16, matrix(bits(a), "lora_a"),
-                           matrix(bits(b), "lora_b"), rank);
-            else
-              ad.set(layer, t, matrix(F32Array::ensure(a), "lora_a"), matrix(F32Array::ensure(b), "lora_b"), rank);
+            if (!dtype_supported(a_type) || !dtype_supported(b_type))
+              throw std::invalid_argument(what + ": unknown tensor type");
+            const DType at = static_cast<DType>(a_type), bt = static_cast<DType>(b_type);
+            const py::array am = checked_matrix(a, at, what + " lora_a"), bm = checked_matrix(b, bt, what + " lora_b");
+            if (am.shape(0) != bm.shape(1))
+              throw std::invalid_argument(what + ": lora_a (rank, n_in) and lora_b (n_out, rank) disagree on the rank");
+            ad.set(layer, t, at, static_cast<const uint8_t*>(am.data()), static_cast<size_t>(am.nbytes()), bt,
+                   static_cast<const uint8_t*>(bm.data()), static_cast<size_t>(bm.nbytes()),
+                   static_cast<int>(am.shape(0)));
           },
-          py::arg("layer"), py::arg("target"), py::arg("a"), py::arg("b"), py::kw_only(), py::arg("bf16") = false,
-          "one matrix's A (rank, n_in) and B (n_out, rank): both float16 are kept in f16, both bf16 (uint16 bits, "
-          "bf16=True) in bf16, else float32")
-      .def_property_readonly("n_matrices", &LoraAdapter::n_matrices);
+          py::arg("layer"), py::arg("target"), py::arg("a"), py::arg("a_type"), py::arg("b"), py::arg("b_type"),
+          "one matrix's A (rank, n_in) and B (n_out, rank) as their GGUF types hold them (ggml type numbers: A "
+          "F32, F16, BF16 or Q8_0, B F32, F16 or BF16), kept in those types")
+      .def_property_readonly("n_matrices", &LoraAdapter::n_matrices)
+      .def_property_readonly("n_bytes", &LoraAdapter::n_bytes, "what its matrices hold in memory");
   m.def(
       "lora_up",
       [](const py::array& bt, const F32Array& t, float factor, F32Array y, int o0, int o1, bool bf16) {

@@ -299,15 +299,21 @@ void matmul_q_rows(const void* W, int n_in, int o0, int o1, const BlockQ8A* Xq, 
       Y[r * y_stride + o] = dot_q_scalar<T>(rows + static_cast<size_t>(o) * nb, Xq + static_cast<size_t>(r) * nb, nb);
 }
 
-float load_f32(const float* w, int i) { return w[i]; }
-float load_f16(const uint16_t* w, int i) { return f16_to_f32(w[i]); }
-float load_bf16(const uint16_t* w, int i) { return bf16_to_f32(w[i]); }
+// One weight of a float-activation row, by index: f32, f16 or bf16 elements, or
+// a Q8_0 row's blocks widened exactly (d * q needs 19 of f32's 24 bits).
+float load_f32(const uint8_t* w, int i) { return reinterpret_cast<const float*>(w)[i]; }
+float load_f16(const uint8_t* w, int i) { return f16_to_f32(reinterpret_cast<const uint16_t*>(w)[i]); }
+float load_bf16(const uint8_t* w, int i) { return bf16_to_f32(reinterpret_cast<const uint16_t*>(w)[i]); }
+float load_q8_0(const uint8_t* w, int i) {
+  const BlockQ8_0& b = reinterpret_cast<const BlockQ8_0*>(w)[i / QK];
+  return f16_to_f32(b.d) * static_cast<float>(b.qs[i % QK]);
+}
 
-template <class Elem, float (*Load)(const Elem*, int)>
-void matmul_f_rows(const void* W, int n_in, int o0, int o1, const float* Xf, int n_x, float* Y,
-                     size_t y_stride) {
+template <float (*Load)(const uint8_t*, int)>
+void matmul_f_rows(const void* W, size_t row_bytes, int n_in, int o0, int o1, const float* Xf, int n_x, float* Y,
+                   size_t y_stride) {
   for (int o = o0; o < o1; ++o) {
-    const Elem* w = static_cast<const Elem*>(W) + static_cast<size_t>(o) * n_in;
+    const uint8_t* w = static_cast<const uint8_t*>(W) + static_cast<size_t>(o) * row_bytes;
     for (int r = 0; r < n_x; ++r) {
       const float* x = Xf + static_cast<size_t>(r) * n_in;
       float acc[16] = {};
@@ -336,10 +342,12 @@ void qk::matmul_q_scalar(DType t, const void* W, int n_in, int o0, int o1, const
 
 void qk::matmul_f_scalar(DType t, const void* W, int n_in, int o0, int o1, const float* Xf, int n_x, float* Y,
                          size_t y_stride) {
+  const size_t row_bytes = dtype_row_bytes(t, n_in);
   switch (t) {
-    case DType::F32: return matmul_f_rows<float, load_f32>(W, n_in, o0, o1, Xf, n_x, Y, y_stride);
-    case DType::F16: return matmul_f_rows<uint16_t, load_f16>(W, n_in, o0, o1, Xf, n_x, Y, y_stride);
-    default: return matmul_f_rows<uint16_t, load_bf16>(W, n_in, o0, o1, Xf, n_x, Y, y_stride);
+    case DType::F32: return matmul_f_rows<load_f32>(W, row_bytes, n_in, o0, o1, Xf, n_x, Y, y_stride);
+    case DType::F16: return matmul_f_rows<load_f16>(W, row_bytes, n_in, o0, o1, Xf, n_x, Y, y_stride);
+    case DType::BF16: return matmul_f_rows<load_bf16>(W, row_bytes, n_in, o0, o1, Xf, n_x, Y, y_stride);
+    default: return matmul_f_rows<load_q8_0>(W, row_bytes, n_in, o0, o1, Xf, n_x, Y, y_stride);
   }
 }
 
@@ -387,7 +395,7 @@ uint64_t new_activation_id() {
 
 void matmul_f(DType t, const void* W, int n_in, int o0, int o1, const float* Xf, int n_x, float* Y,
               size_t y_stride) {
-  if (t != DType::F32 && t != DType::F16 && t != DType::BF16) throw unsupported(t);
+  if (t != DType::F32 && t != DType::F16 && t != DType::BF16 && t != DType::Q8_0) throw unsupported(t);
   kernels().matmul_f(t, W, n_in, o0, o1, Xf, n_x, Y, y_stride);
 }
 

@@ -108,6 +108,10 @@ void dequantize_row(DType t, const void* src, float* dst, int n);
 // Float types (F32, F16, BF16) take Xf: n_x rows of n_in floats.
 //   acc[16] = 0; for i in 0..n_in-1 (ascending): acc[i % 16] = fma(w[i], x[i], acc[i % 16])
 //   dot = hsum16(acc)
+// matmul_f also takes Q8_0 weights, each widened to w[i] = f16(d) * q (exact in
+// f32) and then in the float order: bit for bit the product with the weights
+// dequantized to F32, at a quarter of their bytes (LoRA matrices, lora.h). The
+// base weights' Q8_0 goes to matmul_q, against Q8A activations, as llama.cpp's.
 //
 // K-quants (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, and Q8_K weights) take Xk: n_x rows
 // of n_in / 256 BlockQ8K (y below). Canonical order (ggml's AVX2 vec_dot_*_q8_K),

@@ -155,10 +155,16 @@ void matmul_q_impl(const void* W, int n_in, int o0, int o1, const BlockQ8A* Xq, 
 // go to lo, 16e+8..16e+15 to hi. The n_in % 16 tail is finished in scalar on
 // the spilled lanes (std::fma is the same single rounding).
 
+// 8 weights as floats: f32, f16 or bf16 elements, or a Q8_0 row's blocks
+// widened exactly (quant.h); i % 8 == 0, so 8 never straddle a block.
 template <DType T>
 __m256 load_w8(const void* row, int i) {
   if constexpr (T == DType::F32) {
     return _mm256_loadu_ps(static_cast<const float*>(row) + i);
+  } else if constexpr (T == DType::Q8_0) {
+    const auto* b = static_cast<const uint8_t*>(row) + static_cast<size_t>(i / QK) * sizeof(BlockQ8_0);
+    const __m128i q = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(b + 2 + i % QK));
+    return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), _mm256_set1_ps(_cvtsh_ss(load_u16(b))));
   } else {
     const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(row) + i));
     if constexpr (T == DType::F16) return _mm256_cvtph_ps(h);
@@ -166,8 +172,10 @@ __m256 load_w8(const void* row, int i) {
   }
 }
 
+// One weight (the n_in % 16 tail; never Q8_0, whose rows are whole blocks of 32).
 template <DType T>
 float load_w1(const void* row, int i) {
+  static_assert(T != DType::Q8_0);
   if constexpr (T == DType::F32) return static_cast<const float*>(row)[i];
   const uint16_t h = static_cast<const uint16_t*>(row)[i];
   if constexpr (T == DType::F16) return _cvtsh_ss(h);
@@ -201,12 +209,14 @@ void tile_f(const uint8_t* w0, size_t row_bytes, int n_in, const float* x0, floa
         Y[j * y_stride + i] = hsum16_ps(lo[i][j], hi[i][j]);
         continue;
       }
-      alignas(32) float a[16];
-      _mm256_store_ps(a, lo[i][j]);
-      _mm256_store_ps(a + 8, hi[i][j]);
-      const float* x = x0 + static_cast<size_t>(j) * n_in;
-      for (int e = n16; e < n_in; ++e) a[e % 16] = std::fma(load_w1<T>(w0 + i * row_bytes, e), x[e], a[e % 16]);
-      Y[j * y_stride + i] = hsum16(a);
+      if constexpr (T != DType::Q8_0) {
+        alignas(32) float a[16];
+        _mm256_store_ps(a, lo[i][j]);
+        _mm256_store_ps(a + 8, hi[i][j]);
+        const float* x = x0 + static_cast<size_t>(j) * n_in;
+        for (int e = n16; e < n_in; ++e) a[e % 16] = std::fma(load_w1<T>(w0 + i * row_bytes, e), x[e], a[e % 16]);
+        Y[j * y_stride + i] = hsum16(a);
+      }
     }
 }
 
@@ -214,7 +224,7 @@ using TileFFn = void (*)(const uint8_t*, size_t, int, const float*, float*, size
 
 template <DType T>
 void matmul_f_impl(const void* W, int n_in, int o0, int o1, const float* Xf, int n_x, float* Y, size_t y_stride) {
-  const size_t row_bytes = static_cast<size_t>(n_in) * (T == DType::F32 ? 4 : 2);
+  const size_t row_bytes = dtype_row_bytes(T, n_in);
   const auto* wbase = static_cast<const uint8_t*>(W);
   static constexpr TileFFn by_nw_1x[4] = {tile_f<T, 1, 1>, tile_f<T, 2, 1>, tile_f<T, 3, 1>, tile_f<T, 4, 1>};
   static constexpr TileFFn by_nw_nx[2][2] = {{tile_f<T, 1, 1>, tile_f<T, 1, 2>}, {tile_f<T, 2, 1>, tile_f<T, 2, 2>}};
@@ -257,7 +267,8 @@ void matmul_f_avx2(DType t, const void* W, int n_in, int o0, int o1, const float
   switch (t) {
     case DType::F32: return matmul_f_impl<DType::F32>(W, n_in, o0, o1, Xf, n_x, Y, y_stride);
     case DType::F16: return matmul_f_impl<DType::F16>(W, n_in, o0, o1, Xf, n_x, Y, y_stride);
-    default: return matmul_f_impl<DType::BF16>(W, n_in, o0, o1, Xf, n_x, Y, y_stride);
+    case DType::BF16: return matmul_f_impl<DType::BF16>(W, n_in, o0, o1, Xf, n_x, Y, y_stride);
+    default: return matmul_f_impl<DType::Q8_0>(W, n_in, o0, o1, Xf, n_x, Y, y_stride);
   }
 }
 

@@ -20,11 +20,16 @@ float hsum16_ps(__m512 a) { return hsum8_ps(_mm256_add_ps(_mm512_castps512_ps256
 // ---------------------------------------------------------------------------
 // Float matmul: acc[i % 16] = fma(w[i], x[i], acc[i % 16]), one zmm per pair.
 
-// 16 weights as floats from an element buffer (f32, f16 or bf16 bits).
+// 16 weights as floats from an element buffer (f32, f16 or bf16 bits), or from
+// a Q8_0 row's blocks widened exactly (quant.h); i % 16 == 0, within one block.
 template <DType T>
 __m512 load_w16(const void* row, int i) {
   if constexpr (T == DType::F32) {
     return _mm512_loadu_ps(static_cast<const float*>(row) + i);
+  } else if constexpr (T == DType::Q8_0) {
+    const auto* b = static_cast<const uint8_t*>(row) + static_cast<size_t>(i / QK) * sizeof(BlockQ8_0);
+    const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 2 + i % QK));
+    return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)), _mm512_set1_ps(_cvtsh_ss(load_u16(b))));
   } else {
     const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(row) + i));
     if constexpr (T == DType::F16) return _mm512_cvtph_ps(h);
@@ -47,7 +52,7 @@ void tile_f(const uint8_t* w0, size_t row_bytes, int n_in, const float* x0, floa
       for (int i = 0; i < NW; ++i) acc[i][j] = _mm512_fmadd_ps(w[i], x, acc[i][j]);
     }
   }
-  if (const int rest = n_in - n16) {
+  if (const int rest = n_in - n16; T != DType::Q8_0 && rest) {  // Q8_0 rows are whole blocks of 32
     // Tail lanes e % 16 < rest get one more fma; the others keep their value.
     // The tail goes through zero-padded copies rather than masked loads: GCC
     // treats masked loads as memory clobbers and would then keep the
@@ -94,7 +99,7 @@ TileFFn pick_tile_f(int nw, int nx) {
 
 template <DType T>
 void matmul_f_impl(const void* W, int n_in, int o0, int o1, const float* Xf, int n_x, float* Y, size_t y_stride) {
-  const size_t row_bytes = static_cast<size_t>(n_in) * (T == DType::F32 ? 4 : 2);
+  const size_t row_bytes = dtype_row_bytes(T, n_in);
   const auto* wbase = static_cast<const uint8_t*>(W);
   for (int o = o0; o < o1; o += kTile) {
     const int nw = std::min(kTile, o1 - o);
@@ -111,7 +116,8 @@ void matmul_f_avx512(DType t, const void* W, int n_in, int o0, int o1, const flo
   switch (t) {
     case DType::F32: return matmul_f_impl<DType::F32>(W, n_in, o0, o1, Xf, n_x, Y, y_stride);
     case DType::F16: return matmul_f_impl<DType::F16>(W, n_in, o0, o1, Xf, n_x, Y, y_stride);
-    default: return matmul_f_impl<DType::BF16>(W, n_in, o0, o1, Xf, n_x, Y, y_stride);
+    case DType::BF16: return matmul_f_impl<DType::BF16>(W, n_in, o0, o1, Xf, n_x, Y, y_stride);
+    default: return matmul_f_impl<DType::Q8_0>(W, n_in, o0, o1, Xf, n_x, Y, y_stride);
   }
 }
 

@@ -41,8 +41,10 @@ void check_row_length(DType t, int64_t n) {
 }
 
 py::array_t<float> matmul(int ggml_type, const Array<uint8_t>& W, int n_in, int n_out, const Array<float>& X, int o0,
-                          int o1, int chunk) {
+                          int o1, int chunk, bool float_x) {
   const DType t = checked_type(ggml_type);
+  if (float_x && t != DType::Q8_0 && dtype_act_format(t) != ActFormat::f32)
+    throw py::value_error("float_x: only Q8_0 and the float types multiply float activations");
   check_row_length(t, n_in);
   if (n_out < 0) throw py::value_error("n_out must be >= 0");
   if (o1 < 0) o1 = n_out;
@@ -66,7 +68,7 @@ py::array_t<float> matmul(int ggml_type, const Array<uint8_t>& W, int n_in, int 
     // holds until it returns, Y is a fresh array nobody else sees yet, and
     // nothing below touches a Python object.
     py::gil_scoped_release no_gil;
-    if (dtype_is_quantized(t)) {
+    if (dtype_is_quantized(t) && !float_x) {
       const int nb = n_in / QK;
       std::vector<BlockQ8A> xq(static_cast<size_t>(n_x) * nb);
       for (int r = 0; r < n_x; ++r) quantize_row_q8a(x + static_cast<size_t>(r) * n_in, &xq[static_cast<size_t>(r) * nb], n_in);
@@ -142,9 +144,10 @@ void register_quant(py::module_& m) {
     return dtype_row_bytes(d, n);
   }, py::arg("ggml_type"), py::arg("n"), "bytes of one row of n elements");
   m.def("matmul", &matmul, py::arg("ggml_type"), py::arg("W"), py::arg("n_in"), py::arg("n_out"), py::arg("X"),
-        py::arg("o0") = 0, py::arg("o1") = -1, py::arg("chunk") = 0,
+        py::arg("o0") = 0, py::arg("o1") = -1, py::arg("chunk") = 0, py::kw_only(), py::arg("float_x") = false,
         "Y (n_x, n_out) = X . W^T; W: raw row-major weight bytes. Quantized types quantize X to Q8A "
-        "(blocks of 32) or Q8K (K-quants) first. Only output columns [o0, o1) are computed (o1 = -1: "
+        "(blocks of 32) or Q8K (K-quants) first, except Q8_0 with float_x=True (matmul_f: the weights "
+        "widened, as LoRA's A). Only output columns [o0, o1) are computed (o1 = -1: "
         "n_out), as one thread of the model's split does; the rest are 0. chunk > 0: the kernel is called "
         "per `chunk` output rows of that range, as the model's threads split them.");
   m.def("quantize_q8k", &quantize_q8k, py::arg("x"), "one activation row -> raw BlockQ8K bytes (292 per 256 elements)");
