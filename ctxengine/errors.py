@@ -81,3 +81,7 @@ class UnsupportedTemplateError(CtxError):
 
 class RefConflictError(StoreError):
     """Another host moved a fleet ref first; this move would have overwritten it."""
+
+
+class RefDeletedError(RefConflictError):
+    """A fleet ref was deleted while a host continued it; this move would have made it again."""

@@ -98,6 +98,27 @@ def test_a_context_deleted_on_one_host_is_gone_from_anothers_live_copy(hosts, re
     assert get(a, "/v1/contexts/held").status_code == 200
 
 
+def test_a_turn_running_through_a_delete_does_not_bring_the_context_back(hosts, redis_cluster):
+    # B's turn, started before A deleted the context, published on its end: the ref was
+    # absent, so the move made it again and the deleted conversation was back on the fleet.
+    a, b = hosts
+    assert post(a, "/v1/contexts", {"name": "racing", "system": SYSTEM}).status_code == 201
+    assert chat(a, "racing", "Name a colour.").status_code == 200
+    body = {"model": "smollm2", "max_tokens": 300, "temperature": 0, "stream": True, "context": "racing",
+            "messages": [{"role": "user", "content": "Write the numbers from 1 to 300, separated by commas."}]}
+    with httpx.stream("POST", b.url + "/v1/chat/completions", json=body, timeout=120) as turn:
+        lines = turn.iter_lines()
+        assert next(line for line in lines if line.startswith("data: {"))  # B's turn is under way
+        assert delete(a, "/v1/contexts/racing").status_code == 200
+        rest = list(lines)
+    assert sum(line.startswith("data: {") for line in rest) > 100  # the turn went on long after the delete
+    error = next(line for line in rest if line.startswith("data: {\"error\""))
+    assert "deleted on the fleet" in error and rest.index(error) > 100, rest[-5:]
+    assert redis_cluster.keys("ctx:r:{racing}") == [] and redis_cluster.keys("ctx:rx:{racing}")
+    for h in (a, b):
+        assert get(h, "/v1/contexts/racing").status_code == 404
+
+
 def test_a_stored_responses_ref_is_read_never_changed(hosts):
     # A chat naming "responses/<id>" restored it, generated and moved the ref on: the response,
     # once made, changed, and its follow-ups continued the injected text.

@@ -10,7 +10,7 @@ import time
 import pytest
 
 import ctxengine as ce
-from ctxengine.errors import RefConflictError, StoreError
+from ctxengine.errors import RefConflictError, RefDeletedError, StoreError
 from ctxengine.store.fleet_cluster import FleetError
 from redis_cluster import NODE_TIMEOUT_MS, RedisCluster, fleet, redis_cluster  # noqa: F401 (fixtures)
 from servers import ctx, free_port
@@ -107,6 +107,31 @@ def test_concurrent_ref_moves_one_wins_the_other_conflicts(model, fleet, tmp_pat
         fresh = model.restore(loser_store, "shared", name="fresh")
         fresh.append(tokens(model, 3))
         assert fresh.snapshot(loser_store, ref="shared") == a.resolve("shared")
+
+
+def test_a_ref_deleted_while_a_host_continues_it_is_not_made_again(model, fleet, tmp_path):
+    # Host b's snapshot continuing the deleted state found the ref absent and moved it:
+    # the conversation deleted on host a came back under its name.
+    a = ce.Store(tmp_path / "a", fleet=fleet.url, host_id="a")
+    b = ce.Store(tmp_path / "b", fleet=fleet.url, host_id="b")
+    with a, b:
+        talk = model.context("talk")
+        talk.append(tokens(model, 40))
+        talk.snapshot(a, ref="talk")
+        on_b = model.restore(b, "talk", name="talk-on-b")
+        on_b.append(tokens(model, 5))
+        assert a.fleet.delete_ref("talk")
+        with pytest.raises(RefDeletedError, match=r"ref 'talk' was deleted on the fleet by host a while snapshot"):
+            on_b.snapshot(b, ref="talk")
+        assert b.fleet.get_ref("talk") is None and b.fleet.deleted("talk")
+        on_b.append(tokens(model, 3))  # nor later: the whole history descends from the deleted state
+        with pytest.raises(RefDeletedError):
+            on_b.snapshot(b, ref="talk")
+        # A snapshot of another history may take the name (and clears the tombstone).
+        other = model.context("other")
+        other.append(tokens(model, 9)[::-1])
+        sid = other.snapshot(b, ref="talk")
+        assert a.fleet.get_ref("talk") == sid and not a.fleet.deleted("talk")
 
 
 def test_fleet_gc_keeps_what_refs_reach_and_publishes_in_grace(model, fleet, tmp_path):

@@ -28,14 +28,14 @@ import re
 import time
 from collections.abc import Iterable, Mapping
 
-from ..errors import RefConflictError
+from ..errors import RefConflictError, RefDeletedError
 from . import pages as codec
 from .fleet_cluster import Cluster, FleetCorrupt, FleetError
 from .maintenance import GCResult
 from .manifest import Manifest
 from .names import is_host_id
 
-__all__ = ["RefConflictError", "all_refs", "delete_ref", "deleted", "forget_deleted", "gc", "get_ref", "heartbeat",
+__all__ = ["RefConflictError", "RefDeletedError", "all_refs", "delete_ref", "deleted", "forget_deleted", "gc", "get_ref", "heartbeat",
            "hosts", "hosts_serving", "move_ref", "ref_log"]
 
 # Key layout (store/fleet.py's docstring): pages, manifests, publishing markers,
@@ -50,6 +50,10 @@ _SNAPSHOT_ID = re.compile(rb"[0-9a-f]{%d}" % codec.KEY_HEX_LEN)
 QUOTED_BYTES = 64   # of a garbage value an error quotes (a ref may hold megabytes of anything)
 
 # KEYS: ref, log, tombstone. ARGV: new id, log entry, then the ids the ref may be at.
+# Where the ref is absent but its tombstone says it was deleted at one of those ids,
+# the move continues the deleted context (a turn that ran through the delete): refused,
+# {2, that id}. A tombstone of another history (or of the older, string, form) does not
+# stop a move, which clears it.
 _MOVE = """
 local cur = redis.call('GET', KEYS[1])
 if cur == ARGV[1] then return {1, cur} end
@@ -57,17 +61,23 @@ if cur then
   local ok = false
   for i = 3, #ARGV do if ARGV[i] == cur then ok = true; break end end
   if not ok then return {0, cur} end
+elseif redis.call('TYPE', KEYS[3]).ok == 'hash' then
+  local at = redis.call('HGET', KEYS[3], 'at')
+  for i = 3, #ARGV do if ARGV[i] == at then return {2, at} end end
 end
 redis.call('SET', KEYS[1], ARGV[1])
 redis.call('RPUSH', KEYS[2], ARGV[2])
 redis.call('DEL', KEYS[3])
 return {1, cur or ''}
 """
-# KEYS: ref, log, tombstone. ARGV: the tombstone's entry, its life (s).
+# KEYS: ref, log, tombstone. ARGV: the tombstone's entry, its life (s). The tombstone
+# keeps the id the ref was at: a move continuing it is refused (_MOVE).
 _DELETE = """
-if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
-redis.call('DEL', KEYS[1], KEYS[2])
-redis.call('SET', KEYS[3], ARGV[1], 'EX', ARGV[2])
+local cur = redis.call('GET', KEYS[1])
+if not cur then return 0 end
+redis.call('DEL', KEYS[1], KEYS[2], KEYS[3])
+redis.call('HSET', KEYS[3], 'entry', ARGV[1], 'at', cur)
+redis.call('EXPIRE', KEYS[3], ARGV[2])
 return 1
 """
 # KEYS: one hash of hosts by weights. ARGV: host, expiry (unix ms).
@@ -117,6 +127,10 @@ def move_ref(cluster: Cluster, name: str, sid: str, ancestors: list[str], host: 
     if cur and not _SNAPSHOT_ID.fullmatch(cur):
         raise _damaged_ref(name, cur)  # (never one of the ids the move accepts)
     cur = cur.decode() if cur else None
+    if ok == 2:
+        raise RefDeletedError(
+            f"ref '{name}' was deleted on the fleet{_deleter(cluster, name)} while snapshot {sid[:16]} "
+            f"continued it; the ref was not made again (the snapshot is stored)")
     if not ok:
         mover = _last_mover(cluster, name)
         raise RefConflictError(
@@ -124,6 +138,17 @@ def move_ref(cluster: Cluster, name: str, sid: str, ancestors: list[str], host: 
             f"does not descend from it, so the ref was left there (the snapshot is stored; restore "
             f"'{name}' to continue from the fleet's)")
     return cur
+
+
+def _deleter(cluster: Cluster, name: str) -> str:
+    """' by host <h>' naming who deleted ``name``, or '' when the tombstone cannot say."""
+    try:
+        entry = _json_object(cluster.on_key(_tombstone_key(name), lambda p, k: p.hget(k, "entry"),
+                                            keep_errors=True))
+    except FleetError:
+        return ""
+    host = entry.get("host") if entry is not None else None
+    return f" by host {host}" if is_host_id(host) else ""
 
 
 def _last_mover(cluster: Cluster, name: str) -> str:
