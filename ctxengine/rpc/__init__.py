@@ -23,6 +23,9 @@ def add_grpc_arguments(p: argparse.ArgumentParser) -> None:
                    help="largest gRPC message accepted or sent (default 16; a KV page must fit)")
     p.add_argument("--max-pages", type=_positive_int, default=65536, metavar="N",
                    help="most page keys in one request or snapshot (default 65536)")
+    p.add_argument("--rpc-idle-s", type=_idle_seconds, default=60.0, metavar="SECONDS",
+                   help="end a call whose client sends or takes no message for this long, freeing what it "
+                        "holds (default 60; 0: no limit)")
 
 
 def _positive_mb(text: str) -> float:
@@ -35,6 +38,18 @@ def _positive_mb(text: str) -> float:
     if not math.isfinite(mb) or int(mb * (1 << 20)) < 1 or mb * (1 << 20) >= 1 << 31:
         raise argparse.ArgumentTypeError(f"must be a size in MB above 0 and below 2048, not {text!r}")
     return mb
+
+
+def _idle_seconds(text: str) -> float:
+    """A finite number of seconds >= 0 (0: no limit); a negative or nan one would end
+    every stream at once or never, and infinity is spelled 0."""
+    try:
+        s = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 <= s < math.inf:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds >= 0 (0: no limit), not {text!r}")
+    return s
 
 
 def _positive_int(text: str) -> int:
