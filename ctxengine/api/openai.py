@@ -18,9 +18,11 @@ import base64
 import secrets
 import time
 
+import anyio.to_thread
 from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse
 
+from ..errors import ContextError
 from ..serving.events import Finished, Started
 from ..serving.generation import GenerationRequest, Generations
 from ..serving.prompts import Prompt
@@ -131,7 +133,7 @@ def routes(runtime, generations: Generations, metrics) -> APIRouter:
             raise ApiError(400, "'top_logprobs' needs 'logprobs': true", param="top_logprobs")
         tools = openai_tool_use(f)
         prompt = Prompt(messages=chat_messages(messages_of(f)), tools=tools and tools.prompt_tools)
-        req = GenerationRequest(f.str("model", None), prompt, sampling(f), context=f.str("context", None),
+        req = GenerationRequest(await _model(runtime, f), prompt, sampling(f), context=f.str("context", None),
                                 grammar=openai_grammar(f), tools=tools, lora=f.data.get("lora"))
         return await _respond(generations, f, req, chat=True, client=request)
 
@@ -144,7 +146,7 @@ def routes(runtime, generations: Generations, metrics) -> APIRouter:
         if f.int("best_of", 1) != 1:
             raise ApiError(400, "'best_of' must be 1", param="best_of")
         f.refuse("tools", "tools need /v1/chat/completions")
-        req = GenerationRequest(f.str("model", None), _completion_prompt(f), sampling(f, COMPLETION_MAX_TOKENS),
+        req = GenerationRequest(await _model(runtime, f), _completion_prompt(f), sampling(f, COMPLETION_MAX_TOKENS),
                                 context=f.str("context", None), grammar=openai_grammar(f),
                                 lora=f.data.get("lora"))
         return await _respond(generations, f, req, chat=False, client=request)
@@ -173,6 +175,23 @@ def routes(runtime, generations: Generations, metrics) -> APIRouter:
                 "usage": {"prompt_tokens": result.n_tokens, "total_tokens": result.n_tokens}}
 
     return router
+
+
+async def _model(runtime, f: Fields) -> str | None:
+    """The model a generation runs on: the one named, else the named context's own (the
+    server's default model may be another, and a context runs only on its own), else
+    None: the default. A context not found is left for the generation to report."""
+    model, context = f.str("model", None), f.str("context", None)
+    if model or context is None:
+        return model
+
+    def owner() -> str | None:
+        try:
+            return runtime.sessions.loaded_entry(runtime.sessions.find(context)).entry.name
+        except ContextError:
+            return None
+
+    return await anyio.to_thread.run_sync(owner)
 
 
 async def _respond(generations: Generations, f: Fields, req: GenerationRequest, *, chat: bool, client: Request):

@@ -28,6 +28,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse
 
 from ..serving.events import Finished, Started
+from ..serving.exports import SamplerParams
 from ..serving.generation import GenerationRequest, Generations
 from ..serving.prompts import Prompt
 from ..text.tools import ToolCall
@@ -119,6 +120,12 @@ class _Turn:
         self.messages = messages
         self.store = f.bool("store", True)
         self.previous_id = previous["id"] if previous else None
+        self.sampler = SamplerParams()  # what it runs with: set once it started (ran_with)
+
+    def ran_with(self, sampling: Sampling) -> None:
+        """The settings the generation took (the request's over the model's and the engine's
+        defaults): the response reports those, not OpenAI's defaults, which are not ours."""
+        self.sampler = SamplerParams(**sampling.params)
 
     def request(self, model: str | None) -> GenerationRequest:
         prompt = Prompt(messages=self.messages, tools=self.tools and self.tools.prompt_tools)
@@ -134,7 +141,7 @@ class _Turn:
                 "instructions": self.instructions, "max_output_tokens": f.int("max_output_tokens", None),
                 "model": model, "output": output, "parallel_tool_calls": f.bool("parallel_tool_calls", True),
                 "previous_response_id": self.previous_id, "store": self.store,
-                "temperature": f.float("temperature", 1.0), "top_p": f.float("top_p", 1.0),
+                "temperature": self.sampler.temperature, "top_p": self.sampler.top_p,
                 "tool_choice": f.data.get("tool_choice") or "auto", "tools": f.list("tools", []),
                 "text": {"format": fmt}, "truncation": "disabled", "usage": usage,
                 "metadata": f.data.get("metadata") or {}}
@@ -196,6 +203,7 @@ def routes(runtime, generations: Generations) -> APIRouter:
         except BaseException:
             responses.discard_later(ctx)
             raise
+        turn.ran_with(gen.sampling)
         reply = ResponseWriter(gen.started, turn, model or gen.entry.name, ctx, responses)
         if f.bool("stream", False):
             return GenerationStream(gen, reply)

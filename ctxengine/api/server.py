@@ -18,6 +18,7 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
+from starlette.routing import Match
 
 from ..errors import CtxError
 from ..serving.exports import __version__
@@ -68,8 +69,11 @@ def build_app(runtime, *, api_key: str | None = None, max_body: int = DEFAULT_MA
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, err: HTTPException):
         message = "no such route" if err.status_code == 404 else str(err.detail)
+        headers = dict(err.headers or {})
+        if err.status_code == 405:
+            headers["Allow"] = _allowed(request, headers.get("Allow", ""))
         return reply(request, ApiError(err.status_code, f"{message}: {request.method} {request.url.path}",
-                                       extra_headers=dict(err.headers or {})))  # a 405's Allow
+                                       extra_headers=headers))
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, err: RequestValidationError):
@@ -82,6 +86,25 @@ def build_app(runtime, *, api_key: str | None = None, max_body: int = DEFAULT_MA
     ops.add_cors(app, list(cors_origins))
     app.add_middleware(fleet.HostHeader, host_id=runtime.host_id)
     return app
+
+
+# Every method a route here takes, in the order an Allow header lists them.
+_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
+
+
+def _allowed(request: Request, own: str) -> str:
+    """A 405's Allow: every method some route takes at this path. Starlette's names the
+    methods of the first route that matched the path alone (the HEAD twin of a GET route,
+    GET /v1/contexts without its POST). Each method is tried on the app's routes as a
+    request of its own, so routers FastAPI nests are asked too. ``own``: the header the
+    405 came with, kept for one raised inside a mounted app (the studio's files: the
+    mount takes any method, and only the app behind it knows)."""
+    routes = request.app.router.routes
+    base = {"type": "http", "path": request.scope["path"], "root_path": request.scope.get("root_path", "")}
+    if any(route.matches({**base, "method": request.method})[0] is Match.FULL for route in routes):
+        return own
+    methods = [m for m in _METHODS if any(route.matches({**base, "method": m})[0] is Match.FULL for route in routes)]
+    return ", ".join(methods) or own
 
 
 def serve_http(runtime, args, on_ready=None) -> None:

@@ -50,7 +50,11 @@ class Channel:
         self.timeout = timeout
         self._metadata = metadata(resolve_token(token))
         options = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-                   ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)]
+                   ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+                   # A server gone without a FIN ends a push or pull within a minute, not after
+                   # the kernel's hours: a ping after 30 s quiet, the connection closed when 20 s
+                   # bring no answer (the server allows a client's pings every 10 s: rpc/server.py).
+                   ("grpc.keepalive_time_ms", 30_000), ("grpc.keepalive_timeout_ms", 20_000)]
         if tls:
             try:
                 roots = None if tls is True else Path(tls).read_bytes()
