@@ -23,6 +23,9 @@ whose pages cannot be found fails before any of its KV is written.
 
 A caller may also give up on its requests (``cancelled_when``): a long prompt
 whose client has gone stops between two steps instead of running to its end.
+A caller interrupted while it waits (Ctrl-C: KeyboardInterrupt) gives its
+request up the same way, and ``submit`` returns only once no step runs it,
+with the sequence's KV as it was: it either ran, or left nothing behind.
 """
 from __future__ import annotations
 
@@ -37,6 +40,7 @@ import numpy as np
 
 from ..errors import CancelledError
 from .step_cost import StepCost
+from .step_request import Request, interrupts_deferred
 
 DEFAULT_STEP_TOKENS = 256
 # How long a step waits for streams that decoded in the last one to send their
@@ -78,57 +82,6 @@ def pages_needed(seq, n_tokens: int, page_tokens: int) -> int:
     return -(-(seq.n_tokens + n_tokens) // page_tokens) - len(pages) + copy
 
 
-class _Request:
-    __slots__ = ("seq", "tokens", "logits", "all_logits", "hidden", "lora", "decode", "start", "done",
-                 "error", "finished", "give_up", "_done")
-
-    def __init__(self, seq, tokens, logits, all_logits, hidden, lora: list | None = None, decode: bool = False,
-                 give_up: Callable[[], bool] | None = None):
-        self.seq, self.tokens, self.logits, self.all_logits, self.hidden = seq, tokens, logits, all_logits, hidden
-        self.lora = lora           # [(native adapter, scale)] of the sequence, or None
-        # A decode step of a stream: one token, or one and its drafts (speculative decoding).
-        self.decode = decode or len(tokens) == 1
-        self.start = 0             # KV length before its first chunk, restored if it fails part way
-        self.done = 0              # tokens already run
-        self.error: BaseException | None = None
-        self.finished = False
-        self.give_up = give_up     # the caller's (cancelled_when)
-        self._done = threading.Lock()  # held until the request finishes: the cheapest one-shot wake-up
-        self._done.acquire()
-
-    def finish(self, error: BaseException | None = None) -> None:
-        self.error, self.finished = error, True
-        self._done.release()
-
-    def wait(self) -> None:
-        self._done.acquire()
-
-    def abandoned(self) -> bool:
-        """Whether its caller has given up on it (a check that fails counts as yes)."""
-        if self.give_up is None:
-            return False
-        try:
-            return bool(self.give_up())
-        except Exception:
-            return True
-
-    @property
-    def remaining(self) -> int:
-        return len(self.tokens) - self.done
-
-    def item(self, n: int) -> tuple:
-        """The native batch item for this request's next n tokens."""
-        a, b = self.done, self.done + n
-        if self.logits is None:
-            logits = None
-        elif self.all_logits:
-            logits = self.logits[a:b]
-        else:
-            logits = self.logits if b == len(self.tokens) else None  # only the last chunk's last row
-        hidden = None if self.hidden is None else self.hidden[a:b]
-        return (self.seq, self.tokens[a:b], logits, self.all_logits, hidden, self.lora)
-
-
 class Scheduler:
     """Batches forward requests from any number of threads into shared steps."""
 
@@ -142,7 +95,7 @@ class Scheduler:
         # Decode rows may not take the whole budget while a prompt waits, so it never starves.
         self._prefill_reserve = max(1, step_tokens // 8)
         self._cv = threading.Condition()
-        self._queue: list[_Request] = []  # in submission order; only the loop removes
+        self._queue: list[Request] = []  # in submission order; only the loop removes
         self._thread: threading.Thread | None = None
         self._closed = False
         self._busy = False          # a step is running (on the loop or inline on a caller)
@@ -181,12 +134,12 @@ class Scheduler:
         # Room is made here, on the caller's thread: it may write evictions to the store.
         release = reserve(pages_needed(seq, len(tokens), self.page_tokens)) if reserve is not None else None
         try:
-            self._run(_Request(seq, tokens, logits, all_logits, hidden, lora, decode, give_up))
+            self._run(Request(seq, tokens, logits, all_logits, hidden, lora, decode, give_up))
         finally:
             if release is not None:
                 release()
 
-    def _run(self, req: _Request) -> None:
+    def _run(self, req: Request) -> None:
         """Queue the request (or run its step here when it is alone) and wait for it."""
         seq, tokens = req.seq, req.tokens
         with self._cv:
@@ -205,14 +158,33 @@ class Scheduler:
                 self._queue.append(req)
                 self._cv.notify()
         if inline:
-            batch = self._admit([(req, len(tokens))])
-            with self._stepping(batch):
-                errors = self.forward(batch)
-                self.postprocess(batch, errors)
+            with interrupts_deferred() as interrupts:
+                batch = self._admit([(req, len(tokens))])
+                with self._stepping(batch):
+                    errors = self.forward(batch)
+                    self.postprocess(batch, errors)
+            if interrupts:
+                self._undo(req)
+                raise KeyboardInterrupt
         else:
-            req.wait()
+            try:
+                req.wait()
+            except BaseException:  # interrupted: give the request up, and wait until no step runs it
+                req.interrupted = True
+                with self._cv:
+                    self._cv.notify()
+                req.wait_out()
+                self._undo(req)
+                raise
         if req.error is not None:
             raise req.error
+
+    @staticmethod
+    def _undo(req: Request) -> None:
+        """An interrupted caller's request that ran to its end all the same: its KV put back
+        (one that failed or was given up has been put back already)."""
+        if req.error is None and req.seq.n_tokens > req.start:
+            req.seq.truncate(req.start)
 
     def close(self) -> None:
         """Finish what is queued, then stop the loop thread."""
@@ -248,7 +220,7 @@ class Scheduler:
             batch = errors = None
 
     @contextmanager
-    def _stepping(self, batch: list[tuple[_Request, int]]):
+    def _stepping(self, batch: list[tuple[Request, int]]):
         """Around a step's forward and postprocess: whatever happens, no caller of
         the batch is left waiting, and the next step may begin."""
         try:
@@ -264,7 +236,7 @@ class Scheduler:
                 if self._queue:
                     self._cv.notify()
 
-    def schedule(self) -> list[tuple[_Request, int]] | None:
+    def schedule(self) -> list[tuple[Request, int]] | None:
         """Wait for work, then this step's (request, tokens), new requests admitted;
         [] when every queued request was given up; None once closed with nothing left to run."""
         with self._cv:
@@ -277,7 +249,7 @@ class Scheduler:
             self._busy = True
             return self._admit(self._plan())
 
-    def forward(self, batch: list[tuple[_Request, int]]) -> list[BaseException | None]:
+    def forward(self, batch: list[tuple[Request, int]]) -> list[BaseException | None]:
         """One native step over the batch; each item's error (None: it ran)."""
         if not batch:
             return []
@@ -293,7 +265,7 @@ class Scheduler:
             # a failed step, so each item can be rerun alone to find whose it was.
             return [err] if len(items) == 1 else [self._alone(item) for item in items]
 
-    def postprocess(self, batch: list[tuple[_Request, int]], errors: list[BaseException | None]) -> None:
+    def postprocess(self, batch: list[tuple[Request, int]], errors: list[BaseException | None]) -> None:
         """Count the step, then finish each request that is done or failed."""
         if not batch:
             return
@@ -334,7 +306,7 @@ class Scheduler:
             self._cv.wait(left)
         self._decoded = set()
 
-    def _plan(self) -> list[tuple[_Request, int]]:
+    def _plan(self) -> list[tuple[Request, int]]:
         """This step's (request, tokens): decode rows first, then prompt chunks FIFO."""
         heads, seen = [], set()
         for r in self._queue:  # one request per sequence per step, the oldest
@@ -360,7 +332,7 @@ class Scheduler:
         return plan
 
     @staticmethod
-    def _admit(planned: list[tuple[_Request, int]]) -> list[tuple[_Request, int]]:
+    def _admit(planned: list[tuple[Request, int]]) -> list[tuple[Request, int]]:
         """The planned items, a request's first chunk admitting it: where its KV
         goes back to if a later chunk fails (its pages were reserved when it was submitted)."""
         for r, n in planned:
