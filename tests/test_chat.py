@@ -115,6 +115,11 @@ def test_gemma_fallback_is_gemma3s_own_template_wherever_that_renders():
 
 @pytest.mark.parametrize("messages, text", [
     ([("user", "a"), ("user", "b")], "<start_of_turn>user\na<end_of_turn>\n<start_of_turn>user\nb<end_of_turn>\n"),
+    # trimmed as llama.cpp trims (C's isspace), not as Jinja's trim: Unicode spaces stay (they were
+    # stripped, and a system message of one U+3000 lost its "\n\n")
+    ([("user", "a"), ("user", "\u3000b\xa0\x85"), ("system", "\u3000"), ("user", " \t\u2028c\r\n")],
+     "<start_of_turn>user\na<end_of_turn>\n<start_of_turn>user\n\u3000b\xa0\x85<end_of_turn>\n"
+     "<start_of_turn>user\n\u3000\n\n\u2028c<end_of_turn>\n"),
     ([("system", "Be kind."), ("assistant", "Hello! Ask me."), ("user", "Hi")],
      "<start_of_turn>model\nHello! Ask me.<end_of_turn>\n<start_of_turn>user\nBe kind.\n\nHi<end_of_turn>\n"),
     ([("system", "s1"), ("system", "s2"), ("user", "b")], "<start_of_turn>user\ns1s2\n\nb<end_of_turn>\n"),

@@ -42,7 +42,8 @@ GEMMA_FALLBACK = (
     # its own). Where it refuses one (two user turns in a row, a chat that opens with the
     # model's greeting, a second system message), llama.cpp's gemma template's way: every
     # system message, trimmed, joined to the next turn that is not the model's (dropped
-    # if none follows), each other message its own turn.
+    # if none follows), each other message its own turn. Trimmed as llama.cpp trims (C's
+    # isspace: ASCII whitespace only), not as Jinja's trim (str.strip: U+3000, U+00A0, ...).
     "{%- set first = 1 if messages and messages[0]['role'] == 'system' else 0 -%}"
     "{%- set ns = namespace(hf=true, system='') -%}"
     "{%- for message in messages[first:] -%}"
@@ -52,14 +53,14 @@ GEMMA_FALLBACK = (
     "{%- if ns.hf and loop.first and first -%}"
     "{%- set ns.system = message['content'] + '\n\n' -%}"
     "{%- elif message['role'] == 'system' and not ns.hf -%}"
-    "{%- set ns.system = ns.system + (message['content'] | trim) -%}"
+    "{%- set ns.system = ns.system + (message['content'] | trim_c) -%}"
     "{%- else -%}"
     "{%- set role = 'model' if message['role'] == 'assistant' else message['role'] -%}"
     "{{ '<start_of_turn>' + role + '\n' }}"
     "{%- if ns.system and role != 'model' -%}"
     "{{ ns.system if ns.hf else ns.system + '\n\n' }}{%- set ns.system = '' -%}"
     "{%- endif -%}"
-    "{{ message['content'] | trim }}"
+    "{{ (message['content'] | trim) if ns.hf else (message['content'] | trim_c) }}"
     "{{ '<end_of_turn>\n' }}"
     "{%- endif -%}"
     "{%- endfor -%}"
@@ -78,6 +79,11 @@ def _raise_exception(message: Any) -> None:
 
 def _strftime_now(fmt: str) -> str:
     return datetime.now().strftime(fmt)
+
+
+def _trim_c(text: Any) -> str:
+    """llama.cpp's trim(): the ASCII whitespace C's isspace() knows, at both ends."""
+    return str(text).strip(" \t\n\v\f\r")
 
 
 def _tojson(x: Any, ensure_ascii: bool = False, indent: int | None = None,
@@ -107,7 +113,7 @@ class _Sandbox(LimitedSandbox):
 def _environment() -> jinja2.Environment:
     # The filters go in through the constructor: LimitedSandbox bounds each, and keeps it from compile time.
     env = _Sandbox(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols", _GenerationTag],
-                   filters={"tojson": _tojson})
+                   filters={"tojson": _tojson, "trim_c": _trim_c})
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
     return env
