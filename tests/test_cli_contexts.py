@@ -279,7 +279,7 @@ def test_fork_restore_and_tag_refuse_a_name_made_after_their_check(tmp_path, mod
     src.delete()
 
     def lose_the_race(name):
-        def check(store, _name):
+        def check(store, _name, **_options):  # (import's force=True: its refusal offers --force)
             store.set_ref(name, other)  # the other process, right after the check
         return check
 

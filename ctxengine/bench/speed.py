@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..errors import CtxError
 from ..state.model import load
 from .batched import Streams
 from .facts import machine_facts, read_bandwidth, weight_bytes_per_token
@@ -97,8 +98,11 @@ def llama_cpp_results(path, threads: int, reps: int, python: str | None) -> dict
             "mod = importlib.util.module_from_spec(spec); spec.loader.exec_module(mod); "
             "print(json.dumps(mod.measure_llama(sys.argv[2], int(sys.argv[3]), reps=int(sys.argv[4]))))")
     module = Path(__file__).with_name("llama.py")
-    done = subprocess.run([python, "-c", code, str(module), str(path), str(threads), str(reps)],
-                          capture_output=True, text=True)
+    try:
+        done = subprocess.run([python, "-c", code, str(module), str(path), str(threads), str(reps)],
+                              capture_output=True, text=True)
+    except OSError as err:  # no such file, not executable: the caller named it, so it hears of it
+        raise CtxError(f"cannot run {python} to measure llama.cpp: {err.strerror or err}") from None
     if done.returncode != 0:
         print(f"ctx bench: llama.cpp under {python} failed: {done.stderr.strip().splitlines()[-1:]}",
               file=sys.stderr)

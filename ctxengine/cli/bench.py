@@ -10,14 +10,18 @@ import os
 
 from .common import add_model_arguments
 
+# The tests' name for it (tests/llamacpp.py, README.md) first, then bench/*.py's (which ctx bench read alone).
+LLAMA_PYTHON_VARS = ("CTX_LLAMACPP_PYTHON", "CTX_LLAMA_PYTHON")
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_model_arguments(p)
     p.add_argument("--reps", type=repetitions, default=3, help="repetitions; medians are reported (default 3)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.add_argument("--llama-python", metavar="PY", default=os.environ.get("CTX_LLAMA_PYTHON"),
-                   help="a Python with llama-cpp-python to measure llama.cpp in (default: $CTX_LLAMA_PYTHON, "
-                        "else this one if it has llama_cpp)")
+    p.add_argument("--llama-python", metavar="PY", default=None,
+                   help="a Python with llama-cpp-python to measure llama.cpp in (default: $CTX_LLAMACPP_PYTHON, "
+                        "as the tests read it, else $CTX_LLAMA_PYTHON, as bench/*.py read it; else this one "
+                        "if it has llama_cpp)")
 
 
 def repetitions(text: str) -> int:
@@ -28,15 +32,39 @@ def repetitions(text: str) -> int:
     return n
 
 
+def llama_python(given: str | None) -> str | None:
+    """The interpreter to measure llama.cpp in, checked before any measuring starts: a path
+    or name that runs nothing is the user's to hear of in one line, naming where it came from."""
+    import shutil
+
+    from ..errors import CtxError
+
+    where = "--llama-python"
+    if given is None:
+        where, given = next(((f"${var}", os.environ[var]) for var in LLAMA_PYTHON_VARS if os.environ.get(var)),
+                            (None, None))
+    if given is None:
+        return None
+    found = shutil.which(given)
+    if found is None:
+        if os.sep not in given:
+            why = "no such command on $PATH"
+        else:
+            why = "not an executable file" if os.path.exists(given) else "no such file"
+        raise CtxError(f"{where} {given}: {why} (it should name a Python that has llama-cpp-python)")
+    return found
+
+
 def main(args: argparse.Namespace) -> int:
     from ..bench.facts import describe_decode, describe_machine
     from ..bench.speed import bench
     from ..engine.cpu import physical_cores
     from ..engine.registry import resolve_model
 
+    python = llama_python(args.llama_python)
     path = resolve_model(args.model)
     threads = args.threads or physical_cores()
-    results = bench(path, threads, reps=args.reps, kv=args.kv, llama_python=args.llama_python)
+    results = bench(path, threads, reps=args.reps, kv=args.kv, llama_python=python)
     if args.json:
         print(json.dumps(results, indent=1))
         return 0

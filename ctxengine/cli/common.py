@@ -5,6 +5,13 @@ import argparse
 import sys
 
 from ..api.arguments import count  # -n here, --prefix-cache there: one rule
+from ..errors import CtxError
+
+
+class UsageError(CtxError):
+    """An argument the command cannot use as given, found only once the model or store is open:
+    reported as argparse reports a usage error (one line, exit 2), by cli/main.py."""
+
 
 # ctxengine.engine.engine.KV_DTYPES, repeated so that parsing arguments does not import the native core.
 KV_DTYPES = ("f16", "q8", "vq8")

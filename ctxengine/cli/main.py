@@ -72,6 +72,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     from ..errors import CtxError
+    from .common import UsageError
 
     args = parse_args(argv)
     out = _Stdout(sys.stdout) if sys.stdout is not None else None  # None: run with it closed (>&-)
@@ -81,8 +82,10 @@ def main(argv: list[str] | None = None) -> int:
         if out is not None:
             out.flush()  # here, where a failure is ours to report, not the interpreter's at exit
         return code
+    except UsageError as err:
+        args.verb_parser.error(str(err))
     except CtxError as err:
-        print(f"ctx {args.verb}: error: {err}", file=sys.stderr)
+        print(f"{args.verb_parser.prog}: error: {err}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print(file=sys.stderr)
@@ -92,7 +95,8 @@ def main(argv: list[str] | None = None) -> int:
             out.drop()
             if isinstance(err, BrokenPipeError):
                 return 0  # the reader has all it wanted (ctx ls | head)
-            print(f"ctx {args.verb}: error: cannot write to standard output: {err.strerror or err}", file=sys.stderr)
+            print(f"{args.verb_parser.prog}: error: cannot write to standard output: {err.strerror or err}",
+                  file=sys.stderr)
             return 1
         if isinstance(err, BrokenPipeError):
             return 0

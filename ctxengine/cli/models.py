@@ -11,6 +11,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     ls.add_argument("--no-ollama", action="store_true", help="leave Ollama's model store out")
     v = sub.add_parser("verify", help="recompute weight ids and compare with the cache")
     v.add_argument("models", nargs="*", help="paths or names (default: the packaged model)")
+    for action in (ls, v):
+        action.set_defaults(verb_parser=action)  # its errors name it: `ctx models verify: error: ...`
 
 
 def main(args: argparse.Namespace) -> int:

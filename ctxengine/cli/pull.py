@@ -29,7 +29,7 @@ USAGE = ("ctx pull hf://ORG/REPO[:QUANT]  |  ctx pull ollama://[HOST/]NS/NAME:TA
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.usage = USAGE
-    p.add_argument("name", metavar="MODEL | HOST[:PORT]",
+    p.add_argument("name", nargs="?", metavar="MODEL | HOST[:PORT]",
                    help="hf://ORG/REPO[:QUANT], ollama://[HOST/]NS/NAME:TAG, a packaged name (smollm2), "
                         "or a host to pull a snapshot from")
     p.add_argument("--ollama-models", nargs="?", const="", default=None, metavar="DIR",
@@ -50,7 +50,11 @@ def _remote_options(p: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from ..engine.hf_files import is_hf_spec
+    from .common import UsageError
 
+    if args.name is None:  # argparse would also ask for REF, which only a snapshot pull needs
+        raise UsageError("name what to pull: a model (hf://ORG/REPO[:QUANT], ollama://[HOST/]NS/NAME:TAG or a "
+                         "packaged name such as smollm2), or HOST[:PORT] REF for a snapshot")
     try:
         if is_hf_spec(args.name):
             return _pull_hf(args.name)

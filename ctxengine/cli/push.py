@@ -63,12 +63,11 @@ def report(verb: str, result, args: argparse.Namespace, where: str) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from ..store import Store
-    from .contexts import progress_bar
+    from .contexts import open_store, progress_bar
 
-    with Store(args.store) as store, connect(args, args.host) as remote:
+    chunk = chunk_bytes(args)  # the arguments are refused before the store is looked for
+    with connect(args, args.host) as remote, open_store(args, existing=True) as store:
         with progress_bar(f"push {args.ref}") as progress:
-            result = remote.push(store, args.ref, as_ref=args.as_ref, chunk_bytes=chunk_bytes(args),
-                                 progress=progress)
+            result = remote.push(store, args.ref, as_ref=args.as_ref, chunk_bytes=chunk, progress=progress)
     report("pushed", result, args, f"to {remote.target}")
     return 0

@@ -47,7 +47,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="serve this LoRA adapter with every model it fits, at SCALE by default (default 1; "
                         "repeatable; GET/POST /lora-adapters, a request's \"lora\" field)")
     p.add_argument("--draft", metavar="MODEL", default=None,
-                   help="a small model with the same vocabulary that drafts tokens for speculative decoding")
+                   help="a small model that drafts tokens for speculative decoding, for each served model whose "
+                        "vocabulary it shares (the others decode without it, as a warning at start says)")
     p.add_argument("--no-speculative", dest="speculative", action="store_false",
                    help="decode one token per step unless a request asks for speculation "
                         "(it never changes the output, only the speed)")
@@ -76,9 +77,19 @@ def build_runtime(args: argparse.Namespace):
         check_model("--draft", args.draft)
     args.model = [*args.model, *(hf_model(spec) for spec in args.hf)]  # pulled first when not cached
     budget = None if args.memory_budget is None else int(args.memory_budget * (1 << 30))
-    return Runtime(catalog_from_args(args), store=Store(args.store, fleet=args.fleet), threads=args.threads, kv=args.kv,
-                   memory_budget=budget, prefix_cache_entries=args.prefix_cache, lora=lora, draft=args.draft,
-                   speculative=args.speculative)
+    runtime = Runtime(catalog_from_args(args), store=Store(args.store, fleet=args.fleet), threads=args.threads,
+                      kv=args.kv, memory_budget=budget, prefix_cache_entries=args.prefix_cache, lora=lora,
+                      draft=args.draft, speculative=args.speculative, warn=warning)
+    try:
+        runtime.check_at_start()  # what a model goes without is said now, not found out by its clients
+    except BaseException:
+        runtime.close()
+        raise
+    return runtime
+
+
+def warning(line: str) -> None:
+    print(f"ctx serve: warning: {line}", file=sys.stderr, flush=True)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -110,8 +121,8 @@ def main(args: argparse.Namespace) -> int:
             print(f"ctx serve: gRPC on {args.host}:{grpc_server.port}", file=sys.stderr, flush=True)
         if args.port:
             if args.api_key is None and not is_loopback(args.host):
-                print(f"ctx serve: warning: no --api-key, and {args.host} is not loopback: anyone who can reach "
-                      "it can use the API and the studio", file=sys.stderr, flush=True)
+                warning(f"no --api-key, and {args.host} is not loopback: anyone who can reach it can use the API "
+                        "and the studio")
             # Blocks until SIGINT/SIGTERM; streams in flight are finished or cancelled.
             serve_http(runtime, args, on_ready=ready)
         else:

@@ -24,6 +24,7 @@ from ..engine.weights import cached_weight_id
 from ..errors import (ContextError, ModelFileError, ModelNotFoundError, UnsupportedModelError,
                       WeightsNotServedError)
 from ..store.names import is_host_local
+from .fits import ServedFits, Warn
 from .lora import LoraSpec, ServedLoras
 from .prefix_cache import DEFAULT_MAX_ENTRIES, PrefixCache
 
@@ -66,10 +67,13 @@ class ServedModels:
     def __init__(self, catalog: ModelCatalog, *, store: "Store | None" = None, threads: int | None = None,
                  kv: str = "f16", memory_budget: int | None = None,
                  prefix_cache_entries: int | None = None, lora: Sequence[LoraSpec] = (),
-                 draft: str | None = None, speculative: bool = True):
+                 draft: str | None = None, speculative: bool = True, warn: Warn | None = None):
+        """``warn``: where a line saying what a model goes without (a draft, an adapter) goes
+        (default: this module's logger)."""
         self.catalog = catalog
         self.lora = tuple(lora)  # adapters loaded into each model they fit
-        self.draft = draft              # a draft model for every model loaded (same vocabulary)
+        self.draft = draft              # a draft model for every model loaded with its vocabulary
+        self.fits = ServedFits(draft, self.lora, warn)  # which those are, and the warnings for the others
         self.speculative = speculative  # False: generations draft only when a request asks
         self.store = store  # where idle contexts are evicted to when pages run out, and snapshots kept
         self.threads = threads
@@ -84,6 +88,11 @@ class ServedModels:
         # POST /lora-adapters' scales by model, kept across unloads: (adapter ids, scales).
         self._lora_scales: dict[str, tuple[list[str], list[float]]] = {}
         self.changed: Callable[[], None] = lambda: None
+
+    def check_at_start(self) -> None:
+        """Warn of each model the draft or an adapter cannot serve with (``warn``); CtxError
+        if the draft fits none (serving/fits.py)."""
+        self.fits.check_at_start(self.catalog.entries())
 
     # -- models -------------------------------------------------------------------------
     def resolve(self, name: str | None) -> CatalogEntry:
@@ -120,6 +129,7 @@ class ServedModels:
             except BaseException:
                 model.close()  # an Ollama model without its own adapter is not the model asked for
                 raise
+            self.fits.loras_skipped(entry, loras.skipped)
             ids, scales = self._lora_scales.get(entry.name, (None, None))
             if ids == [a.id for a in loras.adapters]:
                 loras.scales = list(scales)  # the defaults a client set before it was unloaded
@@ -309,9 +319,10 @@ class ServedModels:
         path = entry.path
         if entry.source == "packaged" and not path.is_file():  # an installed package not built yet
             path = resolve_model(entry.name)
+        drafted = self.fits.drafts_for(entry, path)  # before the engine, which a refusal would leave open
         engine = Engine(path, threads=self.threads, kv=self.kv)
         engine.speculative = self.speculative
-        if self.draft is not None:
+        if drafted:
             attach_draft(engine, self.draft)
         model = Model(engine)
         model.contexts.store = self.store  # idle contexts are evicted there when pages run out

@@ -185,8 +185,8 @@ class Context:
         return conversation.append_turns(self, messages, tools=tools)
 
     def append_system(self, text: str) -> int:
-        """Add a system message: rendered with the model's chat template when it
-        has one (its control tokens parsed), else as plain text."""
+        """Add a system message: rendered with the model's chat template when it has one (a
+        RequestError where that would drop it, as Gemma 3's does), else as plain text."""
         return conversation.append_system(self, text)
 
     def generate(self, max_tokens: int = 256, *, stop: Sequence[str] = (), grammar: "Grammar | str | None" = None,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Iterator, Protocol, Sequence
 
-from ..errors import ContextError
+from ..errors import ContextError, RequestError
 from .piece import Piece
 
 if TYPE_CHECKING:
@@ -62,8 +62,23 @@ def append_system(ctx: Conversant, text: str) -> int:
     """Append a system turn, as the template renders it (plain text without one)."""
     if ctx.engine.chat_template is None:
         return ctx.append(text)
+    return ctx.append(system_turn(ctx.engine, text), parse_special=True)
+
+
+def system_turn(engine: Engine, text: str, after: Sequence[int] | None = None) -> str:
+    """The template's text for one system message (after the tokens ``after``, if given).
+    RequestError where the template drops it: Gemma's has no system turn and shows a
+    system prompt only inside the first user turn, so one given alone would vanish
+    without a word (serving/prompts.py refuses the HTTP face's the same way)."""
     turn = [{"role": "system", "content": text}]
-    return ctx.append(ctx.engine.chat.render(turn, generation_prompt=False), parse_special=True)
+    rendered = engine.chat.render(turn, after=after, generation_prompt=False)
+    said = text.strip()
+    if said and said not in rendered and rendered == engine.chat.render(after=after, generation_prompt=False):
+        raise RequestError(f"{engine.name}'s chat template has no system turn: it shows a system message only "
+                           "inside the first user turn, so one given alone would be dropped; give it with the "
+                           "first user message instead (both in one list of messages, or its text at the start "
+                           "of the user's)", param="system")
+    return rendered
 
 
 def close_turn(ctx: Conversant) -> int:

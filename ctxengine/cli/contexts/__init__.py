@@ -28,9 +28,20 @@ def add_common_arguments(p: argparse.ArgumentParser) -> None:
                    help="snapshot store directory (default: $CTX_STORE, else the XDG data dir)")
 
 
-def open_store(args: argparse.Namespace):
-    from ...store import Store
+def open_store(args: argparse.Namespace, *, existing: bool = False):
+    """The store ``--store`` names; ``existing``: only one that is there (a verb that only
+    reads or removes would otherwise leave an empty store behind where a path was mistyped)."""
+    import os
+    from pathlib import Path
 
+    from ...store import Store
+    from ...store.store import default_store_path
+
+    if existing and (args.store is None or os.fspath(args.store)):  # an empty path: Store says why
+        path = Path(args.store).expanduser() if args.store is not None else default_store_path()
+        if not (path / "data.mdb").is_file():
+            raise StoreError(f"no snapshot store at {path} (nothing was ever stored there; "
+                             "--store DIR or $CTX_STORE names another)")
     return Store(args.store)
 
 
@@ -42,14 +53,16 @@ def check_name(name: str, what: str = "context") -> str:
     return (validate_client_name if what == "context" else validate_name)(name, what)
 
 
-def require_absent(store, name: str) -> None:
+def require_absent(store, name: str, *, force: bool = False) -> None:
     """Refuse early, before a model loads, to create ``name`` where it exists (the move
-    itself checks again: another process may create it meanwhile)."""
+    itself checks again: another process may create it meanwhile); ``force``: the verb
+    has ``--force``, which the refusal then offers."""
     from ...store.names import validate_client_name
 
     validate_client_name(name, "ref")
     if name in store.refs():
-        raise StoreError(f"'{name}' already exists in {store.path} (ctx rm {name} first)")
+        how = f"--force moves it, or ctx rm {name} first" if force else f"ctx rm {name} first"
+        raise StoreError(f"'{name}' already exists in {store.path} ({how})")
 
 
 def open_context(model, store, name: str):
@@ -93,8 +106,26 @@ def chat_turn(model, ctx, role: str, text: str) -> str:
     """The text a chat template adds to ``ctx`` for one more message of ``role``."""
     if model.chat_template is None:
         raise CtxError(f"{model.name} has no chat template; append plain text instead of --role")
+    if role == "system":
+        from ...errors import RequestError
+        from ...state.conversation import system_turn
+
+        try:
+            return system_turn(model.engine, text, after=ctx.tokens)
+        except RequestError:
+            raise no_system_turn(model, ctx, "--role system") from None
     return model.chat.render([{"role": role, "content": text}], after=ctx.tokens,
                              generation_prompt=role == "user")
+
+
+def no_system_turn(model, ctx, option: str) -> CtxError:
+    """The usage error for a system message the model's template would drop (Gemma 3's has no
+    system turn), saying what to do instead from the command line."""
+    from ..common import UsageError
+
+    return UsageError(f"{option}: {model.name}'s chat template has no system turn (it shows a system message "
+                      f"only inside the first user turn), so this one alone would be dropped: put its text at "
+                      f"the start of the first user message instead (ctx append {ctx.name} --role user TEXT)")
 
 
 def describe(store, sid: str) -> dict:

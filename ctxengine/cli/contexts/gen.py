@@ -4,7 +4,8 @@ With no ``--seed`` the sampler's RNG continues from the context's last
 generation (stored in its snapshot), so ``ctx gen`` twice draws what one
 longer generation would have. Likewise a grammar (``--grammar-file``,
 ``--json-schema``) that a generation left unfinished goes on in the next
-``ctx gen`` without flags.
+``ctx gen`` without flags; a JSON one is closed within ``-n`` tokens where it
+fits unless ``--no-close-json`` says to leave it open.
 """
 from __future__ import annotations
 
@@ -21,6 +22,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("name", help="the context")
     add_sampling_arguments(p, max_tokens=128, seed_help="restart the RNG (default: continue it)")
     add_grammar_arguments(p)
+    p.add_argument("--no-close-json", dest="close_json", action="store_false",
+                   help="under a JSON grammar, cut the output where -n falls instead of closing it within "
+                        "-n tokens (the default), for the next ctx gen to continue it")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -37,7 +41,7 @@ def main(args: argparse.Namespace) -> int:
                                f"the model's context length is {n_ctx}")
         n_before, finished = ctx.n_tokens, False
         try:
-            for piece in ctx.generate(args.max_tokens, stop=args.stop, **sampling):
+            for piece in ctx.generate(args.max_tokens, stop=args.stop, close_json=args.close_json, **sampling):
                 sys.stdout.write(piece.text)
                 sys.stdout.flush()
             finished = True

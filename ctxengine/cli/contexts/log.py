@@ -15,7 +15,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     check_name(args.ref, "ref")
-    with open_store(args) as store:
+    with open_store(args, existing=True) as store:
         rows = []
         for entry in reversed(store.ref_log(args.ref)):
             row = {"time": entry.time, "old": entry.old, "new": entry.new, "tokens": None}

@@ -14,7 +14,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    with open_store(args) as store:
+    with open_store(args, existing=True) as store:
         rows = [dict(name=name, **describe(store, sid)) for name, sid in sorted(store.refs().items())
                 if args.all or not name.startswith((EVICTED_PREFIX, RESPONSES_PREFIX))]
     if args.json:

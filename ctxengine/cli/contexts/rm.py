@@ -16,7 +16,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     for name in args.names:
         check_name(name, "ref")
-    with open_store(args) as store:
+    with open_store(args, existing=True) as store:
         known = store.refs()
         absent = [n for n in args.names if n not in known]
         if absent:  # remove all or nothing

@@ -15,7 +15,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    with open_store(args) as store, progress_bar("export") as progress:
+    with open_store(args, existing=True) as store, progress_bar("export") as progress:
         sid = store.resolve(args.ref)
         store.export(sid, args.file, progress)
     print(f"exported {args.ref} (snapshot {sid[:12]}) to {args.file}, {human_bytes(os.path.getsize(args.file))}")

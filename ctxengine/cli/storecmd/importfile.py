@@ -28,7 +28,7 @@ def main(args: argparse.Namespace) -> int:
         raise InvalidNameError(f"{err}; choose a name with --as") from None
     with open_store(args) as store, progress_bar("import") as progress:
         if not args.force:
-            require_absent(store, name)
+            require_absent(store, name, force=True)
         try:
             sid = store.import_file(args.file, ref=name if args.force else None, progress=progress)
         except CorruptDataError as err:

@@ -12,6 +12,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     s = sub.add_parser("stats", help="pages, bytes stored vs logical, dedup ratio")
     add_common_arguments(s)
     s.add_argument("--json", action="store_true", help="machine-readable output")
+    s.set_defaults(verb_parser=s)  # its errors name it: `ctx store stats: error: ...`
 
 
 def human_bytes(n: float) -> str:
@@ -23,7 +24,7 @@ def human_bytes(n: float) -> str:
 
 
 def main(args: argparse.Namespace) -> int:
-    with open_store(args) as store:
+    with open_store(args, existing=True) as store:
         st = store.stats()
         path = store.path
     if args.json:
