@@ -30,6 +30,39 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 KEYS = ("prefill_tps", "decode_tps")
 
 
+def interleaved(model: str, adapter: str, threads: int, rounds: int, n_prompt: int, n_gen: int) -> dict:
+    """Ours with and without the adapter in one process, one engine, alternated every
+    ``n_gen`` decode steps and every ``n_prompt``-token prefill (the order swapped each
+    round), so the machine's drift falls on both alike: the per-pair ratios."""
+    import numpy as np
+
+    from ctxengine.engine.engine import Engine
+
+    e = Engine(model, threads=threads)
+    e.load_lora("a", adapter)
+    sets = {"base": e.lora_set(None), "lora": e.lora_set({"a": 1.0})}
+    ids = [int(i) for i in np.random.default_rng(0).integers(1000, 20000, n_prompt)]
+    seqs = {k: e.new_sequence() for k in sets}
+    last = {k: e.forward(seqs[k], ids[:16], lora=lo) for k, lo in sets.items()}  # warm, and a start to decode from
+    ratios: dict[str, list[float]] = {"prefill": [], "decode": []}
+    for r in range(rounds):
+        took = {}
+        for k in (("base", "lora") if r % 2 == 0 else ("lora", "base")):
+            seq, lo = e.new_sequence(), sets[k]
+            t0 = time.perf_counter()
+            e.forward(seq, ids, lora=lo)
+            t1 = time.perf_counter()
+            for _ in range(n_gen):
+                last[k] = e.forward(seqs[k], [int(np.argmax(last[k]))], lora=lo)
+            took[k] = (t1 - t0, time.perf_counter() - t1)
+            if seqs[k].n_tokens + n_gen >= e.config.n_ctx:
+                seqs[k] = e.new_sequence()
+                last[k] = e.forward(seqs[k], ids[:16], lora=lo)
+        ratios["prefill"].append(took["base"][0] / took["lora"][0])
+        ratios["decode"].append(took["base"][1] / took["lora"][1])
+    return ratios
+
+
 def measure(engine: str, model: str, adapter: str, threads: int, n_prompt: int, n_gen: int) -> dict:
     """One engine, with the adapter or without ("" ), in this process."""
     import numpy as np
@@ -94,6 +127,8 @@ def main() -> int:
     ap.add_argument("--rank", type=int, default=16)
     ap.add_argument("--dtype", choices=("F32", "F16", "BF16", "Q8_0"), default="F32",
                     help="the adapter file's matrices")
+    ap.add_argument("--interleaved", action="store_true",
+                    help="ours only, with and without the adapter alternated in one process (drift cancels)")
     ap.add_argument("--old-core", help="another build's _core .so, run alternated with ours (old, old+lora)")
     ap.add_argument("--llama-python", default=os.environ.get("CTX_LLAMA_PYTHON"))
     ap.add_argument("--child", nargs=3, metavar=("ENGINE", "MODEL", "ADAPTER"), help=argparse.SUPPRESS)
@@ -110,6 +145,17 @@ def main() -> int:
     facts = machine_facts(args.threads)
     adapter = str(smollm2_lora(os.path.join(tempfile.mkdtemp(), "lora.gguf"), read_metadata(model), rank=args.rank,
                                dtype=file_types(args.dtype, args.rank)))
+    if args.interleaved:
+        ratios = interleaved(model, adapter, args.threads, args.rounds, args.prompt, args.gen)
+        print(f"SmolLM2 Q4_1 + rank-{args.rank} {args.dtype.lower()} adapter, ours alternated in one process, "
+              f"{args.threads} threads, {args.rounds} rounds of a {args.prompt}-token prefill and {args.gen} decode "
+              f"steps each")
+        print(describe_machine(facts))
+        for k, rs in ratios.items():
+            rs = sorted(rs)
+            print(f"{k:>8}: lora/base by round: median {statistics.median(rs):.3f}x, quartiles "
+                  f"{rs[len(rs) // 4]:.3f}-{rs[3 * len(rs) // 4]:.3f}, range {rs[0]:.3f}-{rs[-1]:.3f}")
+        return 0
     runs = [("ours", sys.executable, ""), ("ours+lora", sys.executable, adapter)]
     if args.old_core:
         runs += [("old", sys.executable, ""), ("old+lora", sys.executable, adapter)]
@@ -135,7 +181,9 @@ def main() -> int:
         line = f"{k:>12}: " + ", ".join(
             f"{name} {v[k]:.1f} ({min(x[k] for x in out[name]):.1f}-{max(x[k] for x in out[name]):.1f})"
             for name, v in med.items())
-        line += f"; ours lora/base {med['ours+lora'][k] / med['ours'][k]:.2f}x"
+        per_round = sorted(x[k] / y[k] for x, y in zip(out["ours+lora"], out["ours"]))
+        line += (f"; ours lora/base {med['ours+lora'][k] / med['ours'][k]:.2f}x (by round: median "
+                 f"{statistics.median(per_round):.2f}x, {per_round[0]:.2f}-{per_round[-1]:.2f})")
         if "old" in med:
             line += (f", old lora/base {med['old+lora'][k] / med['old'][k]:.2f}x"
                      f", ours+lora / old+lora {med['ours+lora'][k] / med['old+lora'][k]:.2f}x")
