@@ -39,10 +39,9 @@ class Request:
     def wait_out(self) -> None:
         """Wait for it to finish, through further interrupts: the caller must not go on
         while a step may still write the sequence's KV (at most one step's wait)."""
-        while True:
+        while not self.finished:  # set before the release: an interrupt just after wait() took it
             try:
                 self._done.acquire()
-                return
             except BaseException:  # a second Ctrl-C: the first is what the caller gets
                 continue
 

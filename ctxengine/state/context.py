@@ -8,7 +8,6 @@ pays a forward pass for a token nobody reads the logits of. Where its KV is
 """
 from __future__ import annotations
 
-import threading
 from contextlib import contextmanager
 from numbers import Integral
 from typing import TYPE_CHECKING, Iterator, Protocol, Sequence
@@ -18,6 +17,7 @@ import numpy as np
 from ..errors import ContextError
 from . import conversation
 from .constraint import forked_constraint, started_constraint, stored_constraint
+from .handoff_lock import HandoffLock
 from ..text.closing import Closer
 from ..text.grammar import Constraint, Grammar, as_grammar
 from ..engine.lora import NO_LORA, LoraSet, check_finite
@@ -46,7 +46,7 @@ class Table(Protocol):
     def touch(self, ctx: Context) -> None: ...
     def reserve_pages(self, n: int, keep: Context | None = None) -> Promise: ...
     def adopt(self, name: str | None, seq, tokens: Sequence[int], **state) -> Context: ...
-    def remove(self, name: str) -> None: ...
+    def remove(self, name: str, only: Context | None = None) -> None: ...
     def others(self, ctx: Context) -> list[Context]: ...
     def snapshot(self, ctx: Context, store: Store, ref: str | None, labels: dict[str, str] | None) -> str: ...
     def bring_back(self, ctx: Context) -> None: ...
@@ -73,8 +73,9 @@ class Context:
         # tokens until it settles), and the drafted/accepted counts of the last one.
         self._speculation: Speculation | None = None
         self.speculation = SpeculationStats()
-        # The one lock, held by whoever uses it: a request, a paused stream, an eviction.
-        self._lock = threading.RLock()
+        # The one lock, held by whoever uses it: a request, a paused stream (which whatever
+        # thread resumes it carries along: handoff_lock.py), an eviction.
+        self._lock = HandoffLock()
 
     # -- what it is -----------------------------------------------------------
     @property
@@ -117,12 +118,12 @@ class Context:
     def cached_now(self) -> int | None:
         """``n_cached`` without waiting or reading an evicted context back: None while a
         request holds the context (its KV is growing), 0 while its KV is not in memory."""
-        return self._if_idle(lambda: self._kv.seq.n_tokens if self._kv.state is Residency.LIVE else 0)
+        return self._lock.if_free(lambda: self._kv.seq.n_tokens if self._kv.state is Residency.LIVE else 0)
 
     def page_ids(self) -> list[int] | None:
         """Ids of the KV pages this context holds in its model's pool (forks share them until one
         writes; empty while evicted), or None while another thread uses it (its table may be growing)."""
-        return self._if_idle(lambda: list(self._kv.seq.pages) if self._kv.state is Residency.LIVE else [])
+        return self._lock.if_free(lambda: list(self._kv.seq.pages) if self._kv.state is Residency.LIVE else [])
 
     @property
     def text(self) -> str:
@@ -145,7 +146,7 @@ class Context:
                 self._check_room(self.engine.tokenizer.at_least_tokens(content), "at least ")  # before any BPE
                 content = self.engine.tokenize(content, parse_special=parse_special)
                 content = content if self._tokens else self.engine.tokenizer.with_bos(content)
-            ids = self._token_ids(content)  # ids in range before any is kept, from text too
+            ids = self.engine.checked_ids(content)  # ids in range before any is kept, from text too
             self._check_room(len(ids))
             self._constraint = None
             self._tokens.extend(ids)
@@ -161,7 +162,7 @@ class Context:
         """Append token ids; the logits after each of them, (len(ids), n_vocab), every
         row computed (``ctx verify`` compares them across ways of reaching this KV)."""
         with self.hold():
-            ids, kv = self._token_ids(ids), self._kv
+            ids, kv = self.engine.checked_ids(ids), self._kv
             self._check_room(len(ids))
             lag = self._tokens[kv.seq.n_tokens:]  # the last sampled token's KV, if it lags
             rows = self.engine.forward(kv.seq, lag + ids, all_logits=True, reserve=self._reserve_pages,
@@ -220,7 +221,8 @@ class Context:
             closer = (Closer(constraint, tok, self._tokens[constraint.start:])
                       if close_json and constraint is not None and constraint.grammar.is_json else None)
             decoder = StreamDecoder(tok, after=self._tokens)  # a character the last generate() left unfinished
-            matcher = StopMatcher(list(stop))
+            # Stop strings never cut a reply that must parse (docs/agents.md), only free text and GBNF.
+            matcher = StopMatcher([] if constraint is not None and constraint.grammar.is_json else list(stop))
             self.finish_reason = "length"
             spec = self._speculation = start_speculation(self, speculative, max_tokens)
             try:
@@ -244,6 +246,7 @@ class Context:
                     text, hit = matcher.push(decoder.push(token))
                     self.sampler_state, self._constraint = sampler.state(), constraint  # seen by a fork now
                     yield Piece(text, token)
+                    self._lock.adopt()  # resumed, perhaps on another thread
                     if hit:
                         self.finish_reason = "stop"
                         return
@@ -255,6 +258,7 @@ class Context:
                 if rest:
                     yield Piece(rest, None)
             finally:
+                self._lock.adopt()  # ended, perhaps on another thread (a close from there)
                 if spec is not None:
                     spec.finish()
                 self.sampler_state = sampler.state()
@@ -317,7 +321,8 @@ class Context:
             return 0 <= n_tokens <= len(self._tokens) and (n_tokens >= seq.n_tokens or seq.can_truncate(n_tokens))
 
     def delete(self) -> None:
-        self._table.remove(self.name)
+        """Delete it; ContextError if it was deleted already (even if a new one has its name)."""
+        self._table.remove(self.name, only=self)
 
     # -- persistence ------------------------------------------------------------
     def snapshot(self, store, ref: str | None = None, *, labels: dict[str, str] | None = None) -> str:
@@ -342,7 +347,12 @@ class Context:
             kv.set_kv(self._truncated(kv.seq, n_kv - 1), None)
             n_kv = kv.seq.n_tokens
         # Room for its pages is made on this thread (evicting idle contexts, never this one) first.
-        logits = self.engine.forward(kv.seq, self._tokens[n_kv:], reserve=self._reserve_pages, lora=self.lora)
+        try:
+            logits = self.engine.forward(kv.seq, self._tokens[n_kv:], reserve=self._reserve_pages, lora=self.lora)
+        except BaseException:  # interrupted just after the step ran: its logits are not ours, so none are
+            if kv.seq.n_tokens != n_kv:
+                kv.set_kv(kv.seq, None)
+            raise
         kv.computed(logits)
         return logits
 
@@ -350,8 +360,7 @@ class Context:
         return self._table.reserve_pages(n, keep=self)  # held until the forward is done
 
     def _truncated(self, seq, n: int):
-        """seq cut to its first n tokens, room for its copy-on-write page made first (or a new
-        empty sequence: state/residency.py's ``truncated``); refused, seq is as it was."""
+        """seq cut to n tokens, room for its copy-on-write page made first (residency.truncated)."""
         return truncated(seq, n, self._reserve_pages, self.engine.new_sequence)
 
     def _make_sampler(self, overrides: dict) -> Sampler:
@@ -361,29 +370,20 @@ class Context:
             sampler = Sampler.continuing(self.sampler_state, overrides)
         except ValueError as err:
             raise ContextError(str(err)) from None
-        self._token_ids(i for i, _ in sampler.params.logit_bias)  # named now, not at the first token
+        self.engine.checked_ids(i for i, _ in sampler.params.logit_bias)  # named now, not at the first token
         return sampler
-
-    def _token_ids(self, ids: Sequence[int]) -> list[int]:
-        return self.engine.checked_ids(ids)
 
     def _check_room(self, n_new: int, bound: str = "") -> None:
         if len(self._tokens) + n_new > (n_ctx := self.engine.config.n_ctx):
             raise ContextError(f"context '{self.name}' would hold {bound}{len(self._tokens) + n_new} tokens; "
                                f"the model's context length is {n_ctx}")
 
-    def _if_idle(self, read):
-        if not self._lock.acquire(blocking=False):
-            return None
-        try:
-            return read()
-        finally:
-            self._lock.release()
-
     def _check_live(self) -> None:
         if self._speculation is not None:  # a generation paused between pieces: its drafts go
             self._speculation.settle()
         self._resident()
+        if self._kv.seq.n_tokens > len(self._tokens):  # a step an interrupt cut off from its tokens
+            self._kv.set_kv(self._truncated(self._kv.seq, len(self._tokens)), None)
 
     def _resident(self) -> None:
         """Read the context back if it is evicted; ContextError if it is deleted."""

@@ -125,12 +125,16 @@ class ContextTable:
         """Write ``ctx`` to ``store`` (only the pages it lacks); the snapshot id (``Context.snapshot``)."""
         return snapshot(ctx, store, ref=ref, labels=labels)
 
-    def remove(self, name: str) -> None:
+    def remove(self, name: str, only: Context | None = None) -> None:
+        """Delete the context named ``name``; with ``only``, only if it is that one (a
+        handle of a deleted context must not delete a new one that took its name)."""
         with self._lock:
-            ctx = self._contexts.pop(name, None)
+            ctx = self._contexts.get(name)
+            if ctx is None or (only is not None and ctx is not only):
+                raise ContextError(f"context '{name}' was deleted" if only is not None else
+                                   f"no context named '{name}'")
+            del self._contexts[name]
             self._last_use.pop(name, None)
-        if ctx is None:
-            raise ContextError(f"no context named '{name}'")
         pages, evicted = ctx._kv.delete()  # after an eviction being written, if one is
         if evicted is not None:
             self._drop_evicted_ref(ctx)  # its own: a new context of this name has another
