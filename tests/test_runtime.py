@@ -145,6 +145,43 @@ def test_context_names_are_unique_across_models(tiny_paths):
     rt.close()
 
 
+def test_a_name_made_on_two_models_at_once_is_made_once(tiny_paths, monkeypatch):
+    # Each model's table checks only its own names: a fork (or a restore, which reads its
+    # pages in between) on one model and a create on another, under one name at once, both
+    # won, and the name then meant whichever table was searched first.
+    rt = runtime_for(tiny_paths, threads=1)
+    src = rt.create_context("src", "tiny-1")
+    table = rt.sessions.models.model("tiny-1").contexts
+    adopt, entered, go = table.adopt, threading.Event(), threading.Event()
+
+    def slow_adopt(*args, **kw):  # the fork's context reaches its table only after the create ran
+        entered.set()
+        go.wait(10)
+        return adopt(*args, **kw)
+
+    monkeypatch.setattr(table, "adopt", slow_adopt)
+    results = {}
+    fork = threading.Thread(target=lambda: results.update(fork=rt.sessions.fork(src, "twice")))
+    fork.start()
+    assert entered.wait(10)
+    with pytest.raises(ContextError, match="a context named 'twice' already exists"):
+        rt.create_context("twice", "tiny-2")
+    go.set()
+    fork.join()
+    assert rt.find_context("twice") is results["fork"]
+    assert sorted(c.name for c in rt.contexts()) == ["src", "twice"]
+    rt.close()
+
+
+def test_unnamed_contexts_get_names_no_other_model_has(tiny_paths):
+    # Each table counted its own ctx-1, ctx-2, ...: the first unnamed context of each model
+    # was "ctx-1".
+    rt = runtime_for(tiny_paths, threads=1)
+    names = [rt.create_context(None, m).name for m in ("tiny-1", "tiny-2", "tiny-1", "tiny-2")]
+    assert len(set(names)) == 4 and all(n.startswith("ctx-") for n in names)
+    rt.close()
+
+
 def test_weight_ids_map_to_served_models(tiny_paths):
     rt = runtime_for(tiny_paths, threads=1)
     ids = rt.weight_ids()

@@ -33,6 +33,7 @@ from the fleet's.
 """
 from __future__ import annotations
 
+import itertools
 import secrets
 import threading
 from contextlib import contextmanager, nullcontext
@@ -93,6 +94,12 @@ class Sessions:
         self._store = store
         self.fleet = fleet
         self._restoring = threading.Lock()  # two requests for one missing context restore it once
+        # Names being made into contexts now, on any model: a name is checked against every
+        # model's table and claimed in one step, until its context is in its table, so two
+        # makings of one name on two models (each table checks only itself) cannot both win.
+        self._naming = threading.Lock()
+        self._claimed: set[str] = set()
+        self._unnamed = itertools.count(1)
 
     # -- names and the store ----------------------------------------------------------------
     def store(self) -> "Store":
@@ -101,39 +108,65 @@ class Sessions:
             raise StoreError("this server has no snapshot store")
         return self._store
 
-    def new_name(self, name: str | None, *, client: bool = True, restoring: str | None = None) -> str | None:
-        """A name for a new context, refused if taken on any model or, in a fleet, by the
-        fleet's ref of that name: a context made here under it would shadow the fleet's,
-        and its every turn would meet a conflict (FleetUnavailable while the fleet cannot
-        say). None or "": the table chooses one (in a fleet, one no host has).
-        ``restoring``: the ref a restore reads, which may be the name's own fleet ref."""
+    def new_name(self, name: str | None, *, client: bool = True, restoring: str | None = None) -> str:
+        """A name for a new context, refused if taken on any model (or being made into a
+        context now) or, in a fleet, by the fleet's ref of that name: a context made here
+        under it would shadow the fleet's, and its every turn would meet a conflict
+        (FleetUnavailable while the fleet cannot say). None or "": a name no model has (in
+        a fleet, one no host has). ``restoring``: the ref a restore reads, which may be
+        the name's own fleet ref. A check only: ``_claim`` holds the name while it is made."""
+        name = self._local_name(name, client)
+        self._fleet_allows(name, restoring)
+        return name
+
+    @contextmanager
+    def _claim(self, name: str | None, *, client: bool = True, restoring: str | None = None) -> Iterator[str]:
+        """``new_name``'s name, held against every other making of it until the block (which
+        puts the context in its model's table) ends: each table checks only its own names."""
+        with self._naming:
+            name = self._local_name(name, client)
+            self._claimed.add(name)
+        try:
+            self._fleet_allows(name, restoring)  # not under the lock: it may wait on the network
+            yield name
+        finally:
+            with self._naming:
+                self._claimed.discard(name)
+
+    def _local_name(self, name: str | None, client: bool) -> str:
+        """The name, valid and held by no model here nor being made ("": a fresh one)."""
         if not name:
-            return self._unused_name() if self.fleet is not None else None
+            return self._unused_name()
         if client:
             changeable_name(name)
+        if name in self._claimed or self._held_here(name):
+            raise ContextError(f"a context named '{name}' already exists")
+        return name
+
+    def _fleet_allows(self, name: str, restoring: str | None) -> None:
+        if name == restoring or self.fleet is None or is_host_local(name):
+            return
+        if self._on_fleet(name):
+            raise ContextError(f"a context named '{name}' already exists")
+        self.fleet.forget_deleted(name)  # a live copy elsewhere is of the deleted one, not this
+
+    def _held_here(self, name: str) -> bool:
         try:
             self.models.find_local_context(name)
         except ContextError:
-            if name == restoring:
-                return name
-            if not self._on_fleet(name):
-                if self.fleet is not None and not is_host_local(name):
-                    self.fleet.forget_deleted(name)  # a live copy elsewhere is of the deleted one, not this
-                return name
-        raise ContextError(f"a context named '{name}' already exists")
+            return False
+        return True
 
     def _on_fleet(self, name: str) -> bool:
         return self.fleet is not None and not is_host_local(name) and self.fleet.ref(name) is not None
 
     def _unused_name(self) -> str:
-        """A fleet-wide fresh name: the table's (ctx-1, ctx-2, ...) are every host's own."""
+        """A name no model here has: ctx-1, ctx-2, ... (each table's own counter would give
+        every model the same); in a fleet a random one, the counter being every host's own."""
         while True:
-            name = f"ctx-{secrets.token_hex(6)}"
-            try:
-                self.models.find_local_context(name)
-            except ContextError:
-                if not self._on_fleet(name):
-                    return name
+            name = f"ctx-{secrets.token_hex(6)}" if self.fleet is not None else f"ctx-{next(self._unnamed)}"
+            if name not in self._claimed and not self._held_here(name) and not self._on_fleet(name):
+                return name
 
     def loaded_entry(self, ctx: "Context") -> "LoadedEntry":
         """The loaded model a context belongs to; ContextError if it was unloaded."""
@@ -207,10 +240,10 @@ class Sessions:
         ``lora``: the adapters it runs with for its whole life, as a generation
         request's ``lora`` field (``[{"id" | "name", "scale"}]``, serving/lora.py;
         None: the scales requests run with by default); a bad one is a RequestError."""
-        name = self.new_name(name, client=client)
         adapters = self.models.loras(model).for_request(lora)
         m = self.models.model(model)
-        ctx = m.contexts.adopt(name, m.engine.new_sequence(), (), lora=adapters)
+        with self._claim(name, client=client) as name:
+            ctx = m.contexts.adopt(name, m.engine.new_sequence(), (), lora=adapters)
         try:
             ctx.labels.update(new_labels(labels))  # a bad one (a lone surrogate) fails every snapshot
             if fill is not None:
@@ -222,19 +255,20 @@ class Sessions:
 
     def fork(self, ctx: "Context", name: str | None, *, client: bool = True) -> "Context":
         """A copy-on-write branch of ``ctx`` (O(pages)) under a new name."""
-        return ctx.fork(self.new_name(name, client=client))
+        with self._claim(name, client=client) as name:
+            return ctx.fork(name)
 
     def restore(self, ref: str, name: str | None, *, client: bool = True) -> "Context":
         """A live context from a ref or snapshot id, on the served model with its
         weights; in a fleet, the fleet's ref (FleetUnavailable while unreadable)."""
         if client:
             client_name(ref, "ref")
-        name = self.new_name(name, client=client, restoring=ref)
-        store = self.store()
-        if client and self.fleet is not None:
-            self.fleet.ref(ref)  # refused while the fleet cannot say where it points
-        sid = store.resolve(ref)
-        return self._restore(store, sid, name)
+        with self._claim(name, client=client, restoring=ref) as name:
+            store = self.store()
+            if client and self.fleet is not None:
+                self.fleet.ref(ref)  # refused while the fleet cannot say where it points
+            sid = store.resolve(ref)
+            return self._restore(store, sid, name)
 
     # -- snapshots and turns ---------------------------------------------------------------
     def snapshot(self, ctx: "Context", ref: str | None, labels: Mapping[str, str] | None = None, *,

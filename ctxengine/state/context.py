@@ -391,7 +391,7 @@ class Context:
         if state is Residency.EVICTED:
             self._table.bring_back(self)
         elif state is Residency.DELETED:
-            raise ContextError(f"context '{self.name}' was deleted")
+            raise ContextError(f"no context named '{self.name}' (it was deleted)")  # 404 on the faces
         self._kv.require_live()  # EVICTING here: a use that skipped the lock the writer holds
 
     # Read-only views of the KV state (page table, last logits, snapshot while evicted), for tests.

@@ -131,8 +131,9 @@ class ContextTable:
         with self._lock:
             ctx = self._contexts.get(name)
             if ctx is None or (only is not None and ctx is not only):
-                raise ContextError(f"context '{name}' was deleted" if only is not None else
-                                   f"no context named '{name}'")
+                gone = "" if only is None else (" (it was deleted)" if ctx is None else
+                                                " (it was deleted; the context of that name is another one)")
+                raise ContextError(f"no context named '{name}'{gone}")
             del self._contexts[name]
             self._last_use.pop(name, None)
         pages, evicted = ctx._kv.delete()  # after an eviction being written, if one is
