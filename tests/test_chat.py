@@ -347,3 +347,12 @@ def test_a_conversation_built_turn_by_turn_is_the_whole_conversation(which, requ
                                     parse_special=True)[0]]
             held += tok.encode(r.render([conv[i + 1]], after=held), parse_special=True)
         assert tok.decode(held) == whole
+
+
+@pytest.mark.parametrize("source", ["{% if 1 %}" * 3000 + "x" + "{% endif %}" * 3000,
+                                    "{{ " + "(" * 20000 + "1" + ")" * 20000 + " }}"])
+def test_a_template_nested_past_the_recursion_limit_is_a_clear_error(source):
+    # jinja2's parser recursed once a level: a RecursionError escaped ce.load, and ctx run
+    # printed three thousand lines of traceback.
+    with pytest.raises(CtxError, match="nests too deeply to compile"):
+        ChatTemplate(source)

@@ -33,6 +33,38 @@ def test_longrope_is_refused_with_its_name(tmp_path):
         ce.load(tmp_path / "phi3-128k.gguf")
 
 
+@pytest.mark.parametrize("change, message", [
+    # A tensor the model would not read: it ran without it, and gave wrong output with no error.
+    (lambda w: w.update({"blk.0.mystery.weight": np.ones(8, np.float32)}), r"blk\.0\.mystery\.weight is not a tensor"),
+    # block_count smaller than the blocks held: the last block was dropped in silence.
+    ("fewer blocks", r"blk\.1\.attn_k\.weight, .* and \d+ more are not tensors of a gemma3 model with 1 blocks"),
+    # A norm gemma3 needs, renamed away: that layer ran without it.
+    (lambda w: w.pop("blk.1.post_attention_norm.weight"),
+     r"missing tensor blk\.1\.post_attention_norm\.weight, which a gemma3 model needs"),
+    (lambda w: w.pop("blk.0.attn_q_norm.weight"), r"missing tensor blk\.0\.attn_q_norm\.weight"),
+    # block_count 2**31 - 1 with a tensor named for the last block: a tuple of 2**31 was built first.
+    ("huge", r"gemma3\.block_count is 2147483647, and the file holds no tensor of block 2"),
+])
+def test_a_file_whose_tensors_are_not_the_models_is_refused(tmp_path, change, message):
+    cfg = TinyConfig(arch="gemma3", n_layer=2, swa_window=16)
+    weights = make_weights(cfg)
+    if change == "fewer blocks":
+        cfg = TinyConfig(arch="gemma3", n_layer=1, swa_window=16)
+    elif change == "huge":
+        weights["blk.2147483646.attn_norm.weight"] = np.ones(cfg.n_embd, np.float32)
+    else:
+        change(weights)
+    write_gguf(tmp_path / "bad.gguf", cfg, weights)
+    if change == "huge":  # the header says 2**31 - 1 blocks
+        data = (tmp_path / "bad.gguf").read_bytes()
+        key = b"gemma3.block_count"
+        at = data.index(key) + len(key) + 4  # the value's type, then the uint32
+        data = data[:at] + (2 ** 31 - 1).to_bytes(4, "little") + data[at + 4:]
+        (tmp_path / "bad.gguf").write_bytes(data)
+    with pytest.raises(ModelFileError, match=message):
+        ce.load(tmp_path / "bad.gguf")
+
+
 def test_unsupported_tensor_type_is_named(tmp_path):
     # A llama model with one IQ4_NL tensor (a type the kernels do not run).
     cfg = TinyConfig(n_embd=256, n_head=4, head_dim=64, n_ff=256)

@@ -13,6 +13,7 @@ from .._core import quant
 from ..errors import ModelFileError, UnsupportedModelError
 from .gguf_cursor import UnreadStrings
 from .gguf_file import GGUFFile
+from .tensor_names import check_tensor_names
 
 
 # Architectures the llama-family forward pass covers (native/models/model.cpp).
@@ -67,10 +68,8 @@ class ModelConfig:
         n_embd = _int_key(f, "embedding_length")
         n_head = _int_key(f, "attention.head_count")
         n_layer = _int_key(f, "block_count")
-        if not any(name.startswith(f"blk.{n_layer - 1}.") for name in f.tensors):
-            # before anything is built per layer (a 2**31 - 1 once built a tuple that large)
-            raise ModelFileError(f"{f.path.name}: {f.arch}.block_count is {n_layer}, and the file holds "
-                                 f"no tensor of block {n_layer - 1}")
+        # Before anything is built per layer (a block_count of 2**31 - 1 once built a tuple that large).
+        check_tensor_names(f.path.name, f.arch, n_layer, f.tensors)
         head_dim = _int_key(f, "attention.key_length", n_embd // n_head)
         if head_dim < 1:  # no key_length, and fewer embedding dims than heads
             raise ModelFileError(f"{f.path.name}: {f.arch}.embedding_length {n_embd} is smaller than "

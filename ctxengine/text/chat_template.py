@@ -156,6 +156,9 @@ class ChatTemplate:
             self._template = _environment().from_string(source)
         except jinja2.TemplateSyntaxError as e:
             raise CtxError(f"chat template syntax error at line {e.lineno}: {e.message}") from None
+        except RecursionError:  # jinja2's parser and compiler recurse once a nesting level
+            raise CtxError("chat template nests too deeply to compile (blocks or brackets within each "
+                           "other past Python's recursion limit)") from None
 
     def render(self, messages: list[dict], *, add_generation_prompt: bool = True, tools: list | None = None,
                **extra) -> str:
