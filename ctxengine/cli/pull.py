@@ -14,7 +14,8 @@ packaged model, or a snapshot from another host.
   pages the store lacks, each verified, the manifest and ref last. It refuses
   before any page moves a snapshot whose weights no local model has (``-m``
   and ``--models-dir`` add models to those checked; the packaged one is
-  always among them).
+  always among them), and, unless ``--force``, one that would move a local ref
+  of that name to a snapshot not descending from where it points.
 """
 from __future__ import annotations
 
@@ -97,7 +98,7 @@ def _pull_snapshot(args: argparse.Namespace) -> int:
     local = Runtime(ModelCatalog.build(args.model, args.models_dir)).weight_ids()
     with Store(args.store) as store, connect(args, args.name) as remote:
         with progress_bar(f"pull {args.ref}") as progress:
-            result = remote.pull(args.ref, store, as_ref=args.as_ref, weight_ids=local,
+            result = remote.pull(args.ref, store, as_ref=args.as_ref, force=args.force, weight_ids=local,
                                  chunk_bytes=chunk_bytes(args), progress=progress)
     report("pulled", result, args, f"from {remote.target} into {store.path}")
     return 0

@@ -4,6 +4,10 @@ The host first says which pages it lacks (and refuses a snapshot of weights
 it does not serve, before any page moves); only those are sent, and the
 manifest and ref are written there last, so a push that is cut off leaves no
 half snapshot and running it again sends only what is still missing.
+
+A ref that exists on the receiving side moves only forward: to a snapshot that
+descends from the one it points at. Anything else is refused (the ref is left
+as it is) unless ``--force``; ``--as NAME`` pushes under another name.
 """
 from __future__ import annotations
 
@@ -22,6 +26,8 @@ def add_remote_arguments(p: argparse.ArgumentParser) -> None:
                    help="local snapshot store (default: $CTX_STORE, else the XDG data dir)")
     p.add_argument("--as", dest="as_ref", metavar="REF", default=None,
                    help="ref to set on the receiving side (default: the same name)")
+    p.add_argument("--force", action="store_true",
+                   help="move that ref even where the snapshot does not descend from the one it points at")
     p.add_argument("--token", default=None, help="bearer token for the host (default: $CTX_TOKEN)")
     p.add_argument("--tls", action="store_true", help="connect over TLS, trusting the system's CAs")
     p.add_argument("--tls-ca", metavar="FILE", default=None, help="connect over TLS, trusting this PEM CA")
@@ -68,6 +74,7 @@ def main(args: argparse.Namespace) -> int:
     chunk = chunk_bytes(args)  # the arguments are refused before the store is looked for
     with connect(args, args.host) as remote, open_store(args, existing=True) as store:
         with progress_bar(f"push {args.ref}") as progress:
-            result = remote.push(store, args.ref, as_ref=args.as_ref, chunk_bytes=chunk, progress=progress)
+            result = remote.push(store, args.ref, as_ref=args.as_ref, force=args.force, chunk_bytes=chunk,
+                                 progress=progress)
     report("pushed", result, args, f"to {remote.target}")
     return 0

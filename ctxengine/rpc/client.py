@@ -43,17 +43,20 @@ class Remote(Channel):
         req = spb.MissingPagesRequest(weight_id=weight_id, keys=[bytes.fromhex(k) for k in keys])
         return [k.hex() for k in self.unary("snapshots", "MissingPages", req).missing]
 
-    def push(self, store: Store, ref: str, *, as_ref: str | None = None,
+    def push(self, store: Store, ref: str, *, as_ref: str | None = None, force: bool = False,
              chunk_bytes: int = transfer.DEFAULT_CHUNK_BYTES, progress=None) -> transfer.TransferResult:
-        """Send a snapshot of a local store here (only the pages this host lacks)."""
-        return transfer.push(self, store, ref, as_ref=as_ref, chunk_bytes=chunk_bytes, progress=progress)
+        """Send a snapshot of a local store here (only the pages this host lacks). A ref of that name
+        here moves only to a snapshot descending from where it points, unless ``force``."""
+        return transfer.push(self, store, ref, as_ref=as_ref, force=force, chunk_bytes=chunk_bytes,
+                             progress=progress)
 
-    def pull(self, ref: str, store: Store, *, as_ref: str | None = None,
+    def pull(self, ref: str, store: Store, *, as_ref: str | None = None, force: bool = False,
              weight_ids: Collection[str] | None = None, chunk_bytes: int = transfer.DEFAULT_CHUNK_BYTES,
              progress=None) -> transfer.TransferResult:
-        """Fetch a snapshot from here into a local store (only the pages it lacks)."""
-        return transfer.pull(self, ref, store, as_ref=as_ref, weight_ids=weight_ids, chunk_bytes=chunk_bytes,
-                             progress=progress)
+        """Fetch a snapshot from here into a local store (only the pages it lacks). A ref of that
+        name there moves only to a snapshot descending from where it points, unless ``force``."""
+        return transfer.pull(self, ref, store, as_ref=as_ref, force=force, weight_ids=weight_ids,
+                             chunk_bytes=chunk_bytes, progress=progress)
 
     # -- contexts -------------------------------------------------------------------------
     def create(self, name: str | None = None, *, model: str | None = None, system: str | None = None,

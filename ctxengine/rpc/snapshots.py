@@ -4,7 +4,10 @@ The receiving side of a push and the sending side of a pull. Nothing here
 trusts the client: keys are checked for shape, every page is verified against
 its key before any of its call is stored, manifests must be canonical and
 name only pages already present, and a host that serves no model with a
-snapshot's weights refuses it before a page moves (docs/grpc.md).
+snapshot's weights refuses it before a page moves (docs/grpc.md). A ref that
+exists moves only forward (to a snapshot descending from where it points)
+unless the client says ``force``: a push must not silently replace what the
+ref held, such as this host's own conversation.
 """
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ from typing import TYPE_CHECKING
 from ..errors import CorruptDataError, StoreError
 from ..serving.exports import Manifest, client_name, is_host_local, page_key
 from .errors import Code, Refused, guarded
+from .transfer import MAX_HOPS, ancestry, stored_manifest
 from .v1 import snapshot_pb2 as pb
 from .v1 import snapshot_pb2_grpc
 
@@ -123,8 +127,12 @@ class SnapshotServicer(snapshot_pb2_grpc.SnapshotServiceServicer):
                           f"manifest names {len(m.page_keys)} pages; the limit is {self.limits.max_pages}")
         ref = client_name(request.ref, "ref") if request.ref else None
         self.runtime.served_name(m.weight_id)
+        move = {}
+        if ref is not None:
+            claimed = [a.lower() for a in request.ancestors[:MAX_HOPS]]
+            move = self._ref_move(ref, self.store.refs().get(ref), sid, m.parent, request.force, claimed)
         # All or nothing: refused (naming a missing page) unless every page is stored.
-        return pb.PutManifestResponse(snapshot_id=self.store.snapshot(m, {}, ref=ref))
+        return pb.PutManifestResponse(snapshot_id=self.store.snapshot(m, {}, ref=ref, **move))
 
     @guarded
     def GetManifest(self, request, context):
@@ -135,7 +143,12 @@ class SnapshotServicer(snapshot_pb2_grpc.SnapshotServiceServicer):
     @guarded
     def SetRef(self, request, context):
         # a malformed id is INVALID_ARGUMENT, one not stored NOT_FOUND (errors.py, by the store's words)
-        self.store.set_ref(client_name(request.name, "ref"), request.snapshot_id)
+        name, sid = client_name(request.name, "ref"), request.snapshot_id
+        at = self.store.refs().get(name)
+        parent = None
+        if at is not None and at != sid.lower() and not request.force:
+            parent = self.store.get_manifest(sid).parent  # (where the id is malformed or not stored: refused)
+        self.store.set_ref(name, sid, **self._ref_move(name, at, sid.lower(), parent, request.force, []))
         return pb.SetRefResponse()
 
     @guarded
@@ -153,6 +166,38 @@ class SnapshotServicer(snapshot_pb2_grpc.SnapshotServiceServicer):
         return pb.ListRefsResponse(refs=refs)
 
     # -- checks ---------------------------------------------------------------------
+    def _ref_move(self, name: str, at: str | None, sid: str, parent: str | None, force: bool,
+                  claimed: list[str]) -> dict:
+        """Refuse to move ref ``name``, now ``at``, to snapshot ``sid`` (whose parent is ``parent``)
+        unless it is absent, at ``sid``, at one of ``sid``'s ancestors (found through this store's
+        manifests, or ``claimed`` by the client, nearest first), or ``force``; return the move's
+        ``expect``: where the ref was seen, so a move made meanwhile is not overwritten. A fleet's
+        refs move by its own compare-and-set with ancestry (store/fleet_refs.py), which sees only
+        the manifests stored, and refuses what ``force`` allows here: refused here first."""
+        store = self.store
+        fleet = store.fleet is not None  # (client refs are never a host's own, which stay local)
+        if at is None or at == sid or (at in claimed and not fleet) \
+                or at in ancestry(parent, stored_manifest(store), until=at):
+            return {} if fleet else {"expect": at}
+        if at in claimed:  # forward, but the fleet would not see it so
+            lacking = [a for a in claimed[:claimed.index(at)] if stored_manifest(store)(a) is None]
+            raise Refused(Code.FAILED_PRECONDITION,
+                          f"snapshot {sid[:12]} continues this server's ref '{name}' (at {at[:12]}), but the "
+                          f"server's fleet moves a ref only through snapshots it holds, and it lacks "
+                          f"{len(lacking)} in between: push them first, oldest first "
+                          f"({', '.join(a[:12] for a in reversed(lacking[-8:]))}), then this again")
+        if force and not fleet:
+            return {}
+        if force:
+            raise Refused(Code.FAILED_PRECONDITION,
+                          f"this server's ref '{name}' points at {at[:12]} on its fleet, where refs move only "
+                          f"forward, and snapshot {sid[:12]} does not continue it (it does not descend from it): "
+                          f"not even --force moves it there; push it under another name (--as NAME)")
+        raise Refused(Code.FAILED_PRECONDITION,
+                      f"this server's ref '{name}' points at {at[:12]}, and snapshot {sid[:12]} does not "
+                      f"continue it (it does not descend from it), so the ref was left as it is: push with --force "
+                      f"to move it anyway, or with --as NAME to push under another name")
+
     def _keys(self, raw_keys) -> list[str]:
         if len(raw_keys) > self.limits.max_pages:
             raise Refused(Code.RESOURCE_EXHAUSTED, f"{len(raw_keys)} page keys in one request; "

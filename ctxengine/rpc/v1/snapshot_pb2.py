@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1b\x63txengine/v1/snapshot.proto\x12\x0c\x63txengine.v1\"\x0f\n\rModelsRequest\">\n\x0bServedModel\x12\x11\n\tweight_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x0e\n\x06loaded\x18\x03 \x01(\x08\"M\n\x0eModelsResponse\x12)\n\x06models\x18\x01 \x03(\x0b\x32\x19.ctxengine.v1.ServedModel\x12\x10\n\x08kv_dtype\x18\x02 \x01(\t\"6\n\x13MissingPagesRequest\x12\x11\n\tweight_id\x18\x01 \x01(\t\x12\x0c\n\x04keys\x18\x02 \x03(\x0c\"\'\n\x14MissingPagesResponse\x12\x0f\n\x07missing\x18\x01 \x03(\x0c\"#\n\x04Page\x12\x0b\n\x03key\x18\x01 \x01(\x0c\x12\x0e\n\x06record\x18\x02 \x01(\x0c\"4\n\x10PutPagesResponse\x12\x10\n\x08received\x18\x01 \x01(\r\x12\x0e\n\x06stored\x18\x02 \x01(\r\"\x1f\n\x0fGetPagesRequest\x12\x0c\n\x04keys\x18\x01 \x03(\x0c\"H\n\x12PutManifestRequest\x12\x10\n\x08manifest\x18\x01 \x01(\x0c\x12\x0b\n\x03ref\x18\x02 \x01(\t\x12\x13\n\x0bsnapshot_id\x18\x03 \x01(\t\"*\n\x13PutManifestResponse\x12\x13\n\x0bsnapshot_id\x18\x01 \x01(\t\"!\n\x12GetManifestRequest\x12\x0b\n\x03ref\x18\x01 \x01(\t\"<\n\x13GetManifestResponse\x12\x13\n\x0bsnapshot_id\x18\x01 \x01(\t\x12\x10\n\x08manifest\x18\x02 \x01(\x0c\"2\n\rSetRefRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0bsnapshot_id\x18\x02 \x01(\t\"\x10\n\x0eSetRefResponse\"\x1d\n\rGetRefRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"%\n\x0eGetRefResponse\x12\x13\n\x0bsnapshot_id\x18\x01 \x01(\t\"!\n\x0fListRefsRequest\x12\x0e\n\x06prefix\x18\x01 \x01(\t\"w\n\x10ListRefsResponse\x12\x36\n\x04refs\x18\x01 \x03(\x0b\x32(.ctxengine.v1.ListRefsResponse.RefsEntry\x1a+\n\tRefsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x32\xad\x05\n\x0fSnapshotService\x12\x43\n\x06Models\x12\x1b.ctxengine.v1.ModelsRequest\x1a\x1c.ctxengine.v1.ModelsResponse\x12U\n\x0cMissingPages\x12!.ctxengine.v1.MissingPagesRequest\x1a\".ctxengine.v1.MissingPagesResponse\x12@\n\x08PutPages\x12\x12.ctxengine.v1.Page\x1a\x1e.ctxengine.v1.PutPagesResponse(\x01\x12?\n\x08GetPages\x12\x1d.ctxengine.v1.GetPagesRequest\x1a\x12.ctxengine.v1.Page0\x01\x12R\n\x0bPutManifest\x12 .ctxengine.v1.PutManifestRequest\x1a!.ctxengine.v1.PutManifestResponse\x12R\n\x0bGetManifest\x12 .ctxengine.v1.GetManifestRequest\x1a!.ctxengine.v1.GetManifestResponse\x12\x43\n\x06SetRef\x12\x1b.ctxengine.v1.SetRefRequest\x1a\x1c.ctxengine.v1.SetRefResponse\x12\x43\n\x06GetRef\x12\x1b.ctxengine.v1.GetRefRequest\x1a\x1c.ctxengine.v1.GetRefResponse\x12I\n\x08ListRefs\x12\x1d.ctxengine.v1.ListRefsRequest\x1a\x1e.ctxengine.v1.ListRefsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1b\x63txengine/v1/snapshot.proto\x12\x0c\x63txengine.v1\"\x0f\n\rModelsRequest\">\n\x0bServedModel\x12\x11\n\tweight_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x0e\n\x06loaded\x18\x03 \x01(\x08\"M\n\x0eModelsResponse\x12)\n\x06models\x18\x01 \x03(\x0b\x32\x19.ctxengine.v1.ServedModel\x12\x10\n\x08kv_dtype\x18\x02 \x01(\t\"6\n\x13MissingPagesRequest\x12\x11\n\tweight_id\x18\x01 \x01(\t\x12\x0c\n\x04keys\x18\x02 \x03(\x0c\"\'\n\x14MissingPagesResponse\x12\x0f\n\x07missing\x18\x01 \x03(\x0c\"#\n\x04Page\x12\x0b\n\x03key\x18\x01 \x01(\x0c\x12\x0e\n\x06record\x18\x02 \x01(\x0c\"4\n\x10PutPagesResponse\x12\x10\n\x08received\x18\x01 \x01(\r\x12\x0e\n\x06stored\x18\x02 \x01(\r\"\x1f\n\x0fGetPagesRequest\x12\x0c\n\x04keys\x18\x01 \x03(\x0c\"j\n\x12PutManifestRequest\x12\x10\n\x08manifest\x18\x01 \x01(\x0c\x12\x0b\n\x03ref\x18\x02 \x01(\t\x12\x13\n\x0bsnapshot_id\x18\x03 \x01(\t\x12\r\n\x05\x66orce\x18\x04 \x01(\x08\x12\x11\n\tancestors\x18\x05 \x03(\t\"*\n\x13PutManifestResponse\x12\x13\n\x0bsnapshot_id\x18\x01 \x01(\t\"!\n\x12GetManifestRequest\x12\x0b\n\x03ref\x18\x01 \x01(\t\"<\n\x13GetManifestResponse\x12\x13\n\x0bsnapshot_id\x18\x01 \x01(\t\x12\x10\n\x08manifest\x18\x02 \x01(\x0c\"A\n\rSetRefRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0bsnapshot_id\x18\x02 \x01(\t\x12\r\n\x05\x66orce\x18\x03 \x01(\x08\"\x10\n\x0eSetRefResponse\"\x1d\n\rGetRefRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"%\n\x0eGetRefResponse\x12\x13\n\x0bsnapshot_id\x18\x01 \x01(\t\"!\n\x0fListRefsRequest\x12\x0e\n\x06prefix\x18\x01 \x01(\t\"w\n\x10ListRefsResponse\x12\x36\n\x04refs\x18\x01 \x03(\x0b\x32(.ctxengine.v1.ListRefsResponse.RefsEntry\x1a+\n\tRefsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x32\xad\x05\n\x0fSnapshotService\x12\x43\n\x06Models\x12\x1b.ctxengine.v1.ModelsRequest\x1a\x1c.ctxengine.v1.ModelsResponse\x12U\n\x0cMissingPages\x12!.ctxengine.v1.MissingPagesRequest\x1a\".ctxengine.v1.MissingPagesResponse\x12@\n\x08PutPages\x12\x12.ctxengine.v1.Page\x1a\x1e.ctxengine.v1.PutPagesResponse(\x01\x12?\n\x08GetPages\x12\x1d.ctxengine.v1.GetPagesRequest\x1a\x12.ctxengine.v1.Page0\x01\x12R\n\x0bPutManifest\x12 .ctxengine.v1.PutManifestRequest\x1a!.ctxengine.v1.PutManifestResponse\x12R\n\x0bGetManifest\x12 .ctxengine.v1.GetManifestRequest\x1a!.ctxengine.v1.GetManifestResponse\x12\x43\n\x06SetRef\x12\x1b.ctxengine.v1.SetRefRequest\x1a\x1c.ctxengine.v1.SetRefResponse\x12\x43\n\x06GetRef\x12\x1b.ctxengine.v1.GetRefRequest\x1a\x1c.ctxengine.v1.GetRefResponse\x12I\n\x08ListRefs\x12\x1d.ctxengine.v1.ListRefsRequest\x1a\x1e.ctxengine.v1.ListRefsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -50,27 +50,27 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GETPAGESREQUEST']._serialized_start=393
   _globals['_GETPAGESREQUEST']._serialized_end=424
   _globals['_PUTMANIFESTREQUEST']._serialized_start=426
-  _globals['_PUTMANIFESTREQUEST']._serialized_end=498
-  _globals['_PUTMANIFESTRESPONSE']._serialized_start=500
-  _globals['_PUTMANIFESTRESPONSE']._serialized_end=542
-  _globals['_GETMANIFESTREQUEST']._serialized_start=544
-  _globals['_GETMANIFESTREQUEST']._serialized_end=577
-  _globals['_GETMANIFESTRESPONSE']._serialized_start=579
-  _globals['_GETMANIFESTRESPONSE']._serialized_end=639
-  _globals['_SETREFREQUEST']._serialized_start=641
-  _globals['_SETREFREQUEST']._serialized_end=691
-  _globals['_SETREFRESPONSE']._serialized_start=693
-  _globals['_SETREFRESPONSE']._serialized_end=709
-  _globals['_GETREFREQUEST']._serialized_start=711
-  _globals['_GETREFREQUEST']._serialized_end=740
-  _globals['_GETREFRESPONSE']._serialized_start=742
-  _globals['_GETREFRESPONSE']._serialized_end=779
-  _globals['_LISTREFSREQUEST']._serialized_start=781
-  _globals['_LISTREFSREQUEST']._serialized_end=814
-  _globals['_LISTREFSRESPONSE']._serialized_start=816
-  _globals['_LISTREFSRESPONSE']._serialized_end=935
-  _globals['_LISTREFSRESPONSE_REFSENTRY']._serialized_start=892
-  _globals['_LISTREFSRESPONSE_REFSENTRY']._serialized_end=935
-  _globals['_SNAPSHOTSERVICE']._serialized_start=938
-  _globals['_SNAPSHOTSERVICE']._serialized_end=1623
+  _globals['_PUTMANIFESTREQUEST']._serialized_end=532
+  _globals['_PUTMANIFESTRESPONSE']._serialized_start=534
+  _globals['_PUTMANIFESTRESPONSE']._serialized_end=576
+  _globals['_GETMANIFESTREQUEST']._serialized_start=578
+  _globals['_GETMANIFESTREQUEST']._serialized_end=611
+  _globals['_GETMANIFESTRESPONSE']._serialized_start=613
+  _globals['_GETMANIFESTRESPONSE']._serialized_end=673
+  _globals['_SETREFREQUEST']._serialized_start=675
+  _globals['_SETREFREQUEST']._serialized_end=740
+  _globals['_SETREFRESPONSE']._serialized_start=742
+  _globals['_SETREFRESPONSE']._serialized_end=758
+  _globals['_GETREFREQUEST']._serialized_start=760
+  _globals['_GETREFREQUEST']._serialized_end=789
+  _globals['_GETREFRESPONSE']._serialized_start=791
+  _globals['_GETREFRESPONSE']._serialized_end=828
+  _globals['_LISTREFSREQUEST']._serialized_start=830
+  _globals['_LISTREFSREQUEST']._serialized_end=863
+  _globals['_LISTREFSRESPONSE']._serialized_start=865
+  _globals['_LISTREFSRESPONSE']._serialized_end=984
+  _globals['_LISTREFSRESPONSE_REFSENTRY']._serialized_start=941
+  _globals['_LISTREFSRESPONSE_REFSENTRY']._serialized_end=984
+  _globals['_SNAPSHOTSERVICE']._serialized_start=987
+  _globals['_SNAPSHOTSERVICE']._serialized_end=1672
 # @@protoc_insertion_point(module_scope)

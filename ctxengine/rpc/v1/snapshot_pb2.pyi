@@ -65,14 +65,18 @@ class GetPagesRequest(_message.Message):
     def __init__(self, keys: _Optional[_Iterable[bytes]] = ...) -> None: ...
 
 class PutManifestRequest(_message.Message):
-    __slots__ = ("manifest", "ref", "snapshot_id")
+    __slots__ = ("manifest", "ref", "snapshot_id", "force", "ancestors")
     MANIFEST_FIELD_NUMBER: _ClassVar[int]
     REF_FIELD_NUMBER: _ClassVar[int]
     SNAPSHOT_ID_FIELD_NUMBER: _ClassVar[int]
+    FORCE_FIELD_NUMBER: _ClassVar[int]
+    ANCESTORS_FIELD_NUMBER: _ClassVar[int]
     manifest: bytes
     ref: str
     snapshot_id: str
-    def __init__(self, manifest: _Optional[bytes] = ..., ref: _Optional[str] = ..., snapshot_id: _Optional[str] = ...) -> None: ...
+    force: bool
+    ancestors: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, manifest: _Optional[bytes] = ..., ref: _Optional[str] = ..., snapshot_id: _Optional[str] = ..., force: _Optional[bool] = ..., ancestors: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class PutManifestResponse(_message.Message):
     __slots__ = ("snapshot_id",)
@@ -95,12 +99,14 @@ class GetManifestResponse(_message.Message):
     def __init__(self, snapshot_id: _Optional[str] = ..., manifest: _Optional[bytes] = ...) -> None: ...
 
 class SetRefRequest(_message.Message):
-    __slots__ = ("name", "snapshot_id")
+    __slots__ = ("name", "snapshot_id", "force")
     NAME_FIELD_NUMBER: _ClassVar[int]
     SNAPSHOT_ID_FIELD_NUMBER: _ClassVar[int]
+    FORCE_FIELD_NUMBER: _ClassVar[int]
     name: str
     snapshot_id: str
-    def __init__(self, name: _Optional[str] = ..., snapshot_id: _Optional[str] = ...) -> None: ...
+    force: bool
+    def __init__(self, name: _Optional[str] = ..., snapshot_id: _Optional[str] = ..., force: _Optional[bool] = ...) -> None: ...
 
 class SetRefResponse(_message.Message):
     __slots__ = ()

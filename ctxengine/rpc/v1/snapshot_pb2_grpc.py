@@ -120,8 +120,8 @@ class SnapshotServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def PutManifest(self, request, context):
-        """Store a manifest whose pages are all present, and optionally move a ref
-        to it in the same transaction.
+        """Store a manifest whose pages are all present, and optionally create or
+        move a ref to it in the same transaction (forward only, unless forced).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -135,7 +135,7 @@ class SnapshotServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def SetRef(self, request, context):
-        """Point a ref at a stored snapshot.
+        """Point a ref at a stored snapshot (forward only, unless forced).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
