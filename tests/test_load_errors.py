@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import ctxengine as ce
-from ctxengine.errors import ModelFileError, UnsupportedModelError
+from ctxengine.errors import ModelFileError, RequestError, UnsupportedModelError
 from tiny_models import TinyConfig, make_weights, write_gguf
 
 
@@ -94,7 +94,7 @@ def test_a_thread_count_out_of_range_is_refused_before_any_thread_starts(tmp_pat
     # 100,000 asked for 100,000 OS threads (the machine's load average passed 5,000)
     cfg = TinyConfig()
     write_gguf(tmp_path / "tiny.gguf", cfg, make_weights(cfg))
-    with pytest.raises(ValueError, match=f"threads must be between 1 and 512, not {threads}"):
+    with pytest.raises(RequestError, match=f"threads must be between 1 and 512, not {threads}"):
         ce.load(tmp_path / "tiny.gguf", threads=threads)
 
 

@@ -197,7 +197,7 @@ def test_close_stops_the_loop(smollm2_path):
     assert thread.daemon and thread.is_alive()
     m.close()
     assert not thread.is_alive()
-    with pytest.raises(RuntimeError, match="closed"):
+    with pytest.raises(ce.CtxError, match="the model is closed"):
         eng.forward(eng.new_sequence(), [1])
 
 

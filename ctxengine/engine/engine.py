@@ -15,7 +15,8 @@ from typing import Iterable, Mapping, Sequence
 import numpy as np
 
 from .. import _core
-from ..errors import ContextError, CtxError, ModelFileError, TokenizerError, UnsupportedModelError
+from ..errors import (ContextError, CtxError, ModelFileError, RequestError, TokenizerError,
+                      UnsupportedModelError)
 from ..text.chat import ChatRenderer
 from ..text.chat_template import ChatTemplate
 from ..text.tokenizer import Tokenizer
@@ -56,10 +57,12 @@ class Engine:
                  n_ctx: int | None = None, kv_budget: int = DEFAULT_KV_BUDGET):
         if kv not in KV_DTYPES:
             raise UnsupportedModelError(f"KV dtype '{kv}' is not available (choose from {', '.join(KV_DTYPES)})")
-        if threads and not 1 <= int(threads) <= MAX_THREADS:  # 0 or None: one a core
-            raise ValueError(f"threads must be between 1 and {MAX_THREADS}, not {threads}")
+        if threads and (isinstance(threads, bool) or not isinstance(threads, Integral)  # 0 or None: one a core
+                        or not 1 <= threads <= MAX_THREADS):
+            raise RequestError(f"threads must be between 1 and {MAX_THREADS}, not {threads!r} "
+                               "(an int; None or 0: one a physical core)", param="threads")
         if n_ctx is not None and (isinstance(n_ctx, bool) or not isinstance(n_ctx, Integral) or n_ctx < 1):
-            raise ValueError(f"n_ctx must be a positive number of tokens, not {n_ctx!r}")
+            raise RequestError(f"n_ctx must be a positive number of tokens, not {n_ctx!r}", param="n_ctx")
         self.path = Path(path)
         self.file = open_gguf(self.path)
         f = self.file
@@ -67,7 +70,7 @@ class Engine:
         if why is not None:
             raise UnsupportedModelError(f"{self.path.name}: {why}")
         self.config = ModelConfig.from_gguf(f)
-        if n_ctx is not None:
+        if n_ctx is not None:  # at most the trained length: a draft model shorter than its target loads
             self.config = replace(self.config, n_ctx=min(int(n_ctx), self.config.n_ctx))
         self.kv_dtype = kv
         self.name = str(f.get("general.name") or self.path.stem)
@@ -105,6 +108,7 @@ class Engine:
             self.trim_pool = _core.PagePool(len(self.kept_layers), PAGE_TOKENS, cfg.kv_dim, kv,
                                             max(16, kv_budget // max(trim_bytes, 1)))
         self.adapters: dict[str, LoraAdapter] = {}  # LoRA adapters by name (load_lora)
+        self.closed = False  # set when close() begins: from then on every forward is refused
         # Every forward goes through one loop that batches concurrent callers into shared steps.
         self.scheduler = Scheduler(self._core, n_ctx=cfg.n_ctx, n_vocab=cfg.n_vocab, page_tokens=PAGE_TOKENS)
         self.draft: Engine | None = None  # a draft model with our vocabulary (state.model.load)
@@ -175,7 +179,7 @@ class Engine:
         toks = np.asarray(tokens, dtype=np.int32)
         rows = len(toks) if all_logits else 1
         logits = np.empty((rows, self.config.n_vocab), dtype=np.float32)
-        self.scheduler.submit(seq, toks, logits, all_logits, None, reserve, lora=lora.native())
+        self._submit(seq, toks, logits, all_logits, None, reserve, lora=lora.native())
         return logits if all_logits else logits[0]
 
     def verify(self, seq: "_core.KVSeq", tokens: Sequence[int], *,
@@ -184,7 +188,7 @@ class Engine:
         The scheduler runs these rows with the decode rows of its step."""
         toks = np.asarray(tokens, dtype=np.int32)
         logits = np.empty((len(toks), self.config.n_vocab), dtype=np.float32)
-        self.scheduler.submit(seq, toks, logits, True, None, reserve, lora=lora.native(), decode=True)
+        self._submit(seq, toks, logits, True, None, reserve, lora=lora.native(), decode=True)
         return logits
 
     def forward_hidden(self, seq: "_core.KVSeq", tokens: Sequence[int], *,
@@ -192,16 +196,34 @@ class Engine:
         """Append tokens; final normed hidden state of every new position (n, n_embd)."""
         toks = np.asarray(tokens, dtype=np.int32)
         hidden = np.empty((len(toks), self.config.n_embd), dtype=np.float32)
-        self.scheduler.submit(seq, toks, None, False, hidden, reserve, lora=lora.native())
+        self._submit(seq, toks, None, False, hidden, reserve, lora=lora.native())
         return hidden
+
+    def check_open(self) -> None:
+        """ContextError once ``close`` has begun: nothing of the model may run any more."""
+        if self.closed:
+            raise ContextError("the model is closed")
+
+    def _submit(self, *args, **kwargs) -> None:
+        self.check_open()
+        try:
+            self.scheduler.submit(*args, **kwargs)
+        except RuntimeError:
+            self.check_open()  # closed while this request waited: the scheduler refused it
+            raise
 
     def logprobs(self, ids: Sequence[int], *, top: int = 40, chunk: int = 256,
                  lora: LoraSet = NO_LORA) -> LogProbs:
-        """Teacher-forced top-k log-probabilities after every prefix of ids."""
+        """Teacher-forced top-k log-probabilities after every prefix of ids; ``top``: k, at
+        least 1 (one above the vocabulary's size gives them all)."""
+        if isinstance(top, bool) or not isinstance(top, Integral) or top < 1:
+            raise RequestError(f"logprobs' top must be an int >= 1, not {top!r}", param="top")
         ids = self.checked_ids(ids)
         if not ids:
             raise ContextError("logprobs needs at least one token")
-        top = max(1, min(int(top), self.config.n_vocab))
+        if len(ids) > self.config.n_ctx:  # refused before the first chunk runs
+            raise ContextError(f"logprobs of {len(ids)} tokens: the model's context length is {self.config.n_ctx}")
+        top = min(int(top), self.config.n_vocab)
         seq = self.new_sequence()
         top_ids, top_lp, next_lp = [], [], []
         for start in range(0, len(ids), chunk):
@@ -222,6 +244,9 @@ class Engine:
         return LogProbs(ids, np.concatenate(top_ids), np.concatenate(top_lp), np.asarray(next_lp, dtype=np.float32))
 
     def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True  # first: a request the closing scheduler refuses then says why
         if self.draft is not None and self.draft is not self:
             self.draft.close()
         self.scheduler.close()

@@ -31,7 +31,7 @@ snapshot continues identically on any machine and numpy version.  A uniform is
 the output's top 53 bits times 2**-53 (exact in a double).
 
 Penalties and top_k work on the float32 logits (penalised values rounded to
-float32, as llama.cpp keeps them); the softmax and everything after, on the
+float32, as llama.cpp keeps them, and held within its finite range); the softmax and everything after, on the
 survivors in float64.  The arithmetic is deterministic given the numpy build:
 element-wise operations, and sums in a fixed order.  ``np.exp`` may differ in
 the last ulp between numpy builds (SIMD variants); that moves a CDF boundary
@@ -50,7 +50,7 @@ import numbers
 import operator
 import secrets
 from dataclasses import asdict, dataclass, fields, replace
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -58,6 +58,7 @@ from ..errors import CtxError, RequestError
 
 STATE_FORMAT = "ctxengine.sampler/1"
 _MASK64 = (1 << 64) - 1
+FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 # -- the RNG --------------------------------------------------------------------
@@ -200,10 +201,17 @@ def apply_penalties(x: np.ndarray, history: Sequence[int], p: SamplerParams) -> 
         bad = ids[0] if ids[0] < 0 else ids[-1]
         raise CtxError(f"history token id {bad} is outside the vocabulary (0..{len(x) - 1})")
     v = x[ids].astype(np.float64)
-    if p.repeat_penalty != 1:
-        v = np.where(v > 0, v / p.repeat_penalty, v * p.repeat_penalty)
+    banned = np.isneginf(v)  # a grammar's mask: no penalty brings such a token back
+    # Any finite penalty is taken (Ollama's options have no range): a result beyond float32
+    # saturates at its largest value, so a huge penalty bans a token or all but forces it,
+    # never turning a logit into an infinity (or a NaN) that the rest of the chain cannot use.
+    with np.errstate(over="ignore"):
+        if p.repeat_penalty != 1:
+            v = np.where(v > 0, v / p.repeat_penalty, v * p.repeat_penalty)
+        penalty = counts * p.frequency_penalty + p.presence_penalty  # every count here is > 0
+        v = np.clip(v, -FLOAT32_MAX, FLOAT32_MAX) - np.clip(penalty, -FLOAT32_MAX, FLOAT32_MAX)
     x = x.copy()
-    x[ids] = v - (counts * p.frequency_penalty + p.presence_penalty)  # every count here is > 0
+    x[ids] = np.where(banned, -np.inf, np.clip(v, -FLOAT32_MAX, FLOAT32_MAX))
     return x
 
 
@@ -352,13 +360,18 @@ class StopMatcher:
     True, and everything after is dropped.
     """
 
-    def __init__(self, stops: Sequence[str]):
-        if isinstance(stops, str):
-            raise CtxError("stops must be a sequence of strings, not one string")
-        self.stops = list(stops)
+    def __init__(self, stops: Sequence[str] | None, *, active: bool = True):
+        """``stops``: None or a sequence of non-empty strings (a RequestError names ``stop``
+        otherwise); ``active`` False checks them and then cuts nothing."""
+        what = "None or a sequence of non-empty strings"
+        if isinstance(stops, (str, bytes, bytearray)) or not isinstance(stops, (Iterable, type(None))):
+            raise RequestError(f"stop must be {what}, not {type(stops).__name__} {stops!r:.40}", param="stop")
+        self.stops = list(() if stops is None else stops)
         for s in self.stops:
             if not isinstance(s, str) or not s:
-                raise CtxError(f"stop strings must be non-empty strings, got {s!r}")
+                raise RequestError(f"stop must be {what}; it holds {s!r:.40}", param="stop")
+        if not active:
+            self.stops = []
         self._held = ""
         self.hit = False
 

@@ -190,9 +190,9 @@ class Context:
         RequestError where that would drop it, as Gemma 3's does), else as plain text."""
         return conversation.append_system(self, text)
 
-    def generate(self, max_tokens: int = 256, *, stop: Sequence[str] = (), grammar: "Grammar | str | None" = None,
+    def generate(self, max_tokens: int = 256, *, stop: Sequence[str] | None = (), grammar: Grammar | str | None = None,
                  json_schema=None, close_json: bool = True, speculative=None, **sampling) -> Iterator[Piece]:
-        """Stream up to max_tokens sampled tokens as pieces of text.
+        """Stream up to max_tokens sampled tokens as pieces of text, cut at the first of ``stop`` (strings).
 
         Sampling options are SamplerParams fields (temperature, top_k, ..., seed, logit_bias). With no
         seed, the RNG continues from this context's last generation (or the one paused now: a fork or
@@ -222,7 +222,7 @@ class Context:
                       if close_json and constraint is not None and constraint.grammar.is_json else None)
             decoder = StreamDecoder(tok, after=self._tokens)  # a character the last generate() left unfinished
             # Stop strings never cut a reply that must parse (docs/agents.md), only free text and GBNF.
-            matcher = StopMatcher([] if constraint is not None and constraint.grammar.is_json else list(stop))
+            matcher = StopMatcher(stop, active=constraint is None or not constraint.grammar.is_json)
             self.finish_reason = "length"
             spec = self._speculation = start_speculation(self, speculative, max_tokens)
             try:
@@ -286,8 +286,8 @@ class Context:
         last page is copied on its first write, as always)."""
         with self.hold():
             keep = len(self._tokens) if n_tokens is None else n_tokens
-            if not 0 <= keep <= len(self._tokens):
-                raise ContextError(f"cannot fork the first {keep} tokens of a {len(self._tokens)}-token context")
+            if isinstance(keep, bool) or not isinstance(keep, Integral) or not 0 <= keep <= len(self._tokens):
+                raise ContextError(f"cannot fork the first {keep!r} tokens (n_tokens: an int in [0, {self.n_tokens}])")
             kv = self._kv
             seq = kv.seq.fork()
             if seq.n_tokens > keep:

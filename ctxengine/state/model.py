@@ -73,6 +73,7 @@ class Model:
     # -- LoRA adapters ---------------------------------------------------------------
     def load_lora(self, name: str, path: str | os.PathLike) -> LoraAdapter:
         """Load a LoRA adapter file under a name; contexts then pick it by that name."""
+        self.engine.check_open()
         return self.engine.load_lora(name, path)
 
     @property
@@ -84,6 +85,7 @@ class Model:
         """The live context with this name, created empty if it does not exist yet.
         ``lora``: {adapter name: scale} a new context runs with, for its whole life, with
         the model's own adapters (``own_lora``) always."""
+        self.engine.check_open()
         return self.contexts.open(name, self._with_own(lora))
 
     def _with_own(self, lora: LoraScales) -> LoraSet | None:
@@ -100,6 +102,7 @@ class Model:
         """A live context from a stored snapshot (ref, id or id prefix); refuses other
         weights, and other adapters or scales than ``lora`` ({name: scale}; None: the
         ones the snapshot records, which must be loaded)."""
+        self.engine.check_open()
         return self.contexts.restore(store, ref, name, None if lora is None else self.engine.lora_set(lora))
 
     @property
@@ -115,6 +118,8 @@ class Model:
         return self.engine.chat.render(messages, tools=tools, generation_prompt=add_generation_prompt)
 
     def close(self) -> None:
+        """Delete every context and let go of the weights; then every use of the model, or of
+        a context of it, is a ContextError. Closing it again does nothing."""
         for name in self.contexts.names():
             self.contexts.remove(name)
         self.engine.close()
@@ -131,6 +136,9 @@ def load(model: str | os.PathLike | None = None, *, threads: int | None = None, 
          draft: str | os.PathLike | None = None) -> Model:
     """Load a model: the packaged default (None or "smollm2"), a .gguf path, or a known name.
 
+    ``threads``: 1 to 512 (None or 0: one a physical core). ``n_ctx``: the longest a
+    context may grow, in tokens (at least 1); a value above the length the model was
+    trained for is taken as that length, which ``model.config.n_ctx`` reports.
     ``kv`` is the KV cache dtype: "f16", "q8" (K and V in 8-bit blocks) or
     "vq8" (V only); contexts restore only into a model loaded with theirs.
     ``lora``: {name: adapter .gguf path} to load; a context picks them by name.

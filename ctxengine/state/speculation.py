@@ -27,6 +27,7 @@ from ..engine.lora import LoraSet
 from ..engine.scheduler import pages_needed
 from ..engine.speculative import (Drafter, DraftLength, ForkDrafter, LookupDrafter, ModelDrafter,
                                   SpeculationStats)
+from ..errors import RequestError
 from .residency import KVState, Residency
 
 if TYPE_CHECKING:
@@ -186,6 +187,10 @@ class Speculation:
 def start_speculation(ctx: Speculating, speculative, max_tokens: int) -> Speculation | None:
     """A generation's speculation: ``speculative`` None (the model's default), False
     (none: the context's counts are reset), True (the default drafter) or a drafter."""
+    if not (speculative is None or isinstance(speculative, bool) or callable(getattr(speculative, "propose", None))):
+        # refused before the paused generation's drafts are settled: a refusal changes nothing
+        raise RequestError("speculative must be None, True, False or a drafter with propose(tokens, k), "
+                           f"not {type(speculative).__name__}", param="speculative")
     if ctx._speculation is not None:  # another generate() of this context, paused: its drafts go first
         ctx._speculation.settle()
     if speculative is None:
