@@ -187,3 +187,11 @@ def test_penalties_saturate_in_float32_and_never_lift_a_masked_token():
         assert out.dtype == np.float32 and not np.isnan(out).any()
         assert out[2] == -np.inf and out[3] == 3.0
         assert np.all(np.abs(out[:2]) <= FLOAT32_MAX)
+
+
+def test_an_unknown_adapter_or_a_bad_scale_for_a_context_is_a_request_error(model):
+    # Model.context(lora={"nope": 1}) raised the engine's plain ValueError.
+    for lora, message in (({"nope": 1.0}, "unknown LoRA adapter 'nope'"), ([("x", 1)], "given as {name: scale}")):
+        with pytest.raises(RequestError, match=message) as err:
+            model.context(lora=lora)
+        assert err.value.param == "lora"

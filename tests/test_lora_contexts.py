@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import ctxengine as ce
-from ctxengine.errors import ContextError, CtxError, WeightMismatchError
+from ctxengine.errors import ContextError, CtxError, RequestError, WeightMismatchError
 from ctxengine.serving.lora import LoraSpec
 from ctxengine.store import Store
 from lora_files import ALL, ATTN, random_lora, write_lora
@@ -49,7 +49,7 @@ def test_context_keeps_its_adapters(model):
     fresh = model.context("fresh", lora={"one": 1.0})
     fresh.append(PROMPT + [5, 6, 7])
     assert np.array_equal(branch._sync(), fresh._sync())
-    with pytest.raises(ValueError, match="unknown LoRA adapter 'nope'"):
+    with pytest.raises(RequestError, match="unknown LoRA adapter 'nope'"):
         model.context("x", lora={"nope": 1.0})
     assert "x" not in model.contexts
 

@@ -62,7 +62,7 @@ def settings(args: argparse.Namespace, layer):
 
 def main(args: argparse.Namespace) -> int:
     from ..engine.model_source import CatalogEntry
-    from ..errors import CtxError
+    from ..errors import CtxError, RequestError
     from ..serving.lora import LoraSpec
     from ..serving.prompts import chat_text
 
@@ -86,7 +86,7 @@ def main(args: argparse.Namespace) -> int:
               "(as with --raw)", file=sys.stderr, flush=True)
     try:
         ctx = model.context("run", lora={spec.name: spec.scale for spec in specs})
-    except ValueError as err:  # two names for one adapter file
+    except RequestError as err:  # two names for one adapter file
         raise CtxError(f"--lora: {err}") from None
     messages = [{"role": "system", "content": as_text(args.system)}] if args.system and use_template else []
 

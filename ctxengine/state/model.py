@@ -13,7 +13,7 @@ from ..engine import registry
 from ..engine.engine import Engine, LogProbs
 from ..engine.lora import LoraAdapter, LoraSet
 from ..engine.speculative import check_same_vocabulary
-from ..errors import CtxError
+from ..errors import CtxError, RequestError
 from ..ollama.store import OllamaSource
 from .context import Context
 from .table import ContextTable
@@ -91,19 +91,26 @@ class Model:
     def _with_own(self, lora: LoraScales) -> LoraSet | None:
         """``lora`` with the model's own adapters added (None: no adapters at all)."""
         if not self.own_lora or isinstance(lora, LoraSet):
-            return None if lora is None else self.engine.lora_set(lora)
+            return None if lora is None else self._lora_set(lora)
         taken = sorted(set(lora or {}) & set(self.own_lora))
         if taken:
             raise CtxError(f"LoRA adapter {taken[0]!r} is the model's own ADAPTER layer: part of the model, "
                            "always at scale 1")
-        return self.engine.lora_set({**self.own_lora, **(lora or {})})
+        return self._lora_set({**self.own_lora, **(lora or {})})
+
+    def _lora_set(self, lora: LoraScales | LoraSet) -> LoraSet:
+        """The engine's set for ``lora``; a name not loaded or a bad scale is a RequestError naming it."""
+        try:
+            return self.engine.lora_set(lora)
+        except ValueError as err:
+            raise RequestError(str(err), param="lora") from None
 
     def restore(self, store, ref: str, name: str | None = None, *, lora: LoraScales = None) -> Context:
         """A live context from a stored snapshot (ref, id or id prefix); refuses other
         weights, and other adapters or scales than ``lora`` ({name: scale}; None: the
         ones the snapshot records, which must be loaded)."""
         self.engine.check_open()
-        return self.contexts.restore(store, ref, name, None if lora is None else self.engine.lora_set(lora))
+        return self.contexts.restore(store, ref, name, None if lora is None else self._lora_set(lora))
 
     @property
     def chat(self):
