@@ -15,7 +15,7 @@ import pytest
 
 import ctxengine as ce
 from ctxengine.engine.catalog import ModelCatalog
-from ctxengine.errors import ModelFileError, RequestError, TokenizerError, UnsupportedModelError
+from ctxengine.errors import CtxError, ModelFileError, RequestError, TokenizerError, UnsupportedModelError
 from ctxengine.text.tokenizer import Tokenizer
 from tiny_models import TinyConfig, byte_vocab, make_weights, write_gguf
 
@@ -239,3 +239,14 @@ def test_a_context_length_of_no_tokens_is_refused_at_load(tmp_path):
     for n_ctx in (0, -5, 2.5):
         with pytest.raises(RequestError, match=f"n_ctx must be a positive number of tokens, not {n_ctx}"):
             ce.load(tmp_path / "tiny.gguf", n_ctx=n_ctx)
+
+
+@pytest.mark.parametrize("meta, message", [
+    ({"tokenizer.ggml.bos_token_id": (100000, VT.UINT32), "tokenizer.chat_template": ("{{ bos_token }}", VT.STRING)},
+     r"tiny\.gguf: tokenizer\.ggml\.bos_token_id is 100000: token id 100000 is out of range"),
+    ({"tokenizer.chat_template": (7, VT.UINT32)}, r"tiny\.gguf: tokenizer\.chat_template is a int, not a string"),
+])
+def test_a_chat_template_or_its_token_that_cannot_be_read_names_the_file_and_key(tmp_path, meta, message):
+    # These said neither the file nor, for the token id, the key ("token id 49152 is out of range").
+    with pytest.raises(CtxError, match=message):
+        ce.load(write_model(tmp_path / "tiny.gguf", meta), threads=1)

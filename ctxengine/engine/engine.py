@@ -78,8 +78,11 @@ class Engine:
             self.tokenizer = Tokenizer.from_metadata(f.metadata)
         except TokenizerError as err:
             raise TokenizerError(f"{self.path.name}: {err}") from None
-        self.chat_template = ChatTemplate.for_model(
-            f.metadata, lambda i: self.tokenizer.token_bytes(i).decode("utf-8", "replace"))
+        try:
+            self.chat_template = ChatTemplate.for_model(
+                f.metadata, lambda i: self.tokenizer.token_bytes(i).decode("utf-8", "replace"))
+        except CtxError as err:  # the file's template, or the tokens it names: say whose
+            raise type(err)(f"{self.path.name}: {err}") from None
         self.chat = ChatRenderer(self.chat_template, self.tokenizer, self.name)
         self.weight_id = cached_weight_id(self.path)
         self.threads = int(threads) if threads else physical_cores()

@@ -194,7 +194,12 @@ class ChatTemplate:
 
         def text_of(key: str) -> str:
             i = meta.get(key)
-            return token_text(i) if isinstance(i, int) and not isinstance(i, bool) else ""
+            if not isinstance(i, int) or isinstance(i, bool):
+                return ""
+            try:
+                return token_text(i)
+            except CtxError as err:  # an id past the vocabulary: say which key holds it
+                raise ModelFileError(f"{key} is {i}: {err}") from None
 
         return cls(source, bos_token=text_of("tokenizer.ggml.bos_token_id"),
                    eos_token=text_of("tokenizer.ggml.eos_token_id"))
