@@ -90,6 +90,24 @@ class CtxServer:
 
 
 @contextlib.contextmanager
+def two_hosts(root: Path, *args: str):
+    """Two ``ctx serve`` (gRPC, ``args`` each) under ``root``/a and /b; stopped at the end."""
+    a = CtxServer(root / "a", *args)
+    try:
+        b = CtxServer(root / "b", *args)
+    except BaseException:
+        a.stop(check=False)
+        raise
+    try:
+        yield a, b
+    finally:
+        try:
+            a.stop()
+        finally:
+            b.stop()
+
+
+@contextlib.contextmanager
 def fleet_hosts(root: Path, fleet_url: str, names: str = "ab"):
     """One ``ctx serve`` on the fleet per name (its CTX_HOST_ID), HTTP, one thread each;
     stopped at the end (a host the test killed is not asked how it exited)."""

@@ -3,56 +3,23 @@
 points, never elsewhere without force (it would silently replace what the ref
 held, such as the server's own conversation); the same for SetRef, and for a
 pull into a local store. Creating a ref is always allowed."""
-import socket
-
 import pytest
 
-import servers
 from ctxengine.rpc import Remote, RemoteError
 from ctxengine.rpc.v1 import snapshot_pb2 as pb
 from ctxengine.store import Store
-from servers import CtxServer, ctx
+from redis_cluster import redis_cluster  # noqa: F401 (fixture)
+from servers import CtxServer, ctx, two_hosts
 
-PORTS = range(18700, 18800)  # this file's servers
-_TAKEN: set[int] = set()
 TEXT = "The history of the printing press begins in the fifteenth century with Gutenberg. "
 OTHER = "Rivers carve valleys over millions of years, carrying sediment to the sea. "
-
-
-def _port() -> int:
-    """A free loopback port of PORTS, never the same one twice."""
-    for port in PORTS:
-        if port in _TAKEN:
-            continue
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        _TAKEN.add(port)
-        return port
-    raise RuntimeError(f"no free port in {PORTS.start}-{PORTS.stop - 1}")
 
 
 @pytest.fixture(scope="module")
 def hosts(tmp_path_factory):
     """a: where snapshots are made (its store is the local one pushes read); b: the receiver."""
-    root = tmp_path_factory.mktemp("ref-moves")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(servers, "free_port", _port)
-        a = CtxServer(root / "a")
-        try:
-            b = CtxServer(root / "b")
-        except BaseException:
-            a.stop(check=False)
-            raise
-    try:
-        yield a, b
-    finally:
-        try:
-            a.stop()
-        finally:
-            b.stop()
+    with two_hosts(tmp_path_factory.mktemp("ref-moves")) as pair:
+        yield pair
 
 
 @pytest.fixture(scope="module")
@@ -235,27 +202,12 @@ def test_pull_moves_a_local_ref_only_forward_unless_forced(hosts, rb, tmp_path, 
 
 
 @pytest.fixture(scope="module")
-def fleet_host(tmp_path_factory):
-    """A `ctx serve --fleet` on its own Redis Cluster (docs/fleet.md), every port of PORTS."""
-    import redis_cluster
-
-    root = tmp_path_factory.mktemp("ref-moves-fleet")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(redis_cluster, "distinct_ports", lambda n: [_port() for _ in range(n)])
-        mp.setattr(servers, "free_port", _port)
-        cluster = redis_cluster.RedisCluster(root / "redis")
-        try:
-            host = CtxServer(root / "f", "--fleet", cluster.url, env={"CTX_HOST_ID": "f"})
-        except BaseException:
-            cluster.stop()
-            raise
-    try:
-        yield host
-    finally:
-        try:
-            host.stop()
-        finally:
-            cluster.stop()
+def fleet_host(tmp_path_factory, redis_cluster):  # noqa: F811 (the session's cluster)
+    """A `ctx serve --fleet` on the session's Redis Cluster (docs/fleet.md)."""
+    host = CtxServer(tmp_path_factory.mktemp("ref-moves-fleet"), "--fleet", redis_cluster.url,
+                     env={"CTX_HOST_ID": "f"})
+    yield host
+    host.stop()
 
 
 def test_on_a_fleet_refs_move_forward_and_force_does_not_move_them_back(hosts, fleet_host, ra):

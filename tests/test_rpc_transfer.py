@@ -12,7 +12,7 @@ import pytest
 from ctxengine.rpc import Remote, RemoteError
 from ctxengine.rpc.v1 import snapshot_pb2 as pb
 from ctxengine.store import Manifest, Store, page_key
-from servers import CTX, ByteProxy, CtxServer, ctx, ctx_env
+from servers import CTX, ByteProxy, ctx, ctx_env, two_hosts
 
 TEXT = ("The history of the printing press begins in the fifteenth century, when Johannes Gutenberg "
         "combined a screw press with movable metal type. ")
@@ -21,20 +21,8 @@ OTHER = "Rivers carve valleys over millions of years, carrying sediment from mou
 
 @pytest.fixture(scope="module")
 def hosts(tmp_path_factory):
-    root = tmp_path_factory.mktemp("rpc-transfer")
-    a = CtxServer(root / "a")
-    try:
-        b = CtxServer(root / "b")
-    except BaseException:
-        a.stop(check=False)
-        raise
-    try:
-        yield a, b
-    finally:
-        try:
-            a.stop()
-        finally:
-            b.stop()
+    with two_hosts(tmp_path_factory.mktemp("rpc-transfer")) as pair:
+        yield pair
 
 
 @pytest.fixture(scope="module")
