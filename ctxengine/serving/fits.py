@@ -45,9 +45,11 @@ class ServedFits:
         present = [e for e in entries if e.servable and e.path is not None and Path(e.path).is_file()]
         if self.draft is not None:
             self._check_draft(present, undecided=any(e.servable and e not in present for e in entries))
+        archs = {entry.name: _header(entry.path, lambda f: f.arch) for entry in present}  # each file once
         for spec in self.lora:
+            adapter = _header(spec.path, lambda f: ((f.get("general.type"), f.get("adapter.type")), f.arch))
             for entry in present:
-                why = _lora_misfit(spec, entry.path)
+                why = _lora_misfit(Path(spec.path).name, adapter, archs[entry.name])
                 if why is not None:
                     self._tell(("lora", spec.name, entry.name), _lora_line(spec.name, entry.name, why))
 
@@ -126,17 +128,21 @@ def _vocabulary(path: Path) -> SimpleNamespace:
                                name=str(f.get("general.name") or Path(path).stem))
 
 
-def _lora_misfit(spec: LoraSpec, model_path: Path) -> str | None:
-    """Why the adapter's header says it cannot load into this model (engine/lora.py's words
-    for it); None where only loading it can tell."""
-    label = Path(spec.path).name
+def _header(path: Path, read: Callable):
+    """``read`` of a GGUF's header, or None where it cannot be read (its load says why)."""
     try:
-        with open_gguf(spec.path, header_only=True) as f:
-            kind, arch = (f.get("general.type"), f.get("adapter.type")), f.arch
-        with open_gguf(model_path, header_only=True) as f:
-            model_arch = f.arch
+        with open_gguf(path, header_only=True) as f:
+            return read(f)
     except (CtxError, OSError):
+        return None
+
+
+def _lora_misfit(label: str, adapter: tuple | None, model_arch: str | None) -> str | None:
+    """Why the adapter's header ((general.type, adapter.type), arch) says it cannot load into a
+    model of ``model_arch`` (engine/lora.py's words for it); None where only loading it can tell."""
+    if adapter is None or model_arch is None:
         return None  # unreadable: the load's error says why, in its own words
+    kind, arch = adapter
     if kind != ("adapter", "lora"):
         return f"{label}: not a LoRA adapter (general.type {kind[0]!r}, adapter.type {kind[1]!r})"
     if arch != model_arch:
