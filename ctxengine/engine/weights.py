@@ -8,6 +8,9 @@ docs/weight-identity.md; change either only together with ENCODING.
 Hashing a 250 MB model takes a while, so ``cached_weight_id`` remembers ids in
 ``$XDG_CACHE_HOME/ctxengine/weight-ids.json``, keyed by (realpath, size,
 mtime_ns, inode); ``verify_weight_id`` recomputes for ``ctx models verify``.
+The first hashing of a file also checks its weights for inf and NaN
+(finite_weights.py); an entry records that the file passed, and only a file
+that passed gets one.
 """
 from __future__ import annotations
 
@@ -21,13 +24,17 @@ from typing import Any
 import blake3
 
 from .. import paths
-from ..errors import ModelFileError
+from ..errors import CtxError, ModelFileError
+from .finite_weights import check_finite_weights
 from .gguf_file import GGUFFile, open_gguf
 from .gguf_split import split_set_paths
 
 ENCODING = b"ctxengine-weights-v1"
 CACHE_FILE = "weight-ids.json"
 MAX_CACHE_ENTRIES = 256   # keeps the file small; the oldest entries go first
+# Set in an entry whose file passed check_finite_weights; one without it (written
+# before the check existed) is not trusted: its file is checked and hashed again.
+CHECKED_FLAG = "weights_finite"
 
 _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
@@ -115,6 +122,8 @@ def _lookup(entries: dict[str, dict], real: str, stamp: dict[str, int]) -> str |
     entry = entries.get(real)
     if not isinstance(entry, dict) or any(entry.get(k) != v for k, v in stamp.items()):
         return None
+    if entry.get(CHECKED_FLAG) is not True:
+        return None
     wid = entry.get("weight_id")
     return wid if isinstance(wid, str) else None
 
@@ -124,7 +133,7 @@ def _remember(real: str, stamp: dict[str, int], wid: str) -> None:
     # write at once the last one wins, which at worst costs a recomputation.
     entries = _load_entries()
     entries.pop(real, None)
-    entries[real] = {**stamp, "weight_id": wid}
+    entries[real] = {**stamp, "weight_id": wid, CHECKED_FLAG: True}
     for old in list(entries)[:-MAX_CACHE_ENTRIES]:
         del entries[old]
     text = json.dumps({"encoding": ENCODING.decode(), "entries": entries}, indent=1)
@@ -146,7 +155,14 @@ def _remember(real: str, stamp: dict[str, int], wid: str) -> None:
 def _compute_and_remember(path: str | os.PathLike, real: str, stamp: dict[str, int]) -> str:
     # Opened by the name given: a split model's parts are found by the first part's
     # name (a cache may keep them as symlinks to blobs named otherwise).
+    key = (real, tuple(sorted(stamp.items())))
     with open_gguf(path) as f:
+        try:
+            check_finite_weights(f)  # inf or NaN in the weights: raised, and nothing remembered
+        except CtxError as err:
+            _failed[key] = (type(err), str(err))
+            raise
+        _failed.pop(key, None)
         wid = weight_id(f)
     # A file rewritten while we hashed it gets no entry: its id is not that of either version.
     if _stamp(path) == (real, stamp):
@@ -157,20 +173,28 @@ def _compute_and_remember(path: str | os.PathLike, real: str, stamp: dict[str, i
 # What this process already knows, so a server asked which weights it serves
 # on every transfer stats its files but does not re-read the cache file.
 _known: dict[tuple[str, tuple], str] = {}
+# Files whose weights failed check_finite_weights, by the same key: asked again, the same
+# error without reading the whole file again (a server lists its models often).
+_failed: dict[tuple[str, tuple], tuple[type[CtxError], str]] = {}
 
 
 def cached_weight_id(path: str | os.PathLike) -> str:
-    """weight_id of the file at path, from the cache when the file is unchanged."""
+    """weight_id of the file at path, from the cache when the file is unchanged; the first
+    time, its weights are checked for inf and NaN too (ModelFileError names the first)."""
     real, stamp = _stamp(path)
     key = (real, tuple(sorted(stamp.items())))
     wid = _known.get(key)
+    if wid is None and key in _failed:
+        cls, message = _failed[key]
+        raise cls(message)
     if wid is None:
         wid = _known[key] = _lookup(_load_entries(), real, stamp) or _compute_and_remember(path, real, stamp)
     return wid
 
 
 def verify_weight_id(path: str | os.PathLike) -> tuple[str | None, str]:
-    """(cached id or None, freshly computed id); the cache is corrected to the latter."""
+    """(cached id or None, freshly computed id); the cache is corrected to the latter.
+    The weights are checked again: inf or NaN raises ModelFileError, as on load."""
     real, stamp = _stamp(path)
     cached = _lookup(_load_entries(), real, stamp)
     fresh = _known[(real, tuple(sorted(stamp.items())))] = _compute_and_remember(path, real, stamp)
