@@ -107,7 +107,7 @@ def _write(env: Env, sid: str, f: BinaryIO, progress: Progress) -> None:
     dbs = env.dbs
     # One read transaction: the file is a consistent picture even if gc runs meanwhile.
     with env.read(buffers=True) as txn:
-        record = txn.get(bytes.fromhex(sid), db=dbs["manifests"])
+        record = env.checked(txn.get(bytes.fromhex(sid), db=dbs["manifests"]), f"snapshot {sid}")
         if record is None:
             raise StoreError(f"snapshot {sid} is not in the store")
         data = codec.decode(sid, record, what="snapshot")
@@ -119,7 +119,7 @@ def _write(env: Env, sid: str, f: BinaryIO, progress: Progress) -> None:
         out(_U32.pack(len(keys)))
         for i, key in enumerate(keys):
             kb = bytes.fromhex(key)
-            rec = txn.get(kb, db=dbs["pages"])
+            rec = env.checked(txn.get(kb, db=dbs["pages"]), f"page {key}")
             if rec is None:
                 raise StoreError(f"snapshot {sid} names page {key}, which the store lacks")
             codec.decode(key, rec)  # never ship a page that is already corrupt

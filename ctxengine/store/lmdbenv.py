@@ -33,6 +33,7 @@ from typing import Callable, Iterator, TypeVar
 import lmdb
 
 from ..errors import StorageError, StoreError
+from .lmdb_check import check_file, check_value, map_range
 
 T = TypeVar("T")
 
@@ -88,6 +89,7 @@ def check_store_files(path: str) -> None:
     for name in ("lock.mdb", "data.mdb"):
         _check_regular(os.path.join(path, name))
     check_data_file(os.path.join(path, "data.mdb"))
+    check_file(os.path.join(path, "data.mdb"))  # every page number, node and size LMDB will follow
 
 
 def _check_regular(file: str) -> None:
@@ -204,6 +206,7 @@ class Env:
         self.path = path
         self._users = 0
         self._lock = _RWLock()
+        self._map: tuple[int, ...] | None = None  # data.mdb's map (first, end address), file size, page size
         check_store_files(path)
         reserve_lock_file(path)
         try:
@@ -241,6 +244,24 @@ class Env:
             self.env.close()
 
     # -- transactions ---------------------------------------------------------
+
+    def checked(self, value, what: str):
+        """``value`` as a read with ``buffers=True`` returned it (a memoryview onto the map, or
+        None), once it is known to lie inside data.mdb with a sound overflow header: a value
+        damaged to reach past the file's end was a SIGBUS when copied. Call it inside the
+        read or write block that produced the value."""
+        if not isinstance(value, memoryview) or not len(value):
+            return value
+        wrong = check_value(value, *(self._map or self._find_map()))
+        if wrong and (wrong := check_value(value, *self._find_map())):  # the map moved, or the file grew
+            raise StoreError(f"snapshot store {self.path}: {what}: {wrong}; the store is damaged: "
+                             "restore it from a backup")
+        return value
+
+    def _find_map(self) -> tuple[int, ...]:
+        data = os.path.join(self.path, "data.mdb")
+        self._map = (*map_range(data), os.stat(data).st_size, self.env.stat()["psize"])
+        return self._map
 
     @contextmanager
     def read(self, buffers: bool = False) -> Iterator[lmdb.Transaction]:
@@ -322,6 +343,7 @@ class Env:
 
     def _grow(self, new_size: int) -> None:
         with self._lock.exclusive():
+            self._map = None  # the map moves
             if new_size > self._map_size_unlocked():  # another thread may have grown it already
                 try:
                     self.env.set_mapsize(new_size)
@@ -332,6 +354,7 @@ class Env:
     def _adopt_size(self) -> None:
         """Another process grew the map: take its size (0 means 'as recorded on disk')."""
         with self._lock.exclusive():
+            self._map = None
             self.env.set_mapsize(0)
 
 

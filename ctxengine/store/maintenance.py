@@ -62,15 +62,15 @@ class StoreStats:
     file_bytes: int           # size of the LMDB data file (includes free pages)
 
 
-def _manifest(txn, dbs, sid: bytes) -> Manifest | None:
-    record = txn.get(sid, db=dbs["manifests"])
+def _manifest(txn, env: Env, sid: bytes) -> Manifest | None:
+    record = env.checked(txn.get(sid, db=env.dbs["manifests"]), f"snapshot {sid.hex()}")
     if record is None:
         return None
     return Manifest.from_bytes(codec.decode(sid.hex(), record, what="snapshot"),
                                what=f"snapshot {sid.hex()}")
 
 
-def _mark(txn, dbs) -> tuple[set[bytes], set[bytes]]:
+def _mark(txn, env: Env) -> tuple[set[bytes], set[bytes]]:
     """The live snapshots and the pages they name; CorruptDataError for damage.
 
     A ref always points at a stored manifest and a stored manifest's pages are all
@@ -79,6 +79,7 @@ def _mark(txn, dbs) -> tuple[set[bytes], set[bytes]]:
     the misplaced record and every page only it names. A missing *parent* is not
     damage: an imported or transferred snapshot's parent may live elsewhere.
     """
+    dbs = env.dbs
     live_manifests: set[bytes] = set()
     live_pages: set[bytes] = set()
     stack = []
@@ -94,7 +95,7 @@ def _mark(txn, dbs) -> tuple[set[bytes], set[bytes]]:
         sid = stack.pop()
         if sid in live_manifests:
             continue
-        m = _manifest(txn, dbs, sid)
+        m = _manifest(txn, env, sid)
         if m is None:
             continue  # a parent not stored here (only refs were checked above)
         live_manifests.add(sid)
@@ -114,7 +115,7 @@ def gc(env: Env, progress: Callable[[int, int], None] | None, grace: float) -> G
 
     def run(txn) -> GCResult:
         # 1. Mark: refs, then parent chains.
-        live_manifests, live_pages = _mark(txn, dbs)
+        live_manifests, live_pages = _mark(txn, env)
 
         # Pages still waiting for their manifest are live until the grace period ends.
         cutoff = time.time() - grace
@@ -141,12 +142,13 @@ def gc(env: Env, progress: Callable[[int, int], None] | None, grace: float) -> G
         for k, v in txn.cursor(db=dbs["pages"]).iternext():
             k = bytes(k)
             if k not in live_pages:
-                dead_pages.append(k)
-                freed += len(v)  # a memoryview into the map: no copy of the page
+                dead_pages.append(k)  # its overflow header checked: a delete frees the pages it counts
+                freed += len(env.checked(v, f"page {k.hex()}"))  # a memoryview into the map: no copy
             done += 1
             if progress:
                 progress(done, total)
         for sid in dead_manifests:
+            env.checked(txn.get(sid, db=dbs["manifests"]), f"snapshot {sid.hex()}")
             txn.delete(sid, db=dbs["manifests"])
         for k in dead_pages:
             txn.delete(k, db=dbs["pages"])
@@ -164,11 +166,11 @@ def stats(env: Env, path: Path) -> StoreStats:
         raw_len: dict[bytes, int] = {}
         stored = 0
         for k, v in txn.cursor(db=dbs["pages"]).iternext():
-            raw_len[bytes(k)] = codec.raw_length(bytes(k).hex(), v)
+            raw_len[bytes(k)] = codec.raw_length(bytes(k).hex(), env.checked(v, f"page {bytes(k).hex()}"))
             stored += len(v)
         logical = n_manifests = 0
         for sid in txn.cursor(db=dbs["manifests"]).iternext(values=False):
-            m = _manifest(txn, dbs, bytes(sid))
+            m = _manifest(txn, env, bytes(sid))
             n_manifests += 1
             logical += sum(raw_len.get(bytes.fromhex(k), 0) for k in m.page_keys)
         n_refs = txn.stat(dbs["refs"])["entries"]

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import lmdb
 
-from ..errors import RefConflictError, StoreError
+from ..errors import CorruptDataError, RefConflictError, StoreError
 
 MIN_PREFIX = 8           # shortest snapshot-id prefix Store.resolve() accepts
 _ENTRY = struct.Struct(">d32s32s")
@@ -97,7 +97,14 @@ def delete_ref(txn: lmdb.Transaction, dbs: dict, name: str) -> bool:
 
 def all_refs(txn: lmdb.Transaction, dbs: dict) -> dict[str, bytes]:
     cur = txn.cursor(db=dbs["refs"])
-    return {bytes(k).decode("utf-8"): bytes(v) for k, v in cur.iternext()}
+    return {_ref_name(bytes(k)): bytes(v) for k, v in cur.iternext()}
+
+
+def _ref_name(key: bytes) -> str:
+    try:
+        return key.decode("utf-8")
+    except UnicodeDecodeError:  # names are written as UTF-8: these bytes were damaged on disk
+        raise CorruptDataError(f"a ref's name is not UTF-8 ({key[:64]!r}); the store is damaged") from None
 
 
 def log(txn: lmdb.Transaction, dbs: dict, name: str) -> list[RefLogEntry]:

@@ -117,7 +117,7 @@ class Store:
         """The raw bytes of a page, verified against its key."""
         kb = codec.key_bytes(key)
         with self.env.read(buffers=True) as txn:
-            record = txn.get(kb, db=self.dbs["pages"])
+            record = self.env.checked(txn.get(kb, db=self.dbs["pages"]), f"page {key}")
             if record is None:
                 raise StoreError(f"page {key} is not in the store")
             return codec.decode(key.lower(), record)
@@ -133,8 +133,9 @@ class Store:
     def get_page_record(self, key: str) -> bytes:
         """The stored (encoded) form of a page, for transfer; the receiver verifies it."""
         kb = codec.key_bytes(key)
-        with self.env.read() as txn:
-            record = txn.get(kb, db=self.dbs["pages"])
+        with self.env.read(buffers=True) as txn:
+            record = self.env.checked(txn.get(kb, db=self.dbs["pages"]), f"page {key}")
+            record = None if record is None else bytes(record)
         if record is None:
             raise StoreError(f"page {key} is not in the store")
         codec.parse_header(key, record)
@@ -196,7 +197,7 @@ class Store:
     def get_local_manifest(self, snapshot_id: str) -> Manifest:
         kb = codec.key_bytes(snapshot_id, "snapshot id")
         with self.env.read(buffers=True) as txn:
-            record = txn.get(kb, db=self.dbs["manifests"])
+            record = self.env.checked(txn.get(kb, db=self.dbs["manifests"]), f"snapshot {snapshot_id}")
             if record is None:
                 raise StoreError(f"snapshot {snapshot_id} is not in the store")
             data = codec.decode(snapshot_id.lower(), record, what="snapshot")
@@ -361,7 +362,7 @@ class Store:
         return records_.put_pages(txn, self.dbs, records, pending)
 
     def _decode_stored(self, txn, key: str) -> bytes:
-        record = txn.get(codec.key_bytes(key), db=self.dbs["pages"])
+        record = self.env.checked(txn.get(codec.key_bytes(key), db=self.dbs["pages"]), f"page {key}")
         if record is None:
             raise StoreError(f"page {key} is not in the store")
         return codec.decode(key, record)
