@@ -30,6 +30,7 @@ import numpy as np
 
 from ..errors import CtxError
 from .json_bounds import bounded_schema, check_exact, counts_repeated_keys, infinite_ref, uses_keyword
+from .json_keys import lark_variants, schema_variants
 from .schema_depth import check_depth
 
 if TYPE_CHECKING:
@@ -167,12 +168,13 @@ def _compile(kind: str, source: str) -> tuple[str, tuple[str, ...]]:
             if endless is not None:
                 raise GrammarError(f"invalid JSON schema: no value of it is finite: {endless} always "
                                    f"contains itself again (give it a way to end: optional, or an anyOf)")
-            schema = json.dumps(bounded_schema(loaded))
-            compiled = llg.LLMatcher.grammar_from_json_schema(schema, defaults=JSON_OPTIONS)
+            # an object's unlisted keys kept from spelling its listed ones (text/json_keys.py)
+            compiled = _first_valid([lambda s=s, x=x: llg.LLMatcher.grammar_from_json_schema(
+                json.dumps(s), defaults={**JSON_OPTIONS, **x}) for s, x in schema_variants(bounded_schema(loaded))])
         elif kind == "regex":
             compiled = llg.LLMatcher.grammar_from_regex(source)
         elif kind == "lark":
-            compiled = llg.LLMatcher.grammar_from_lark(source)
+            compiled = _first_valid([lambda v=v: llg.LLMatcher.grammar_from_lark(v) for v in lark_variants(source)])
         else:
             compiled = llg.grammar_from("gbnf", source)
     except GrammarError:
@@ -184,6 +186,19 @@ def _compile(kind: str, source: str) -> tuple[str, tuple[str, ...]]:
         raise GrammarError(f"invalid {what}: {_one_line(messages[0])}")
     ignored = (re.findall(r'"([^"]+)"', m.partition("Unimplemented keys:")[2]) for m in messages)
     return compiled, tuple(sorted({k for keys in ignored for k in keys}))
+
+
+def _first_valid(builds: list) -> str:
+    """The first of these grammars llguidance compiles and accepts; else the last one (its error
+    raised, or found by the caller's check)."""
+    for build in builds[:-1]:
+        try:
+            compiled = build()
+        except Exception:  # the next one is the fallback: its error is the one to tell
+            continue
+        if not _llg().LLMatcher.validate_grammar_with_warnings(compiled)[0]:
+            return compiled
+    return builds[-1]()
 
 
 def _one_line(err: object) -> str:
