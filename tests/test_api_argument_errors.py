@@ -195,3 +195,29 @@ def test_an_unknown_adapter_or_a_bad_scale_for_a_context_is_a_request_error(mode
         with pytest.raises(RequestError, match=message) as err:
             model.context(lora=lora)
         assert err.value.param == "lora"
+
+
+# -- Context.shares_kv_at(n_tokens): reached the native core unchecked (pybind11's TypeError)
+def test_shares_kv_at_takes_any_int_up_to_the_length(ctx):
+    for n in (0, 3, np.int64(3), ctx.n_tokens):
+        assert ctx.shares_kv_at(n) is True
+
+
+@pytest.mark.parametrize("n_tokens", [1.5, True, False, -1, "2", None, 10**6, 10**30, np.float64(2.0)])
+def test_shares_kv_at_refuses_what_is_no_count_of_its_tokens_naming_it(ctx, n_tokens):
+    before = ctx.tokens
+    with pytest.raises(RequestError, match=rf"n_tokens must be an int in \[0, {ctx.n_tokens}\], not ") as err:
+        ctx.shares_kv_at(n_tokens)
+    assert err.value.param == "n_tokens" and ctx.tokens == before
+
+
+def test_shares_kv_at_refuses_a_context_of_another_model(ctx, tmp_path):
+    from tiny_models import write_tiny_models
+    other = ce.load(write_tiny_models(tmp_path, seeds=(1,))[0], threads=1)
+    try:
+        foreign = other.context()
+        with pytest.raises(RequestError, match="n_tokens must be an int") as err:
+            ctx.shares_kv_at(foreign)
+        assert err.value.param == "n_tokens"
+    finally:
+        other.close()

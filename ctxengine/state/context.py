@@ -17,6 +17,7 @@ import numpy as np
 from ..errors import ContextError
 from . import conversation
 from .constraint import forked_constraint, started_constraint, stored_constraint
+from .arguments import checked_count
 from .handoff_lock import HandoffLock
 from ..text.closing import Closer
 from ..text.grammar import Constraint, Grammar, as_grammar
@@ -313,12 +314,11 @@ class Context:
             del self._tokens[keep:]
 
     def shares_kv_at(self, n_tokens: int) -> bool:
-        """Whether a fork of the first n tokens reuses this context's KV. It
-        does unless a sliding-window model has released KV that the window at
-        n would need; such a fork recomputes the prefix instead."""
-        with self.hold():
-            seq = self._kv.seq
-            return 0 <= n_tokens <= len(self._tokens) and (n_tokens >= seq.n_tokens or seq.can_truncate(n_tokens))
+        """Whether a fork of the first n tokens reuses this context's KV. It does unless a sliding-window model
+        has released KV that the window at n would need; such a fork recomputes the prefix instead."""
+        with self.hold():  # a bad n_tokens (a float, a bool, out of range) is a RequestError naming it
+            n, seq = checked_count(n_tokens, len(self._tokens), "n_tokens"), self._kv.seq
+            return n >= seq.n_tokens or seq.can_truncate(n)
 
     def delete(self) -> None:
         """Delete it; ContextError if it was deleted already (even if a new one has its name)."""
