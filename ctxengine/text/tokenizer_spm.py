@@ -9,12 +9,14 @@ A symbol left that is not a token falls back to ``<0xXX>`` byte tokens.
 """
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 
 from ctxengine.text.tokenizer_bpe import merge_symbols
 from ctxengine.errors import TokenizerError
 
 SPACE = "\u2581"  # "▁", SentencePiece's visible space
+_BYTE = re.compile(r"<0x[0-9A-Fa-f]{2}>")
 
 
 class SpmEncoder:
@@ -59,11 +61,28 @@ class SpmEncoder:
 
 def byte_token_ids(token_to_id: Mapping[str, int]) -> list[int | None]:
     """Byte value -> its fallback token: ``<0xXX>``, else the one-character token
-    for an ASCII byte (llama_vocab::byte_to_token), else None."""
+    for an ASCII byte (llama_vocab::byte_to_token), else ``<0xxx>`` (hex digits in
+    lower case, which llama.cpp reads as the byte but does not look up), else None.
+
+    A vocabulary with byte tokens (``<0xXX>``) is read as one that falls back to
+    bytes: one missing among them is a TokenizerError now, naming the key (the
+    loader adds the file), not a text that cannot be encoded on first use."""
     ids: list[int | None] = []
     for b in range(256):
         token = token_to_id.get(f"<0x{b:02X}>")
         if token is None and b < 0x80:
             token = token_to_id.get(chr(b))
+        if token is None:
+            token = token_to_id.get(f"<0x{b:02x}>")
         ids.append(token)
+    spelled = [b for b in range(256) if f"<0x{b:02X}>" in token_to_id]
+    missing = [b for b in range(256) if ids[b] is None]
+    if spelled and missing:
+        shown = ", ".join(f"<0x{b:02X}>" for b in missing[:8])
+        shown += f" and {len(missing) - 8} more" if missing[8:] else ""
+        odd = [f"{t!r} (id {i})" for t, i in token_to_id.items() if t.startswith("<0x") and not _BYTE.fullmatch(t)]
+        hint = f" (these spell no byte: {', '.join(odd[:4])})" if odd else ""
+        raise TokenizerError(f"tokenizer.ggml.tokens has byte tokens (<0x{spelled[0]:02X}>...) but none for "
+                             f"{len(missing)} of the 256 bytes: {shown}{hint}; text with those bytes could not "
+                             "be encoded")
     return ids
