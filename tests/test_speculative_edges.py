@@ -187,3 +187,36 @@ def test_gemma3_drafts_rejected_past_a_page_release_leave_plain_decodings_pages(
         outs.append((toks, seq.n_tokens, seq.n_released, [seq.export_page(i) for i in range(len(seq.pages))]))
         c.delete()
     assert outs[0] == outs[1]
+
+
+class Wayward:
+    """A custom drafter that guesses right for two tokens, then proposes ``bad`` (no token
+    id of the model), and builds its guesses on the list it is given, as a list would let it."""
+
+    def __init__(self, reply, n0, bad):
+        self.reply, self.n0, self.bad = reply, n0, bad
+
+    def propose(self, tokens, k):
+        done = len(tokens) - self.n0
+        guess = list(self.reply[done:done + 2]) + [self.bad] + list(self.reply[done + 2:done + k])
+        try:
+            tokens += guess[:1]  # on a list: would write into the context
+        except TypeError:
+            pass
+        return guess[:k]
+
+
+@pytest.mark.parametrize("bad", [-1, 49152, 10**30, 3.0, True, None, "7"])
+def test_a_custom_drafters_wrong_ids_and_writes_change_nothing(model, monkeypatch, bad):
+    free_rows(monkeypatch, model)
+    plain = model.context("wayward-plain")
+    plain.append(chat(model, REPEAT), parse_special=True)
+    n0 = plain.n_tokens
+    want = [p.token_id for p in plain.generate(24, speculative=False, temperature=0.0)]
+    spec = model.context("wayward")
+    spec.append(chat(model, REPEAT), parse_special=True)
+    got = [p.token_id for p in spec.generate(24, speculative=Wayward(want, n0, bad), temperature=0.0)]
+    assert got == want and spec.tokens == plain.tokens
+    assert spec.speculation.accepted > 0  # the guesses before the bad one were verified and kept
+    plain.delete()
+    spec.delete()

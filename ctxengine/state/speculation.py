@@ -74,6 +74,9 @@ class Speculation:
     def __init__(self, ctx: Speculating, drafter: Drafter, max_tokens: int):
         self.ctx = ctx
         self.drafter = drafter
+        # The built-in drafters read the live token list (never writing it); another is given a
+        # copy, so that one building its guesses on its argument cannot change the context.
+        self._shown = list if isinstance(drafter, (LookupDrafter, ModelDrafter, ForkDrafter)) else tuple
         self._end = len(ctx._tokens) + max_tokens  # no draft reaches past the generation's last token
         self.length = DraftLength()
         self.stats = SpeculationStats()
@@ -98,7 +101,8 @@ class Speculation:
             return ctx._sync()
         n = len(ctx._tokens)
         k = self._budget(min(ctx.engine.config.n_ctx - n, self._end - 1 - n))
-        draft = self.drafter.propose(ctx._tokens, k)[:k] if k > 0 else []
+        tokens = ctx._tokens if self._shown is list else tuple(ctx._tokens)
+        draft = vocabulary_ids(self.drafter.propose(tokens, k), k, ctx.engine.config.n_vocab) if k > 0 else []
         if not draft:
             self.length.plain_step()
             return ctx._sync()
@@ -199,6 +203,17 @@ def start_speculation(ctx: Speculating, speculative, max_tokens: int) -> Specula
         ctx.speculation = SpeculationStats()
         return None
     return Speculation(ctx, default_drafter(ctx) if speculative is True else speculative, max_tokens)
+
+
+def vocabulary_ids(draft, k: int, n_vocab: int) -> list[int]:
+    """The first k of a drafter's guesses, up to the first that is no token id of the model (a
+    bool, a float, -1, n_vocab): a wrong guess is only a draft that fails, never an error."""
+    out = []
+    for t in list(draft or ())[:k]:
+        if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or not 0 <= t < n_vocab:
+            break
+        out.append(int(t))
+    return out
 
 
 def default_drafter(ctx: Speculating) -> Drafter:
