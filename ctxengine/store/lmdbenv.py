@@ -36,6 +36,10 @@ from ..errors import StorageError, StoreError
 from .lmdb_check import check_file, check_value, map_range
 
 T = TypeVar("T")
+# What LMDB answers when a page it reads is damaged (LMDB's MDB_CORRUPTED, MDB_PAGE_NOTFOUND, ...),
+# as opposed to the disk failing a write.
+_DAMAGE = (lmdb.CorruptedError, lmdb.PageNotFoundError, lmdb.PageFullError, lmdb.IncompatibleError,
+           lmdb.BadValsizeError)
 
 DB_NAMES = ("pages", "manifests", "refs", "reflog", "meta", "pending")
 STORE_FORMAT = 1         # layout of the LMDB databases (meta b"format")
@@ -306,6 +310,9 @@ class Env:
                     resized = False
                 except lmdb.MapResizedError:
                     resized = True
+                except _DAMAGE as e:
+                    raise StoreError(f"snapshot store {self.path}: a write found the store damaged ({e}); nothing "
+                                     "of it kept: restore the store from a backup") from None
                 except lmdb.Error as e:  # the commit's disk (full, failing), not the caller's input
                     raise StorageError(f"snapshot store {self.path}: a write failed, nothing of it kept ({e}): "
                                        "is its disk full?") from None
