@@ -17,7 +17,7 @@ import ctxengine as ce
 from ctxengine import _core
 from ctxengine.engine.gguf_file import open_gguf
 from ctxengine.engine.config import ModelConfig
-from ctxengine.errors import ContextError
+from ctxengine.errors import ContextError, CtxError, RequestError
 from simd_paths import why_untested
 
 
@@ -331,7 +331,9 @@ def test_token_ids_that_are_no_ids_are_refused_by_append_and_logprobs_alike(smol
     with pytest.raises(ContextError, match=re.escape(says)):  # was IndexError / OverflowError from the core
         smol.logprobs(ids)
     ctx.delete()
-    with pytest.raises(TypeError, match="tokenize takes a str, not NoneType"):
+    with pytest.raises(RequestError, match="tokenize takes a str, not NoneType"):  # was a TypeError
         smol.tokenize(None)
+    with pytest.raises(CtxError, match="messages must be a list of dicts, got int"):  # was int not iterable
+        smol.chat_prompt(5)
     with pytest.raises(ContextError, match="max_tokens must be an int >= 0, not '2'"):
         next(smol.context(None).generate("2"))

@@ -137,7 +137,7 @@ class Engine:
 
     def tokenize(self, text: str, *, add_bos: bool = False, parse_special: bool = False) -> list[int]:
         if not isinstance(text, str):
-            raise TypeError(f"tokenize takes a str, not {type(text).__name__}")
+            raise RequestError(f"tokenize takes a str, not {type(text).__name__}", param="text")
         return self.tokenizer.encode(text, add_bos=add_bos, parse_special=parse_special)
 
     def detokenize(self, ids: Sequence[int]) -> str:

@@ -59,7 +59,7 @@ def as_turns(turns: Sequence) -> list:
     participant's ``name`` (which no template renders) is dropped; anything else is left
     for the template's check to refuse by name."""
     if not isinstance(turns, (list, tuple)):
-        return turns  # refused by the template's check
+        raise CtxError(f"messages must be a list of dicts, got {type(turns).__name__}")
     out = []
     for m in turns:
         if not isinstance(m, dict):
