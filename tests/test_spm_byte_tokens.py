@@ -1,5 +1,7 @@
 """An SPM vocabulary missing byte tokens loaded, then failed on the first text needing
 one with an error that named no file: now refused at load, naming the file."""
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -76,3 +78,10 @@ def test_an_spm_vocabulary_with_no_byte_tokens_still_loads():
     assert tok.encode("ab") == [256]
     with pytest.raises(TokenizerError, match="no byte token for 0x"):
         tok.encode("\u20ac")
+
+
+def test_ctx_tokenize_names_the_file_of_a_broken_vocabulary(tmp_path):
+    path = spm_model(tmp_path / "broken.gguf", *spm_vocab(**{"65": "<0x4g>"}))
+    out = subprocess.run([sys.executable, "-m", "ctxengine.cli.main", "tokenize", "-m", str(path), "hello"],
+                         capture_output=True, text=True)
+    assert out.returncode != 0 and "broken.gguf: tokenizer.ggml.tokens has byte tokens" in out.stderr, out.stderr

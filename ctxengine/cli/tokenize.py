@@ -23,7 +23,7 @@ def main(args: argparse.Namespace) -> int:
 
     text = as_text(args.text) if args.text is not None else read_stdin("the text")
     with open_gguf(resolve_model(args.model)) as f:
-        tok = Tokenizer.from_metadata(f.metadata)
+        tok = Tokenizer.from_file(f)
     ids = tok.encode(text, add_bos=args.bos and tok.add_bos, parse_special=args.special)
     if args.pieces:
         for i in ids:

@@ -15,7 +15,7 @@ from typing import Iterable, Mapping, Sequence
 import numpy as np
 
 from .. import _core
-from ..errors import (ContextError, CtxError, ModelFileError, RequestError, TokenizerError,
+from ..errors import (ContextError, CtxError, ModelFileError, RequestError,
                       UnsupportedModelError)
 from ..text.chat import ChatRenderer
 from ..text.chat_template import ChatTemplate
@@ -74,10 +74,7 @@ class Engine:
             self.config = replace(self.config, n_ctx=min(int(n_ctx), self.config.n_ctx))
         self.kv_dtype = kv
         self.name = str(f.get("general.name") or self.path.stem)
-        try:
-            self.tokenizer = Tokenizer.from_metadata(f.metadata)
-        except TokenizerError as err:
-            raise TokenizerError(f"{self.path.name}: {err}") from None
+        self.tokenizer = Tokenizer.from_file(f)
         try:
             self.chat_template = ChatTemplate.for_model(
                 f.metadata, lambda i: self.tokenizer.token_bytes(i).decode("utf-8", "replace"))

@@ -124,7 +124,7 @@ def _vocabulary(path: Path) -> SimpleNamespace:
     """What check_same_vocabulary reads of an Engine (its tokenizer and name), from the
     file's header alone: no weights are mapped for it."""
     with open_gguf(path) as f:
-        return SimpleNamespace(tokenizer=Tokenizer.from_metadata(f.metadata),
+        return SimpleNamespace(tokenizer=Tokenizer.from_file(f),
                                name=str(f.get("general.name") or Path(path).stem))
 
 

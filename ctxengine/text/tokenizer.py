@@ -41,6 +41,15 @@ class Tokenizer:
         self._specials = _SpecialTokens(texts, attrs)
 
     @classmethod
+    def from_file(cls, f: Any) -> Tokenizer:
+        """from_metadata of an open GGUF file (its ``metadata`` and ``path``); a TokenizerError
+        names the file."""
+        try:
+            return cls.from_metadata(f.metadata)
+        except TokenizerError as err:
+            raise TokenizerError(f"{f.path.name}: {err}") from None
+
+    @classmethod
     def from_metadata(cls, meta: Mapping[str, Any]) -> Tokenizer:
         """Build from GGUF key -> value (arrays as lists), as llama_vocab::load does."""
         model = vocab.get(meta, "tokenizer.ggml.model", str)
