@@ -32,6 +32,14 @@ GEMMA3_ROPE_BASE_SWA = 10000.0
 # and its floats are float32: larger values are refused here, not wrapped there.
 INT_MAX = 2**31 - 1
 FLOAT32_MAX = 3.4028234663852886e38
+# Architectures whose llama.cpp graph rotates whole heads: rope.dimension_count must be the
+# head size, or llama.cpp stops, as said here. phi3 and gemma3 rotate the first
+# rope.dimension_count dims of a head, which the engine does as well.
+WHOLE_HEAD_ROPE_ARCHS = {
+    "llama": "llama.cpp refuses it too: invalid n_rot",
+    "qwen2": "llama.cpp aborts on it: GGML_ASSERT(n_embd_head == n_rot)",
+    "qwen3": "llama.cpp aborts on it: GGML_ASSERT(n_embd_head == n_rot)",
+}
 # Keys llama.cpp also reads as one value a layer (get_key_or_arr); we run one value for all.
 PER_LAYER_KEYS = ("attention.head_count", "attention.head_count_kv", "feed_forward_length")
 _NEEDED = object()  # the default of a key the file must have
@@ -80,6 +88,10 @@ class ModelConfig:
         if max(n_head, n_head_kv) * head_dim > INT_MAX:
             raise ModelFileError(f"{f.path.name}: {max(n_head, n_head_kv)} heads of {head_dim} dimensions "
                                  f"are more than {INT_MAX} values a token")
+        rope_dim = _int_key(f, "rope.dimension_count", head_dim)
+        if f.arch in WHOLE_HEAD_ROPE_ARCHS and rope_dim != head_dim:
+            raise ModelFileError(f"{f.path.name}: {f.arch}.rope.dimension_count is {rope_dim}, but a {f.arch} model "
+                                 f"rotates whole heads of {head_dim} dimensions ({WHOLE_HEAD_ROPE_ARCHS[f.arch]})")
         if "rope_factors_long.weight" in f.tensors:
             raise UnsupportedModelError(f"{f.path.name}: LongRoPE (rope_factors_long) is not supported yet")
         return cls(
@@ -94,7 +106,7 @@ class ModelConfig:
             n_ctx=_int_key(f, "context_length"),
             norm_eps=_float_key(f, "attention.layer_norm_rms_epsilon", sign=">= 0"),
             rope_base=_float_key(f, "rope.freq_base", 10000.0, sign="> 0"),
-            rope_dim=_int_key(f, "rope.dimension_count", head_dim),
+            rope_dim=rope_dim,
             rope_neox=f.arch in NEOX_ROPE_ARCHS,
             rope_scale=_rope_scale(f),
             **(_gemma3_options(f, n_layer, n_embd, n_head, head_dim) if f.arch == "gemma3" else {}),

@@ -269,11 +269,12 @@ void Model::attention_block(int l, const std::vector<Row>& rows, size_t r0, int 
   for_rows(n, [&](int r) {
     float* q = &s_.q[r * QD];
     float* k = &s_.k[r * KD];
-    if (L.bq) {
+    if (L.bq)
       for (int i = 0; i < QD; ++i) q[i] += L.bq[i];
+    if (L.bk)
       for (int i = 0; i < KD; ++i) k[i] += L.bk[i];
+    if (L.bv)
       for (int i = 0; i < KD; ++i) s_.v[r * KD + i] += L.bv[i];
-    }
     if (L.q_norm) {
       rmsnorm_rows(q, L.q_norm, q, cfg_.n_head, hd, cfg_.norm_eps);  // each head a row
       rmsnorm_rows(k, L.k_norm, k, cfg_.n_head_kv, hd, cfg_.norm_eps);
@@ -287,6 +288,11 @@ void Model::attention_block(int l, const std::vector<Row>& rows, size_t r0, int 
   attention(l, rows, r0, n, pages);
 
   matmul({{&L.wo, s_.xb.data(), LoraTarget::o}}, s_.att.data(), n, l);
+  if (L.bo)  // llama.cpp's build_attn: wo x (LoRA included), then + wo_b
+    for_rows(n, [&](int r) {
+      float* y = &s_.xb[static_cast<size_t>(r) * cfg_.n_embd];
+      for (int i = 0; i < cfg_.n_embd; ++i) y[i] += L.bo[i];
+    });
   residual_add(L.attn_post_norm, n);
 }
 

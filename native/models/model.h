@@ -61,9 +61,12 @@ struct Weight {
 struct LayerWeights {
   const float* attn_norm = nullptr;  // (n_embd)
   Weight wq, wk, wv, wo;
-  const float* bq = nullptr;         // (q_dim)  qwen2
-  const float* bk = nullptr;         // (kv_dim) qwen2
-  const float* bv = nullptr;         // (kv_dim) qwen2
+  // Biases, each optional (null: none), as in llama.cpp: qwen2's q/k/v, any of them in the
+  // other architectures (or parts of a fused attn_qkv.bias), llama's attention-output bias.
+  const float* bq = nullptr;         // (q_dim)
+  const float* bk = nullptr;         // (kv_dim)
+  const float* bv = nullptr;         // (kv_dim)
+  const float* bo = nullptr;         // (n_embd) added to wo's output, before any post-norm
   const float* q_norm = nullptr;     // (head_dim) qwen3
   const float* k_norm = nullptr;     // (head_dim) qwen3
   const float* attn_post_norm = nullptr;  // (n_embd) gemma3: norm of the attention output

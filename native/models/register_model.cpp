@@ -116,15 +116,21 @@ std::unique_ptr<Model> build(const py::dict& c, const TensorMap& t, int n_thread
       L.wq = row_slice(qkv, 0, QD);
       L.wk = row_slice(qkv, QD, KD);
       L.wv = row_slice(qkv, QD + KD, KD);
+      if (const float* b = vec(t, p + "attn_qkv.bias", QD + 2 * KD, false)) {  // llama.cpp adds it before the split
+        L.bq = b;
+        L.bk = b + QD;
+        L.bv = b + QD + KD;
+      }
     } else {
       L.wq = matrix(t, p + "attn_q.weight", E, QD);
       L.wk = matrix(t, p + "attn_k.weight", E, KD);
       L.wv = matrix(t, p + "attn_v.weight", E, KD);
+      L.bq = vec(t, p + "attn_q.bias", QD, false);  // each optional on its own, as in llama.cpp
+      L.bk = vec(t, p + "attn_k.bias", KD, false);
+      L.bv = vec(t, p + "attn_v.bias", KD, false);
     }
     L.wo = matrix(t, p + "attn_output.weight", QD, E);
-    L.bq = vec(t, p + "attn_q.bias", QD, false);
-    L.bk = vec(t, p + "attn_k.bias", KD, L.bq != nullptr);
-    L.bv = vec(t, p + "attn_v.bias", KD, L.bq != nullptr);
+    L.bo = vec(t, p + "attn_output.bias", E, false);
     L.q_norm = vec(t, p + "attn_q_norm.weight", hd, false);
     L.k_norm = vec(t, p + "attn_k_norm.weight", hd, L.q_norm != nullptr);
     L.attn_post_norm = vec(t, p + "post_attention_norm.weight", E, false);
