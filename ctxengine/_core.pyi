@@ -195,6 +195,10 @@ class _Quant:
     def f32_to_f16(x: _F32) -> npt.NDArray[np.uint16]:
         """Round to f16 bits (round to nearest even), same shape."""
     @staticmethod
+    def round_act(x: _F32, to: str) -> npt.NDArray[np.float32]:
+        """x rounded to f16 or bf16 ('f16', 'bf16') and widened back, as F16 / BF16 matmuls take their
+        activations (quant.h)."""
+    @staticmethod
     def prefill_tiles() -> str:
         """The AVX-512 prefill's tile form: 'zmm' (two pairs a register, where 512-bit units are whole) or 'ymm'."""
     @staticmethod

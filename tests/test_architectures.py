@@ -11,7 +11,9 @@ TOKENS = [72, 101, 108, 108, 111, 32, 119, 111, 114, 108, 100, 33, 10, 65, 66, 6
 # Float weights: only activation and KV rounding separate us from float64.
 # Quantized weights: activations are quantized to 8 bits too (as llama.cpp does).
 CASES = [
-    ("llama", "F32", 2e-3), ("llama", "F16", 2e-3), ("llama", "BF16", 2e-3),
+    # BF16: its matmuls take activations rounded to bf16, as llama.cpp's do (model.cpp
+    # Model::matmul), 2^-8 apart, which the float64 reference does not round.
+    ("llama", "F32", 2e-3), ("llama", "F16", 2e-3), ("llama", "BF16", 1e-2),
     ("qwen2", "F32", 2e-3), ("qwen3", "F32", 2e-3),
     ("llama", "Q8_0", 0.05), ("llama", "Q4_0", 0.08), ("llama", "Q4_1", 0.08),
     ("llama", "Q5_0", 0.08), ("llama", "Q5_1", 0.08),

@@ -64,9 +64,10 @@ def byte_vocab() -> list[str]:
     return [chr(table[b]) for b in range(256)] + ["ab", "<s>", "</s>"]
 
 
-def make_weights(cfg: TinyConfig, seed: int = 0) -> dict[str, np.ndarray]:
+def make_weights(cfg: TinyConfig, seed: int = 0, n_vocab: int | None = None) -> dict[str, np.ndarray]:
+    """n_vocab: rows of token_embd (and output); the byte vocabulary's by default."""
     rng = np.random.default_rng(seed)
-    n_vocab = len(byte_vocab())
+    n_vocab = n_vocab or len(byte_vocab())
     qd, kd = cfg.n_head * cfg.head_dim, cfg.n_head_kv * cfg.head_dim
 
     def mat(n_out, n_in):
@@ -122,12 +123,29 @@ def unfused(cfg: TinyConfig, w: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return w
 
 
+def copy_bpe_tokenizer(w: gguf.GGUFWriter, source: Path) -> None:
+    """The GPT-2-style BPE tokenizer of the GGUF at `source` (SmolLM2's: one llama.cpp loads too)."""
+    r = gguf.GGUFReader(str(source))
+    field = lambda key: r.fields[key].contents()  # noqa: E731
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre(field("tokenizer.ggml.pre"))
+    w.add_token_list(field("tokenizer.ggml.tokens"))
+    w.add_token_types(field("tokenizer.ggml.token_type"))
+    w.add_token_merges(field("tokenizer.ggml.merges"))
+    for key, add in (("bos", w.add_bos_token_id), ("eos", w.add_eos_token_id), ("unknown", w.add_unk_token_id)):
+        if f"tokenizer.ggml.{key}_token_id" in r.fields:
+            add(field(f"tokenizer.ggml.{key}_token_id"))
+    w.add_add_bos_token(False)
+
+
 def write_gguf(path: Path, cfg: TinyConfig, weights: dict[str, np.ndarray],
-               raw: dict[str, gguf.GGMLQuantizationType] | None = None) -> dict[str, np.ndarray]:
+               raw: dict[str, gguf.GGMLQuantizationType] | None = None,
+               tokenizer_from: Path | None = None) -> dict[str, np.ndarray]:
     """Write the model; returns the weights as the file holds them (after rounding).
 
     `raw` stores the named tensors as zero bytes of another type (to test types
-    the engine refuses)."""
+    the engine refuses). `tokenizer_from`: copy that GGUF's BPE tokenizer instead
+    of the byte vocabulary (the weights then need its n_vocab, make_weights)."""
     w = gguf.GGUFWriter(str(path), cfg.arch)
     w.add_name(f"tiny-{cfg.arch}")
     w.add_block_count(cfg.n_layer)
@@ -148,15 +166,17 @@ def write_gguf(path: Path, cfg: TinyConfig, weights: dict[str, np.ndarray],
     if cfg.rope_linear != 1.0:
         w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         w.add_rope_scaling_factor(cfg.rope_linear)
-    vocab = byte_vocab()
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("default")
-    w.add_token_list(vocab)
-    w.add_token_types([1] * 257 + [3, 3])
-    w.add_token_merges(["a b"])
-    w.add_bos_token_id(257)
-    w.add_eos_token_id(258)
-    w.add_add_bos_token(False)
+    if tokenizer_from is not None:
+        copy_bpe_tokenizer(w, tokenizer_from)
+    else:
+        w.add_tokenizer_model("gpt2")
+        w.add_tokenizer_pre("default")
+        w.add_token_list(byte_vocab())
+        w.add_token_types([1] * 257 + [3, 3])
+        w.add_token_merges(["a b"])
+        w.add_bos_token_id(257)
+        w.add_eos_token_id(258)
+        w.add_add_bos_token(False)
     stored = {}
     for name, arr in weights.items():
         wtype = tensor_type(cfg, name) if arr.ndim == 2 else "F32"
@@ -217,11 +237,31 @@ def kv8_round(x: np.ndarray) -> np.ndarray:
     return (q.reshape(*x.shape[:-1], -1, 32) * d[..., None].astype(np.float64)).reshape(x.shape)
 
 
-def reference_logits(cfg: TinyConfig, w: dict[str, np.ndarray], tokens: list[int], kv: str = "f16") -> np.ndarray:
+def round_act(x: np.ndarray, wtype: str) -> np.ndarray:
+    """x (float32, then) as a matmul with `wtype` weights takes it: rounded to f16 for F16 and
+    to bf16 for BF16, as llama.cpp (quant.h round_row_f16 / round_row_bf16); others as they are."""
+    x32 = np.asarray(x, np.float32)
+    if wtype == "F16":
+        with np.errstate(over="ignore"):
+            return x32.astype(np.float16).astype(np.float64)
+    if wtype == "BF16":  # ggml_compute_fp32_to_bf16
+        u = x32.view(np.uint32)
+        nan = (u & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000)
+        r = np.where(nan, u | np.uint32(0x00400000), u + (np.uint32(0x7FFF) + ((u >> 16) & np.uint32(1))))
+        return (r & np.uint32(0xFFFF0000)).astype(np.uint32).view(np.float32).astype(np.float64)
+    return np.asarray(x, np.float64)
+
+
+def reference_logits(cfg: TinyConfig, w: dict[str, np.ndarray], tokens: list[int], kv: str = "f16",
+                     act_round: bool = False) -> np.ndarray:
     """Plain float64 transformer; K and V rounded as the engine stores them in a
-    page of KV dtype `kv` (f16; q8: both 8-bit; vq8: K f16, V 8-bit)."""
+    page of KV dtype `kv` (f16; q8: both 8-bit; vq8: K f16, V 8-bit); with act_round,
+    the input of each F16 / BF16 matmul rounded to its type first (round_act)."""
     f = lambda a: a.astype(np.float64)  # noqa: E731
     hd, nh, nkv = cfg.head_dim, cfg.n_head, cfg.n_head_kv
+
+    def mm(h, name):  # h @ W^T
+        return (round_act(h, tensor_type(cfg, name)) if act_round else h) @ f(w[name]).T
 
     def rms(x, g):
         return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + cfg.eps) * g
@@ -257,9 +297,9 @@ def reference_logits(cfg: TinyConfig, w: dict[str, np.ndarray], tokens: list[int
     for i in range(cfg.n_layer):
         p = f"blk.{i}."
         h = rms(x, f(w[p + "attn_norm.weight"]))
-        q = h @ f(w[p + "attn_q.weight"]).T
-        k = h @ f(w[p + "attn_k.weight"]).T
-        v = h @ f(w[p + "attn_v.weight"]).T
+        q = mm(h, p + "attn_q.weight")
+        k = mm(h, p + "attn_k.weight")
+        v = mm(h, p + "attn_v.weight")
         if cfg.arch == "qwen2":
             q, k, v = q + w[p + "attn_q.bias"], k + w[p + "attn_k.bias"], v + w[p + "attn_v.bias"]
         q, k, v = q.reshape(T, nh, hd), k.reshape(T, nkv, hd), v.reshape(T, nkv, hd)
@@ -275,16 +315,15 @@ def reference_logits(cfg: TinyConfig, w: dict[str, np.ndarray], tokens: list[int
             s = q[:, hh] @ k[:, g].T / np.sqrt(hd) + (window_mask if local else mask)
             s = np.exp(s - s.max(axis=1, keepdims=True))
             att[:, hh] = (s / s.sum(axis=1, keepdims=True)) @ v[:, g]
-        o = att.reshape(T, nh * hd) @ f(w[p + "attn_output.weight"]).T
+        o = mm(att.reshape(T, nh * hd), p + "attn_output.weight")
         x = x + (rms(o, f(w[p + "post_attention_norm.weight"])) if gemma else o)
         h = rms(x, f(w[p + "ffn_norm.weight"]))
-        gt = h @ f(w[p + "ffn_gate.weight"]).T
-        up = h @ f(w[p + "ffn_up.weight"]).T
+        gt = mm(h, p + "ffn_gate.weight")
+        up = mm(h, p + "ffn_up.weight")
         if gemma:  # tanh GELU
             act = 0.5 * gt * (1 + np.tanh(np.sqrt(2 / np.pi) * (gt + 0.044715 * gt ** 3)))
         else:
             act = gt / (1 + np.exp(-gt))
-        o = (act * up) @ f(w[p + "ffn_down.weight"]).T
+        o = mm(act * up, p + "ffn_down.weight")
         x = x + (rms(o, f(w[p + "post_ffw_norm.weight"])) if gemma else o)
-    out = w.get("output.weight", w["token_embd.weight"])
-    return rms(x, f(w["output_norm.weight"])) @ f(out).T
+    return mm(rms(x, f(w["output_norm.weight"])), "output.weight" if "output.weight" in w else "token_embd.weight")

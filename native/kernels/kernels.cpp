@@ -22,6 +22,8 @@ const Kernels& scalar_table() {
     t.f16_to_f32 = qk::f16_to_f32_soft;
     t.f32_to_f16 = qk::f32_to_f16_soft;
     t.f32_to_f16_row = qk::f32_to_f16_row_scalar;
+    t.round_row_f16 = qk::round_row_f16_scalar;
+    t.round_row_bf16 = qk::round_row_bf16_scalar;
     t.quantize_row_q8k = qk::quantize_row_q8k_scalar;
     t.quantize_row_q8a = qk::quantize_row_q8a_scalar;
     t.matmul_q = qk::matmul_q_scalar;
@@ -52,6 +54,8 @@ const Kernels& avx2_table() {
     t.f16_to_f32 = qk::f16_to_f32_hw;
     t.f32_to_f16 = qk::f32_to_f16_hw;
     t.f32_to_f16_row = qk::f32_to_f16_row_avx2;
+    t.round_row_f16 = qk::round_row_f16_avx2;
+    t.round_row_bf16 = qk::round_row_bf16_avx2;
     t.quantize_row_q8a = qk::quantize_row_q8a_avx2;
     t.matmul_q = qk::matmul_q_avx2;
     t.matmul_k = qk::matmul_k_avx2;
@@ -80,6 +84,8 @@ const Kernels& avx512_table() {
     Kernels t = avx2_table();
     t.isa = Isa::avx512;
     t.f32_to_f16_row = qk::f32_to_f16_row_avx512;
+    t.round_row_f16 = qk::round_row_f16_avx512;
+    t.round_row_bf16 = qk::round_row_bf16_avx512;
     t.quantize_row_q8k = qk::quantize_row_q8k_avx512;
     t.quantize_row_q8a = qk::quantize_row_q8a_avx512;
     t.matmul_q = qk::matmul_q_avx512;

@@ -24,6 +24,8 @@ struct Kernels {
   float (*f16_to_f32)(uint16_t h);
   uint16_t (*f32_to_f16)(float f);
   void (*f32_to_f16_row)(const float* x, uint16_t* y, int n);
+  void (*round_row_f16)(const float* x, float* y, int n);
+  void (*round_row_bf16)(const float* x, float* y, int n);
   void (*quantize_row_q8k)(const float* x, BlockQ8K* y, int n);
   void (*quantize_row_q8a)(const float* x, BlockQ8A* y, int n);
   void (*matmul_q)(DType t, const void* W, int n_in, int o0, int o1, const BlockQ8A* Xq, int n_x, float* Y,

@@ -131,22 +131,45 @@ void Model::quantize_rows(const float* x, int n_rows, int n_in, ActFormat format
   });
 }
 
+// x's rows rounded to f16 (F16) or bf16 (BF16) into y, row by row across the
+// pool (each value on its own: the same bits however the rows are split).
+static void round_rows(ThreadPool& pool, DType t, const float* x, float* y, int n_rows, int n_in) {
+  pool.parallel_for(n_rows, 8, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r)
+      (t == DType::F16 ? round_row_f16 : round_row_bf16)(x + r * n_in, y + r * n_in, n_in);
+  });
+}
+
 // y_j (n_rows, w_j.n_out) = x (n_rows, n_in) . W_j^T for every job j, split
 // across the output rows of all jobs together. Quantized weights share one
-// quantization of x per activation format (Q8A, Q8K).
+// quantization of x per activation format (Q8A, Q8K); F16 and BF16 weights
+// one rounding of x to their type (llama.cpp converts a matmul's activations
+// to F16 / BF16 for them, quant.h round_row_f16), made before the jobs split.
+// Adapters (lora_down) take x as it is.
 void Model::matmul(std::initializer_list<MatmulJob> jobs, const float* x, int n_rows, int layer) {
   int n_in = -1;
-  bool need_q8a = false, need_q8k = false;
+  bool need_q8a = false, need_q8k = false, need_f16 = false, need_bf16 = false;
   int64_t total = 0;
   for (const MatmulJob& j : jobs) {
     if (n_in >= 0 && j.w->n_in != n_in) throw std::logic_error("fused matmuls need the same input size");
     n_in = j.w->n_in;
     need_q8a |= dtype_is_quantized(j.w->type);
     need_q8k |= dtype_is_kquant(j.w->type);
+    need_f16 |= j.w->type == DType::F16;
+    need_bf16 |= j.w->type == DType::BF16;
     total += j.w->n_out;
   }
   if (need_q8a) quantize_rows(x, n_rows, n_in, ActFormat::q8a);
   if (need_q8k) quantize_rows(x, n_rows, n_in, ActFormat::q8k);
+  float* x_f16 = nullptr;
+  float* x_bf16 = nullptr;
+  if (need_f16 || need_bf16) {
+    const size_t xn = static_cast<size_t>(n_rows) * static_cast<size_t>(n_in);
+    if (s_.xr.size() < 2 * xn) s_.xr.resize(2 * xn);
+    x_f16 = s_.xr.data(), x_bf16 = s_.xr.data() + xn;
+    if (need_f16) round_rows(pool_, DType::F16, x, x_f16, n_rows, n_in);
+    if (need_bf16) round_rows(pool_, DType::BF16, x, x_bf16, n_rows, n_in);
+  }
   // The adapters' A x tasks come first, kTile units each, so that every one is
   // claimed before any chunk of output rows (model_lora.cpp). Chunks are
   // guided (threads.h), at least kTile units (the kernels' tile of output
@@ -176,7 +199,8 @@ void Model::matmul(std::initializer_list<MatmulJob> jobs, const float* x, int n_
           matmul_k(j.w->type, j.w->data, n_in, static_cast<int>(o0), static_cast<int>(o1), s_.xk.data(), n_rows,
                    j.y, static_cast<size_t>(n_out));
         else
-          matmul_f(j.w->type, j.w->data, n_in, static_cast<int>(o0), static_cast<int>(o1), x, n_rows, j.y,
+          matmul_f(j.w->type, j.w->data, n_in, static_cast<int>(o0), static_cast<int>(o1),
+                   j.w->type == DType::F16 ? x_f16 : j.w->type == DType::BF16 ? x_bf16 : x, n_rows, j.y,
                    static_cast<size_t>(n_out));
         if (n_lora > 0) lora_up_range(j, job, o0, o1);
       }

@@ -99,6 +99,7 @@ struct RunState {
   std::vector<float> xb;      // (rows, n_embd) normed input of a sublayer
   std::vector<BlockQ8A> xq;   // (rows, max_in / 32) quantized matmul input (blocks of 32)
   std::vector<BlockQ8K> xk;   // (rows, max_in / 256) quantized matmul input (K-quants)
+  std::vector<float> xr;      // (2, rows, max_in) matmul input rounded to f16, and to bf16 (F16, BF16 weights)
   std::vector<float> q;       // (rows, q_dim)
   std::vector<float> k;       // (rows, kv_dim)
   std::vector<float> v;       // (rows, kv_dim)

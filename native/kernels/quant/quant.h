@@ -157,6 +157,17 @@ void matmul_k(DType t, const void* W, int n_in, int o0, int o1,
               const BlockQ8K* Xk, int n_x, float* Y, size_t y_stride);
 void matmul_f(DType t, const void* W, int n_in, int o0, int o1,
               const float* Xf, int n_x, float* Y, size_t y_stride);
+// The activations llama.cpp multiplies F16 / BF16 weights by: ggml converts
+// them to the weight's type first (its vec_dot_type; ggml-cpu.c
+// ggml_compute_forward_mul_mat), so the base model's F16 / BF16 matmuls take
+// Xf rows rounded by these, each value independently (y may be x):
+//   f16:  round to nearest even as F16C's vcvtps2ph (imm 0): ggml_cpu_fp32_to_fp16;
+//         past 65504 + half an ulp -> inf, f16 subnormals kept, NaN -> sign | 0x7E00 | (mantissa >> 13)
+//   bf16: ggml_compute_fp32_to_bf16: NaN -> (u | 0x00400000) & 0xFFFF0000 (quiet),
+//         else (u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000 (nearest even; carries to inf; subnormals kept)
+// and widened back to f32 (exact).
+void round_row_f16(const float* x, float* y, int n);
+void round_row_bf16(const float* x, float* y, int n);
 // Which activation format a weight type's matmul takes.
 enum class ActFormat { f32, q8a, q8k };
 ActFormat dtype_act_format(DType t);

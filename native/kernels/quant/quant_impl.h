@@ -75,6 +75,14 @@ uint16_t f32_to_f16_soft(float f);
 float f16_to_f32_hw(uint16_t h);     // one F16C instruction each, bit-identical (the SIMD paths' tables)
 uint16_t f32_to_f16_hw(float f);
 void f32_to_f16_row_scalar(const float* x, uint16_t* y, int n);
+// quant.h round_row_f16 / round_row_bf16 (act_round*.cpp); round_bits_bf16: one value's bits.
+uint32_t round_bits_bf16(uint32_t u);
+void round_row_f16_scalar(const float* x, float* y, int n);
+void round_row_bf16_scalar(const float* x, float* y, int n);
+void round_row_f16_avx2(const float* x, float* y, int n);
+void round_row_bf16_avx2(const float* x, float* y, int n);
+void round_row_f16_avx512(const float* x, float* y, int n);
+void round_row_bf16_avx512(const float* x, float* y, int n);
 void quantize_row_q8k_scalar(const float* x, BlockQ8K* y, int n);
 void quantize_row_q8a_scalar(const float* x, BlockQ8A* y, int n);
 // The same bytes on 8 and 16 lanes (q8a_avx2.cpp, q8a_avx512.cpp).

@@ -128,6 +128,13 @@ py::array_t<uint16_t> to_f16(const Array<float>& x) {
   return out;
 }
 
+py::array_t<float> round_act(const Array<float>& x, const std::string& to) {
+  if (to != "f16" && to != "bf16") throw py::value_error("to is 'f16' or 'bf16', got '" + to + "'");
+  py::array_t<float> out(std::vector<py::ssize_t>(x.shape(), x.shape() + x.ndim()));
+  (to == "f16" ? round_row_f16 : round_row_bf16)(x.data(), out.mutable_data(), static_cast<int>(x.size()));
+  return out;
+}
+
 }  // namespace
 
 void register_quant(py::module_& m) {
@@ -156,6 +163,8 @@ void register_quant(py::module_& m) {
         "one K or V row -> (int8 values, f16 scale bits per 32), as q8 KV pages store it");
   m.def("dequantize", &dequantize, py::arg("ggml_type"), py::arg("data"), py::arg("n"), "one row -> float32");
   m.def("f32_to_f16", &to_f16, py::arg("x"), "round to f16 bits (round to nearest even), same shape");
+  m.def("round_act", &round_act, py::arg("x"), py::arg("to"),
+        "x rounded to f16 or bf16 and widened back, as F16 / BF16 matmuls take their activations (quant.h)");
   m.def("prefill_tiles", [] { return std::string(qk::prefill_tiles() == qk::PrefillTiles::zmm ? "zmm" : "ymm"); },
         "the AVX-512 prefill's tile form: 'zmm' (two pairs a register, where 512-bit units are whole) or 'ymm'");
   m.def("set_prefill_tiles", [](const std::string& name) {
