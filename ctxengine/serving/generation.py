@@ -42,7 +42,7 @@ from ..store.names import validate_name
 from ..text.tools import ToolStream, ToolUse, forced_call_grammar, tool_format
 from .events import Event, Failed, Finished, Started, Text
 from .generate import Sampling
-from .prompts import Prompt, continuation_text, prompt_ids
+from .prompts import Prompt, continuation_ids, continuation_text, prompt_ids, reply_room
 
 if TYPE_CHECKING:
     from ..engine.model_source import CatalogEntry
@@ -228,7 +228,8 @@ class Generation:
         if self._gone.is_set():
             raise RequestError("the client went away before the generation began")
         limit = self._limit(model)
-        ids = prompt_ids(model, self.entry, self.request.prompt, limit)
+        room = reply_room(limit, self.sampling.max_tokens)  # what a trimmed chat leaves its reply
+        ids = prompt_ids(model, self.entry, self.request.prompt, limit, room)
         if len(ids) >= limit:
             raise ContextError(f"the prompt is {len(ids)} tokens; the context length is {limit}")
         lora = self._lora()
@@ -270,9 +271,10 @@ class Generation:
             cached, before = ctx.n_cached, ctx.n_tokens
             text = continuation_text(model, self.entry, self.request.prompt, ctx.tokens)
             t = time.perf_counter_ns()
-            if text:
+            ids = continuation_ids(ctx, text, self._limit(model))  # refused past the limit: nothing appended
+            if ids:
                 with cancelled_when(self._gone.is_set):  # stopped, the context is left as it was
-                    ctx.append(text, parse_special=True)
+                    ctx.append(ids)
             self._started(Started(self.entry.name, ctx.n_tokens, cached, load_ns, time.perf_counter_ns() - t))
             prompted = ctx.n_tokens
             try:

@@ -18,12 +18,23 @@ chat reply the context's assistant turn is closed as the template closes it
 (``model.chat.render(after=..., closing=True)``, text/chat.py), so the context
 always ends on a turn boundary.
 
+Ollama's ``/api/chat`` (``trim``) is not refused for length while its last
+message fits: its oldest turns go (its system messages stay) until the prompt
+leaves its reply room within the context (``reply_room``): ``num_predict``
+tokens where the request sets it, else a quarter of the context, at most half.
+Ollama's runner shifts its context as a reply grows, so a prompt that fills
+it still gets a reply; ours is exact KV, which cannot shift, so the room is
+left before the prompt is prefilled. A named context is never trimmed: a
+request that would leave it no room for a reply is refused, changing nothing
+(``continuation_ids``).
+
 A chat prompt's ``prefill`` (Anthropic's final assistant message) follows the
 template's opening of the assistant turn, so the reply continues it.
 """
 from __future__ import annotations
 
 import dataclasses
+from bisect import bisect_left
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -80,20 +91,24 @@ def chat_text(model: "Model", entry: "CatalogEntry", messages: list[dict], *,
     return model.chat.render(messages, system=entry.system, tools=tools, generation_prompt=add_generation_prompt)
 
 
-def prompt_ids(model: "Model", entry: "CatalogEntry", prompt: Prompt, limit: int | None = None) -> list[int]:
+def prompt_ids(model: "Model", entry: "CatalogEntry", prompt: Prompt, limit: int | None = None,
+               room: int = 1) -> list[int]:
     """Every token of a fresh request's prompt, BOS included where the model wants one;
     with a ``limit``, a text that cannot fit in it is refused before it is tokenized
-    (a ``trim`` chat that does not fit first loses its oldest turns)."""
-    text = _text(model, entry, prompt)
+    (a ``trim`` chat that does not fit with ``room`` tokens for its reply first loses its oldest turns)."""
     if prompt.trim and prompt.is_chat and limit is not None:
-        ids = _ids(model, prompt, text)
-        if len(ids) < limit:
-            return ids
-        prompt = _trimmed(model, entry, prompt, limit)
-        text = _text(model, entry, prompt)
+        return _trimmed_ids(model, entry, prompt, limit, room)
+    text = _text(model, entry, prompt)
     if limit is not None and (least := model.tokenizer.at_least_tokens(text)) >= limit:
         raise ContextError(f"the prompt is at least {least} tokens; the context length is {limit}")
     return _ids(model, prompt, text)
+
+
+def reply_room(limit: int, max_tokens: int | None) -> int:
+    """The tokens a trimmed chat leaves for its reply (see the module doc): ``max_tokens``
+    (Ollama's num_predict) where the request sets it, else a quarter of ``limit``; never
+    more than half of ``limit`` (a huge num_predict keeps some history), never less than 1."""
+    return max(1, min(limit // 4 if max_tokens is None else max_tokens, limit // 2))
 
 
 def _text(model: "Model", entry: "CatalogEntry", prompt: Prompt) -> str:
@@ -113,24 +128,43 @@ def _ids(model: "Model", prompt: Prompt, text: str) -> list[int]:
     return ids
 
 
-def _trimmed(model: "Model", entry: "CatalogEntry", prompt: Prompt, limit: int) -> Prompt:
-    """A chat too long for ``limit`` tokens (with room for one more) from the oldest turn on
-    which it fits, every system message before that turn kept, as Ollama's chatPrompt keeps
-    them; the last message is always kept (alone too long, it is refused as before)."""
-    msgs = prompt.messages
+def _trimmed_ids(model: "Model", entry: "CatalogEntry", prompt: Prompt, limit: int, room: int) -> list[int]:
+    """The ids of a chat from the oldest turn on which it fits ``limit`` with ``room`` tokens
+    for the reply, every system message before that turn kept, as Ollama's chatPrompt keeps
+    them; the last message is always kept (where it leaves less room, the reply gets what is
+    left; alone too long, it is refused as any prompt is). Only suffixes about as long as the
+    one kept are rendered and tokenized (found by doubling, then halving), so a chat of 100k
+    messages costs what its kept turns cost, not 100k messages' BPE a try."""
+    msgs, budget = prompt.messages, max(1, limit - room)
+    systems = [i for i, m in enumerate(msgs) if m.get("role") == "system"]
 
     def kept(start: int) -> Prompt:
-        return dataclasses.replace(prompt, messages=[m for m in msgs[:start] if m["role"] == "system"] + msgs[start:])
+        return dataclasses.replace(prompt, messages=[msgs[i] for i in systems[:bisect_left(systems, start)]]
+                                   + msgs[start:])
 
-    def fits(start: int) -> bool:
+    def ids_from(start: int) -> list[int] | None:  # None: more than the budget
         shorter = kept(start)
-        return len(_ids(model, shorter, _text(model, entry, shorter))) < limit
+        text = _text(model, entry, shorter)
+        if model.tokenizer.at_least_tokens(text) > budget:  # before any BPE
+            return None
+        ids = _ids(model, shorter, text)
+        return ids if len(ids) <= budget else None
 
-    lo, hi = 0, len(msgs) - 1  # the whole chat (lo) does not fit; fewer turns are shorter: halve
-    while lo + 1 < hi:
-        mid = (lo + hi) // 2
-        lo, hi = (lo, mid) if fits(mid) else (mid, hi)
-    return kept(hi)
+    n = len(msgs)
+    if n <= budget and (whole := ids_from(0)) is not None:  # the usual chat: it fits as it is
+        return whole
+    if (best := ids_from(n - 1)) is None:  # the last turn leaves less room: it alone, if it fits
+        return prompt_ids(model, entry, dataclasses.replace(kept(n - 1), trim=False), limit)
+    fits, over = 1, None  # the last `fits` messages fit, the last `over` do not
+    while over is None and fits < n:
+        k = min(2 * fits, n)
+        ids = ids_from(n - k)
+        fits, best, over = (k, ids, None) if ids is not None else (fits, best, k)
+    while over is not None and fits + 1 < over:
+        mid = (fits + over) // 2
+        ids = ids_from(n - mid)
+        fits, best, over = (mid, ids, over) if ids is not None else (fits, best, mid)
+    return best
 
 
 def continuation_text(model: "Model", entry: "CatalogEntry", prompt: Prompt, context_tokens: list[int]) -> str:
@@ -138,6 +172,26 @@ def continuation_text(model: "Model", entry: "CatalogEntry", prompt: Prompt, con
     if not prompt.is_chat:
         return prompt.text or ""
     return turns_text(model, entry, prompt.messages, context_tokens, tools=prompt.tools) + prompt.prefill
+
+
+def continuation_ids(ctx, text: str, limit: int) -> list[int]:
+    """``text`` (continuation_text's) as the ids to append to the named context ``ctx``;
+    a ContextError, before anything is appended (and before any BPE of a text that cannot
+    fit), where they would leave the reply no token within ``limit`` (the request's context
+    length: num_ctx, else the model's), as a fresh prompt that long is refused."""
+    held, tokenizer = ctx.n_tokens, ctx.engine.tokenizer
+
+    def refuse(n: int, bound: str = "") -> ContextError:
+        return ContextError(f"context '{ctx.name}' would hold {bound}{n} tokens with this request's prompt; "
+                            f"the context length is {limit}")
+
+    if (least := held + (tokenizer.at_least_tokens(text) if text else 0)) >= limit:
+        raise refuse(least, "at least " if text else "")
+    ids = ctx.engine.tokenize(text, parse_special=True) if text else []
+    ids = ids if held or not ids else tokenizer.with_bos(ids)
+    if held + len(ids) >= limit:
+        raise refuse(held + len(ids))
+    return ids
 
 
 def turns_text(model: "Model", entry: "CatalogEntry", messages: list[dict], context_tokens: list[int], *,
