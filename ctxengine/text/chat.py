@@ -11,9 +11,26 @@
 * ``after``: the tokens a context already holds, so only what continues them
   is rendered. Templates render whole conversations (and may add a default
   system turn to a lone user turn), so a continuation is the rendering of
-  [anchor] + turns minus that of [anchor], the anchor being a system turn.
+  [anchor] + turns minus that of [anchor], the anchor a stand-in conversation:
+  a system turn then an exchange, a system turn alone, else (templates that
+  refuse a system turn, as Gemma 2's, or move its text to the last user turn,
+  as Mistral Nemo's) an exchange alone. Where [anchor] is not a prefix of
+  [anchor] + turns, what follows the anchor's last stand-in text is compared
+  instead: the part both share up to a token boundary is what the context
+  already holds (the closing of the turn before), and what [anchor] alone has
+  past it must be text the template writes at the end of every unprompted
+  conversation (Phi-3's end-of-text token, Command R7B's opening of the
+  model's turn): that trailer is never put in a context, since the turns that
+  follow would not have it. How the template renders the anchor itself does
+  not matter (Nemotron renders a last assistant turn otherwise than an
+  earlier one). The KV cannot be rewritten, so where a template renders the
+  earlier turns otherwise once more follow (a system prompt moved to the last
+  user turn, thinking stripped from earlier replies), the context keeps them
+  as first rendered and only the new turns are appended, as the template
+  renders them after an exchange.
 * ``closing``: begin with what the template writes after an assistant reply
-  (less the end-of-turn token the reply already ended with), so a context
+  when a turn follows (less the end-of-turn token the reply already ended
+  with, and less any end-of-conversation trailer, as above), so a context
   that holds a reply ends on a turn boundary. A continuation of a context
   that ends on an end-of-turn token, or inside an assistant turn (a reply
   cut short by its token limit), always gets it.
@@ -43,6 +60,8 @@ _ASKED = "ctx-asked-6c1f0e"
 _REPLY = "ctx-reply-8d2e4a"
 _EXCHANGE = ({"role": "system", "content": _ANCHOR}, {"role": "user", "content": _ASKED},
              {"role": "assistant", "content": _REPLY})
+_NEXT = {"role": "user", "content": "ctx-next-2b7d5e"}  # a turn after the exchange (closings)
+_STAND_INS = (_ANCHOR, _ASKED, _REPLY)
 
 
 def with_system(turns: Sequence[dict], system: str | None) -> list[dict]:
@@ -114,22 +133,95 @@ class ChatRenderer:
 
     def _continuation(self, turns: list[dict], tools, generation_prompt: bool) -> str:
         """The turns as they continue a conversation: the rendering of [anchor] + turns minus
-        that of [anchor], where no stand-in text is left (else the next, shorter anchor)."""
+        that of [anchor], where no stand-in text is left (else the next anchor); where no
+        anchor renders as a prefix, what follows its last stand-in text (module doc)."""
         first = turns[0].get("role") if turns and isinstance(turns[0], dict) else None  # none: the prompt alone
-        anchors = [_EXCHANGE[:2], _EXCHANGE[:1]] if first == "assistant" else [_EXCHANGE, _EXCHANGE[:1]]
+        if first == "assistant":
+            anchors = [_EXCHANGE[:2], _EXCHANGE[:1], _EXCHANGE[1:2]]
+        else:
+            anchors = [_EXCHANGE, _EXCHANGE[:1], _EXCHANGE[1:]]
+        rendered = []
         for anchor in map(list, anchors):
             try:
                 before = self._whole(anchor, tools, False)
                 full = self._whole(anchor + turns, tools, generation_prompt)
             except CtxError:
                 continue  # a shape this template refuses (roles out of turn): the next anchor
-            rest = full[len(before):]
-            if full.startswith(before) and not any(s in rest for s in (_ANCHOR, _ASKED, _REPLY)):
+            if full.startswith(before):
+                trailer = self._reply_end[1]  # a context never holds it: the turns come before it
+                trailer = trailer if before.endswith(trailer) else ""
+                rest = self._rest(trailer + full[len(before):], trailer, generation_prompt)
+                if rest is not None:
+                    return rest
+            rendered.append((anchor, before, full))
+        for anchor, before, full in rendered:
+            rest = self._past_trailer(anchor, before, full, turns, tools, generation_prompt)
+            if rest is not None:
                 return rest
         # one more rendering, with no anchor, says why when the turns themselves are refused
         self._whole(turns, tools, generation_prompt)
         raise CtxError(f"{self.model_name}'s chat template cannot render turns on their own; "
                        "append the turns as text instead")
+
+    @staticmethod
+    def _rest(rest: str, trailer: str, generation_prompt: bool) -> str | None:
+        """A continuation, less the end-of-conversation trailer a context never holds; None
+        where stand-in text is left in it."""
+        if any(s in rest for s in _STAND_INS):
+            return None
+        if trailer and not generation_prompt and rest.endswith(trailer):
+            rest = rest[:-len(trailer)]
+        return rest
+
+    def _past_trailer(self, anchor: list[dict], before: str, full: str, turns: list[dict], tools,
+                      generation_prompt: bool) -> str | None:
+        """What [anchor] + turns renders past the anchor's last stand-in text and the closing
+        after it, where [anchor] alone renders past that closing only an end-of-conversation
+        trailer (module doc); None where it does not."""
+        mark = anchor[-1]["content"]
+        if mark == _REPLY:  # past the closing a context holds after a reply (_reply_end)
+            closing, trailer = self._reply_end
+            more = full[full.index(mark) + len(mark):] if full.count(mark) == 1 else None
+            if more is None or not more.startswith(closing):
+                return None
+            return self._rest(more[len(closing):], trailer, generation_prompt)
+        split = self._split(before, full, mark)
+        if split is None:
+            return None
+        _, trailer, rest = split
+        if trailer:
+            try:
+                unprompted = full if not generation_prompt else self._whole(anchor + turns, tools, False)
+            except CtxError:
+                return None
+            if not unprompted.endswith(trailer):
+                return None  # not the text every conversation ends with: text the turns moved
+        return self._rest(rest, trailer, generation_prompt)
+
+    def _split(self, before: str, full: str, mark: str) -> tuple[str, str, str] | None:
+        """(kept, trailer, rest): what follows ``mark`` (once in each text) in ``before`` is
+        kept + trailer, in ``full`` kept + rest, kept ending on a token boundary."""
+        if before.count(mark) != 1 or full.count(mark) != 1:
+            return None
+        tail = before[before.index(mark) + len(mark):]
+        more = full[full.index(mark) + len(mark):]
+        if more.startswith(tail):
+            return tail, "", more[len(tail):]
+        n = 0
+        while n < min(len(tail), len(more)) and tail[n] == more[n]:
+            n += 1
+        n = self._boundary(tail, n)
+        return tail[:n], tail[n:], more[n:]
+
+    def _boundary(self, text: str, n: int) -> int:
+        """The last token boundary of ``text`` at or before character ``n`` (a shared prefix
+        may end inside a control token's text: "<|end|>\n<|" of "<|endoftext|>", "<|user|>")."""
+        ids = self.tokenizer.encode(text, parse_special=True)
+        for i in range(n, 0, -1):
+            head = self.tokenizer.encode(text[:i], parse_special=True)
+            if ids[:len(head)] == head:
+                return i
+        return 0
 
     def _whole(self, turns: list[dict], tools, generation_prompt: bool) -> str:
         """A whole conversation through the template."""
@@ -157,23 +249,48 @@ class ChatRenderer:
     @functools.cached_property
     def _reply_opening(self) -> list[int]:
         """The tokens of the template's opening of an assistant turn (its generation prompt)."""
-        asked = list(_EXCHANGE[:2])
-        try:
-            bare, prompted = self._whole(asked, None, False), self._whole(asked, None, True)
-        except CtxError:
-            return []
-        if not prompted.startswith(bare) or prompted == bare:
-            return []
-        return self.tokenizer.encode(prompted[len(bare):], parse_special=True)
+        for asked in (list(_EXCHANGE[:2]), list(_EXCHANGE[1:2])):  # a template may refuse a system turn
+            try:
+                bare, prompted = self._whole(asked, None, False), self._whole(asked, None, True)
+            except CtxError:
+                continue
+            if prompted == bare:  # an opening written unasked (Command R7B's): the trailer
+                trailer = self._reply_end[1]
+                opening = trailer if trailer and bare.endswith(trailer) else ""
+            elif prompted.startswith(bare):
+                opening = prompted[len(bare):]
+            else:  # past an end-of-conversation trailer (module doc)
+                split = self._split(bare, prompted, _ASKED)
+                opening = split[2] if split else ""
+            return self.tokenizer.encode(opening, parse_special=True) if opening else []
+        return []
+
+    @functools.cached_property
+    def _reply_end(self) -> tuple[str, str]:
+        """(closing, trailer): what the template writes after an assistant reply that a turn
+        follows, and what a conversation that ends on the reply has past that (module doc)."""
+        for exchange in (list(_EXCHANGE), list(_EXCHANGE[1:])):  # a template may refuse a system turn
+            try:
+                text = self._whole(exchange, None, False)
+            except CtxError:
+                continue
+            if _REPLY not in text:
+                return "", ""
+            closing = text[text.index(_REPLY) + len(_REPLY):]
+            try:
+                more = self._whole(exchange + [_NEXT], None, False)
+            except CtxError:
+                return closing, ""  # no turn may follow: what ends the conversation
+            split = self._split(text, more, _REPLY)
+            if split is None or (split[1] and not more.endswith(split[1])):
+                return closing, ""
+            return split[0], split[1]
+        return "", ""  # a template that refuses this shape: leave the turn as the reply left it
 
     def _closing(self, last_token: int | None) -> str:
         """What the template writes after an assistant reply, less the end-of-turn
         token the reply already ended with (if it did)."""
-        try:
-            text = self._whole(list(_EXCHANGE), None, False)
-        except CtxError:
-            return ""  # a template that refuses this shape: leave the turn as the reply left it
-        closing = text[text.index(_REPLY) + len(_REPLY):] if _REPLY in text else ""
+        closing = self._reply_end[0]
         if last_token is not None and last_token in self.tokenizer.eog_ids:
             ended = self.tokenizer.decode([last_token])
             if closing.startswith(ended):
