@@ -30,11 +30,19 @@ from .fields import Fields, text_content
 from .structured import checked, refuse_unenforced
 
 
+_FUNCTION_KEYS = ("name", "description", "parameters", "strict")
+
+
 def _tool(f: Fields, schema_key: str) -> Tool:
     params = f.data.get(schema_key)
     if params is not None and not isinstance(params, dict):
         raise ApiError(400, f"'{f.where}{schema_key}' must be a JSON schema object", param="tools")
-    return Tool(f.str("name"), f.str("description", ""), params or {"type": "object"})
+    # The function as the client wrote it, for the template to render as given (``strict`` kept,
+    # nothing made up): OpenAI's function keys, Anthropic's input_schema as parameters.
+    spec = {k: f.data[k] for k in _FUNCTION_KEYS if k in f.data}
+    if params is not None:
+        spec["parameters"] = params
+    return Tool(f.str("name"), f.str("description", ""), params or {"type": "object"}, spec)
 
 
 def _strict(tool: Tool, f: Fields) -> Tool:

@@ -8,13 +8,22 @@ Formats (``tool_format``), chosen from the model's chat template:
   Qwen 2.5/3, SmolLM3);
 * ``llama3``: the template renders ``tools`` and its model answers a bare
   ``{"name": ..., "parameters": {...}}``, optionally after ``<|python_tag|>``;
+* ``mistral``, ``mistral_args``, ``granite``, ``deepseek``: the template renders
+  tools and its model answers in its family's own markup (text/tool_formats.py);
 * ``fallback``: the template knows no tools (SmolLM2's does not). The tool
   definitions then go into the system message as :data:`FALLBACK_PROMPT`
-  describes them, in the Hermes format, and so do earlier calls (as
+  describes them, in the Hermes format (into the first user turn where the
+  template refuses a system turn, as Gemma's do), and so do earlier calls (as
   ``<tool_call>`` text in the assistant turn) and their results (a user turn
   holding ``<tool_response>...</tool_response>``).
 
-Parsing accepts any of the three shapes whatever the format, since models
+A format is a str with what probing the template found (:class:`ToolFormat`):
+whether it takes a system turn, whether it writes the ``tool_calls`` of an
+earlier turn (if not, they are written into its text in the family's markup),
+and whether it wants Mistral's call ids (9 alphanumerics: every id is then
+mapped to one, the same way in a call and in its result).
+
+Parsing accepts any of the shapes whatever the format, since models
 drift between them. With a forced call (tool_choice required or a named
 tool) the reply is generated under :func:`forced_call_grammar`, so it always
 parses, with the arguments valid against the tool's parameter schema.
@@ -27,9 +36,13 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Collection, Iterator, Sequence
 
+import jinja2
+
 from ..errors import CtxError
+from . import tool_formats
 from .grammar import JSON_OPTIONS, Grammar, GrammarError
 from .json_bounds import bounded_schema
+from .tool_formats import entries, skip_space
 
 FALLBACK_PROMPT = (
     "You have access to the following functions. To call a function, reply with a JSON object "
@@ -40,6 +53,7 @@ FALLBACK_PROMPT = (
 _OPEN, _CLOSE = "<tool_call>", "</tool_call>"
 _DECODER = json.JSONDecoder()
 _PYTHON_TAG = "<|python_tag|>"
+_OPENINGS = (_OPEN, *tool_formats.OPENINGS)  # where a call may begin mid-reply
 
 
 @dataclass(frozen=True)
@@ -47,9 +61,13 @@ class Tool:
     name: str
     description: str = ""
     parameters: dict = field(default_factory=lambda: {"type": "object"})
+    spec: dict | None = field(default=None, compare=False, repr=False)  # the function as the client sent it
 
     def openai(self) -> dict:
-        """The shape chat templates expect (``tools`` as transformers passes them)."""
+        """The shape chat templates expect (``tools`` as transformers passes them): the client's
+        own function object where there is one (``strict`` and all), else one built."""
+        if self.spec is not None:
+            return {"type": "function", "function": self.spec}
         return {"type": "function", "function": {"name": self.name, "description": self.description,
                                                  "parameters": self.parameters}}
 
@@ -113,7 +131,8 @@ def as_tools(tools: Sequence) -> list[Tool]:
         params = f.get("parameters") or {"type": "object"}
         if not isinstance(params, dict):
             raise CtxError(f"tool {f['name']!r}: parameters must be a JSON schema object")
-        out.append(Tool(f["name"], f.get("description") or "", params))
+        spec = dict(f) if "function" in t else {k: v for k, v in f.items() if k != "type"}
+        out.append(Tool(f["name"], f.get("description") or "", params, spec))
     return out
 
 
@@ -147,63 +166,101 @@ def as_calls(calls: Sequence) -> list[ToolCall]:
 
 
 # -- which format ---------------------------------------------------------------
+class ToolFormat(str):
+    """A format's name (compares as the str it is) with what probing the template found."""
+    system: bool = True        # it takes a system turn (where the fallback prompt goes)
+    calls: bool = True         # it writes an earlier turn's tool_calls (else: written into its text)
+    short_ids: bool = False    # it wants call ids of 9 alphanumerics (Mistral Nemo, Small 3.x)
+
+    @classmethod
+    def of(cls, name: str, **found) -> "ToolFormat":
+        fmt = cls(name)
+        fmt.__dict__.update(found)
+        return fmt
+
+
 @functools.lru_cache(maxsize=64)
-def tool_format(template) -> str:
-    """``hermes``, ``llama3`` or ``fallback`` for a ChatTemplate (or None)."""
-    if template is None or not _renders_tools(template):
-        return "fallback"
+def tool_format(template) -> ToolFormat:
+    """The format (``hermes``, ``llama3``, a family's, or ``fallback``) for a ChatTemplate (or None)."""
+    if template is None:
+        return ToolFormat("fallback")
+    if not _renders_tools(template):
+        system = _probe(template, [{"role": "system", "content": "x"}, _USER], tools=False) is not None
+        return ToolFormat.of("fallback", system=system)
     source = template.source
-    if _PYTHON_TAG in source or ("ipython" in source and "parameters" in source):
-        return "llama3"
-    return "hermes"
+    name = tool_formats.family(source)
+    if name is None:
+        name = "llama3" if _PYTHON_TAG in source or ("ipython" in source and "parameters" in source) else "hermes"
+    long_ids, short = _probe(template, _history("call_" + "0" * 24)), _probe(template, _history("a1B2c3D4e"))
+    return ToolFormat.of(name, calls=short is None or _PROBE.name + "_call" in short,
+                         short_ids=long_ids is None and short is not None)
+
+
+_PROBE = Tool("ctx_probe_tool_7c1e", "probe", {
+    "type": "object", "properties": {"city": {"type": "string", "description": "a city"}}, "required": ["city"]})
 
 
 def _renders_tools(template) -> bool:
     """Whether the template writes the tools it is given (probed with a marker tool)."""
-    marker = Tool("ctx_probe_tool_7c1e", "probe")
+    text = _probe(template, [_USER])
+    return text is not None and _PROBE.name in text
+
+
+_USER = {"role": "user", "content": "hi"}
+
+
+def _history(call_id: str) -> list[dict]:
+    call = {"type": "function", "id": call_id, "function": {"name": _PROBE.name + "_call", "arguments": {"city": "x"}}}
+    return [_USER, {"role": "assistant", "content": "", "tool_calls": [call]},
+            {"role": "tool", "content": "ok", "tool_call_id": call_id, "name": _PROBE.name + "_call"}]
+
+
+def _probe(template, turns: list[dict], tools: bool = True) -> str | None:
+    """The template's text for the turns (with the probe tool), or None where it refuses them."""
     try:
-        text = template.render([{"role": "user", "content": "hi"}], tools=[marker.openai()])
-    except Exception:  # a template that chokes on tools does not support them
-        return False
-    return marker.name in text
+        return template.render(turns, tools=[_PROBE.openai()] if tools else None)
+    except Exception:  # a template that chokes on this shape does not support it
+        return None
 
 
 # -- rendering ------------------------------------------------------------------
 def template_messages(messages: Sequence[dict], tools: Sequence[Tool], fmt: str) -> tuple[list[dict], dict]:
     """Messages (roles system/user/assistant/tool; assistant ``tool_calls`` as
-    ToolCall lists) as the template takes them, and the template variables."""
-    if fmt != "fallback":
-        out = []
-        for m in messages:
-            m = dict(m)
-            if m.get("tool_calls"):
-                m["tool_calls"] = [{"type": "function", "id": c.id,
-                                    "function": {"name": c.name, "arguments": c.arguments}} for c in m["tool_calls"]]
-            out.append(m)
-        return out, {"tools": [t.openai() for t in tools]}
-    out = []
-    for m in messages:
-        role, content = m["role"], m.get("content") or ""
-        if role == "assistant" and m.get("tool_calls"):
-            calls = "\n".join(f"{_OPEN}\n{json.dumps({'name': c.name, 'arguments': c.arguments}, ensure_ascii=False)}"
-                              f"\n{_CLOSE}" for c in m["tool_calls"])
-            out.append({"role": "assistant", "content": f"{content}\n{calls}" if content else calls})
-        elif role == "tool":
-            out.append({"role": "user", "content": f"<tool_response>\n{content}\n</tool_response>"})
-        else:
-            out.append({"role": role, "content": content})
-    if tools:
+    ToolCall lists) as the template takes them, and the template variables. No tools:
+    ``tools`` is left undefined, as for a conversation without calls (an empty list
+    made templates write a tool preamble around nothing)."""
+    if fmt == "fallback":
         prompt = FALLBACK_PROMPT.format(tools="\n".join(json.dumps(t.openai(), ensure_ascii=False) for t in tools))
-        if out and out[0]["role"] == "system":
-            out[0] = {"role": "system", "content": f"{out[0]['content']}\n\n{prompt}"}
-        else:
-            out.insert(0, {"role": "system", "content": prompt})
-    return out, {}
+        return tool_formats.fallback_messages(messages, prompt if tools else None, getattr(fmt, "system", True)), {}
+    short, native = getattr(fmt, "short_ids", False), getattr(fmt, "calls", True)
+    out, pending = [], []
+    for m in messages:
+        m = dict(m)
+        if m.get("tool_calls"):
+            calls = [ToolCall(c.name, c.arguments, tool_formats.short_id(c.id) if short else c.id)
+                     for c in m["tool_calls"]]
+            pending = [c.id for c in calls]
+            if native:
+                m["tool_calls"] = [{"type": "function", "id": c.id,
+                                    "function": {"name": c.name, "arguments": c.arguments}} for c in calls]
+            else:  # a template that drops them (Granite) or cannot take them (DeepSeek's want content None)
+                del m["tool_calls"]
+                sep = "\n" if m.get("content") and fmt in ("hermes", "llama3") else ""
+                m["content"] = (m.get("content") or "") + sep + tool_formats.written(fmt, calls)
+        elif m.get("role") == "tool" and short:
+            given = m.get("tool_call_id")
+            m["tool_call_id"] = tool_formats.short_id(given) if isinstance(given, str) and given else \
+                (pending.pop(0) if pending else tool_formats.short_id(""))
+        out.append(m)
+    return out, {"tools": [t.openai() for t in tools] if tools else jinja2.Undefined(name="tools")}
 
 
 # -- forcing a call -------------------------------------------------------------
 def forced_call_grammar(tools: Sequence[Tool], choice: ToolChoice, fmt: str) -> Grammar:
-    """A grammar whose every sentence is one well-formed call of an allowed tool."""
+    """A grammar whose every sentence is one well-formed call of an allowed tool: in Hermes
+    tags, Llama 3's bare JSON, or for Mistral and Granite the JSON list that follows their
+    ``[TOOL_CALLS]`` / ``<|tool_call|>`` (a control token, which the grammar cannot write:
+    the model's own marker is masked, and the list it goes on with parses as bare JSON)."""
     allowed = [t for t in tools if choice.mode != "named" or t.name == choice.name]
     key = "parameters" if fmt == "llama3" else "arguments"
     calls, defs = [], {}
@@ -215,7 +272,7 @@ def forced_call_grammar(tools: Sequence[Tool], choice: ToolChoice, fmt: str) -> 
         # Each tool's schema is a root of its own: it moves under the wrapper's $defs, and its
         # local refs ("#", "#/$defs/X", "#/properties/x") are rewritten to point into it there.
         where = f"ctx_tool{i}"
-        defs[where] = _rooted(t.parameters or {"type": "object"}, f"#/$defs/{where}")
+        defs[where] = tool_formats.rooted(t.parameters or {"type": "object"}, f"#/$defs/{where}")
         calls.append({"type": "object", "properties": {"name": {"const": t.name}, key: {"$ref": f"#/$defs/{where}"}},
                       "required": ["name", key], "additionalProperties": False})
     schema = calls[0] if len(calls) == 1 else {"anyOf": calls}
@@ -224,17 +281,9 @@ def forced_call_grammar(tools: Sequence[Tool], choice: ToolChoice, fmt: str) -> 
     body = f"call: %json {json.dumps(schema, ensure_ascii=False)}"
     if fmt == "llama3":
         return Grammar("lark", f"start: call\n{body}")
+    if fmt in ("mistral", "mistral_args", "granite"):
+        return Grammar("lark", f'start: "[" call "]"\n{body}')
     return Grammar("lark", f'start: "{_OPEN}\\n" call "\\n{_CLOSE}"\n{body}')
-
-
-def _rooted(schema, root: str):
-    """``schema`` with every local ``$ref`` (``#...``) made relative to ``root`` instead."""
-    if isinstance(schema, dict):
-        return {k: (root + v[1:] if k == "$ref" and isinstance(v, str) and v.startswith("#") else _rooted(v, root))
-                for k, v in schema.items()}
-    if isinstance(schema, list):
-        return [_rooted(v, root) for v in schema]
-    return schema
 
 
 # -- parsing ----------------------------------------------------------------------
@@ -242,12 +291,12 @@ def parse_tool_calls(text: str, names: Collection[str] | None = None) -> tuple[s
     """(the text that is not a call, the calls) of a reply, in any of the formats.
     ``names``: the tools offered; what names another (a JSON reply with a "name"
     field, say) is no call but text (None: any name)."""
-    if _OPEN in text:
+    for found in (_tagged(text, names) if _OPEN in text else (), tool_formats.blocks(text, names)):
         calls, rest, pos = [], [], 0
-        for start, end, call in _tagged(text, names):
+        for start, end, got in found:
             rest.append(text[pos:start])
             pos = end
-            calls.extend(call)
+            calls.extend(ToolCall(n, a, i) if i else ToolCall(n, a) for n, a, i in got)
         if calls:
             rest.append(text[pos:])
             return "".join(rest).strip(), calls
@@ -258,19 +307,19 @@ def parse_tool_calls(text: str, names: Collection[str] | None = None) -> tuple[s
     return ("", calls) if calls else (text, [])
 
 
-def _tagged(text: str, names: Collection[str] | None) -> Iterator[tuple[int, int, list[ToolCall]]]:
-    """(start, end, calls) of each ``<tool_call>`` JSON ``</tool_call>`` in the text (the
+def _tagged(text: str, names: Collection[str] | None) -> Iterator[tuple[int, int, list]]:
+    """(start, end, entries) of each ``<tool_call>`` JSON ``</tool_call>`` in the text (the
     closing tag may be cut off at its end). The JSON value is read whole, so a string in
     it may hold the closing tag itself (a regex up to the first one cut such a call)."""
     start = text.find(_OPEN)
     while start != -1:
-        at = _skip_space(text, start + len(_OPEN))
+        at = skip_space(text, start + len(_OPEN))
         try:
             value, end = _DECODER.raw_decode(text, at)
         except ValueError:
             value, end = None, -1
-        after = _skip_space(text, end) if end >= 0 else -1
-        call = _calls(value, names) if end >= 0 else None
+        after = skip_space(text, end) if end >= 0 else -1
+        call = entries(value, names) if end >= 0 else None
         if call is not None and (text.startswith(_CLOSE, after) or after == len(text)):
             end = after + len(_CLOSE) if after < len(text) else after
             yield start, end, call
@@ -279,46 +328,23 @@ def _tagged(text: str, names: Collection[str] | None) -> Iterator[tuple[int, int
             start = text.find(_OPEN, start + len(_OPEN))
 
 
-def _skip_space(text: str, i: int) -> int:
-    while i < len(text) and text[i] in " \t\r\n":
-        i += 1
-    return i
-
-
 def _call(text: str, names: Collection[str] | None) -> list[ToolCall] | None:
     """The calls one JSON value holds (an object or a list of them, each naming
     one of ``names``), or None."""
     try:
-        value = json.loads(text)
+        found = entries(json.loads(text), names)
     except ValueError:
         return None
-    return _calls(value, names)
-
-
-def _calls(value: object, names: Collection[str] | None) -> list[ToolCall] | None:
-    items = value if isinstance(value, list) else [value]
-    out = []
-    for v in items:
-        if not isinstance(v, dict) or not isinstance(v.get("name"), str) or (names is not None
-                                                                           and v["name"] not in names):
-            return None
-        args = v.get("arguments", v.get("parameters", {}))
-        if isinstance(args, str):  # some models write the arguments as a JSON string
-            try:
-                args = json.loads(args)
-            except ValueError:
-                return None
-        if not isinstance(args, dict):
-            return None
-        out.append(ToolCall(v["name"], args))
-    return out or None
+    return [ToolCall(n, a) for n, a, _ in found] if found else None
 
 
 class ToolStream:
     """Splits a streamed reply into text to show now and calls parsed at the end.
 
-    Text before a possible call streams on; from ``<tool_call>`` (or, when the
-    reply opens with ``{``, ``[`` or ``<|python_tag|>``, from its start) it is
+    Text before a possible call streams on; from ``<tool_call>`` or a family's
+    opening (``[TOOL_CALLS]``, ``<|tool_call|>``, DeepSeek's ``<｜tool▁calls▁begin｜>``:
+    tool_formats.OPENINGS, as their special tokens' text), or, when the reply
+    opens with ``{``, ``[`` or ``<|python_tag|>``, from its start, it is
     held until ``finish`` parses it. ``forced``: the whole reply is a call;
     ``names`` as parse_tool_calls'. Whitespace is shown only once text follows
     it, so none is left dangling before a call. What ``push`` and ``finish``
@@ -354,11 +380,12 @@ class ToolStream:
             if head[0] in "{[" or head.startswith(_PYTHON_TAG):
                 self._holding, self._held = True, buf
                 return ""
-        at = buf.find(_OPEN)
+        at = min((i for i in map(buf.find, _OPENINGS) if i >= 0), default=-1)
         if at >= 0:
             self._holding, self._held = True, buf[at:]
             return buf[:at]
-        keep = next((n for n in range(min(len(_OPEN) - 1, len(buf)), 0, -1) if buf.endswith(_OPEN[:n])), 0)
+        keep = max(next((n for n in range(min(len(o) - 1, len(buf)), 0, -1) if buf.endswith(o[:n])), 0)
+                   for o in _OPENINGS)  # what may be the start of an opening
         self._held = buf[len(buf) - keep:] if keep else ""
         return buf[: len(buf) - keep]
 
