@@ -30,14 +30,15 @@ from ..serving.generation import GenerationRequest, Generations
 from ..serving.prompts import Prompt, prompt_ids
 from ..text.tools import ToolUse
 from .errors import ANTHROPIC, ApiError, error_body
-from .fields import Fields, json_body, messages_of, text_content
+from .fields import Fields, json_body, messages_of, template_kwargs, text_content
 from .options import Sampling, seed
 from .streaming import GenerationStream, Writer, collected, sse, started
 from .structured import anthropic_grammar
 from .tools import anthropic_blocks, anthropic_messages, anthropic_tool_use
 
 
-def messages_prompt(f: Fields, tools: ToolUse | None = None) -> Prompt:
+def messages_prompt(f: Fields, tools: ToolUse | None = None, defaults: dict | None = None) -> Prompt:
+    """``defaults``: the server's chat template kwargs (fields.template_kwargs)."""
     messages = []
     if "system" in f:
         messages.append({"role": "system", "content": text_content(f.data["system"], "system", "content blocks")})
@@ -48,7 +49,8 @@ def messages_prompt(f: Fields, tools: ToolUse | None = None) -> Prompt:
             raise ApiError(400, f"messages[{i}] has role '{role}'; expected 'user' or 'assistant'")
         messages.extend(anthropic_messages(mf, role))
     prefill = _prefill(messages)
-    return Prompt(messages=messages, tools=tools and tools.prompt_tools, prefill=prefill)
+    return Prompt(messages=messages, tools=tools and tools.prompt_tools, prefill=prefill,
+                  template_kwargs=template_kwargs(f, defaults))
 
 
 def _prefill(messages: list[dict]) -> str:
@@ -101,7 +103,7 @@ def routes(runtime, generations: Generations) -> APIRouter:
         f.obj("metadata")  # an object (its user_id has no use here), as Anthropic requires
         tools = anthropic_tool_use(f)
         grammar = anthropic_grammar(f)
-        req = GenerationRequest(model, messages_prompt(f, tools), sampling(f), context=f.str("context", None),
+        req = GenerationRequest(model, messages_prompt(f, tools, runtime.template_kwargs), sampling(f), context=f.str("context", None),
                                 grammar=grammar, tools=tools, lora=f.data.get("lora"))
         stream = f.bool("stream", False)
         gen = await started(generations, req, request)
@@ -113,7 +115,7 @@ def routes(runtime, generations: Generations) -> APIRouter:
     @router.post("/v1/messages/count_tokens")
     async def count_tokens(request: Request):
         f = Fields(await json_body(request))
-        prompt = messages_prompt(f, anthropic_tool_use(f))
+        prompt = messages_prompt(f, anthropic_tool_use(f), runtime.template_kwargs)
         entry = runtime.resolve(f.str("model"))
 
         def count() -> int:

@@ -26,7 +26,7 @@ from starlette.responses import JSONResponse
 
 from ..serving.prompts import turns_text
 from .errors import ApiError
-from .fields import Fields, json_body
+from .fields import Fields, json_body, template_kwargs
 from .openai import chat_messages
 
 
@@ -60,7 +60,9 @@ class _Contexts:
             messages = ([{"role": "system", "content": f.str("system")}] if "system" in f else [])
             messages += chat_messages(f.list("messages", []))
             n += ctx.append(turns_text(loaded.model, loaded.entry, messages, ctx.tokens,
-                                       generation_prompt=f.bool("generation_prompt", False)), parse_special=True)
+                                       generation_prompt=f.bool("generation_prompt", False),
+                                       template_kwargs=template_kwargs(f, self.runtime.template_kwargs)),
+                             parse_special=True)
         if "text" in f:
             n += ctx.append(f.str("text"), parse_special=f.bool("special", False))
         if "tokens" in f:

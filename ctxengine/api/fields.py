@@ -13,6 +13,7 @@ from typing import Any
 
 from starlette.requests import ClientDisconnect, Request
 
+from ..text.chat_template import check_template_kwargs
 from .errors import ApiError
 
 _MISSING = object()
@@ -186,6 +187,17 @@ def messages_of(f: Fields) -> list:
         raise ApiError(400, "'messages' is empty: send at least one message (or name a 'context' to continue)",
                        param="messages")
     return messages
+
+
+def template_kwargs(f: Fields, defaults: dict | None = None) -> dict | None:
+    """A chat request's ``chat_template_kwargs`` (more variables for the model's Jinja chat
+    template, llama-server's and vLLM's field) over the server's ``defaults`` (``ctx serve
+    --chat-template-kwargs``); None where neither sets any. A 400 naming the field where it is
+    not an object or sets a variable the renderer sets itself (text/chat_template.py)."""
+    value = f.data.get("chat_template_kwargs")
+    if value is not None and not isinstance(value, dict):
+        raise f._bad("chat_template_kwargs", "an object", value)
+    return {**(defaults or {}), **check_template_kwargs(value, "chat_template_kwargs")} or None
 
 
 def text_content(value: Any, where: str, what: str = "text parts") -> str:

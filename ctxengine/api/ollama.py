@@ -32,7 +32,7 @@ from ..serving.prompts import Prompt
 from ..text.tools import ToolUse
 from .embeddings import embed
 from .errors import OLLAMA, ApiError, error_body
-from .fields import Fields, json_body
+from .fields import Fields, json_body, template_kwargs
 from .options import context_length, ollama_sampling
 from .streaming import GenerationStream, Writer, collected, ndjson, started
 from .structured import ollama_grammar
@@ -227,7 +227,8 @@ def _generation_routes(router: APIRouter, o: _Ollama) -> None:
         if not messages:
             return await o.load_or_unload(f, name, {"message": {"role": "assistant", "content": ""}})
         # A chat longer than the context loses its oldest turns, as Ollama's (its system messages kept)
-        prompt = Prompt(messages=messages, tools=tools and tools.prompt_tools, trim=True, think=_think(f))
+        prompt = Prompt(messages=messages, tools=tools and tools.prompt_tools, trim=True, think=_think(f),
+                        template_kwargs=template_kwargs(f, o.runtime.template_kwargs))
         return await o.run(f, name, prompt, named, chat=True, client=request, tools=tools)
 
 

@@ -28,7 +28,7 @@ from ..serving.generation import GenerationRequest, Generations
 from ..serving.prompts import Prompt
 from .embeddings import embed
 from .errors import OPENAI, ApiError, error_body
-from .fields import Fields, json_body, messages_of
+from .fields import Fields, json_body, messages_of, template_kwargs
 from .options import Sampling, seed
 from .streaming import GenerationStream, Writer, collected, sse, started
 from .structured import openai_grammar
@@ -132,7 +132,8 @@ def routes(runtime, generations: Generations, metrics) -> APIRouter:
         if "top_logprobs" in f:  # OpenAI's rule; with logprobs true, refused above as logprobs are
             raise ApiError(400, "'top_logprobs' needs 'logprobs': true", param="top_logprobs")
         tools = openai_tool_use(f)
-        prompt = Prompt(messages=chat_messages(messages_of(f)), tools=tools and tools.prompt_tools)
+        prompt = Prompt(messages=chat_messages(messages_of(f)), tools=tools and tools.prompt_tools,
+                        template_kwargs=template_kwargs(f, runtime.template_kwargs))
         req = GenerationRequest(await _model(runtime, f), prompt, sampling(f), context=f.str("context", None),
                                 grammar=openai_grammar(f), tools=tools, lora=f.data.get("lora"))
         return await _respond(generations, f, req, chat=True, client=request)

@@ -33,7 +33,7 @@ from ..serving.generation import GenerationRequest, Generations
 from ..serving.prompts import Prompt
 from ..text.tools import ToolCall
 from .errors import ApiError
-from .fields import Fields, json_body, text_content
+from .fields import Fields, json_body, template_kwargs, text_content
 from .openai import RANGES, ROLES, refuse_stream_options
 from .options import Sampling, seed
 from .response_store import ResponseStore, context_name, new_id
@@ -127,8 +127,9 @@ class _Turn:
         defaults): the response reports those, not OpenAI's defaults, which are not ours."""
         self.sampler = SamplerParams(**sampling.params)
 
-    def request(self, model: str | None) -> GenerationRequest:
-        prompt = Prompt(messages=self.messages, tools=self.tools and self.tools.prompt_tools)
+    def request(self, model: str | None, template_defaults: dict | None = None) -> GenerationRequest:
+        prompt = Prompt(messages=self.messages, tools=self.tools and self.tools.prompt_tools,
+                        template_kwargs=template_kwargs(self.f, template_defaults))
         return GenerationRequest(model, prompt, _sampling(self.f), context=context_name(self.id), own_context=True,
                                  grammar=responses_grammar(self.f), tools=self.tools, lora=self.f.data.get("lora"))
 
@@ -199,7 +200,7 @@ def routes(runtime, generations: Generations) -> APIRouter:
         model = f.str("model", None)
         ctx = await anyio.to_thread.run_sync(responses.open, turn.id, model, previous_id, f.data.get("lora"))
         try:
-            gen = await started(generations, turn.request(model or (previous and previous["model"])), request)
+            gen = await started(generations, turn.request(model or (previous and previous["model"]), runtime.template_kwargs), request)
         except BaseException:
             responses.discard_later(ctx)
             raise

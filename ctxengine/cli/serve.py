@@ -9,6 +9,7 @@ says otherwise.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import signal
 import sys
@@ -52,6 +53,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-speculative", dest="speculative", action="store_false",
                    help="decode one token per step unless a request asks for speculation "
                         "(it never changes the output, only the speed)")
+    p.add_argument("--chat-template-kwargs", type=template_kwargs, default=None, metavar="JSON",
+                   help="a JSON object of chat template variables every chat request gets unless its own "
+                        "chat_template_kwargs sets them, e.g. '{\"enable_thinking\": false}' for Qwen3")
     add_http_arguments(p)
     add_grpc_arguments(p)
 
@@ -62,6 +66,24 @@ def gib(text: str) -> float:
     if not 0 <= x < math.inf:  # False for NaN too
         raise argparse.ArgumentTypeError(f"must be a number of GiB >= 0, not {text}")
     return x
+
+
+def template_kwargs(text: str) -> dict:
+    """``--chat-template-kwargs``' value: a JSON object of template variables (argparse names the option)."""
+    from ..errors import CtxError
+    from ..text.chat_template import check_template_kwargs
+
+    try:
+        value = json.loads(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(f"not valid JSON ({err}): {text!r}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"must be a JSON object, e.g. '{{\"enable_thinking\": false}}', "
+                                         f"not {text!r}")
+    try:
+        return check_template_kwargs(value, "--chat-template-kwargs")
+    except CtxError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def build_runtime(args: argparse.Namespace):
@@ -79,7 +101,8 @@ def build_runtime(args: argparse.Namespace):
     budget = None if args.memory_budget is None else int(args.memory_budget * (1 << 30))
     runtime = Runtime(catalog_from_args(args), store=Store(args.store, fleet=args.fleet), threads=args.threads,
                       kv=args.kv, memory_budget=budget, prefix_cache_entries=args.prefix_cache, lora=lora,
-                      draft=args.draft, speculative=args.speculative, warn=warning)
+                      draft=args.draft, speculative=args.speculative, warn=warning,
+                      template_kwargs=getattr(args, "chat_template_kwargs", None))
     try:
         runtime.check_at_start()  # what a model goes without is said now, not found out by its clients
     except BaseException:

@@ -298,7 +298,8 @@ class Generation:
     def _close_turn(self, model, ctx) -> None:
         """End the reply's chat turn (what the template writes after it), where it fits."""
         if self.request.prompt.is_chat:
-            closing = model.chat.render(after=ctx.tokens, closing=True, generation_prompt=False)
+            closing = model.chat.render(after=ctx.tokens, closing=True, generation_prompt=False,
+                                        template_kwargs=self.request.prompt.template_kwargs)
             try:
                 if closing:
                     ctx.append(closing, parse_special=True)

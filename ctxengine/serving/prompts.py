@@ -57,6 +57,7 @@ class Prompt:
     prefill: str = ""                             # chat: the reply's opening text, which it continues
     trim: bool = False                            # chat: drop the oldest turns that do not fit (Ollama's)
     think: bool | str | None = None               # Ollama's think, for a Go template's .Think (None: unset)
+    template_kwargs: dict | None = None           # chat: more Jinja template variables (chat_template_kwargs)
 
     @property
     def is_chat(self) -> bool:
@@ -65,7 +66,8 @@ class Prompt:
 
 def chat_text(model: "Model", entry: "CatalogEntry", messages: list[dict], *,
               add_generation_prompt: bool = True, layer_template: bool = True,
-              template: str | None = None, tools: list | None = None, think: bool | str | None = None) -> str:
+              template: str | None = None, tools: list | None = None, think: bool | str | None = None,
+              template_kwargs: dict | None = None) -> str:
     """The messages rendered as the model expects them (see the module doc).
 
     ``layer_template=False`` uses the GGUF's template even when the entry has
@@ -77,7 +79,8 @@ def chat_text(model: "Model", entry: "CatalogEntry", messages: list[dict], *,
     passes them (``.Tools``, ``.ToolCalls``, tool-role messages), except tools
     offered to a model's layer that never mentions ``.Tools`` (Ollama refuses
     those): the GGUF's template then shows them (text/tools.py).  ``think`` is Ollama's request
-    field, unset (None) by default: the Go template sees it as Ollama renders it."""
+    field, unset (None) by default: the Go template sees it as Ollama renders it.
+    ``template_kwargs`` are the GGUF's Jinja template's variables: a Go template ignores them."""
     asked, template = template, template or entry.template
     if template and layer_template and add_generation_prompt:
         try:
@@ -88,7 +91,8 @@ def chat_text(model: "Model", entry: "CatalogEntry", messages: list[dict], *,
             if asked:  # the request's own: the client hears why, it was not silently replaced
                 raise RequestError(f"the request's template cannot be rendered: {err}", param="template") from None
             # a model's template layer we cannot run: the GGUF's own template instead
-    return model.chat.render(messages, system=entry.system, tools=tools, generation_prompt=add_generation_prompt)
+    return model.chat.render(messages, system=entry.system, tools=tools, generation_prompt=add_generation_prompt,
+                             template_kwargs=template_kwargs)
 
 
 def prompt_ids(model: "Model", entry: "CatalogEntry", prompt: Prompt, limit: int | None = None,
@@ -115,7 +119,7 @@ def _text(model: "Model", entry: "CatalogEntry", prompt: Prompt) -> str:
     if not prompt.is_chat:
         return prompt.text or ""
     return chat_text(model, entry, prompt.messages, template=prompt.template, tools=prompt.tools,
-                     think=prompt.think) + prompt.prefill
+                     think=prompt.think, template_kwargs=prompt.template_kwargs) + prompt.prefill
 
 
 def _ids(model: "Model", prompt: Prompt, text: str) -> list[int]:
@@ -171,7 +175,8 @@ def continuation_text(model: "Model", entry: "CatalogEntry", prompt: Prompt, con
     """The text to append to a named context that holds ``context_tokens``."""
     if not prompt.is_chat:
         return prompt.text or ""
-    return turns_text(model, entry, prompt.messages, context_tokens, tools=prompt.tools) + prompt.prefill
+    return turns_text(model, entry, prompt.messages, context_tokens, tools=prompt.tools,
+                      template_kwargs=prompt.template_kwargs) + prompt.prefill
 
 
 def continuation_ids(ctx, text: str, limit: int) -> list[int]:
@@ -195,16 +200,17 @@ def continuation_ids(ctx, text: str, limit: int) -> list[int]:
 
 
 def turns_text(model: "Model", entry: "CatalogEntry", messages: list[dict], context_tokens: list[int], *,
-               tools: list | None = None, generation_prompt: bool = True) -> str:
+               tools: list | None = None, generation_prompt: bool = True, template_kwargs: dict | None = None) -> str:
     """Chat turns to append to a named context (a chat request naming it, ``POST
     /v1/contexts``, its ``/append``): the start of a conversation in an empty context, else
     its continuation. RequestError where the template drops them all: Gemma's shows a system
     prompt only inside the first user turn, so one sent alone would vanish without a word."""
     def render(turns: list[dict]) -> str:
         if context_tokens:
-            return model.chat.render(turns, tools=tools, after=context_tokens, generation_prompt=generation_prompt)
+            return model.chat.render(turns, tools=tools, after=context_tokens, generation_prompt=generation_prompt,
+                                     template_kwargs=template_kwargs)
         return chat_text(model, entry, turns, layer_template=False, tools=tools,
-                         add_generation_prompt=generation_prompt)
+                         add_generation_prompt=generation_prompt, template_kwargs=template_kwargs)
 
     text = render(messages)
     said = [c.strip() for m in messages if isinstance(c := m.get("content"), str) and c.strip()]

@@ -26,10 +26,12 @@ __all__ = ["LoadedEntry", "Runtime"]
 
 
 class Runtime(ServedModels):
-    def __init__(self, catalog, *, store: "Store | None" = None, **options):
+    def __init__(self, catalog, *, store: "Store | None" = None, template_kwargs: dict | None = None, **options):
         """``options``: ServedModels' (threads, kv, memory_budget, prefix_cache_entries,
-        lora, draft, speculative)."""
+        lora, draft, speculative). ``template_kwargs``: chat template variables every chat
+        request gets unless it sets them itself (``ctx serve --chat-template-kwargs``)."""
         super().__init__(catalog, store=store, **options)
+        self.template_kwargs = dict(template_kwargs or {})
         # A member of a fleet when the store has one; else None.
         self.fleet = FleetHost(self, store) if store is not None and store.fleet is not None else None
         self.host_id = self.fleet.host_id if self.fleet is not None else default_host_id()

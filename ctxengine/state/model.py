@@ -118,11 +118,15 @@ class Model:
         after=, closing=, generation_prompt=)``."""
         return self.engine.chat
 
-    def chat_prompt(self, messages: list[dict], *, add_generation_prompt: bool = True, tools=None) -> str:
+    def chat_prompt(self, messages: list[dict], *, add_generation_prompt: bool = True, tools=None,
+                    template_kwargs: dict | None = None) -> str:
         """Messages rendered with the model's chat template (parse the result with
         parse_special=True): ``model.chat.render(messages)``, kept as the documented
-        shorthand. ``tools``: text.tools.Tool or OpenAI-shaped dicts (text/tools.py)."""
-        return self.engine.chat.render(messages, tools=tools, generation_prompt=add_generation_prompt)
+        shorthand. ``tools``: text.tools.Tool or OpenAI-shaped dicts (text/tools.py).
+        ``template_kwargs``: more template variables, JSON values (``{"enable_thinking": False}``
+        for Qwen3); a RequestError names a key the renderer sets itself (``messages``...)."""
+        return self.engine.chat.render(messages, tools=tools, generation_prompt=add_generation_prompt,
+                                       template_kwargs=template_kwargs)
 
     def close(self) -> None:
         """Delete every context and let go of the weights; then every use of the model, or of

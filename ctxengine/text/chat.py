@@ -35,16 +35,22 @@
   that ends on an end-of-turn token, or inside an assistant turn (a reply
   cut short by its token limit), always gets it.
 * ``generation_prompt``: end with the template's opening of an assistant turn.
+* ``template_kwargs``: more template variables (``{"enable_thinking": False}`` for
+  Qwen3), checked by chat_template.check_template_kwargs; every rendering of the
+  call, its anchors' included, gets them, so a continuation is what the template
+  writes for the whole conversation with them.
 
 The template itself (the GGUF's Jinja, sandboxed) is text/chat_template.py;
 an Ollama Go template layer is the Ollama package's (ollama/template.py).
 """
 from __future__ import annotations
 
-import functools
-from typing import TYPE_CHECKING, Sequence
+import json
+import threading
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from ..errors import CtxError
+from .chat_template import check_template_kwargs
 from .tools import as_calls, as_tools, template_messages, tool_format
 
 if TYPE_CHECKING:
@@ -62,6 +68,7 @@ _EXCHANGE = ({"role": "system", "content": _ANCHOR}, {"role": "user", "content":
              {"role": "assistant", "content": _REPLY})
 _NEXT = {"role": "user", "content": "ctx-next-2b7d5e"}  # a turn after the exchange (closings)
 _STAND_INS = (_ANCHOR, _ASKED, _REPLY)
+_PROBES_KEPT = 32  # the template kwargs whose reply opening and end are kept (a client may send any)
 
 
 def with_system(turns: Sequence[dict], system: str | None) -> list[dict]:
@@ -112,26 +119,29 @@ class ChatRenderer:
         self.template = template
         self.tokenizer = tokenizer
         self.model_name = model_name
+        self._probes: dict[tuple[str, str], Any] = {}  # (what, kwargs as JSON): _reply_opening's, _reply_end's
+        self._probes_lock = threading.Lock()
 
     def render(self, turns: Sequence[dict] = (), *, system: str | None = None, tools=None,
                after: Sequence[int] | None = None, closing: bool = False,
-               generation_prompt: bool = True) -> str:
+               generation_prompt: bool = True, template_kwargs: Mapping[str, Any] | None = None) -> str:
         """The text for these turns (engine- or OpenAI-shaped: text/tools.py as_turns; see the
         module doc for each flag); parse it with parse_special=True."""
+        kw = check_template_kwargs(template_kwargs)
         turns = with_system(as_turns(turns), system)
         if after is None:
-            return self._whole(turns, tools, generation_prompt)
+            return self._whole(turns, tools, generation_prompt, kw)
         last = after[-1] if len(after) else None
-        in_reply = self._in_reply(after)
+        in_reply = self._in_reply(after, kw)
         ended = closing or last in self.tokenizer.eog_ids or in_reply
-        opening = self._closing(last) if ended else ""
+        opening = self._closing(last, kw) if ended else ""
         if not turns and not generation_prompt:
             return opening
         if not turns and in_reply and not closing:
             return ""  # a reply open (its prompt alone, or cut): a generation with no new turns goes on with it
-        return opening + self._continuation(turns, tools, generation_prompt)
+        return opening + self._continuation(turns, tools, generation_prompt, kw)
 
-    def _continuation(self, turns: list[dict], tools, generation_prompt: bool) -> str:
+    def _continuation(self, turns: list[dict], tools, generation_prompt: bool, kw: dict) -> str:
         """The turns as they continue a conversation: the rendering of [anchor] + turns minus
         that of [anchor], where no stand-in text is left (else the next anchor); where no
         anchor renders as a prefix, what follows its last stand-in text (module doc)."""
@@ -143,23 +153,23 @@ class ChatRenderer:
         rendered = []
         for anchor in map(list, anchors):
             try:
-                before = self._whole(anchor, tools, False)
-                full = self._whole(anchor + turns, tools, generation_prompt)
+                before = self._whole(anchor, tools, False, kw)
+                full = self._whole(anchor + turns, tools, generation_prompt, kw)
             except CtxError:
                 continue  # a shape this template refuses (roles out of turn): the next anchor
             if full.startswith(before):
-                trailer = self._reply_end[1]  # a context never holds it: the turns come before it
+                trailer = self._reply_end(kw)[1]  # a context never holds it: the turns come before it
                 trailer = trailer if before.endswith(trailer) else ""
                 rest = self._rest(trailer + full[len(before):], trailer, generation_prompt)
                 if rest is not None:
                     return rest
             rendered.append((anchor, before, full))
         for anchor, before, full in rendered:
-            rest = self._past_trailer(anchor, before, full, turns, tools, generation_prompt)
+            rest = self._past_trailer(anchor, before, full, turns, tools, generation_prompt, kw)
             if rest is not None:
                 return rest
         # one more rendering, with no anchor, says why when the turns themselves are refused
-        self._whole(turns, tools, generation_prompt)
+        self._whole(turns, tools, generation_prompt, kw)
         raise CtxError(f"{self.model_name}'s chat template cannot render turns on their own; "
                        "append the turns as text instead")
 
@@ -174,13 +184,13 @@ class ChatRenderer:
         return rest
 
     def _past_trailer(self, anchor: list[dict], before: str, full: str, turns: list[dict], tools,
-                      generation_prompt: bool) -> str | None:
+                      generation_prompt: bool, kw: dict) -> str | None:
         """What [anchor] + turns renders past the anchor's last stand-in text and the closing
         after it, where [anchor] alone renders past that closing only an end-of-conversation
         trailer (module doc); None where it does not."""
         mark = anchor[-1]["content"]
         if mark == _REPLY:  # past the closing a context holds after a reply (_reply_end)
-            closing, trailer = self._reply_end
+            closing, trailer = self._reply_end(kw)
             more = full[full.index(mark) + len(mark):] if full.count(mark) == 1 else None
             if more is None or not more.startswith(closing):
                 return None
@@ -191,7 +201,7 @@ class ChatRenderer:
         _, trailer, rest = split
         if trailer:
             try:
-                unprompted = full if not generation_prompt else self._whole(anchor + turns, tools, False)
+                unprompted = full if not generation_prompt else self._whole(anchor + turns, tools, False, kw)
             except CtxError:
                 return None
             if not unprompted.endswith(trailer):
@@ -223,20 +233,34 @@ class ChatRenderer:
                 return i
         return 0
 
-    def _whole(self, turns: list[dict], tools, generation_prompt: bool) -> str:
+    def _whole(self, turns: list[dict], tools, generation_prompt: bool, kw: dict) -> str:
         """A whole conversation through the template."""
         if self.template is None:
             raise CtxError(f"{self.model_name} has no chat template")
         if tools is None and not _uses_tools(turns):
-            return self.template.render(turns, add_generation_prompt=generation_prompt)
+            return self.template.render(turns, add_generation_prompt=generation_prompt, template_kwargs=kw)
         fmt = tool_format(self.template)
         rendered, variables = template_messages(turns, as_tools(tools or []), fmt)
-        return self.template.render(rendered, add_generation_prompt=generation_prompt, **variables)
+        return self.template.render(rendered, add_generation_prompt=generation_prompt, template_kwargs=kw,
+                                    **variables)
 
-    def _in_reply(self, tokens: Sequence[int]) -> bool:
+    def _probed(self, what: str, kw: dict, probe: Callable[[dict], Any]) -> Any:
+        """``probe(kw)``, kept for the last _PROBES_KEPT kwargs (the template may write other
+        text with them: Qwen3's opening of a reply with enable_thinking false)."""
+        key = (what, json.dumps(kw, sort_keys=True))
+        value = self._probes.get(key)
+        if value is None:
+            value = probe(kw)
+            with self._probes_lock:
+                if len(self._probes) >= 2 * _PROBES_KEPT:
+                    del self._probes[next(iter(self._probes))]
+                self._probes[key] = value
+        return value
+
+    def _in_reply(self, tokens: Sequence[int], kw: dict) -> bool:
         """Whether tokens end inside an assistant turn (a reply cut short, or not begun):
         the template's opening of one comes after their last end-of-turn token."""
-        opening, eog = self._reply_opening, self.tokenizer.eog_ids
+        opening, eog = self._reply_opening(kw), self.tokenizer.eog_ids
         if not opening:
             return False
         for i in range(len(tokens) - 1, -1, -1):
@@ -246,16 +270,18 @@ class ChatRenderer:
                 return True
         return False
 
-    @functools.cached_property
-    def _reply_opening(self) -> list[int]:
+    def _reply_opening(self, kw: dict) -> list[int]:
         """The tokens of the template's opening of an assistant turn (its generation prompt)."""
+        return self._probed("opening", kw, self._probe_opening)
+
+    def _probe_opening(self, kw: dict) -> list[int]:
         for asked in (list(_EXCHANGE[:2]), list(_EXCHANGE[1:2])):  # a template may refuse a system turn
             try:
-                bare, prompted = self._whole(asked, None, False), self._whole(asked, None, True)
+                bare, prompted = self._whole(asked, None, False, kw), self._whole(asked, None, True, kw)
             except CtxError:
                 continue
             if prompted == bare:  # an opening written unasked (Command R7B's): the trailer
-                trailer = self._reply_end[1]
+                trailer = self._reply_end(kw)[1]
                 opening = trailer if trailer and bare.endswith(trailer) else ""
             elif prompted.startswith(bare):
                 opening = prompted[len(bare):]
@@ -265,20 +291,22 @@ class ChatRenderer:
             return self.tokenizer.encode(opening, parse_special=True) if opening else []
         return []
 
-    @functools.cached_property
-    def _reply_end(self) -> tuple[str, str]:
+    def _reply_end(self, kw: dict) -> tuple[str, str]:
         """(closing, trailer): what the template writes after an assistant reply that a turn
         follows, and what a conversation that ends on the reply has past that (module doc)."""
+        return self._probed("end", kw, self._probe_end)
+
+    def _probe_end(self, kw: dict) -> tuple[str, str]:
         for exchange in (list(_EXCHANGE), list(_EXCHANGE[1:])):  # a template may refuse a system turn
             try:
-                text = self._whole(exchange, None, False)
+                text = self._whole(exchange, None, False, kw)
             except CtxError:
                 continue
             if _REPLY not in text:
                 return "", ""
             closing = text[text.index(_REPLY) + len(_REPLY):]
             try:
-                more = self._whole(exchange + [_NEXT], None, False)
+                more = self._whole(exchange + [_NEXT], None, False, kw)
             except CtxError:
                 return closing, ""  # no turn may follow: what ends the conversation
             split = self._split(text, more, _REPLY)
@@ -287,10 +315,10 @@ class ChatRenderer:
             return split[0], split[1]
         return "", ""  # a template that refuses this shape: leave the turn as the reply left it
 
-    def _closing(self, last_token: int | None) -> str:
+    def _closing(self, last_token: int | None, kw: dict) -> str:
         """What the template writes after an assistant reply, less the end-of-turn
         token the reply already ended with (if it did)."""
-        closing = self._reply_end[0]
+        closing = self._reply_end(kw)[0]
         if last_token is not None and last_token in self.tokenizer.eog_ids:
             ended = self.tokenizer.decode([last_token])
             if closing.startswith(ended):

@@ -30,7 +30,7 @@ from jinja2 import nodes
 from jinja2.ext import Extension
 from jinja2.sandbox import SecurityError
 
-from ..errors import CtxError, ModelFileError
+from ..errors import CtxError, ModelFileError, RequestError
 from .template_limits import LimitedSandbox, TemplateLimit, render_limited
 
 ROLES = ("system", "user", "assistant")
@@ -145,6 +145,47 @@ def check_messages(messages: Any, *, tools: bool = False) -> list[dict]:
     return out
 
 
+# The variables the renderer sets itself (and the globals it defines): a request's template kwargs may not.
+RESERVED_VARIABLES = frozenset({"messages", "tools", "add_generation_prompt", "bos_token", "eos_token",
+                                *_environment().globals})
+
+
+def check_template_kwargs(kwargs: Any, param: str = "template_kwargs") -> dict:
+    """A copy of ``kwargs``, extra template variables (chat_template_kwargs on the wire), after
+    checking it is a dict of string keys, none in RESERVED_VARIABLES, to JSON values (what
+    json.loads could give); a RequestError naming ``param`` and the key at fault otherwise."""
+    if kwargs is None:
+        return {}
+    if not isinstance(kwargs, Mapping):
+        raise RequestError(f"{param} must be an object (a dict), got {type(kwargs).__name__}", param=param)
+    for key, value in kwargs.items():
+        if not isinstance(key, str):
+            raise RequestError(f"{param} keys must be strings, got {type(key).__name__} {key!r}", param=param)
+        if key in RESERVED_VARIABLES:
+            raise RequestError(f"{param} may not set {key!r}: the chat renderer sets that variable itself "
+                               f"(reserved: {', '.join(sorted(RESERVED_VARIABLES))})", param=param)
+        bad = _not_json(value)
+        if bad is not None:
+            raise RequestError(f"{param}[{key!r}] must be a JSON value, and holds a {bad}", param=param)
+    return dict(kwargs)
+
+
+def _not_json(value: Any) -> str | None:
+    """The type name of the first thing in ``value`` that json.loads could not give; None if none."""
+    todo = [value]
+    while todo:
+        v = todo.pop()
+        if isinstance(v, dict):
+            if not all(isinstance(k, str) for k in v):
+                return "dict with a key that is not a string"
+            todo.extend(v.values())
+        elif isinstance(v, list):
+            todo.extend(v)
+        elif v is not None and not isinstance(v, (str, bool, int, float)):
+            return type(v).__name__
+    return None
+
+
 class ChatTemplate:
     def __init__(self, source: str, *, bos_token: str = "", eos_token: str = ""):
         if not isinstance(source, str):
@@ -161,9 +202,12 @@ class ChatTemplate:
                            "other past Python's recursion limit)") from None
 
     def render(self, messages: list[dict], *, add_generation_prompt: bool = True, tools: list | None = None,
-               **extra) -> str:
-        """``tools``: definitions in the OpenAI shape, for templates that render them (text/tools.py)."""
-        variables = {"bos_token": self.bos_token, "eos_token": self.eos_token, **extra,
+               template_kwargs: Mapping[str, Any] | None = None, **extra) -> str:
+        """``tools``: definitions in the OpenAI shape, for templates that render them (text/tools.py).
+        ``template_kwargs``: more variables for the template (Qwen3's ``enable_thinking``, say),
+        checked by check_template_kwargs: none may be one the renderer sets itself."""
+        variables = {**check_template_kwargs(template_kwargs),
+                     "bos_token": self.bos_token, "eos_token": self.eos_token, **extra,
                      "messages": check_messages(messages, tools=tools is not None),
                      "add_generation_prompt": add_generation_prompt}
         if tools is not None:
