@@ -135,6 +135,14 @@ def test_served_chat_routes_take_chat_template_kwargs(tmp_path, tiny_path, model
                                       "options": {"num_predict": 1}, "chat_template_kwargs": OFF})
         assert r.status_code == 200, r.text
         assert r.json()["prompt_eval_count"] == quiet
+        # Ollama's think false is Qwen3's enable_thinking false for a Jinja template; the kwargs win
+        for route, body in (("/api/chat", {"messages": ASK}), ("/api/generate", {"prompt": ASK[-1]["content"]})):
+            r = server.post(route, {"model": "tinykw", "stream": False, "options": {"num_predict": 1}, "think": False,
+                                    **body})
+            assert r.status_code == 200 and r.json()["prompt_eval_count"] == quiet, r.text
+        r = server.post("/api/chat", {"model": "tinykw", "messages": ASK, "stream": False, "think": False,
+                                      "options": {"num_predict": 1}, "chat_template_kwargs": {"enable_thinking": True}})
+        assert r.json()["prompt_eval_count"] == plain
 
         r = server.post("/v1/responses", {"model": "tinykw", "input": "hi", "max_output_tokens": 1,
                                           "chat_template_kwargs": OFF})

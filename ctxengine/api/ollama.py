@@ -215,7 +215,8 @@ def _generation_routes(router: APIRouter, o: _Ollama) -> None:
         else:
             system = f.str("system", None)
             messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": text}]
-            prompt = Prompt(messages=messages, prefix_ids=prefix, template=f.str("template", None), think=_think(f))
+            prompt = Prompt(messages=messages, prefix_ids=prefix, template=f.str("template", None), think=_think(f),
+                            template_kwargs=_thinking(f, template_kwargs(f, o.runtime.template_kwargs)))
         return await o.run(f, name, prompt, named, chat=False, client=request)
 
     @router.post("/api/chat")
@@ -228,7 +229,7 @@ def _generation_routes(router: APIRouter, o: _Ollama) -> None:
             return await o.load_or_unload(f, name, {"message": {"role": "assistant", "content": ""}})
         # A chat longer than the context loses its oldest turns, as Ollama's (its system messages kept)
         prompt = Prompt(messages=messages, tools=tools and tools.prompt_tools, trim=True, think=_think(f),
-                        template_kwargs=template_kwargs(f, o.runtime.template_kwargs))
+                        template_kwargs=_thinking(f, template_kwargs(f, o.runtime.template_kwargs)))
         return await o.run(f, name, prompt, named, chat=True, client=request, tools=tools)
 
 
@@ -300,6 +301,14 @@ def _think(f: Fields) -> bool | str | None:
     if value is None or isinstance(value, bool) or value in ("high", "medium", "low", "max"):
         return value
     raise ApiError(400, "think must be a boolean or one of 'high', 'medium', 'low', 'max'", param="think")
+
+
+def _thinking(f: Fields, kwargs: dict | None) -> dict | None:
+    """``think: false`` for a model's Jinja template: ``enable_thinking`` false (Qwen3's switch),
+    unless chat_template_kwargs sets it (a Go template layer sees .Think instead)."""
+    if f.data.get("think") is False and "enable_thinking" not in (kwargs or {}):
+        return {**(kwargs or {}), "enable_thinking": False}
+    return kwargs
 
 
 def _message(m, i: int) -> dict:
