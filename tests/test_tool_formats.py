@@ -301,3 +301,19 @@ def test_the_faces_hand_templates_each_function_as_the_client_wrote_it():
     assert anthropic.tools[0].openai() == {"type": "function",
                                            "function": {"name": "weather", "description": "d", "parameters": params}}
     assert anthropic.tools[0].parameters == params and ollama.tools[0].parameters == {"type": "object"}
+
+
+LLAMA_TWO = '{"name": "get_weather", "parameters": {"city": "Paris"}}; {"name": "get_time", "parameters": {}}'
+
+
+@pytest.mark.parametrize("reply, calls", [
+    (LLAMA_TWO, [("get_weather", {"city": "Paris"}), ("get_time", {})]),   # Llama 3.2's ";"-joined calls
+    (LLAMA_TWO + ";", [("get_weather", {"city": "Paris"}), ("get_time", {})]),
+    ('<|python_tag|>' + LLAMA_TWO, [("get_weather", {"city": "Paris"}), ("get_time", {})]),
+    (LLAMA_TWO + "; and more", []), (LLAMA_TWO.replace("get_time", "get_date"), []),  # text: not all calls
+])
+def test_llama_calls_joined_by_semicolons(reply, calls):
+    rest, got = parse_tool_calls(reply, NAMES)
+    assert ([(c.name, c.arguments) for c in got], rest) == (calls, "" if calls else reply)
+    shown, rest, streamed = stream([reply[i:i + 7] for i in range(0, len(reply), 7)])
+    assert streamed == calls and (shown + rest == ("" if calls else reply))

@@ -71,6 +71,25 @@ def entries(value: object, names: Collection[str] | None) -> list[Entry] | None:
     return out or None
 
 
+def joined_values(text: str) -> list | None:
+    """The JSON values of a whole text that is one value, or several joined by ``;`` (Llama
+    3.2's way of writing more than one call); None where the text is anything else."""
+    values, at = [], 0
+    while True:
+        try:
+            value, end = _DECODER.raw_decode(text, at)
+        except ValueError:
+            return None
+        values.append(value)
+        at = skip_space(text, end)
+        if at < len(text) and text[at] == ";":
+            at = skip_space(text, at + 1)
+        elif at < len(text):
+            return None
+        if at == len(text):
+            return values
+
+
 def _object(args: object) -> dict | None:
     if isinstance(args, str):  # some models write the arguments as a JSON string
         try:

@@ -329,13 +329,10 @@ def _tagged(text: str, names: Collection[str] | None) -> Iterator[tuple[int, int
 
 
 def _call(text: str, names: Collection[str] | None) -> list[ToolCall] | None:
-    """The calls one JSON value holds (an object or a list of them, each naming
-    one of ``names``), or None."""
-    try:
-        found = entries(json.loads(text), names)
-    except ValueError:
-        return None
-    return [ToolCall(n, a) for n, a, _ in found] if found else None
+    """The calls the JSON values of the text hold (an object or a list of them, or several
+    joined by ``;``, each naming one of ``names``), or None."""
+    found = [entries(v, names) for v in tool_formats.joined_values(text) or [None]]
+    return [ToolCall(n, a) for got in found for n, a, _ in got] if all(found) else None
 
 
 class ToolStream:
