@@ -127,6 +127,12 @@ def test_served_chat_routes_take_chat_template_kwargs(tmp_path, tiny_path, model
         r = server.post("/v1/messages/count_tokens", {"model": "tinykw", "messages": ASK,
                                                       "chat_template_kwargs": OFF})
         assert r.json()["input_tokens"] == quiet
+        # Anthropic's extended thinking is off unless asked for: so is the template's switch
+        r = server.post("/v1/messages/count_tokens", {"model": "tinykw", "messages": ASK})
+        assert r.json()["input_tokens"] == quiet
+        r = server.post("/v1/messages/count_tokens", {"model": "tinykw", "messages": ASK,
+                                                      "chat_template_kwargs": {"enable_thinking": True}})
+        assert r.json()["input_tokens"] == plain
         r = server.post("/v1/messages", {"model": "tinykw", "max_tokens": 1, "messages": ASK,
                                          "chat_template_kwargs": 3})
         assert r.status_code == 400 and "chat_template_kwargs" in r.text

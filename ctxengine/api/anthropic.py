@@ -14,7 +14,9 @@ schema) or ``grammar`` (our extension) constrains the reply; the rest of
 ``output_config`` (``effort``) is ignored. The current anthropic client has
 no ``temperature``/``top_p``/``top_k`` arguments: send them in
 ``extra_body``. Images and extended thinking are refused (``thinking``
-``{"type": "disabled"}`` is accepted).
+``{"type": "disabled"}`` is accepted), and a chat template's own thinking
+switch (Qwen3's ``enable_thinking``) is rendered off unless
+``chat_template_kwargs`` turns it on.
 """
 from __future__ import annotations
 
@@ -49,8 +51,11 @@ def messages_prompt(f: Fields, tools: ToolUse | None = None, defaults: dict | No
             raise ApiError(400, f"messages[{i}] has role '{role}'; expected 'user' or 'assistant'")
         messages.extend(anthropic_messages(mf, role))
     prefill = _prefill(messages)
+    # Extended thinking is off here (refused when asked), so a template's own switch is too
+    # (Qwen3's enable_thinking), unless chat_template_kwargs or the server's defaults set it.
+    kwargs = template_kwargs(f, defaults) or {}
     return Prompt(messages=messages, tools=tools and tools.prompt_tools, prefill=prefill,
-                  template_kwargs=template_kwargs(f, defaults))
+                  template_kwargs={"enable_thinking": False, **kwargs})
 
 
 def _prefill(messages: list[dict]) -> str:
