@@ -58,7 +58,7 @@ def test_chat_prompt_passes_the_variables(model):
 
 
 @pytest.mark.parametrize("key", ["messages", "tools", "add_generation_prompt", "bos_token", "eos_token",
-                                 "raise_exception", "namespace"])
+                                 "raise_exception", "namespace", "self"])
 def test_a_variable_the_renderer_sets_is_refused_by_name(model, key):
     with pytest.raises(RequestError, match=f"may not set '{key}'"):
         model.chat_prompt(ASK, template_kwargs={key: 1})

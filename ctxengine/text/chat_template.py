@@ -146,7 +146,8 @@ def check_messages(messages: Any, *, tools: bool = False) -> list[dict]:
 
 
 # The variables the renderer sets itself (and the globals it defines): a request's template kwargs may not.
-RESERVED_VARIABLES = frozenset({"messages", "tools", "add_generation_prompt", "bos_token", "eos_token",
+# ("self": jinja2's Template.render takes its variables as **kwargs beside its own self.)
+RESERVED_VARIABLES = frozenset({"messages", "tools", "add_generation_prompt", "bos_token", "eos_token", "self",
                                 *_environment().globals})
 
 
