@@ -18,6 +18,7 @@ from ctxengine.engine.config import SUPPORTED_TYPES
 from ctxengine.engine.gguf_file import open_gguf
 from ctxengine.errors import ModelFileError, UnsupportedModelError
 from gguf_splits import write_split
+from test_weights import count_calls
 from tiny_models import K_QUANTS, TinyConfig, make_weights, write_gguf
 
 T = gguf.GGMLQuantizationType
@@ -55,15 +56,7 @@ def ctx_home(tmp_path, monkeypatch):
 @pytest.fixture
 def checks(monkeypatch):
     """The paths check_finite_weights ran on, in order."""
-    calls = []
-
-    def counting(f):
-        calls.append(f.path)
-        return real(f)
-
-    real = weights.check_finite_weights
-    monkeypatch.setattr(weights, "check_finite_weights", counting)
-    return calls
+    return count_calls(monkeypatch, "check_finite_weights")
 
 
 def tiny(path, wtype="Q8_0"):

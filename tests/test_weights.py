@@ -29,17 +29,22 @@ def file_id(path) -> str:
         return weight_id(f)
 
 
-@pytest.fixture
-def count_hashing(monkeypatch):
+def count_calls(monkeypatch, name: str) -> list:
+    """The paths of the files weights.<name> (a function of an open GGUF) runs on, in order."""
     calls = []
+    real = getattr(weights, name)
 
     def counting(f):
         calls.append(f.path)
         return real(f)
 
-    real = weights.weight_id
-    monkeypatch.setattr(weights, "weight_id", counting)
+    monkeypatch.setattr(weights, name, counting)
     return calls
+
+
+@pytest.fixture
+def count_hashing(monkeypatch):
+    return count_calls(monkeypatch, "weight_id")
 
 
 # -- what the id covers ----------------------------------------------------------------
