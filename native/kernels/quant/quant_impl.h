@@ -171,7 +171,10 @@ bool matvec_q_avx512(DType t, const void* W, int n_in, int o0, int o1, const Blo
 // reference and scalar tails).
 // static: each translation unit keeps its own copy. With -flto an inline
 // function compiled once with -mavx2 and once for baseline x86-64 is one ODR
-// entity, and the linker could hand the AVX2 build to the scalar path.
+// entity, and the linker could hand the AVX2 build to the scalar path. (The
+// standard library's templates cannot be made static: CMakeLists.txt links
+// the ISA units last so that the baseline copy is the one kept, and
+// tests/test_isa_isolation.py checks the built module.)
 static inline float hsum16(float* a) {
   for (int w = 8; w >= 1; w /= 2)
     for (int i = 0; i < w; ++i) a[i] = a[i] + a[i + w];
