@@ -19,14 +19,21 @@ namespace ctx::qk {
 
 namespace {
 
+constexpr int weight_bias(DType t) { return t == DType::Q4_0 ? 8 : t == DType::Q5_0 ? 16 : 0; }
+
 template <bool kVnni>
 struct Avx2 : F32x8 {
   static constexpr int kGroup = kLanes;  // activation rows per scale vector
   static constexpr int kNK = 2;          // weight rows per tile (16 ymm registers)
   static constexpr int kNX = 4;          // activation rows per tile (sub-tiles of a group)
   static constexpr int kAhead = 0;
+  static constexpr int kScaleGroups = 4;  // activation groups a scale table pass makes (8 fma chains)
   static constexpr int kXRows = 1;       // activation rows an XBlock holds
-  struct XBlock { __m256i q; __m256i nbias; };  // one prepared activation block
+  // A group's prepared block: its rows' quants, then (Q4_0, Q5_0) their bias
+  // terms nbias = -bias * (x's 4-sums), an XBlock each.
+  struct XBlock { __m256i v; };
+  template <DType T>
+  static constexpr int x_parts() { return weight_bias(T) != 0 ? 2 : 1; }
   struct WBlock { __m256i v; };  // the unsigned operand; Q8_0's second one: the signed weights
   template <DType T>
   static void prep_x(const BlockQ8A* X, int nb, int rows, Scratch<Avx2<kVnni>>& s);
@@ -36,8 +43,6 @@ struct Avx2 : F32x8 {
   static void tile(const WBlock* wq, const XBlock* x, const float* sc, const float* summ, int nb, float* Y,
                    size_t y_stride);
 };
-
-constexpr int weight_bias(DType t) { return t == DType::Q4_0 ? 8 : t == DType::Q5_0 ? 16 : 0; }
 
 // The 32 bits at p as 32 bytes, 0x10 where the bit is set (Q5_*'s bit 4).
 __m256i high_bits(const uint8_t* p) { return _mm256_and_si256(bytes_from_bits(p), _mm256_set1_epi8(0x10)); }
@@ -49,10 +54,10 @@ void Avx2<kVnni>::prep_x(const BlockQ8A* X, int nb, int rows, Scratch<Avx2<kVnni
   prep_groups<T>(X, nb, rows, s, [&](XBlock* out, const BlockQ8A* first, int g_rows) {
     for (int j = 0; j < g_rows; ++j) {
       const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(first[static_cast<size_t>(j) * nb].qs));
-      out[j].q = q;
+      out[j].v = q;
       if (weight_bias(T) != 0) {
         const __m256i sum4 = _mm256_madd_epi16(_mm256_maddubs_epi16(bias, q), _mm256_set1_epi16(1));
-        out[j].nbias = _mm256_sub_epi32(_mm256_setzero_si256(), sum4);
+        out[kGroup + j].v = _mm256_sub_epi32(_mm256_setzero_si256(), sum4);
       }
     }
   });
@@ -97,30 +102,42 @@ void Avx2<kVnni>::tile(const WBlock* wq, const XBlock* x, const float* sc, const
   for (auto& row : acc)
     for (auto& a : row) a = _mm256_setzero_ps();
   for (int b = 0; b < nb; ++b) {
-    const XBlock* xb = x + b * kGroup;
+    const XBlock* xb = x + b * kGroup * x_parts<T>();
     const float* scb = sc + b * kNK * kGroup;
     for (int k = 0; k < NK; ++k) {
       const __m256i u = wq[k * nb + b].v;
       const __m256i sign = T == DType::Q8_0 ? wq[(kNK + k) * nb + b].v : u;
       for (int j = 0; j < NX; ++j) {
-        const __m256i q = T == DType::Q8_0 ? _mm256_sign_epi8(xb[j].q, sign) : xb[j].q;
+        const __m256i q = T == DType::Q8_0 ? _mm256_sign_epi8(xb[j].v, sign) : xb[j].v;
         __m256i dot;
         if constexpr (kVnni) {
-          dot = _mm256_dpbusd_avx_epi32(weight_bias(T) != 0 ? xb[j].nbias : _mm256_setzero_si256(), u, q);
+          dot = _mm256_dpbusd_avx_epi32(weight_bias(T) != 0 ? xb[kGroup + j].v : _mm256_setzero_si256(), u, q);
         } else {
           dot = _mm256_madd_epi16(_mm256_maddubs_epi16(u, q), ones);
-          if (weight_bias(T) != 0) dot = _mm256_add_epi32(dot, xb[j].nbias);
+          if (weight_bias(T) != 0) dot = _mm256_add_epi32(dot, xb[kGroup + j].v);
         }
         acc[k][j] = _mm256_fmadd_ps(_mm256_set1_ps(scb[k * kGroup + j]), _mm256_cvtepi32_ps(dot), acc[k][j]);
       }
     }
   }
-  for (int k = 0; k < NK; ++k)
-    for (int j = 0; j < NX; ++j) {
-      float dot = hsum8_ps(acc[k][j]);
-      if (has_min(T)) dot = dot + summ[k * kGroup + j];
-      Y[j * y_stride + k] = dot;
-    }
+  if constexpr (NK == 2 && NX == 4) {
+    // The eight sums at once: lanes 0-3 rows (0, j), lanes 4-7 rows (1, j).
+    __m256 dot = hsum8x8_ps(acc[0][0], acc[1][0], acc[0][1], acc[1][1], acc[0][2], acc[1][2], acc[0][3], acc[1][3]);
+    if (has_min(T)) dot = _mm256_add_ps(dot, _mm256_loadu2_m128(summ + kGroup, summ));
+    const __m128 k0 = _mm256_castps256_ps128(dot), k1 = _mm256_extractf128_ps(dot, 1);
+    const __m128 j01 = _mm_unpacklo_ps(k0, k1), j23 = _mm_unpackhi_ps(k0, k1);  // (row 0, row 1) of j, j + 1
+    _mm_storel_pi(reinterpret_cast<__m64*>(Y), j01);
+    _mm_storeh_pi(reinterpret_cast<__m64*>(Y + y_stride), j01);
+    _mm_storel_pi(reinterpret_cast<__m64*>(Y + 2 * y_stride), j23);
+    _mm_storeh_pi(reinterpret_cast<__m64*>(Y + 3 * y_stride), j23);
+  } else {
+    for (int k = 0; k < NK; ++k)
+      for (int j = 0; j < NX; ++j) {
+        float dot = hsum8_ps(acc[k][j]);
+        if (has_min(T)) dot = dot + summ[k * kGroup + j];
+        Y[j * y_stride + k] = dot;
+      }
+  }
 }
 
 }  // namespace

@@ -35,6 +35,9 @@ struct Avx512 : F32x16 {
   static constexpr int kNK = 4;          // weight rows per tile
   static constexpr int kNX = 4;          // activation rows per tile (sub-tiles of a group)
   static constexpr int kAhead = 2;       // tiles whose rows are prefetched ahead
+  static constexpr int kScaleGroups = 1;  // activation groups a scale table pass makes
+  template <DType T>
+  static constexpr int x_parts() { return 1; }
   static constexpr int kXRows = 1;       // activation rows an XBlock holds
   struct XBlock { __m256i v; };              // one prepared activation block
   struct WBlock { __m256i v; };            // one unpacked weight block, or (signed types) its vpdpbusd start
@@ -52,6 +55,9 @@ struct Avx512Zmm : F32x16 {
   static constexpr int kNK = 4;          // weight rows per tile
   static constexpr int kNX = 8;          // activation rows per tile (4 pairs of rows)
   static constexpr int kAhead = 2;       // tiles whose rows are prefetched ahead
+  static constexpr int kScaleGroups = 1;  // activation groups a scale table pass makes
+  template <DType T>
+  static constexpr int x_parts() { return 1; }
   static constexpr int kXRows = 2;       // activation rows an XBlock holds
   struct XBlock { __m512i v; };          // two rows' blocks, dwords interleaved
   struct WBlock { __m512i v; };          // an unpacked weight block (or start), dwords doubled

@@ -18,7 +18,10 @@
 //
 // A path V is a float vector of simd_f32.h (kGroup = its lanes) with
 //   kNK, kNX, kAhead        weight rows a tile, activation rows a sub-tile, tiles prefetched ahead (0: none)
+//   kScaleGroups            activation groups whose scale tables are made in one pass (tile_scales)
 //   kXRows                  activation rows an XBlock holds (1, or 2 where a register holds two pairs)
+//   x_parts<T>()            XBlocks a prepared activation block of type T's matmul takes per row (a path
+//                           may keep more than the quants: AVX2's bias sums of Q4_0 / Q5_0)
 //   XBlock, WBlock          a prepared activation block (kXRows rows), an unpacked weight block
 //   prep_x<T>, unpack_w<T>  into the Scratch below
 //   tile<T, NK, NX>         NK weight rows x NX activation rows into Y
@@ -53,8 +56,8 @@ struct Scratch {
   std::vector<typename V::WBlock> wq;  // [tile row][block]; where a path's type needs a second operand
                                        // per block, it follows in the same layout from wq[kNK * nb]
   std::vector<float> wd, wm;           // [tile row][block]: f16(d_w), f16(m_w)
-  std::vector<Lanes<V>> sc;            // [block][k]: f16(d_w) * d_x for tile row k, the group's rows
-  std::vector<Lanes<V>> summ;          // [k]: the min sums of tile row k, the group's rows
+  std::vector<Lanes<V>> sc;            // [group slot][block][k]: f16(d_w) * d_x for tile row k, the group's rows
+  std::vector<Lanes<V>> summ;          // [group slot][k]: the min sums of tile row k, the group's rows
   // What x holds: the rows of this x_id (0: none kept), at this address and
   // shape, prepared for weights with or without mins.
   uint64_t x_id = 0;
@@ -82,14 +85,20 @@ void group_scales(const BlockQ8A* X, int nb, int g, int g_rows, int b, Scratch<V
   }
 }
 
+// The XBlocks a group's prepared block takes (for weights of type T).
+template <typename V, DType T>
+constexpr size_t x_per_block() {
+  return static_cast<size_t>(V::kGroup / V::kXRows * V::template x_parts<T>());
+}
+
 // Activation rows X[0, rows) (nb blocks each) into groups of kGroup rows:
 // fill(out, first, g_rows) fills the group's block from its rows' blocks
-// first[0], first[nb], ... (out: the group's kGroup / kXRows XBlocks of that
+// first[0], first[nb], ... (out: the group's x_per_block XBlocks of that
 // block), then the block's scales go into their tables.
 template <DType T, typename V, typename Fill>
 void prep_groups(const BlockQ8A* X, int nb, int rows, Scratch<V>& s, Fill fill) {
   const int ng = (rows + V::kGroup - 1) / V::kGroup;
-  const size_t blocks = static_cast<size_t>(ng) * nb, per_block = V::kGroup / V::kXRows;
+  const size_t blocks = static_cast<size_t>(ng) * nb, per_block = x_per_block<V, T>();
   if (s.x.size() < blocks * per_block) s.x.resize(blocks * per_block);
   if (s.xd.size() < blocks) {
     s.xd.resize(blocks);
@@ -104,26 +113,41 @@ void prep_groups(const BlockQ8A* X, int nb, int rows, Scratch<V>& s, Fill fill) 
   }
 }
 
-// The scales (and min sums) of the unpacked tile against activation group g.
+// The scales (and min sums) of the unpacked tile against activation groups
+// g0 .. g0 + ng - 1 (ng <= kScaleGroups), group i's at s.sc[i * kNK * nb] and
+// s.summ[i * kNK]. One pass over the blocks: the table's stores and the min
+// sums' fma chains (one per weight row and group, each a chain through the
+// blocks in order) overlap, so more groups hide more of the fma latency.
 template <typename V, DType T>
-void tile_scales(Scratch<V>& s, int g, int nb) {
-  // One pass: the table's stores and the min sums' fma chains overlap.
+void tile_scales(Scratch<V>& s, int g0, int ng, int nb) {
+  constexpr int kNK = V::kNK, kSG = V::kScaleGroups;
   const float* wd = s.wd.data();
   const float* wm = s.wm.data();
-  const Lanes<V>* xd = &s.xd[static_cast<size_t>(g) * nb];
-  const Lanes<V>* xs = &s.xs[static_cast<size_t>(g) * nb];
-  typename V::F summ[V::kNK];
-  for (auto& v : summ) v = V::zero();
+  typename V::F summ[kSG][kNK];
+  for (auto& row : summ)
+    for (auto& v : row) v = V::zero();
   for (int b = 0; b < nb; ++b) {
-    // Loaded once per block: the table's stores could alias them otherwise.
-    const typename V::F d = xd[b].v, sx = has_min(T) ? xs[b].v : V::zero();
-    for (int k = 0; k < V::kNK; ++k) {
-      s.sc[b * V::kNK + k].v = V::mul(V::set1(wd[k * nb + b]), d);
-      if (has_min(T)) summ[k] = V::fma(V::set1(wm[k * nb + b]), sx, summ[k]);
+    // Loaded once per block: the table's stores (vectors, which may alias
+    // anything) would have them reloaded otherwise.
+    typename V::F dw[kNK], mw[kNK];
+    for (int k = 0; k < kNK; ++k) {
+      dw[k] = V::set1(wd[k * nb + b]);
+      mw[k] = has_min(T) ? V::set1(wm[k * nb + b]) : V::zero();
+    }
+    for (int i = 0; i < kSG; ++i) {
+      if (i >= ng) break;
+      const size_t gb = static_cast<size_t>(g0 + i) * nb + b;
+      const typename V::F d = s.xd[gb].v, sx = has_min(T) ? s.xs[gb].v : V::zero();
+      Lanes<V>* sc = &s.sc[(static_cast<size_t>(i) * nb + b) * kNK];
+      for (int k = 0; k < kNK; ++k) {
+        sc[k].v = V::mul(dw[k], d);
+        if (has_min(T)) summ[i][k] = V::fma(mw[k], sx, summ[i][k]);
+      }
     }
   }
   if (has_min(T))
-    for (int k = 0; k < V::kNK; ++k) s.summ[k].v = summ[k];
+    for (int i = 0; i < ng; ++i)
+      for (int k = 0; k < kNK; ++k) s.summ[i * kNK + k].v = summ[i][k];
 }
 
 template <typename V>
@@ -148,14 +172,14 @@ TileFn<V> pick(int nk, int nx) {
   }
 }
 
-// The unpacked tile (nk rows) against activation group g (g_rows rows); Y is
-// offset to (the group's row 0, the tile's first row).
+// The unpacked tile (nk rows) against activation group g (g_rows rows), its
+// scales at table slot i (tile_scales); Y is offset to (the group's row 0,
+// the tile's first row).
 template <typename V, DType T>
-void run_tile(Scratch<V>& s, int nk, int g, int g_rows, int nb, float* Y, size_t y_stride) {
-  const auto* sc = reinterpret_cast<const float*>(s.sc.data());
-  const auto* summ = reinterpret_cast<const float*>(s.summ.data());
-  tile_scales<V, T>(s, g, nb);
-  const typename V::XBlock* xg = &s.x[static_cast<size_t>(g) * nb * V::kGroup / V::kXRows];
+void run_tile(Scratch<V>& s, int nk, int i, int g, int g_rows, int nb, float* Y, size_t y_stride) {
+  const auto* sc = reinterpret_cast<const float*>(&s.sc[static_cast<size_t>(i) * V::kNK * nb]);
+  const auto* summ = reinterpret_cast<const float*>(&s.summ[static_cast<size_t>(i) * V::kNK]);
+  const typename V::XBlock* xg = &s.x[static_cast<size_t>(g) * nb * x_per_block<V, T>()];
   for (int j = 0; j < g_rows; j += V::kNX) {
     const int nx = std::min(V::kNX, g_rows - j);
     pick<V, T>(nk, nx)(s.wq.data(), xg + j / V::kXRows, sc + j, summ + j, nb, Y + j * y_stride, y_stride);
@@ -170,16 +194,16 @@ void matmul_prefill(const void* W, int n_in, int o0, int o1, const BlockQ8A* Xq,
   const int nb = n_in / QK;
   const size_t row_bytes = nb * block_bytes_q(T);
   const auto* wbase = static_cast<const uint8_t*>(W);
-  const size_t x_row_bytes = nb * (sizeof(typename V::XBlock) / V::kXRows + 2 * sizeof(float));
+  const size_t x_row_bytes = nb * (sizeof(typename V::XBlock) * V::template x_parts<T>() / V::kXRows + 2 * sizeof(float));
   const int batch = std::max<int>(kGroup, static_cast<int>(kXBudget / x_row_bytes) / kGroup * kGroup);
   const size_t tile_blocks = static_cast<size_t>(kNK) * nb;
   if (s.wd.size() < tile_blocks) {
     s.wq.resize(2 * tile_blocks);
     s.wd.resize(tile_blocks);
     s.wm.resize(tile_blocks);
-    s.sc.resize(tile_blocks);
   }
-  s.summ.resize(kNK);
+  s.sc.resize(tile_blocks * V::kScaleGroups);
+  s.summ.resize(kNK * V::kScaleGroups);
   if (x_id == 0 || x_id != s.x_id || Xq != s.x_at || n_x != s.x_rows || nb != s.x_nb || has_min(T) != s.x_min) {
     V::template prep_x<T>(Xq, nb, n_x, s);
     s.x_id = x_id, s.x_at = Xq, s.x_rows = n_x, s.x_nb = nb, s.x_min = has_min(T);
@@ -199,9 +223,15 @@ void matmul_prefill(const void* W, int n_in, int o0, int o1, const BlockQ8A* Xq,
         }
       }
       V::template unpack_w<T>(wbase + o * row_bytes, row_bytes, nk, nb, s);
-      for (int g = 0; g * kGroup < rows; ++g)
-        run_tile<V, T>(s, nk, g0 + g, std::min(kGroup, rows - g * kGroup), nb, Y + (r0 + g * kGroup) * y_stride + o,
-                       y_stride);
+      const int groups = (rows + kGroup - 1) / kGroup;
+      for (int g = 0; g < groups; g += V::kScaleGroups) {
+        const int ng = std::min(V::kScaleGroups, groups - g);
+        tile_scales<V, T>(s, g0 + g, ng, nb);
+        for (int i = 0; i < ng; ++i) {
+          const int r = (g + i) * kGroup;
+          run_tile<V, T>(s, nk, i, g0 + g + i, std::min(kGroup, rows - r), nb, Y + (r0 + r) * y_stride + o, y_stride);
+        }
+      }
     }
   }
 }

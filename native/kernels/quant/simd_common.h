@@ -31,6 +31,25 @@ static inline float hsum8_ps(__m256 a) {
   return _mm_cvtss_f32(_mm_add_ss(s2, _mm_movehdup_ps(s2)));
 }
 
+// hsum8_ps of eight vectors at once, lane i of the result hsum8_ps of the
+// i-th of (v0, v2, v4, v6, v1, v3, v5, v7): the same adds of the same
+// operands, laid out across registers instead of within one, so bit for bit.
+static inline __m256 hsum8x8_ps(__m256 v0, __m256 v1, __m256 v2, __m256 v3, __m256 v4, __m256 v5, __m256 v6,
+                                __m256 v7) {
+  // s4 (a[i] + a[i + 4]) of two vectors a register: [s4(v0) | s4(v1)], ...
+  const __m256 p01 = _mm256_add_ps(_mm256_permute2f128_ps(v0, v1, 0x20), _mm256_permute2f128_ps(v0, v1, 0x31));
+  const __m256 p23 = _mm256_add_ps(_mm256_permute2f128_ps(v2, v3, 0x20), _mm256_permute2f128_ps(v2, v3, 0x31));
+  const __m256 p45 = _mm256_add_ps(_mm256_permute2f128_ps(v4, v5, 0x20), _mm256_permute2f128_ps(v4, v5, 0x31));
+  const __m256 p67 = _mm256_add_ps(_mm256_permute2f128_ps(v6, v7, 0x20), _mm256_permute2f128_ps(v6, v7, 0x31));
+  // s2 (s4[i] + s4[i + 2], i < 2): [s2(v0), s2(v2) | s2(v1), s2(v3)], [v4, v6 | v5, v7]
+  const __m256 q0 = _mm256_add_ps(_mm256_shuffle_ps(p01, p23, _MM_SHUFFLE(1, 0, 1, 0)),
+                                  _mm256_shuffle_ps(p01, p23, _MM_SHUFFLE(3, 2, 3, 2)));
+  const __m256 q1 = _mm256_add_ps(_mm256_shuffle_ps(p45, p67, _MM_SHUFFLE(1, 0, 1, 0)),
+                                  _mm256_shuffle_ps(p45, p67, _MM_SHUFFLE(3, 2, 3, 2)));
+  // s2[0] + s2[1]
+  return _mm256_add_ps(_mm256_shuffle_ps(q0, q1, _MM_SHUFFLE(2, 0, 2, 0)), _mm256_shuffle_ps(q0, q1, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
 // The largest of 8 lanes (exact, in any order).
 static inline float hmax8_ps(__m256 a) {
   __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
