@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import ctxengine as ce
+from llamacpp import require_avx512_build
 
 
 @pytest.fixture(scope="module")
@@ -58,6 +59,7 @@ def test_code_points_are_classed_as_llama_cpp_classes_them(smol, llamacpp, smoll
 
 
 def test_full_vocabulary_logits_equal_llama_cpp_bit_for_bit(smol, texts, llamacpp, smollm2_path):
+    require_avx512_build(llamacpp)
     worst = (0.0, None)
     n_positions = n_differ = 0
     for k, text in enumerate(texts):

@@ -18,6 +18,9 @@ from tiny_models import TinyConfig, make_weights, reference_logits, write_gguf
 TOKENS = [72, 101, 108, 108, 111, 32, 119, 111, 114, 108, 100, 33, 10, 65, 66, 67, 1, 2, 3, 200]
 F32_TOL = 2e-3  # tests/test_architectures.py's for F32: relative to the largest logit
 LIVE_TOL = 1e-4  # ours vs llama.cpp, F32: the same float32 sums (the probe saw 0 on the real shapes)
+# Against an AVX2-only build of llama.cpp (tests/llamacpp.py, AVX2_BUILD_DIFFERS): its exp and its
+# attention sums round otherwise; on a Zen 3 these few-layer F32 models differed by up to 9.3e-4.
+LIVE_TOL_AVX2_BUILD = 5e-3
 
 
 class Biased:
@@ -160,7 +163,7 @@ def test_optional_biases_match_llama_cpp_live(tmp_path, llamacpp, arch, add, rem
     theirs = llamacpp.run(path, [{"kind": "logits", "ids": TOKENS}])[0]["logits"]
     diff = np.abs(our_logits(path) - theirs).max()
     print(f"{arch} +{add} -{remove}: max |ours - llama.cpp| = {diff:.3g}")
-    assert diff <= LIVE_TOL
+    assert diff <= (LIVE_TOL if "AVX512 = 1" in llamacpp.info["system_info"] else LIVE_TOL_AVX2_BUILD)
 
 
 def refused(tmp_path, arch, add=(), extra=None, rope_dim=None, **opts):
