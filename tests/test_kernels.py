@@ -189,6 +189,18 @@ def test_matmul_paths_bit_identical(t, n_in):
             assert_same_bits(on_each_path(lambda: matmul(t, wo, n_in, xs)))
 
 
+@pytest.mark.parametrize("t", ALL_TYPES, ids=lambda t: t.name)
+def test_decode_output_ranges_bit_identical(t):
+    # One activation row (decode) over a part of the output rows, as the model's threads split
+    # them and chunk them (AVX2's Q8_0 decode takes groups of 4 rows and scales 8 blocks at a time).
+    rng = np.random.default_rng(int(t) + 7)
+    n_in, n_out = 11 * 32 if t not in QUANTIZED or GGML_QUANT_SIZES[t][0] == 32 else 512, 37
+    w = weights(t, n_out, n_in, rng)
+    x = activations(1, n_in, rng) * np.float32(1e-3)
+    for o0, o1, chunk in ((0, n_out, 0), (3, 30, 0), (5, n_out, 3), (0, 9, 4)):
+        assert_same_bits(on_each_path(lambda: Q.matmul(int(t), w.reshape(-1), n_in, n_out, x, o0, o1, chunk)))
+
+
 def fma_f32(a, b, c):
     """fma(a, b, c) on float32 arrays, rounded once. The product is exact in
     float64 (24 + 24 bits); the float64 sum s and its exact error e (TwoSum) give
