@@ -1,14 +1,14 @@
-"""Prefill of builds of the native core, alternated: before/after figures on a noisy machine.
+"""Prefill (or decode) of builds of the native core, alternated: before/after figures on a noisy machine.
 
     python bench/bench_builds.py OLD_core.so NEW_core.so [...] [-m smollm2|gemma3|PATH] [--rounds 3]
-        [--prompts 4] [--prompt 512] [--threads 2] [--isa avx2]
+        [--prompts 4] [--prompt 512] [--threads 2] [--isa avx2] [--decode]
 
 Keep a build aside before changing the code (`scripts/dev-build.sh && cp build/dev/_core*.so /tmp/old_core.so`),
 then compare it with the new one. Each round runs every build in a fresh process, its `_core` loaded in place
 of the installed one (as bench_batched.py --core does), which warms up and then times --prompts prompts of
 --prompt tokens, each into an empty context; which build goes first rotates (facts.round_order). Printed: each
 round's median per build, then each build's median of the rounds and its ratio to the first build's, round by
-round.
+round. --decode times single-token steps instead: after a short prompt, --prompts runs of 24 steps each.
 """
 from __future__ import annotations
 
@@ -20,8 +20,9 @@ import sys
 from pathlib import Path
 
 
-def child(core: str, model: str, threads: int, n_prompt: int, prompts: int, isa: str | None) -> float:
-    """The median prefill tok/s of this build (run in its own process)."""
+def child(core: str, model: str, threads: int, n_prompt: int, prompts: int, isa: str | None,
+          decode: bool = False) -> float:
+    """The median prefill (or decode) tok/s of this build (run in its own process)."""
     from bench_batched import model_path, use_core
 
     use_core(core)
@@ -35,9 +36,23 @@ def child(core: str, model: str, threads: int, n_prompt: int, prompts: int, isa:
     eng = m.engine
     ids = prompt_ids(eng.tokenize, n_prompt)
     eng.forward(eng.new_sequence(), ids[:32])  # warm pages, scratch and caches
-    rates = [prefill_rate(eng, ids) for _ in range(prompts)]
+    rates = [decode_rate(eng) if decode else prefill_rate(eng, ids) for _ in range(prompts)]
     m.close()
     return statistics.median(rates)
+
+
+def decode_rate(eng, steps: int = 24) -> float:
+    """Tokens a second of single-token steps after a short prompt (like llama-bench's tg)."""
+    import time
+
+    seq = eng.new_sequence()
+    eng.forward(seq, eng.tokenize("Once upon a time, in a land far away, there lived"))
+    for _ in range(4):
+        eng.forward(seq, [1])  # warm
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        eng.forward(seq, [1])
+    return steps / (time.perf_counter() - t0)
 
 
 def main() -> int:
@@ -49,24 +64,26 @@ def main() -> int:
     ap.add_argument("--prompt", type=int, default=512)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--isa", choices=["scalar", "avx2", "avx512"], default=None, help="the path (default: the best)")
+    ap.add_argument("--decode", action="store_true", help="time decode steps instead of prefill")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        print(json.dumps(child(args.child, args.model, args.threads, args.prompt, args.prompts, args.isa)))
+        print(json.dumps(child(args.child, args.model, args.threads, args.prompt, args.prompts, args.isa, args.decode)))
         return 0
     if not args.cores:
         ap.error("name at least one _core .so")
     from ctxengine.bench.facts import describe_machine, machine_facts, round_order
 
     print(describe_machine(machine_facts(args.threads)))
-    print(f"{args.model}: {args.prompt}-token prompts, {args.threads} threads, path {args.isa or 'the best'}, "
-          f"median of {args.prompts} a round")
+    what = "decode, runs of 24 steps" if args.decode else f"{args.prompt}-token prompts"
+    print(f"{args.model}: {what}, {args.threads} threads, path {args.isa or 'the best'}, median of {args.prompts} a round")
     got: dict[str, list[float]] = {c: [] for c in args.cores}
     for r in range(args.rounds):
         for core in round_order(args.cores, r):
             cmd = [sys.executable, __file__, "--child", core, "-m", args.model, "--threads", str(args.threads),
                    "--prompt", str(args.prompt), "--prompts", str(args.prompts)]
             cmd += ["--isa", args.isa] if args.isa else []
+            cmd += ["--decode"] if args.decode else []
             done = subprocess.run(cmd, capture_output=True, text=True, check=True)
             got[core].append(json.loads(done.stdout.strip().splitlines()[-1]))
         print(f"  round {r + 1}: " + "  ".join(f"{Path(c).name} {got[c][-1]:.0f}" for c in args.cores))
