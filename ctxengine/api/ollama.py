@@ -225,7 +225,7 @@ def _generation_routes(router: APIRouter, o: _Ollama) -> None:
         tools = ollama_tool_use(f)
         messages = [_message(m, i) for i, m in enumerate(f.list("messages", []))]
         named = f.str("context", None)
-        if not messages:
+        if not messages and named is None:  # Ollama's load (or, keep_alive 0, unload)
             return await o.load_or_unload(f, name, {"message": {"role": "assistant", "content": ""}})
         # A chat longer than the context loses its oldest turns, as Ollama's (its system messages kept)
         prompt = Prompt(messages=messages, tools=tools and tools.prompt_tools, trim=True, think=_think(f),
