@@ -259,14 +259,16 @@ class ChatRenderer:
 
     def _in_reply(self, tokens: Sequence[int], kw: dict) -> bool:
         """Whether tokens end inside an assistant turn (a reply cut short, or not begun):
-        the template's opening of one comes after their last end-of-turn token."""
-        opening, eog = self._reply_opening(kw), self.tokenizer.eog_ids
-        if not opening:
-            return False
+        the template's opening of one comes after their last end-of-turn token. The opening
+        under these template variables or under none: a context opened by one face (OpenAI's:
+        Qwen3's "<|im_start|>assistant\n") may go on under another's (Anthropic's, thinking
+        off: that and "<think>\n\n</think>\n\n"), and either opening marks the reply open."""
+        eog = self.tokenizer.eog_ids
+        openings = [o for o in {tuple(self._reply_opening(kw)), tuple(self._reply_opening({}))} if o]
         for i in range(len(tokens) - 1, -1, -1):
             if tokens[i] in eog:
                 return False
-            if tokens[i] == opening[0] and list(tokens[i:i + len(opening)]) == opening:
+            if any(tokens[i] == o[0] and tuple(tokens[i:i + len(o)]) == o for o in openings):
                 return True
         return False
 
