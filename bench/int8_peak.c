@@ -11,17 +11,10 @@
  * each vpdpbusd from a copy of a start register, as the tiles do (no chain
  * through it), and keep 6 fma accumulators.
  */
-#include <stdio.h>
-#include <time.h>
 #include <xmmintrin.h>
 
-static double cpu_seconds(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
-  return t.tv_sec + t.tv_nsec * 1e-9;
-}
+#include "peak_clock.h"
 
-#define N 50000000L
 #define LOOP(body) \
   do { long m = N; __asm__ volatile("1:\n" body "dec %0\n jnz 1b\n" : "+r"(m) :: \
        "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11", "cc"); } while (0)
@@ -46,20 +39,13 @@ static double cpu_seconds(void) {
   "vpdpbusd %%" R "14,%%" R "15,%%" R "4\n vfmadd231ps %%" R "12,%%" R "13,%%" R "10\n" \
   "vpdpbusd %%" R "14,%%" R "15,%%" R "5\n vfmadd231ps %%" R "12,%%" R "13,%%" R "11\n"
 
-static double rate(double ops, double t0, double ghz) { return ops * N / (cpu_seconds() - t0) / 1e9 / ghz; }
-
 int main(void) {
-  long x = 1, one = 1;
+  long x = 1;
   _mm_setcsr(_mm_getcsr() | 0x8040); /* FTZ and DAZ: whatever the registers hold, no denormal assists */
   __asm__ volatile("vpxord %%zmm12, %%zmm12, %%zmm12\n vpxord %%zmm13, %%zmm13, %%zmm13\n"
                    "vpxord %%zmm14, %%zmm14, %%zmm14\n vpxord %%zmm15, %%zmm15, %%zmm15" ::: "xmm12", "xmm13", "xmm14", "xmm15");
-  double t0 = cpu_seconds();
-  /* Register operands: Golden Cove and later fold an add of an immediate at
-   * rename, so a chain of those is no clock. */
-  for (long i = 0; i < 4 * N; ++i)
-    __asm__ volatile("add %1, %0\n add %1, %0\n add %1, %0\n add %1, %0" : "+r"(x) : "r"(one));
-  const double ghz = 16.0 * N / (cpu_seconds() - t0) / 1e9;
-  printf("clock %.2f GHz (dependent adds)\n", ghz);
+  const double ghz = clock_ghz(&x);
+  double t0;
 
   t0 = cpu_seconds();
   LOOP(PEAK("ymm"));

@@ -10,17 +10,10 @@
  * Timed on the thread's CPU clock, so a shared machine's load does not enter;
  * the clock rate comes from a chain of dependent register adds (one a cycle).
  */
-#include <stdio.h>
-#include <time.h>
 #include <xmmintrin.h>
 
-static double cpu_seconds(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
-  return t.tv_sec + t.tv_nsec * 1e-9;
-}
+#include "peak_clock.h"
 
-#define N 50000000L
 #define LOOP(body) \
   do { long m = N; __asm__ volatile("1:\n" body "dec %0\n jnz 1b\n" : "+r"(m) : "r"(scale), "r"(xbuf) : \
        "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11", "cc"); } while (0)
@@ -66,21 +59,16 @@ static double cpu_seconds(void) {
 #define STEPA(D, A) SUM4(D) "vpaddd %%ymm12,%%ymm" D ",%%ymm" D "\n vfmadd231ps %%ymm12,%%ymm" D ",%%ymm" A "\n"
 #define STEPSA STEPA("0", "6") STEPA("1", "7") STEPA("2", "8") STEPA("3", "9") STEPA("4", "10") STEPA("5", "11")
 
-static double rate(double ops, double t0, double ghz) { return ops * N / (cpu_seconds() - t0) / 1e9 / ghz; }
-
 int main(void) {
-  long x = 1, one = 1;
+  long x = 1;
   static float scale_mem[8] = {1.0f};
   const float* scale = scale_mem;
   static char xbuf[512] __attribute__((aligned(64)));
   _mm_setcsr(_mm_getcsr() | 0x8040); /* FTZ and DAZ */
   __asm__ volatile("vpxor %%ymm12, %%ymm12, %%ymm12\n vpxor %%ymm13, %%ymm13, %%ymm13\n"
                    "vpxor %%ymm14, %%ymm14, %%ymm14\n vpxor %%ymm15, %%ymm15, %%ymm15" ::: "xmm12", "xmm13", "xmm14", "xmm15");
-  double t0 = cpu_seconds();
-  for (long i = 0; i < 4 * N; ++i)
-    __asm__ volatile("add %1, %0\n add %1, %0\n add %1, %0\n add %1, %0" : "+r"(x) : "r"(one));
-  const double ghz = 16.0 * N / (cpu_seconds() - t0) / 1e9;
-  printf("clock %.2f GHz (dependent adds)\n", ghz);
+  const double ghz = clock_ghz(&x);
+  double t0;
 
   t0 = cpu_seconds();
   LOOP(PEAK);

@@ -69,10 +69,15 @@ AVX2_BUILD_DIFFERS = (
 )
 
 
+def is_avx512_build(oracle) -> bool:
+    """Whether this llama.cpp computes as the AVX-512 build does (its system info says so)."""
+    return "AVX512 = 1" in oracle.info["system_info"]
+
+
 def require_avx512_build(oracle) -> None:
     """Skip a comparison that holds llama.cpp to our bits (or near them) unless this llama.cpp
     computes as the AVX-512 build does."""
-    if "AVX512 = 1" not in oracle.info["system_info"]:
+    if not is_avx512_build(oracle):
         pytest.skip(AVX2_BUILD_DIFFERS)
 
 

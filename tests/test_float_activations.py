@@ -20,6 +20,7 @@ import pytest
 
 from ctxengine import _core
 from ctxengine.engine.engine import Engine
+from llamacpp import is_avx512_build
 from simd_paths import AVAILABLE, EVERY_PATH
 from tiny_models import TinyConfig, make_weights, reference_logits, round_act, write_gguf
 
@@ -166,7 +167,7 @@ def test_tiny_f16_model_equals_llama_cpp(tmp_path, llamacpp, smollm2_path):
     ours = m.forward(m.new_sequence(), ids, all_logits=True)
     m.close()
     delta = np.abs(ours.astype(np.float64) - theirs)
-    both_avx512 = "AVX512 = 1" in llamacpp.info["system_info"] and _core.active_isa() == "avx512"
+    both_avx512 = is_avx512_build(llamacpp) and _core.active_isa() == "avx512"
     print(f"tiny F16 vs llama.cpp ({'both AVX-512' if both_avx512 else 'not both AVX-512'}): "
           f"max |d logit| {delta.max():.3g}, position 0 {delta[0].max():.3g}")
     if both_avx512:
