@@ -192,6 +192,7 @@ void Model::matmul(std::initializer_list<MatmulJob> jobs, const float* x, int n_
       const int64_t n_out = j.w->n_out;
       const int64_t o0 = std::max<int64_t>(begin - base, 0), o1 = std::min<int64_t>(end - base, n_out);
       if (o0 < o1) {
+        if (n_lora > 0) lora_prefetch(job, o0, o1);
         if (dtype_is_quantized(j.w->type))
           matmul_q(j.w->type, j.w->data, n_in, static_cast<int>(o0), static_cast<int>(o1), s_.xq.data(), n_rows,
                    j.y, static_cast<size_t>(n_out), xq_id_);

@@ -185,6 +185,7 @@ class Model {
   // every task is done.
   int64_t lora_prepare(int layer, std::initializer_list<MatmulJob> jobs);
   void lora_down(int64_t i, const float* x, int n_in);
+  void lora_prefetch(int job, int64_t o0, int64_t o1) const;
   void lora_up_range(const MatmulJob& j, int job, int64_t o0, int64_t o1);
   void quantize_rows(const float* x, int n_rows, int n_in, ActFormat format);
   // Store row r of s_.k / s_.v (this layer's new K and V) in slot `slot` of a page.

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "kernels/kernels.h"
+#include "kernels/lora/lora_kernels.h"
 #include "models/model.h"
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -75,6 +76,27 @@ void Model::lora_down(int64_t i, const float* x, int n_in) {
   matmul_f(t.p->atype, t.p->a.data(), n_in, 0, t.p->rank, x + static_cast<size_t>(b0) * n_in, b1 - b0,
            s_.lora_t.data() + t.t_off + static_cast<size_t>(b0 - t.r0) * t.p->rank, static_cast<size_t>(t.p->rank));
   lora_a_done_.fetch_add(1, std::memory_order_release);
+}
+
+// Asks for B's rows of this chunk's outputs [o0, o1) (one run of memory in
+// lora::up's blocks) before the base rows are computed, so that they arrive in
+// L2 while the base product runs instead of stalling B t when it starts.
+void Model::lora_prefetch(int job, int64_t o0, int64_t o1) const {
+#if defined(__x86_64__) || defined(__i386__)
+  for (const LoraTerm& t : lora_terms_) {
+    if (t.job != job) continue;
+    const LoraPair& p = *t.p;
+    const bool f32 = p.btype != DType::F16 && p.btype != DType::BF16;
+    const char* base = f32 ? reinterpret_cast<const char*>(p.bt.data()) : reinterpret_cast<const char*>(p.bt16.data());
+    const size_t elem = f32 ? sizeof(float) : sizeof(uint16_t);
+    const size_t rank = static_cast<size_t>(p.rank);
+    const size_t begin = static_cast<size_t>(o0) / lora::kBlock * lora::kBlock * rank * elem;
+    const size_t end = static_cast<size_t>(o1 + lora::kBlock - 1) / lora::kBlock * lora::kBlock * rank * elem;
+    for (size_t off = begin; off < end; off += 64) _mm_prefetch(base + off, _MM_HINT_T1);
+  }
+#else
+  (void)job, (void)o0, (void)o1;
+#endif
 }
 
 void Model::lora_up_range(const MatmulJob& j, int job, int64_t o0, int64_t o1) {

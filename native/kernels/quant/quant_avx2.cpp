@@ -227,16 +227,11 @@ void matmul_q_impl(const void* W, int n_in, int o0, int o1, const BlockQ8A* Xq, 
 // go to lo, 16e+8..16e+15 to hi. The n_in % 16 tail is finished in scalar on
 // the spilled lanes (std::fma is the same single rounding).
 
-// 8 weights as floats: f32, f16 or bf16 elements, or a Q8_0 row's blocks
-// widened exactly (quant.h); i % 8 == 0, so 8 never straddle a block.
+// 8 weights as floats: f32, f16 or bf16 elements (Q8_0 rows: tile_f_q8_0).
 template <DType T>
 __m256 load_w8(const void* row, int i) {
   if constexpr (T == DType::F32) {
     return _mm256_loadu_ps(static_cast<const float*>(row) + i);
-  } else if constexpr (T == DType::Q8_0) {
-    const auto* b = static_cast<const uint8_t*>(row) + static_cast<size_t>(i / QK) * sizeof(BlockQ8_0);
-    const __m128i q = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(b + 2 + i % QK));
-    return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), _mm256_set1_ps(_cvtsh_ss(load_u16(b))));
   } else {
     const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(row) + i));
     if constexpr (T == DType::F16) return _mm256_cvtph_ps(h);
@@ -244,10 +239,9 @@ __m256 load_w8(const void* row, int i) {
   }
 }
 
-// One weight (the n_in % 16 tail; never Q8_0, whose rows are whole blocks of 32).
+// One weight (the n_in % 16 tail).
 template <DType T>
 float load_w1(const void* row, int i) {
-  static_assert(T != DType::Q8_0);
   if constexpr (T == DType::F32) return static_cast<const float*>(row)[i];
   const uint16_t h = static_cast<const uint16_t*>(row)[i];
   if constexpr (T == DType::F16) return _cvtsh_ss(h);
@@ -281,25 +275,62 @@ void tile_f(const uint8_t* w0, size_t row_bytes, int n_in, const float* x0, floa
         Y[j * y_stride + i] = hsum16_ps(lo[i][j], hi[i][j]);
         continue;
       }
-      if constexpr (T != DType::Q8_0) {
-        alignas(32) float a[16];
-        _mm256_store_ps(a, lo[i][j]);
-        _mm256_store_ps(a + 8, hi[i][j]);
-        const float* x = x0 + static_cast<size_t>(j) * n_in;
-        for (int e = n16; e < n_in; ++e) a[e % 16] = std::fma(load_w1<T>(w0 + i * row_bytes, e), x[e], a[e % 16]);
-        Y[j * y_stride + i] = hsum16(a);
-      }
+      alignas(32) float a[16];
+      _mm256_store_ps(a, lo[i][j]);
+      _mm256_store_ps(a + 8, hi[i][j]);
+      const float* x = x0 + static_cast<size_t>(j) * n_in;
+      for (int e = n16; e < n_in; ++e) a[e % 16] = std::fma(load_w1<T>(w0 + i * row_bytes, e), x[e], a[e % 16]);
+      Y[j * y_stride + i] = hsum16(a);
     }
 }
 
+// tile_f for Q8_0 rows, a block of 32 at a time: each row's scale is widened
+// once per block (not per 8 weights, which also spilled the accumulators of a
+// 4-row tile to the stack), and each weight is still f16(d) * q, exact, added
+// into lane e % 16 in ascending e (quant.h's float order): the same bits.
+template <int NW, int NX>
+void tile_f_q8_0(const uint8_t* w0, size_t row_bytes, int n_in, const float* x0, float* Y, size_t y_stride) {
+  __m256 lo[NW][NX], hi[NW][NX];
+  for (int i = 0; i < NW; ++i)
+    for (int j = 0; j < NX; ++j) lo[i][j] = hi[i][j] = _mm256_setzero_ps();
+  const auto widen = [](const uint8_t* q, __m256 d) {
+    const __m128i v = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(q));
+    return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v)), d);
+  };
+  for (int b = 0; b < n_in / QK; ++b) {
+    for (int i = 0; i < NW; ++i) {
+      const uint8_t* blk = w0 + i * row_bytes + static_cast<size_t>(b) * sizeof(BlockQ8_0);
+      const __m256 d = _mm256_set1_ps(_cvtsh_ss(load_u16(blk)));
+      for (int h = 0; h < 2; ++h) {  // elements 16h..16h+7 to lo, 16h+8..16h+15 to hi
+        const __m256 wl = widen(blk + 2 + 16 * h, d), wh = widen(blk + 2 + 16 * h + 8, d);
+        for (int j = 0; j < NX; ++j) {
+          const float* x = x0 + static_cast<size_t>(j) * n_in + b * QK + 16 * h;
+          lo[i][j] = _mm256_fmadd_ps(wl, _mm256_loadu_ps(x), lo[i][j]);
+          hi[i][j] = _mm256_fmadd_ps(wh, _mm256_loadu_ps(x + 8), hi[i][j]);
+        }
+      }
+    }
+  }
+  for (int i = 0; i < NW; ++i)
+    for (int j = 0; j < NX; ++j) Y[j * y_stride + i] = hsum16_ps(lo[i][j], hi[i][j]);
+}
+
 using TileFFn = void (*)(const uint8_t*, size_t, int, const float*, float*, size_t);
+
+template <DType T, int NW, int NX>
+constexpr TileFFn tile_f_for() {
+  if constexpr (T == DType::Q8_0) return tile_f_q8_0<NW, NX>;
+  else return tile_f<T, NW, NX>;
+}
 
 template <DType T>
 void matmul_f_impl(const void* W, int n_in, int o0, int o1, const float* Xf, int n_x, float* Y, size_t y_stride) {
   const size_t row_bytes = dtype_row_bytes(T, n_in);
   const auto* wbase = static_cast<const uint8_t*>(W);
-  static constexpr TileFFn by_nw_1x[4] = {tile_f<T, 1, 1>, tile_f<T, 2, 1>, tile_f<T, 3, 1>, tile_f<T, 4, 1>};
-  static constexpr TileFFn by_nw_nx[2][2] = {{tile_f<T, 1, 1>, tile_f<T, 1, 2>}, {tile_f<T, 2, 1>, tile_f<T, 2, 2>}};
+  static constexpr TileFFn by_nw_1x[4] = {tile_f_for<T, 1, 1>(), tile_f_for<T, 2, 1>(), tile_f_for<T, 3, 1>(),
+                                          tile_f_for<T, 4, 1>()};
+  static constexpr TileFFn by_nw_nx[2][2] = {{tile_f_for<T, 1, 1>(), tile_f_for<T, 1, 2>()},
+                                             {tile_f_for<T, 2, 1>(), tile_f_for<T, 2, 2>()}};
   const int step_w = n_x == 1 ? 4 : 2;
   for (int o = o0; o < o1; o += step_w) {
     const int nw = std::min(step_w, o1 - o);
