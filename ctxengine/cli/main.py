@@ -47,22 +47,28 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (usage: {self.prog} --help)\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: list[str]) -> argparse.ArgumentParser:
+    """ctx's parser, with the arguments of the verb argv names (its first word that is not
+    an option: ctx's own options take no value). Only that verb's module is imported: each
+    imports what its commands need (a pull its HTTP client, serve the web stack), and a
+    command should not pay for all of them before it starts."""
     parser = Parser(prog="ctx", description="ctx-engine: contexts as objects, for GGUF models")
     parser.add_argument("--version", action="version", version=_version())
     sub = parser.add_subparsers(dest="verb", metavar="VERB", required=True)
+    chosen = next((a for a in argv if not a.startswith("-")), None)
     for verb, (module, help_text) in VERBS.items():
-        mod = importlib.import_module(f"ctxengine.cli.{module}")
         p = sub.add_parser(verb, help=help_text, description=help_text)
-        mod.add_arguments(p)
-        p.set_defaults(func=mod.main, verb_parser=p)
+        if verb == chosen:
+            mod = importlib.import_module(f"ctxengine.cli.{module}")
+            mod.add_arguments(p)
+            p.set_defaults(func=mod.main, verb_parser=p)
     return parser
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The arguments; one the verb does not take is its usage error (``ctx serve: error:``), not ctx's."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    parser = build_parser()
+    parser = build_parser(argv)
     args, extra = parser.parse_known_args(argv)
     if extra:
         before_verb = argv[:argv.index(args.verb)] if args.verb in argv else []
