@@ -143,6 +143,40 @@ def test_header_only_still_checks_the_vocabulary_bounds(tmp_path, smollm2_path, 
         open_gguf(path, header_only=True)
 
 
+def test_header_only_walk_fails_where_the_full_read_does(tmp_path, smollm2_path):
+    """The header-only read walks the vocabulary natively (_core.gguf_skip_strings): cut
+    anywhere in it, in a length or in a string's bytes, it refuses the file with the same
+    words as the full read, which decodes every string in Python."""
+    rng = np.random.default_rng(20261203)
+    with open(smollm2_path, "rb") as src:
+        data = src.read(2_000_000)
+    for cut in sorted(rng.integers(40_000, 1_500_000, 12)) + [1_000_003, 1_000_004]:
+        path = tmp_path / f"cut{cut}.gguf"
+        path.write_bytes(data[:cut])
+        with pytest.raises(ModelFileError) as full:
+            open_gguf(path)
+        with pytest.raises(ModelFileError) as head:
+            open_gguf(path, header_only=True)
+        assert str(head.value) == str(full.value)
+
+
+def test_skip_strings_bounds():
+    from ctxengine import _core
+
+    def strings(*items: bytes) -> bytes:
+        return b"".join(len(s).to_bytes(8, "little") + s for s in items)
+
+    buf = strings(b"ab", b"", b"xyz")
+    assert _core.gguf_skip_strings(buf, len(buf), 0, 3) == (len(buf), 3)
+    assert _core.gguf_skip_strings(buf, len(buf), 0, 0) == (0, 0)
+    assert _core.gguf_skip_strings(buf, len(buf) - 1, 0, 3) == (18, 2)   # the last string's bytes cut
+    assert _core.gguf_skip_strings(buf, 17, 0, 3) == (10, 1)             # the second's length cut
+    huge = (2**64 - 1).to_bytes(8, "little") + b"z"
+    assert _core.gguf_skip_strings(huge, len(huge), 0, 1) == (0, 0)       # a length past the end, not a wrap
+    with pytest.raises(ValueError):
+        _core.gguf_skip_strings(buf, len(buf) + 1, 0, 1)
+
+
 def test_smollm2_matches_gguf_reader(smollm2_path):
     # The reference reader is slow (seconds) but trusted on well-formed files.
     ref = gguf.GGUFReader(smollm2_path)

@@ -12,6 +12,7 @@ from typing import Any
 import gguf
 import numpy as np
 
+from .. import _core
 from ..errors import ModelFileError
 
 _U32 = struct.Struct("<I")
@@ -126,7 +127,10 @@ class Cursor:
         decode = not (self.header_only and count > UNREAD_STRINGS_ABOVE)
         buf, pos, size, unpack = self.buf, self.pos, self.size, _U64.unpack_from
         out = []
-        for i in range(count):
+        first = 0
+        if not decode:  # the native walk (Gemma's 262k tokens: 1 ms, not 0.1 s); a string that
+            pos, first = _core.gguf_skip_strings(buf, size, pos, count)  # does not fit is worded below
+        for i in range(first, count):
             if size - pos < 8:
                 self.pos = pos
                 self.need(8, f"{what}[{i}] length")
