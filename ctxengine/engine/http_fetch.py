@@ -124,8 +124,12 @@ def fetch(url: str, partial: Path, sha256, kept: int, *, size: int | None, heade
     HTTP errors are raised as urllib.error.HTTPError, for the caller to word; disk errors
     are named."""
     try:
-        with open(partial, "r+b" if kept else "wb") as out:
-            out.truncate(kept)
+        # Opened as it is, not truncated to 0 (which "wb" would do): ext4 writes a file truncated
+        # to 0 back to disk when it is closed (auto_da_alloc), 0.25-0.3 s of a 790 MB pull waited
+        # for at the end, which a download into a new file (curl's) never pays.
+        with open(os.open(partial, os.O_RDWR | os.O_CREAT, 0o644), "r+b") as out:
+            if os.fstat(out.fileno()).st_size != kept:
+                out.truncate(kept)
             out.seek(kept)
             with HashedWriter(out, sha256, progress) as writer:
                 body = _Body(url, headers, timeout, writer, kept, size)
