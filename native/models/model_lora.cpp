@@ -72,6 +72,13 @@ int64_t Model::lora_prepare(int layer, std::initializer_list<MatmulJob> jobs) {
 // matmul_f, whichever thread runs it.
 void Model::lora_down(int64_t i, const float* x, int n_in) {
   const LoraTerm& t = lora_terms_[lora_tasks_[i].term];
+#if defined(__x86_64__) || defined(__i386__)
+  // The next term's A (cold: each is read once a matmul) is asked for while this one computes.
+  if (i + 1 < static_cast<int64_t>(lora_tasks_.size()) && lora_tasks_[i + 1].term != lora_tasks_[i].term) {
+    const std::vector<uint8_t>& a = lora_terms_[lora_tasks_[i + 1].term].p->a;
+    for (size_t off = 0; off < a.size(); off += 64) _mm_prefetch(reinterpret_cast<const char*>(a.data() + off), _MM_HINT_T0);
+  }
+#endif
   const int b0 = t.r0 + lora_tasks_[i].block * kRowBlock, b1 = std::min(t.r1, b0 + kRowBlock);
   matmul_f(t.p->atype, t.p->a.data(), n_in, 0, t.p->rank, x + static_cast<size_t>(b0) * n_in, b1 - b0,
            s_.lora_t.data() + t.t_off + static_cast<size_t>(b0 - t.r0) * t.p->rank, static_cast<size_t>(t.p->rank));
