@@ -76,7 +76,8 @@ void Model::lora_down(int64_t i, const float* x, int n_in) {
   // The next term's A (cold: each is read once a matmul) is asked for while this one computes.
   if (i + 1 < static_cast<int64_t>(lora_tasks_.size()) && lora_tasks_[i + 1].term != lora_tasks_[i].term) {
     const std::vector<uint8_t>& a = lora_terms_[lora_tasks_[i + 1].term].p->a;
-    for (size_t off = 0; off < a.size(); off += 64) _mm_prefetch(reinterpret_cast<const char*>(a.data() + off), _MM_HINT_T0);
+    const char* next = reinterpret_cast<const char*>(a.data());
+    for (size_t off = 0; off < a.size(); off += 64) _mm_prefetch(next + off, _MM_HINT_T0);
   }
 #endif
   const int b0 = t.r0 + lora_tasks_[i].block * kRowBlock, b1 = std::min(t.r1, b0 + kRowBlock);
