@@ -33,6 +33,13 @@ def guard_mapping(address: int, size: int, what: str, why: str) -> None:
 def unguard_mapping(address: int) -> None:
     """Forget a mapping ``guard_mapping`` registered."""
 
+# -- GGUF reading (native/core/register_gguf.cpp) --------------------------------
+
+def gguf_skip_strings(buf: Any, size: int, pos: int, count: int) -> tuple[int, int]:
+    """(offset past the last whole string, how many were whole) of ``count`` GGUF strings from
+    ``pos`` in the first ``size`` bytes of buf (bytes, an mmap: any buffer), decoding none
+    (a header-only read's vocabulary walk)."""
+
 # -- elementwise and attention kernels, for tests (native/models/register_model.cpp) --
 
 def exp_shift_sum(x: _F32, shift: float) -> tuple[npt.NDArray[np.float32], float]:
