@@ -29,6 +29,19 @@ constexpr int kRowBlock = 16;
 // a loaded machine the thread it waits for may need this very core).
 constexpr int kYieldAfter = 2000;
 
+// Asks for [p, p + bytes) a cache line at a time, into L1 (kLevel 1) or L2
+// (2); no value depends on it, and off x86 it does nothing. The adapter's
+// matrices are read once a matmul, so they come cold from memory.
+template <int kLevel>
+void prefetch(const void* p, size_t bytes) {
+#if defined(__x86_64__) || defined(__i386__)
+  for (size_t off = 0; off < bytes; off += 64)
+    _mm_prefetch(static_cast<const char*>(p) + off, kLevel == 1 ? _MM_HINT_T0 : _MM_HINT_T1);
+#else
+  (void)p, (void)bytes;
+#endif
+}
+
 }  // namespace
 
 // Runs of consecutive rows of this chunk that share an item with adapters
@@ -72,14 +85,11 @@ int64_t Model::lora_prepare(int layer, std::initializer_list<MatmulJob> jobs) {
 // matmul_f, whichever thread runs it.
 void Model::lora_down(int64_t i, const float* x, int n_in) {
   const LoraTerm& t = lora_terms_[lora_tasks_[i].term];
-#if defined(__x86_64__) || defined(__i386__)
-  // The next term's A (cold: each is read once a matmul) is asked for while this one computes.
+  // The next term's A is asked for while this one computes.
   if (i + 1 < static_cast<int64_t>(lora_tasks_.size()) && lora_tasks_[i + 1].term != lora_tasks_[i].term) {
     const std::vector<uint8_t>& a = lora_terms_[lora_tasks_[i + 1].term].p->a;
-    const char* next = reinterpret_cast<const char*>(a.data());
-    for (size_t off = 0; off < a.size(); off += 64) _mm_prefetch(next + off, _MM_HINT_T0);
+    prefetch<1>(a.data(), a.size());
   }
-#endif
   const int b0 = t.r0 + lora_tasks_[i].block * kRowBlock, b1 = std::min(t.r1, b0 + kRowBlock);
   matmul_f(t.p->atype, t.p->a.data(), n_in, 0, t.p->rank, x + static_cast<size_t>(b0) * n_in, b1 - b0,
            s_.lora_t.data() + t.t_off + static_cast<size_t>(b0 - t.r0) * t.p->rank, static_cast<size_t>(t.p->rank));
@@ -90,21 +100,16 @@ void Model::lora_down(int64_t i, const float* x, int n_in) {
 // lora::up's blocks) before the base rows are computed, so that they arrive in
 // L2 while the base product runs instead of stalling B t when it starts.
 void Model::lora_prefetch(int job, int64_t o0, int64_t o1) const {
-#if defined(__x86_64__) || defined(__i386__)
   for (const LoraTerm& t : lora_terms_) {
     if (t.job != job) continue;
     const LoraPair& p = *t.p;
-    const bool f32 = p.btype != DType::F16 && p.btype != DType::BF16;
-    const char* base = f32 ? reinterpret_cast<const char*>(p.bt.data()) : reinterpret_cast<const char*>(p.bt16.data());
-    const size_t elem = f32 ? sizeof(float) : sizeof(uint16_t);
-    const size_t rank = static_cast<size_t>(p.rank);
-    const size_t begin = static_cast<size_t>(o0) / lora::kBlock * lora::kBlock * rank * elem;
-    const size_t end = static_cast<size_t>(o1 + lora::kBlock - 1) / lora::kBlock * lora::kBlock * rank * elem;
-    for (size_t off = begin; off < end; off += 64) _mm_prefetch(base + off, _MM_HINT_T1);
+    // From o0's block to the end of o1 - 1's, in bt or in bt16 (f16 and bf16 bits).
+    const int o_end = static_cast<int>(o1 + lora::kBlock - 1) / lora::kBlock * lora::kBlock;
+    const size_t begin = lora::blocked_index(0, static_cast<int>(o0), p.rank);
+    const size_t n = lora::blocked_index(0, o_end, p.rank) - begin;
+    if (p.btype == DType::F16 || p.btype == DType::BF16) prefetch<2>(p.bt16.data() + begin, n * sizeof(uint16_t));
+    else prefetch<2>(p.bt.data() + begin, n * sizeof(float));
   }
-#else
-  (void)job, (void)o0, (void)o1;
-#endif
 }
 
 void Model::lora_up_range(const MatmulJob& j, int job, int64_t o0, int64_t o1) {
