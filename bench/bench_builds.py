@@ -36,23 +36,17 @@ def child(core: str, model: str, threads: int, n_prompt: int, prompts: int, isa:
     eng = m.engine
     ids = prompt_ids(eng.tokenize, n_prompt)
     eng.forward(eng.new_sequence(), ids[:32])  # warm pages, scratch and caches
-    rates = [decode_rate(eng) if decode else prefill_rate(eng, ids) for _ in range(prompts)]
+    rates = [decode_steps(eng, ids) if decode else prefill_rate(eng, ids) for _ in range(prompts)]
     m.close()
     return statistics.median(rates)
 
 
-def decode_rate(eng, steps: int = 24) -> float:
-    """Tokens a second of single-token steps after a short prompt (like llama-bench's tg)."""
-    import time
+def decode_steps(eng, ids: list[int], steps: int = 24) -> float:
+    """decode_rate of `steps` greedy steps after a 16-token prompt."""
+    from ctxengine.bench.speed import decode_rate
 
     seq = eng.new_sequence()
-    eng.forward(seq, eng.tokenize("Once upon a time, in a land far away, there lived"))
-    for _ in range(4):
-        eng.forward(seq, [1])  # warm
-    t0 = time.perf_counter()
-    for _ in range(steps):
-        eng.forward(seq, [1])
-    return steps / (time.perf_counter() - t0)
+    return decode_rate(eng, seq, eng.forward(seq, ids[:16]), steps)
 
 
 def main() -> int:

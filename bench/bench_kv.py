@@ -37,24 +37,16 @@ def prefilled(path, kv: str, threads: int, n_context: int):
     return model, trunk, logits, n_context / (time.perf_counter() - t0)
 
 
-def decode_rate(eng, trunk, logits, n_gen: int) -> float:
-    """Greedy tok/s of n_gen steps on a fork of trunk (so every run decodes at the same depth)."""
-    import numpy as np
-
-    seq, tok = trunk.fork(), int(np.argmax(logits))
-    t0 = time.perf_counter()
-    for _ in range(n_gen):
-        tok = int(np.argmax(eng.forward(seq, [tok])))
-    return n_gen / (time.perf_counter() - t0)
-
-
 def measure(path, threads: int, n_context: int, n_gen: int, reps: int) -> list[dict]:
     # The dtypes take turns within each repetition, so a noisy neighbour slows them alike.
+    from ctxengine.bench.speed import decode_rate
+
     runs = {kv: prefilled(path, kv, threads, n_context) for kv in DTYPES}
     rates: dict[str, list[float]] = {kv: [] for kv in DTYPES}
     for _ in range(reps):
         for kv, (model, trunk, logits, _) in runs.items():
-            rates[kv].append(decode_rate(model.engine, trunk, logits, n_gen))
+            # on a fork of the trunk, so every run decodes at the same depth
+            rates[kv].append(decode_rate(model.engine, trunk.fork(), logits, n_gen))
     rows = []
     for kv, (model, trunk, _, prefill) in runs.items():
         pool = model.engine.pool

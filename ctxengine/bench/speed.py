@@ -48,6 +48,16 @@ def prefill_rate(eng, ids) -> float:
     return len(ids) / (time.perf_counter() - t0)
 
 
+def decode_rate(eng, seq, logits, n_gen: int) -> float:
+    """Tokens a second of n_gen greedy single-token steps on seq, whose last logits are
+    given (like llama-bench's tg)."""
+    tok = int(np.argmax(logits))
+    t0 = time.perf_counter()
+    for _ in range(n_gen):
+        tok = int(np.argmax(eng.forward(seq, [tok])))
+    return n_gen / (time.perf_counter() - t0)
+
+
 def measure_ours(path, threads: int, n_prompt: int = 512, n_gen: int = 128, reps: int = 3,
                  batches=(1, 4, 8), batch_prompt: int = 128, batch_gen: int = 64, kv: str = "f16") -> dict:
     model = load(path, threads=threads, kv=kv)
@@ -59,11 +69,7 @@ def measure_ours(path, threads: int, n_prompt: int = 512, n_gen: int = 128, reps
     for _ in range(reps):
         pp.append(prefill_rate(eng, ids))
         seq = eng.new_sequence()
-        logits = eng.forward(seq, ids[:16])
-        t0 = time.perf_counter()
-        for _ in range(n_gen):
-            logits = eng.forward(seq, [int(np.argmax(logits))])
-        tg.append(n_gen / (time.perf_counter() - t0))
+        tg.append(decode_rate(eng, seq, eng.forward(seq, ids[:16]), n_gen))
         ctx = model.context(None)
         t0 = time.perf_counter()
         ctx.append(ids[:batch_prompt])
