@@ -9,11 +9,11 @@ import mmap
 import struct
 from typing import Any
 
-import gguf
 import numpy as np
 
 from .. import _core
 from ..errors import ModelFileError
+from .gguf_types import ValueType
 
 _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
@@ -24,7 +24,7 @@ MAX_ARRAY_DEPTH = 4          # arrays of arrays are legal; bound the recursion
 # file size.  Real vocabularies need well under a million (Gemma 3: 3 x 262144).
 MAX_METADATA_ELEMENTS = 1 << 24
 
-VT = gguf.GGUFValueType
+VT = ValueType
 _SCALARS: dict[int, struct.Struct] = {
     VT.UINT8: struct.Struct("<B"), VT.INT8: struct.Struct("<b"),
     VT.UINT16: struct.Struct("<H"), VT.INT16: struct.Struct("<h"),

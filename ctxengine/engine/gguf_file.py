@@ -15,7 +15,7 @@ small (a header, key/value pairs, tensor descriptors, aligned data), so one
 bounds-checked cursor over one ``mmap`` is simpler than guarding GGUFReader.
 (The cursor and the metadata value readers are gguf_cursor.py; a model split
 into several files, opened by its first part, is joined here: gguf_split.py.)
-We still take the ggml type table (ids, names, block sizes) from ``gguf``.
+The ggml type table (ids, names, block sizes) is gguf_types.py's.
 
 Layout (all little-endian; https://github.com/ggml-org/ggml/blob/master/docs/gguf.md):
   magic "GGUF" | u32 version | u64 n_tensors | u64 n_kv
@@ -34,12 +34,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Collection
 
-import gguf
 import numpy as np
 
 from ..errors import ModelFileError
 from .gguf_cursor import Cursor, read_value
 from .gguf_split import check_later_part, check_tensor_total, later_part_paths, split_count
+from .gguf_types import tensor_type
 
 MAGIC = b"GGUF"
 SUPPORTED_VERSIONS = (2, 3)
@@ -49,9 +49,6 @@ MAX_TENSOR_NAME_BYTES = 63   # llama.cpp refuses names of GGML_MAX_NAME (64) byt
 MAX_KEY_BYTES = 65535        # the GGUF spec's limit on key length
 
 _HEADER = struct.Struct("<4sIQQ")
-
-# ggml type id -> (elements per block, bytes per block), from the gguf package.
-QUANT_SIZES: dict[int, tuple[int, int]] = {int(t): v for t, v in gguf.GGML_QUANT_SIZES.items()}
 
 
 @dataclass(frozen=True, eq=False)
@@ -221,10 +218,10 @@ class GGUFFile:
 
     def _checked_tensor(self, cur: Cursor, t: _RawTensor) -> TensorInfo:
         what = f"tensor {t.name!r}"
-        if t.ggml_type not in QUANT_SIZES:
+        known = tensor_type(t.ggml_type)
+        if known is None:
             raise cur.error(f"{what} has unknown ggml type id {t.ggml_type}")
-        type_name = gguf.GGMLQuantizationType(t.ggml_type).name
-        block, block_bytes = QUANT_SIZES[t.ggml_type]
+        type_name, block, block_bytes = known
         if t.shape[0] % block:
             raise cur.error(f"{what}: row length {t.shape[0]} is not a multiple of "
                             f"{type_name}'s block size {block}")
