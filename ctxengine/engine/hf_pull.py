@@ -3,18 +3,19 @@ through ``huggingface_hub``, into its cache (shared with every tool that uses
 it; ``HF_ENDPOINT``, ``HF_TOKEN``, ``HF_HOME``/``HF_HUB_CACHE`` and
 ``HF_HUB_OFFLINE`` mean what they mean there).
 
-Which file: hf_files.py. How it arrives: ``model_info`` pins the repo's
-commit, so every part of a split model comes from one commit; the bytes of
-each file, from the URL huggingface_hub resolves, go (hf_transfer.py) into
-``blobs/<etag>.incomplete`` (the name huggingface_hub itself long resumed
-from), so a pull killed or interrupted resumes with a range request instead
-of starting over, which huggingface_hub's own download no longer does. A
-finished blob is checked against its sha256 (the etag of every LFS file) and
-only then renamed into place; ``hf_hub_download`` then links it into the
-cache's snapshot as it would its own download. A cached file of another size
-than the Hub declares (one truncated) is fetched again, the blob replaced only
-by bytes that check out; answers of the Hub's that are not what a Hub answers
-are refused as such (hf_transfer.not_understood), before they name a file.
+Which file: hf_files.py. How it arrives: the repo's listing (hf_listing.py,
+model_info's request) pins its commit, so every part of a split model comes
+from one commit; the bytes of each file, from the URL huggingface_hub
+resolves, go (hf_transfer.py) into ``blobs/<etag>.incomplete`` (the name
+huggingface_hub itself long resumed from), so a pull killed or interrupted
+resumes with a range request instead of starting over, which
+huggingface_hub's own download no longer does. A finished blob is checked
+against its sha256 (the etag of every LFS file) and only then renamed into
+place; ``hf_hub_download`` then links it into the cache's snapshot as it
+would its own download. A cached file of another size than the Hub declares
+(one truncated) is fetched again, the blob replaced only by bytes that check
+out; answers of the Hub's that are not what a Hub answers are refused as
+such (hf_transfer.not_understood), before they name a file.
 
 Loading never touches the network: a pulled name resolves from the cache
 (``cached_model``), and pulled models are remembered in
@@ -34,7 +35,8 @@ from .. import paths
 from ..errors import CtxError, ModelNotFoundError
 from .disk import check_free_space, storage_error
 from .hf_files import Choice, HfSpec, choose, incomplete_splits, parse_hf_spec
-from .hf_transfer import COMMIT, SHA256, check_resolved, download, not_understood, plausible_size, verify
+from .hf_listing import Listing, repo_listing
+from .hf_transfer import check_resolved, download, verify
 from .http_fetch import claimed, install
 
 INDEX = "hf-models.json"
@@ -78,16 +80,15 @@ def pull_hf(text: str) -> PulledHf:
     if hub.offline:
         return _from_cache(spec, hub, "HF_HUB_OFFLINE is set")
     try:
-        info = _model_info(spec.repo, hub)
-        siblings, lfs = _listing(info, spec.repo, hub)
-        choice = choose(spec, list(siblings))
+        listing = repo_listing(spec.repo, hub.endpoint)
+        choice = choose(spec, list(listing.sizes))
         Path(hub.cache_dir).mkdir(parents=True, exist_ok=True)
-        check_free_space(Path(hub.cache_dir), _still_needed(spec.repo, info.sha, choice.files, siblings, lfs, hub))
-        pulled = PulledHf(spec, info.sha, choice.files, Path())
+        check_free_space(Path(hub.cache_dir), _still_needed(spec.repo, choice.files, listing, hub))
+        pulled = PulledHf(spec, listing.commit, choice.files, Path())
         started = time.perf_counter()
         for i, name in enumerate(choice.files):
-            path, received, resumed = _download_named(spec.repo, name, info.sha, hub, lfs.get(name),
-                                                      siblings.get(name))
+            path, received, resumed = _download_named(spec.repo, name, listing.commit, hub, listing.lfs.get(name),
+                                                      listing.sizes.get(name))
             pulled.path = path if i == 0 else pulled.path
             pulled.total += path.stat().st_size
             pulled.received += received
@@ -100,45 +101,6 @@ def pull_hf(text: str) -> PulledHf:
     return _recorded(pulled)
 
 
-def _model_info(repo: str, hub: HubSettings):
-    """The repo's listing at its newest commit. An answer huggingface_hub cannot parse (a
-    proxy's HTML page, JSON of another shape, or nested past Python's recursion limit)
-    is said to be that, where huggingface_hub raises whatever its parsing tripped on."""
-    from huggingface_hub import HfApi, errors
-
-    try:
-        return HfApi(endpoint=hub.endpoint).model_info(repo, files_metadata=True)
-    except errors.HFValidationError:
-        raise  # the repo id we gave, not the Hub's answer
-    except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as err:  # its HTTP errors are OSErrors
-        known = {json.JSONDecodeError: "not JSON", RecursionError: "JSON nested too deep"}
-        why = known.get(type(err), f"not a repo's listing: {err.__class__.__name__} {err}")
-        raise not_understood(hub.endpoint, f"model_info for {repo}", why) from None
-
-
-def _listing(info, repo: str, hub: HubSettings) -> tuple[dict[str, int | None], dict[str, str]]:
-    """(file -> size, LFS file -> sha256) of model_info's answer. Its fields name a snapshot,
-    blobs and files in the cache: one of another type or form is refused here, not
-    tripped over later."""
-    what = f"model_info for {repo}"
-    if not (isinstance(info.sha, str) and COMMIT.fullmatch(info.sha)):
-        raise not_understood(hub.endpoint, what, f"its commit is {info.sha!r}")
-    sizes: dict[str, int | None] = {}
-    lfs: dict[str, str] = {}
-    for s in info.siblings or []:
-        sha256 = s.lfs.sha256 if s.lfs is not None else None
-        if not isinstance(s.rfilename, str):
-            raise not_understood(hub.endpoint, what, f"a file's name is {s.rfilename!r}")
-        if s.size is not None and not plausible_size(s.size):
-            raise not_understood(hub.endpoint, what, f"{s.rfilename!r} is {s.size!r} bytes")
-        if sha256 and not (isinstance(sha256, str) and SHA256.fullmatch(sha256.lower())):
-            raise not_understood(hub.endpoint, what, f"{s.rfilename!r} has the sha256 {sha256!r}")
-        sizes[s.rfilename] = s.size
-        if sha256:
-            lfs[s.rfilename] = sha256.lower()
-    return sizes, lfs
-
-
 def _whole(path: Path, size: int | None) -> bool:
     """Whether a file of the cache is there with the size the Hub declares for it (a
     truncated one is not: it is fetched again)."""
@@ -149,17 +111,16 @@ def _whole(path: Path, size: int | None) -> bool:
     return size is None or have == size
 
 
-def _still_needed(repo: str, commit: str, files: Sequence[str], sizes: dict[str, int | None], lfs: dict[str, str],
-                  hub: HubSettings) -> int:
+def _still_needed(repo: str, files: Sequence[str], listing: Listing, hub: HubSettings) -> int:
     """Bytes the files still need on disk: none for a cached file, the rest for one an
     earlier pull left partly fetched (an LFS file's blob is named by its sha256)."""
     from huggingface_hub import try_to_load_from_cache
     from huggingface_hub.file_download import repo_folder_name
 
     blobs = Path(hub.cache_dir, repo_folder_name(repo_id=repo, repo_type="model"), "blobs")
-    need = 0
+    sizes, lfs, need = listing.sizes, listing.lfs, 0
     for name in files:
-        cached = try_to_load_from_cache(repo, name, cache_dir=hub.cache_dir, revision=commit)
+        cached = try_to_load_from_cache(repo, name, cache_dir=hub.cache_dir, revision=listing.commit)
         if isinstance(cached, str) and _whole(Path(cached), sizes.get(name)):
             continue
         if name in lfs and _whole(blobs / lfs[name], sizes.get(name)):
