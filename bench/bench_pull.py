@@ -44,6 +44,12 @@ from conftest import gemma3_file, smollm2_file  # noqa: E402
 from pull_fixtures import GEMMA_REPO, kill_halfway, make_hub, make_registry, pull  # noqa: E402
 
 
+# A pull's Python as an installed package runs it: with its modules' bytecode cached (pip
+# writes it at install). A shell that sets PYTHONDONTWRITEBYTECODE (this project's machines
+# do) would otherwise have every run of the editable checkout compile its modules again.
+AS_INSTALLED = {"PYTHONDONTWRITEBYTECODE": ""}
+
+
 def padded(model: Path, out: Path, pad: int) -> Path:
     """A copy of model with pad random bytes after it (1 MiB of them, repeated)."""
     shutil.copyfile(model, out)
@@ -94,7 +100,7 @@ def rounds(n: int, tmp: Path, hub, registry, blob_url: str, hub_url: str) -> tup
             cpu[curl].append(used)
             with _clean(tmp) as work:
                 env = {"CTX_OLLAMA_REGISTRY": registry.url, "HF_ENDPOINT": hub.url, "HF_HOME": str(work / "hf"),
-                       "HF_TOKEN": ""}
+                       "HF_TOKEN": "", **AS_INSTALLED}
                 wall, used, moving = timed_pull(spec, work / "home", env)
             times[name].append(wall)
             cpu[name].append(used)

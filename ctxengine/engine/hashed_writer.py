@@ -17,7 +17,12 @@ from collections import deque
 from pathlib import Path
 from typing import BinaryIO, Callable
 
-LIMIT = 16 << 20  # bytes handed to the writer and not yet written before write() waits
+# Bytes handed to the writer and not yet written before write() waits. The slack only
+# absorbs jitter (the writer, hashing and writing, sets the pace); each MiB of it the
+# writer falls behind is 256 pages the process faults in fresh, which a guest whose host
+# reclaims its idle memory pays dearly: 16 MiB took a 790 MB pull 1.48-1.58 s where 4 MiB
+# took 1.26-1.35 s, alternated (docs/PERFORMANCE.md, session 33).
+LIMIT = 4 << 20
 READ = 8 << 20    # bytes a read of an earlier pull's partial file asks for
 
 

@@ -210,8 +210,8 @@ class _Body:
 
     def _buffer(self) -> memoryview:
         """A free buffer, made when none is free and fewer than BUFFERS exist: a writer that
-        keeps up needs a few, and bytearray() zeroes each of its 256 KiB (all 16 MiB up front
-        cost a pull 0.03 s)."""
+        keeps up needs a few, and bytearray() zeroes each of its 256 KiB (all of them up front
+        cost a pull 0.03 s when there were 16 MiB)."""
         try:
             return self.free.get_nowait()
         except queue.Empty:
