@@ -35,11 +35,13 @@ def partial_path(final: Path) -> Path:
 def fetch_blob(url: str, final: Path, sha256_hex: str, size: int | None, *, headers: dict[str, str],
                progress: Callable[[int], None], describe: Callable[[urllib.error.HTTPError], CtxError],
                what: str | None = None) -> Fetched:
-    """Download url into final unless final is there, whole (its sha256 checked, as
-    Ollama's pull does; a damaged one is deleted and fetched again, a whole one of
-    another size than ``size`` refused, never deleted); ``progress(n)`` after every n
-    bytes (those resumed from a partial included); ``describe`` words an HTTP error;
-    ``what`` names the blob for the user (which model's layer)."""
+    """Download url into final unless final is there, whole (its sha256 checked, where
+    Ollama's pull takes any file of that name as whole: a re-pull of a 790 MB model
+    reads it again, 0.65 s on a 2-core machine; a damaged one is deleted and fetched
+    again, a whole one of another size than ``size`` refused, never deleted);
+    ``progress(n)`` after every n bytes (those resumed from a partial included);
+    ``describe`` words an HTTP error; ``what`` names the blob for the user (which
+    model's layer)."""
     if _intact(final, sha256_hex, size, what):
         progress(final.stat().st_size)
         return Fetched(final, 0, 0)
