@@ -55,7 +55,8 @@ def attn_scores(q: _F32, kt: _U16, n: int, scale: float) -> npt.NDArray[np.float
 def attn_softmax_v(scores: _F32, v: _U16, out: _F32) -> tuple[npt.NDArray[np.float32], float]:
     """(out + softmax(scores) . v, max score); v: (n, head_dim) f16 rows."""
 def attn_group(q: _F32, kt: _U16, kq: _I8, ks: _U16, p: _F32, v: _U16, vq: _I8, vs: _U16, n: int,
-               scale: float) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]:
+               scale: float, counts: npt.NDArray[np.int32] | None = None,
+               shared: int = 0) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]:
     """A group of heads (q: (g, hd)) through the grouped kernels: scores of one page's K, weights p (g, n) . V."""
 def attn_scores_q8(q: _F32, kq: _I8, ks: _U16, n: int, scale: float) -> npt.NDArray[np.float32]:
     """Scores of n keys of a q8 page's K block: kq (head_dim, stride), ks (head_dim / 32, stride)."""

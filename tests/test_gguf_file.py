@@ -127,6 +127,10 @@ def test_header_only_leaves_the_vocabulary_undecoded(gemma3_path, tmp_path):
             tokens[0]
         assert head.get("tokenizer.ggml.scores") == full.get("tokenizer.ggml.scores")  # numbers are read
         assert head.tensors.keys() == full.tensors.keys() and head.data_offset == full.data_offset
+        for name, t in head.tensors.items():  # all but the bytes, which a header read does not view
+            assert t.data is None and (t.ggml_type, t.shape, t.offset, t.nbytes) == (
+                full.tensors[name].ggml_type, full.tensors[name].shape, full.tensors[name].offset,
+                full.tensors[name].nbytes) and full.tensors[name].data.nbytes == t.nbytes
         assert ModelConfig.from_gguf(head) == ModelConfig.from_gguf(full)
         assert unsupported_reason(head) == unsupported_reason(full) is None
     small = write_gguf(tmp_path / "small.gguf")
@@ -237,9 +241,17 @@ def test_every_value_type(tmp_path):
         "t.ints": ([1, -2, 3], VT.ARRAY, VT.INT32), "t.floats": ([0.25, 1.5], VT.ARRAY, VT.FLOAT32),
         "t.bools": ([True, False], VT.ARRAY, VT.BOOL), "t.strs": (["x", "", "zz"], VT.ARRAY, VT.STRING),
         "t.nested": ([[1, 2], [3]], VT.ARRAY, VT.ARRAY),
+        # every numeric element type at its extremes (decoded by struct, one call an array)
+        "t.u8s": ([0, 255], VT.ARRAY, VT.UINT8), "t.i8s": ([-128, 127], VT.ARRAY, VT.INT8),
+        "t.u16s": ([0, 65535], VT.ARRAY, VT.UINT16), "t.i16s": ([-32768, 32767], VT.ARRAY, VT.INT16),
+        "t.u32s": ([0, 2**32 - 1], VT.ARRAY, VT.UINT32), "t.u64s": ([0, 2**64 - 1], VT.ARRAY, VT.UINT64),
+        "t.i64s": ([-2**63, 2**63 - 1], VT.ARRAY, VT.INT64), "t.f64s": ([0.1, -1e300], VT.ARRAY, VT.FLOAT64),
+        "t.f32s": ([0.1, float("inf")], VT.ARRAY, VT.FLOAT32),
     }
     with open_gguf(write_gguf(tmp_path / "types.gguf", extra=extra)) as f:
         for key, (value, *_) in extra.items():
+            if key == "t.f32s":
+                value = [float(np.float32(v)) for v in value]  # what a float32 holds of them
             assert f.get(key) == value and type(f.get(key)) is type(value), key
         assert type(f.get("t.ints")[0]) is int and type(f.get("t.bools")[0]) is bool
 

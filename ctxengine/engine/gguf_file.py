@@ -32,14 +32,15 @@ import stat
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Collection
-
-import numpy as np
+from typing import TYPE_CHECKING, Any, Collection
 
 from ..errors import ModelFileError
 from .gguf_cursor import Cursor, read_value
 from .gguf_split import check_later_part, check_tensor_total, later_part_paths, split_count
 from .gguf_types import tensor_type
+
+if TYPE_CHECKING:
+    import numpy as np
 
 MAGIC = b"GGUF"
 SUPPORTED_VERSIONS = (2, 3)
@@ -59,7 +60,8 @@ class TensorInfo:
     shape: tuple[int, ...]   # GGML order: shape[0] is the row length (n_in)
     offset: int              # absolute offset in the file
     nbytes: int
-    data: np.ndarray = field(repr=False)  # uint8 view into the read-only mapping, no copy
+    data: np.ndarray | None = field(repr=False)  # uint8 view into the read-only mapping, no copy (None:
+                                                 # a header-only read, which imports no numpy)
 
 
 @dataclass
@@ -147,7 +149,7 @@ class GGUFFile:
         self.alignment = self._alignment(cur)
         raw = [_tensor_info(cur, i) for i in range(n_tensors)]
         self.data_offset = -(-cur.pos // self.alignment) * self.alignment
-        self._bytes = np.frombuffer(self._mmap, dtype=np.uint8)
+        self._bytes = None if self.header_only else _byte_view(self._mmap)
         self.tensors = self._place_tensors(cur, raw)
         if count > 1:
             self._join_parts(count)
@@ -236,7 +238,7 @@ class GGUFFile:
             raise cur.error(f"{what}: data [{start}, {start + nbytes}) lies beyond the end of "
                             f"the {self.size}-byte file (truncated or lying offset)")
         return TensorInfo(t.name, t.ggml_type, type_name, t.shape, start, nbytes,
-                          self._bytes[start:start + nbytes])
+                          None if self._bytes is None else self._bytes[start:start + nbytes])
 
     @staticmethod
     def _check_no_overlap(cur: Cursor, tensors: Collection[TensorInfo]) -> None:
@@ -283,6 +285,12 @@ class GGUFFile:
 
     def __repr__(self) -> str:
         return f"GGUFFile({str(self.path)!r}, arch={getattr(self, 'arch', '?')!r}, tensors={len(self.tensors)})"
+
+
+def _byte_view(m: mmap.mmap) -> np.ndarray:
+    import numpy as np  # here, not at the top: a header-only read (a pull's check, a catalog scan) does without
+
+    return np.frombuffer(m, dtype=np.uint8)
 
 
 def open_gguf(path: str | os.PathLike, *, header_only: bool = False) -> GGUFFile:

@@ -3,8 +3,10 @@
 // engine never calls these; it runs them inside Model::forward.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
 
 #include <algorithm>
+#include <optional>
 #include <stdexcept>
 #include <vector>
 
@@ -152,12 +154,12 @@ void register_attention_q8(py::module_& m) {
   m.def(
       "attn_group",
       [](F32Array q, U16Array kt, I8Array kq, U16Array ks, F32Array p, U16Array v, I8Array vq, U16Array vs, int n,
-         float scale, py::array_t<int, py::array::c_style | py::array::forcecast> counts, int shared) {
+         float scale, std::optional<py::array_t<int, py::array::c_style | py::array::forcecast>> counts, int shared) {
         // The grouped kernels, f16 or q8 (kq empty: f16): q (g, hd) scores the
         // first min(n, 16) keys of one page's K (hd, 16); the weights p (g, n)
         // meet V, read in pages of 16 rows: V (n, hd) for every query, or
         // (g, n, hd), query h reading pages [0, shared) of V[0] and the rest of
-        // V[h]. Query h takes keys [0, counts[h]) (counts empty: n). Returns
+        // V[h]. Query h takes keys [0, counts[h]) (counts None or empty: n). Returns
         // (scores, out (g, hd)).
         if (q.ndim() != 2 || p.ndim() != 2 || p.shape(0) != q.shape(0) || p.shape(1) != n || n < 1)
           throw std::invalid_argument("need q (g, hd), p (g, n), n >= 1");
@@ -171,10 +173,10 @@ void register_attention_q8(py::module_& m) {
                : (kt.size() != hd * 16 || v.size() != per * n * hd))
           throw std::invalid_argument("K must be (hd, 16) and V (n, hd) or (g, n, hd), with hd / 32 scale rows for q8");
         std::vector<int> ns(g, n);
-        if (counts.size() > 0) {
-          if (counts.size() != g) throw std::invalid_argument("counts: one per query");
+        if (counts && counts->size() > 0) {
+          if (counts->size() != g) throw std::invalid_argument("counts: one per query");
           for (int h = 0; h < g; ++h) {
-            ns[h] = counts.data()[h];
+            ns[h] = counts->data()[h];
             if (ns[h] < 1 || ns[h] > n) throw std::invalid_argument("counts must be in 1..n");
           }
         }
@@ -208,7 +210,7 @@ void register_attention_q8(py::module_& m) {
         return py::make_tuple(scores, out);
       },
       py::arg("q"), py::arg("kt"), py::arg("kq"), py::arg("ks"), py::arg("p"), py::arg("v"), py::arg("vq"),
-      py::arg("vs"), py::arg("n"), py::arg("scale"), py::arg("counts") = py::array_t<int>(0), py::arg("shared") = 0,
+      py::arg("vs"), py::arg("n"), py::arg("scale"), py::arg("counts") = py::none(), py::arg("shared") = 0,
       "a group of queries through the attention kernels: one page of K, every page of V");
 }
 
