@@ -25,7 +25,6 @@ import blake3
 
 from .. import paths
 from ..errors import CtxError, ModelFileError
-from .finite_weights import check_finite_weights
 from .gguf_file import GGUFFile, open_gguf
 from .gguf_split import split_set_paths
 
@@ -155,6 +154,9 @@ def _remember(real: str, stamp: dict[str, int], wid: str) -> None:
 def _compute_and_remember(path: str | os.PathLike, real: str, stamp: dict[str, int]) -> str:
     # Opened by the name given: a split model's parts are found by the first part's
     # name (a cache may keep them as symlinks to blobs named otherwise).
+    from .finite_weights import check_finite_weights  # numpy's import: only when a file is hashed, not
+                                                       # for the ids a listing finds remembered
+
     key = (real, tuple(sorted(stamp.items())))
     with open_gguf(path) as f:
         try:
