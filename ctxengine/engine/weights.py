@@ -151,12 +151,17 @@ def _remember(real: str, stamp: dict[str, int], wid: str) -> None:
         pass  # a read-only or full cache dir only costs recomputation next time
 
 
+def check_finite_weights(f: GGUFFile) -> None:
+    """finite_weights.check_finite_weights, imported when a file is first hashed (it needs numpy
+    and gguf), not for the ids a listing finds remembered."""
+    from .finite_weights import check_finite_weights as check
+
+    check(f)
+
+
 def _compute_and_remember(path: str | os.PathLike, real: str, stamp: dict[str, int]) -> str:
     # Opened by the name given: a split model's parts are found by the first part's
     # name (a cache may keep them as symlinks to blobs named otherwise).
-    from .finite_weights import check_finite_weights  # numpy's import: only when a file is hashed, not
-                                                       # for the ids a listing finds remembered
-
     key = (real, tuple(sorted(stamp.items())))
     with open_gguf(path) as f:
         try:
