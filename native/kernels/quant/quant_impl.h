@@ -159,6 +159,10 @@ void f32_to_f16_row_avx512(const float* x, uint16_t* y, int n);
 // quant_rows_avx512.cpp); false for other types and row counts.
 bool matmul_q_rows_avx512(DType t, const void* W, int n_in, int o0, int o1, const BlockQ8A* Xq, int n_x, float* Y,
                           size_t y_stride);
+// Q4_1 with 3 to 10 activation rows and Q8_0 with 3 to 16, on AVX2 (a verified
+// draft, batched decode; quant_rows_avx2.cpp); false for other types and counts.
+bool matmul_q_rows_avx2(DType t, const void* W, int n_in, int o0, int o1, const BlockQ8A* Xq, int n_x, float* Y,
+                        size_t y_stride);
 // Q8_0 with 9 to 16 activation rows, two pairs a zmm (batched decode with
 // the zmm tiles; quant_rows_zmm_avx512.cpp).
 void matmul_q_rows_zmm_avx512(const void* W, int n_in, int o0, int o1, const BlockQ8A* Xq, int n_x, float* Y,
