@@ -77,10 +77,10 @@ def decode_run(model, ids, n_gen, speculative, **sampling):
         toks.append(p.token_id)
         if len(toks) == 1:
             t0 = time.perf_counter()
-    dt = time.perf_counter() - t0
+    rate = (len(toks) - 1) / (time.perf_counter() - t0) if len(toks) > 1 else float("nan")  # nan: ended at once
     stats = c.speculation
     c.delete()
-    return toks, (len(toks) - 1) / dt, stats
+    return toks, rate, stats
 
 
 def branches_run(model, ids, n_gen, speculative, n=8):
@@ -131,13 +131,16 @@ def main() -> int:
     from ctxengine.bench.facts import describe_machine, machine_facts
 
     model = ce.load(args.model, threads=args.threads)
-    chat = model.chat_prompt
-    edit_ids = model.tokenize(chat([{"role": "user", "content": EDIT}]), parse_special=True)
-    free_ids = model.tokenize(chat([{"role": "user", "content": FREE}]), parse_special=True)
-    branch_ids = model.tokenize(chat([{"role": "user", "content": BRANCH}]), parse_special=True)
+    def chat(text: str) -> list[int]:
+        # A conversation's tokens as a context takes them, BOS first where the model wants
+        # one (Gemma 3 without it answers in loops of markup, which lookup drafts all too well).
+        ids = model.tokenize(model.chat_prompt([{"role": "user", "content": text}]), parse_special=True)
+        return model.tokenizer.with_bos(ids)
+
+    edit_ids, free_ids, branch_ids = chat(EDIT), chat(FREE), chat(BRANCH)
     print(f"{model.name}, {args.threads} threads; edit prompt {len(edit_ids)} tokens")
     print(describe_machine(machine_facts(args.threads)))
-    decode_run(model, free_ids, 8, True)  # warm-up
+    decode_run(model, free_ids, 8, True, temperature=0.0)  # warm-up
 
     llama = not args.no_llama and Path(args.llama_python).exists()
     res: dict[str, list[float]] = {}
