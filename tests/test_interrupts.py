@@ -20,6 +20,10 @@ CHILD = textwrap.dedent("""
     import ctxengine as ce
 
     what, company, speculative = sys.argv[1], sys.argv[2] == "busy", sys.argv[3] == "spec"
+    # Python's own Ctrl-C handler, as a terminal's Python has it: a suite started in the
+    # background (`cmd &` without job control) passes SIGINT on ignored, and then neither
+    # a signal nor interrupt_main() would reach the step (every case failed so).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     # A real SIGINT wakes a blocked wait; interrupt_main() only marks one pending, which a
     # wait that is not woken raises the moment it returns (the request then finished).
     interrupt = (lambda: os.kill(os.getpid(), signal.SIGINT)) if sys.argv[4] == "signal" else _thread.interrupt_main
