@@ -33,6 +33,8 @@ def test_a_repo_without_files_lists_none(siblings):
     (listing(sha="../../escape"), "its commit is '../../escape'"),
     (listing(sha=COMMIT.upper()), "its commit is"),
     (listing(siblings={"rfilename": "a"}), "its files are a JSON dict, not a list"),
+    (listing(siblings={}), "its files are a JSON dict, not a list"),
+    (listing(siblings=0), "its files are a JSON int, not a list"),
     (listing(siblings=["a.gguf"]), "a file's entry is 'a.gguf'"),
     (listing(siblings=[{"size": 3}]), "a file's name is None"),
     (listing(siblings=[{"rfilename": ["a"]}]), "a file's name is ['a']"),

@@ -58,7 +58,8 @@ def read_listing(data, endpoint: str, what: str) -> Listing:
     commit = data.get("sha")
     if not (isinstance(commit, str) and COMMIT.fullmatch(commit)):
         raise refuse(f"its commit is {_short(commit)}")
-    siblings = data.get("siblings") or []
+    siblings = data.get("siblings")
+    siblings = [] if siblings is None else siblings
     if not isinstance(siblings, list):
         raise refuse(f"its files are a JSON {type(siblings).__name__}, not a list")
     sizes: dict[str, int | None] = {}
