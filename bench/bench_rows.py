@@ -5,8 +5,8 @@
 Prints, per weight shape and row count, the time of r activation rows over the time of one row,
 each measured in the same process (so that a shared or throttled machine's state cancels: the
 one-row kernel is the same in the builds compared), as the median over --rounds processes per
-build, the builds' order alternating; then each build's gain over the first. One thread, the
-shapes of SmolLM2's FFN (Q4_1) and tied output (Q8_0), and Gemma 3's attn_v (Q8_0).
+build, which build goes first rotating (facts.round_order); then each build's gain over the first.
+One thread, the shapes of SmolLM2's FFN (Q4_1) and tied output (Q8_0), and Gemma 3's attn_v (Q8_0).
 """
 from __future__ import annotations
 
@@ -63,9 +63,12 @@ def main() -> int:
         return 0
     if not args.cores:
         ap.error("name the builds to compare")
+    from ctxengine.bench.facts import describe_machine, machine_facts, round_order
+
+    print(describe_machine(machine_facts(1)))
     got: dict[str, dict[str, list[float]]] = {c: {} for c in args.cores}
     for i in range(args.rounds):
-        for core in args.cores if i % 2 == 0 else args.cores[::-1]:
+        for core in round_order(args.cores, i):
             out = subprocess.run([sys.executable, __file__, "--child", core, "--rows", args.rows],
                                  capture_output=True, text=True, check=True, cwd=Path(__file__).parent)
             for key, value in json.loads(out.stdout.splitlines()[-1]).items():
