@@ -25,7 +25,7 @@ from ..engine.registry import MODELS
 from ..errors import CtxError, ModelNotFoundError
 from ..ollama.registry_pull import own_store
 from ..ollama.store import add_ollama_models, ollama_roots
-from ..state.model import MODEL_SOURCES
+from ..sources import MODEL_SOURCES
 
 RECHECK_S = 1.0        # how stale a served catalog may be for a name it knows (LiveCatalog)
 MISS_RECHECK_S = 0.25  # and for one it does not (a stream of unknown names looks no more often)

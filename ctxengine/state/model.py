@@ -14,15 +14,11 @@ from ..engine.engine import Engine, LogProbs
 from ..engine.lora import LoraAdapter, LoraSet
 from ..engine.speculative import check_same_vocabulary
 from ..errors import CtxError, RequestError
-from ..ollama.store import OllamaSource
+from ..sources import MODEL_SOURCES
 from .context import Context
 from .table import ContextTable
 
 LoraScales = dict[str, float] | LoraSet | None  # {adapter name: scale}
-
-# Where a name that is neither a path nor a packaged model is looked up, in this
-# order (engine/model_source.py); the served catalog asks them too (serving/catalog.py).
-MODEL_SOURCES = (OllamaSource(),)
 
 
 class Model:
