@@ -38,3 +38,27 @@ def test_branches_split_by_parts_get_their_own_logits_bit_for_bit(gemma3_path, k
                 assert np.array_equal(buf.view(np.uint32), want.view(np.uint32)), (kv, threads, i, b)
     finally:
         eng.close()
+
+
+@pytest.mark.parametrize("model,kv", [("smollm2", "f16"), ("smollm2", "q8"), ("gemma3", "f16"), ("gemma3", "vq8")])
+def test_one_sequence_over_512_keys_gets_its_one_thread_logits_bit_for_bit(model, kv, smollm2_path, gemma3_path):
+    """From 512 keys one sequence's decoded row keeps each KV head's queries in
+    one task and splits its keys among the threads (Model::lone_and_long), so
+    that each K and V line is read once, not once per head: the logits of
+    every step, before and past the switch, are the one thread's."""
+    path = smollm2_path if model == "smollm2" else gemma3_path
+    rng = random.Random(34)
+    got = {}
+    for threads in (1, 2, 3):
+        eng = Engine(path, threads=threads, kv=kv)
+        try:
+            if not got:
+                ids = [rng.randrange(eng.config.n_vocab) for _ in range(502)]
+            seq = eng.new_sequence()
+            eng.forward(seq, ids[:490])
+            # 491 to 502 keys: 31 pages of 16, then 32 (512 keys) from the 7th step
+            got[threads] = np.stack([eng.forward(seq, [t]).copy() for t in ids[490:]])
+        finally:
+            eng.close()
+    for threads in (2, 3):
+        assert np.array_equal(got[threads].view(np.uint32), got[1].view(np.uint32)), (model, kv, threads)

@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <atomic>
 #include <cassert>
+#include <cstdlib>
 #include <cstring>
+#include <new>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -32,6 +34,7 @@ std::atomic<uint64_t> next_pool_serial{1};
 PagePool::PagePool(PageLayout layout, int64_t max_pages)
     : layout_(layout),
       page_bytes_(layout.page_bytes()),
+      slot_bytes_((page_bytes_ + 63) / 128 * 128 + 64),
       max_pages_(max_pages),
       serial_(next_pool_serial.fetch_add(1)) {
   if (page_bytes_ == 0) throw std::invalid_argument("page layout has zero size");
@@ -52,8 +55,20 @@ int64_t PagePool::n_allocated() const {
 }
 
 uint8_t* PagePool::slot_ptr(PageId id) const {
-  return slabs_[id / kSlabPages].get() + static_cast<size_t>(id % kSlabPages) * page_bytes_;
+  return slabs_[id / kSlabPages].get() + static_cast<size_t>(id % kSlabPages) * slot_bytes_;
 }
+
+// A slab aligned to a cache line, so that a page's K and V blocks and V rows
+// (multiples of 64 bytes from its start) begin lines: new[] gave 16 bytes
+// past one, and every 64-byte read of a V row then touched two.
+PagePool::Slab PagePool::new_slab(size_t bytes) {
+  constexpr size_t kLine = 64;
+  void* p = std::aligned_alloc(kLine, (bytes + kLine - 1) / kLine * kLine);
+  if (p == nullptr) throw std::bad_alloc();
+  return Slab(static_cast<uint8_t*>(p));
+}
+
+void PagePool::SlabFree::operator()(uint8_t* p) const { std::free(p); }
 
 void PagePool::check(PageId id) const {
   if (id < 0 || id >= static_cast<PageId>(refcounts_.size()))
@@ -70,7 +85,7 @@ PageId PagePool::alloc() {
     if (static_cast<int64_t>(refcounts_.size()) >= max_pages_)
       throw std::length_error("KV page pool is full (" + std::to_string(max_pages_) + " pages)");
     id = static_cast<PageId>(refcounts_.size());
-    if (id % kSlabPages == 0) slabs_.emplace_back(new uint8_t[page_bytes_ * kSlabPages]);
+    if (id % kSlabPages == 0) slabs_.push_back(new_slab(slot_bytes_ * kSlabPages));
     refcounts_.push_back(0);
     versions_.push_back(0);
   }

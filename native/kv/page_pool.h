@@ -143,9 +143,16 @@ class PagePool {
 
   PageLayout layout_;
   size_t page_bytes_;
+  size_t slot_bytes_;  // pages' distance in a slab: an odd number of cache lines, so that one offset of
+                       // successive pages does not fall in a few cache sets
   int64_t max_pages_;
   static constexpr int kSlabPages = 16;   // memory grows a slab at a time, never moves
-  std::vector<std::unique_ptr<uint8_t[]>> slabs_;
+  struct SlabFree {
+    void operator()(uint8_t* p) const;
+  };
+  using Slab = std::unique_ptr<uint8_t[], SlabFree>;
+  static Slab new_slab(size_t bytes);
+  std::vector<Slab> slabs_;
   std::vector<int> refcounts_;
   std::vector<uint64_t> versions_;
   std::vector<PageId> free_ids_;
