@@ -28,6 +28,7 @@ LAYERS = [
     ("bench",),                      # ctx bench / ctx verify's library, which bench/*.py imports too
     ("ctxengine",),                  # the public face: ctxengine/__init__.py (load, Model, Store)
     ("state",),                      # Model, Context, ContextTable, snapshots, eviction
+    ("sources",),                    # the model sources ce.load and the served catalog ask
     ("ollama",),                     # Ollama's store and Go templates: a model source the layers above pass down
     ("engine",),                     # GGUF, weights identity, the Engine, scheduler, sampler, catalog
     ("text",),                       # tokenizers, chat rendering, tool-call text, grammars
