@@ -34,7 +34,7 @@ std::atomic<uint64_t> next_pool_serial{1};
 PagePool::PagePool(PageLayout layout, int64_t max_pages)
     : layout_(layout),
       page_bytes_(layout.page_bytes()),
-      slot_bytes_((page_bytes_ + 63) / 128 * 128 + 64),
+      slot_bytes_((page_bytes_ + kLine - 1) / kLine * kLine),
       max_pages_(max_pages),
       serial_(next_pool_serial.fetch_add(1)) {
   if (page_bytes_ == 0) throw std::invalid_argument("page layout has zero size");
@@ -58,12 +58,12 @@ uint8_t* PagePool::slot_ptr(PageId id) const {
   return slabs_[id / kSlabPages].get() + static_cast<size_t>(id % kSlabPages) * slot_bytes_;
 }
 
-// A slab aligned to a cache line, so that a page's K and V blocks and V rows
-// (multiples of 64 bytes from its start) begin lines: new[] gave 16 bytes
-// past one, and every 64-byte read of a V row then touched two.
-PagePool::Slab PagePool::new_slab(size_t bytes) {
-  constexpr size_t kLine = 64;
-  void* p = std::aligned_alloc(kLine, (bytes + kLine - 1) / kLine * kLine);
+// A slab aligned to a cache line, and its pages whole lines apart, so that a
+// page's K and V blocks and V rows (multiples of 64 bytes from its start)
+// begin lines: new[] gave 16 bytes past one, and every 64-byte read of a V
+// row then touched two.
+PagePool::Slab PagePool::new_slab(size_t bytes) {  // bytes: whole lines (slot_bytes_)
+  void* p = std::aligned_alloc(kLine, bytes);
   if (p == nullptr) throw std::bad_alloc();
   return Slab(static_cast<uint8_t*>(p));
 }

@@ -143,8 +143,8 @@ class PagePool {
 
   PageLayout layout_;
   size_t page_bytes_;
-  size_t slot_bytes_;  // pages' distance in a slab: an odd number of cache lines, so that one offset of
-                       // successive pages does not fall in a few cache sets
+  size_t slot_bytes_;  // pages' distance in a slab: page_bytes_ rounded up to whole cache lines
+  static constexpr size_t kLine = 64;
   int64_t max_pages_;
   static constexpr int kSlabPages = 16;   // memory grows a slab at a time, never moves
   struct SlabFree {

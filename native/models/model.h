@@ -197,11 +197,11 @@ class Model {
   struct AttnBundle;  // rows that read the same pages, attended together
   struct AttnTask;    // a bundle's heads that one task attends
   static constexpr int kMaxSplitRows = 32;  // most rows a step splits by parts of the KV (their scores held at once)
-  static constexpr int64_t kLongKeys = 512;  // keys from which one sequence's attention splits by parts
+  static constexpr int64_t kLongKeys = 512;  // keys from which one decoded row's attention splits by parts
   std::vector<AttnTask> attention_tasks(const AttnLayer& at, const std::vector<AttnView>& views) const;
   bool split_by_parts(const AttnLayer& at, const std::vector<AttnView>& views,
                       const std::vector<AttnTask>& tasks) const;
-  bool lone_and_long(const AttnLayer& at, const std::vector<AttnView>& views, size_t n_bundles) const;
+  bool lone_and_long(const AttnLayer& at, const std::vector<AttnView>& views) const;
   void attend_in_parts(const AttnLayer& at, const std::vector<AttnTask>& tasks);
   void attend_q(const AttnLayer& at, const AttnTask& k, float* q);
   void attend_scores(const AttnLayer& at, const AttnTask& k, const float* q, float* sc, int64_t pa, int64_t pb);

@@ -156,7 +156,7 @@ std::vector<Model::AttnTask> Model::attention_tasks(const AttnLayer& at, const s
   const int64_t n_wide = static_cast<int64_t>(bundles.size()) * per_row;
   // One sequence over a long KV keeps its heads together too, and the threads
   // split its keys (split_by_parts): by heads, each K and V line is read once a head.
-  const int g_max = n_wide >= 2 * pool_.size() || lone_and_long(at, views, bundles.size()) ? heads : 1;
+  const int g_max = n_wide >= 2 * pool_.size() || lone_and_long(at, views) ? heads : 1;
   std::vector<AttnTask> tasks;
   for (const AttnBundle& b : bundles)
     for (int kv_head = 0; kv_head < cfg_.n_head_kv; ++kv_head)
@@ -175,12 +175,12 @@ std::vector<Model::AttnTask> Model::attention_tasks(const AttnLayer& at, const s
 // a key's score does not depend on the others, nor a dimension's weighted sum.
 bool Model::split_by_parts(const AttnLayer& at, const std::vector<AttnView>& views,
                            const std::vector<AttnTask>& tasks) const {
-  const size_t threads = static_cast<size_t>(pool_.size()), per_bundle = cfg_.n_head_kv;
-  if (threads < 2 || views.size() > static_cast<size_t>(kMaxSplitRows)) return false;
-  if (tasks.size() == per_bundle && lone_and_long(at, views, 1)) return true;
+  if (lone_and_long(at, views)) return true;
   // Worth it where each thread would read the prefix twice or more: two or
   // more tasks a thread for each KV head.
-  if (tasks.size() < 2 * threads * per_bundle) return false;
+  const size_t threads = static_cast<size_t>(pool_.size()), per_bundle = cfg_.n_head_kv;
+  if (threads < 2 || tasks.size() < 2 * threads * per_bundle || views.size() > static_cast<size_t>(kMaxSplitRows))
+    return false;
   // Bundles of other sequences, each sharing its first pages with the first bundle.
   const AttnView& first = *tasks[0].rows;
   int others = 0;
@@ -193,12 +193,11 @@ bool Model::split_by_parts(const AttnLayer& at, const std::vector<AttnView>& vie
   return others > 0;
 }
 
-// One bundle (a decoded row) over kLongKeys keys or more: split by parts, each KV
-// head's queries one task, it reads each K and V line once a step (one head a task,
-// at 4,000 keys SmolLM2 read them three times: 62% of a token in attention).
-bool Model::lone_and_long(const AttnLayer& at, const std::vector<AttnView>& views, size_t n_bundles) const {
-  return pool_.size() >= 2 && n_bundles == 1 && views.size() <= static_cast<size_t>(kMaxSplitRows) &&
-         (views[0].n_pages - views[0].p0) * at.pt >= kLongKeys;
+// One decoded row over kLongKeys keys or more: split by parts, each KV head's
+// queries one task, it reads each K and V line once a step (one head a task, at
+// 4,000 keys SmolLM2 read them three times: 62% of a token in attention).
+bool Model::lone_and_long(const AttnLayer& at, const std::vector<AttnView>& views) const {
+  return pool_.size() >= 2 && views.size() == 1 && (views[0].n_pages - views[0].p0) * at.pt >= kLongKeys;
 }
 
 void Model::attend_in_parts(const AttnLayer& at, const std::vector<AttnTask>& tasks) {
