@@ -1,14 +1,15 @@
 """Prefill (or decode) of builds of the native core, alternated: before/after figures on a noisy machine.
 
     python bench/bench_builds.py OLD_core.so NEW_core.so [...] [-m smollm2|gemma3|PATH] [--rounds 3]
-        [--prompts 4] [--prompt 512] [--threads 2] [--isa avx2] [--decode]
+        [--prompts 4] [--prompt 512] [--threads 2] [--isa avx2] [--decode [--context 16]]
 
 Keep a build aside before changing the code (`scripts/dev-build.sh && cp build/dev/_core*.so /tmp/old_core.so`),
 then compare it with the new one. Each round runs every build in a fresh process, its `_core` loaded in place
 of the installed one (as bench_batched.py --core does), which warms up and then times --prompts prompts of
 --prompt tokens, each into an empty context; which build goes first rotates (facts.round_order). Printed: each
 round's median per build, then each build's median of the rounds and its ratio to the first build's, round by
-round. --decode times single-token steps instead: after a short prompt, --prompts runs of 24 steps each.
+round. --decode times single-token steps instead: after a prompt of --context tokens (16, a short one; 4000,
+decode over a long KV), --prompts runs of 24 steps each.
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from pathlib import Path
 
 
 def child(core: str, model: str, threads: int, n_prompt: int, prompts: int, isa: str | None,
-          decode: bool = False) -> float:
+          decode: bool = False, context: int = 16) -> float:
     """The median prefill (or decode) tok/s of this build (run in its own process)."""
     from bench_batched import model_path, use_core
 
@@ -34,19 +35,20 @@ def child(core: str, model: str, threads: int, n_prompt: int, prompts: int, isa:
 
     m = load(model_path(model), threads=threads)
     eng = m.engine
-    ids = prompt_ids(eng.tokenize, n_prompt)
+    ids = prompt_ids(eng.tokenize, max(n_prompt, context))
     eng.forward(eng.new_sequence(), ids[:32])  # warm pages, scratch and caches
-    rates = [decode_steps(eng, ids) if decode else prefill_rate(eng, ids) for _ in range(prompts)]
+    run = (lambda: decode_steps(eng, ids[:context])) if decode else (lambda: prefill_rate(eng, ids[:n_prompt]))
+    rates = [run() for _ in range(prompts)]
     m.close()
     return statistics.median(rates)
 
 
-def decode_steps(eng, ids: list[int], steps: int = 24) -> float:
-    """decode_rate of `steps` greedy steps after a 16-token prompt."""
+def decode_steps(eng, prompt: list[int], steps: int = 24) -> float:
+    """decode_rate of `steps` greedy steps after the prompt."""
     from ctxengine.bench.speed import decode_rate
 
     seq = eng.new_sequence()
-    return decode_rate(eng, seq, eng.forward(seq, ids[:16]), steps)
+    return decode_rate(eng, seq, eng.forward(seq, prompt), steps)
 
 
 def main() -> int:
@@ -59,17 +61,19 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--isa", choices=["scalar", "avx2", "avx512"], default=None, help="the path (default: the best)")
     ap.add_argument("--decode", action="store_true", help="time decode steps instead of prefill")
+    ap.add_argument("--context", type=int, default=16, help="--decode: the tokens before the timed steps")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        print(json.dumps(child(args.child, args.model, args.threads, args.prompt, args.prompts, args.isa, args.decode)))
+        print(json.dumps(child(args.child, args.model, args.threads, args.prompt, args.prompts, args.isa, args.decode,
+                               args.context)))
         return 0
     if not args.cores:
         ap.error("name at least one _core .so")
     from ctxengine.bench.facts import describe_machine, machine_facts, round_order
 
     print(describe_machine(machine_facts(args.threads)))
-    what = "decode, runs of 24 steps" if args.decode else f"{args.prompt}-token prompts"
+    what = f"decode after {args.context} tokens, runs of 24 steps" if args.decode else f"{args.prompt}-token prompts"
     print(f"{args.model}: {what}, {args.threads} threads, path {args.isa or 'the best'}, median of {args.prompts} a round")
     got: dict[str, list[float]] = {c: [] for c in args.cores}
     for r in range(args.rounds):
@@ -77,7 +81,7 @@ def main() -> int:
             cmd = [sys.executable, __file__, "--child", core, "-m", args.model, "--threads", str(args.threads),
                    "--prompt", str(args.prompt), "--prompts", str(args.prompts)]
             cmd += ["--isa", args.isa] if args.isa else []
-            cmd += ["--decode"] if args.decode else []
+            cmd += ["--decode", "--context", str(args.context)] if args.decode else []
             done = subprocess.run(cmd, capture_output=True, text=True, check=True)
             got[core].append(json.loads(done.stdout.strip().splitlines()[-1]))
         print(f"  round {r + 1}: " + "  ".join(f"{Path(c).name} {got[c][-1]:.0f}" for c in args.cores))
