@@ -203,6 +203,8 @@ class Model {
                       const std::vector<AttnTask>& tasks) const;
   bool lone_and_long(const AttnLayer& at, const std::vector<AttnView>& views) const;
   void attend_in_parts(const AttnLayer& at, const std::vector<AttnTask>& tasks);
+  static constexpr int64_t kKAhead = 2;      // pages ahead a part's scoring asks for the K of (prefetch_k)
+  void prefetch_k(const AttnLayer& at, const AttnTask& k, int64_t p) const;
   void attend_q(const AttnLayer& at, const AttnTask& k, float* q);
   void attend_scores(const AttnLayer& at, const AttnTask& k, const float* q, float* sc, int64_t pa, int64_t pb);
   void attend_softmax(const AttnLayer& at, const AttnTask& k, float* sc);

@@ -1,5 +1,7 @@
 // Attention of one layer over the paged KV (kernels/attention/attention.h has the
 // kernels and their orders), and the KV writes it reads back.
+#include <xmmintrin.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -229,7 +231,10 @@ void Model::attend_in_parts(const AttnLayer& at, const std::vector<AttnTask>& ta
       }
       for (int64_t p = first; p < last; ++p)
         for (int64_t t = 0; t < n_tasks; ++t)
-          if (range[t].first <= p && p < range[t].second) attend_scores(at, tasks[t], q_of(t), scores_of(t), p, p + 1);
+          if (range[t].first <= p && p < range[t].second) {
+            if (p + kKAhead < range[t].second) prefetch_k(at, tasks[t], p + kKAhead);
+            attend_scores(at, tasks[t], q_of(t), scores_of(t), p, p + 1);
+          }
     }
   });
   pool_.parallel_for(n_tasks, 1, [&](int64_t t0, int64_t t1) {
@@ -244,6 +249,17 @@ void Model::attend_in_parts(const AttnLayer& at, const std::vector<AttnTask>& ta
         for (int64_t t = 0; t < n_tasks; ++t) attend_values(at, tasks[t], scores_of(t), d0, d1);
     }
   });
+}
+
+// Asks for the K block of the task's KV head in page p (of its first row) to
+// be read into the cache. The pages of a long KV are far apart in memory (368
+// KB on SmolLM2), each too short for the hardware to see a stream in it:
+// asking two pages ahead, one sequence's decode at 4,000 keys ran 1.10x.
+void Model::prefetch_k(const AttnLayer& at, const AttnTask& k, int64_t p) const {
+  if (p >= k.rows[0].n_pages) return;
+  const size_t bytes = static_cast<size_t>(at.hd) * at.pt * layout_.k_elem_bytes();
+  const uint8_t* kb = k.rows[0].at(at, p, at.k_off) + static_cast<size_t>(k.kv_head) * bytes;
+  for (size_t b = 0; b < bytes; b += 64) _mm_prefetch(reinterpret_cast<const char*>(kb + b), _MM_HINT_T0);
 }
 
 // Heads [h0, h0 + g) (sharing KV head kv_head) of each of the task's rows
