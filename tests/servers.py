@@ -32,6 +32,20 @@ def ctx(*args, home: Path, env: dict | None = None, timeout: float = 120) -> sub
                           env=ctx_env(home, **(env or {})), timeout=timeout)
 
 
+def ctx_imports(*args, watched: tuple[str, ...], home: Path, env: dict | None = None,
+                timeout: float = 120) -> tuple[subprocess.CompletedProcess, list[str]]:
+    """`ctx ARGS` in a child, as `ctx` runs it, and which of the modules `watched` it had
+    imported when it ended (sorted; one kept out by a None in sys.modules is not)."""
+    code = ("import os, sys\nfrom ctxengine.cli.main import main\nsys.argv = ['ctx', *sys.argv[1:]]\n"
+            "try:\n    main()\nfinally:\n    print('imported:', *sorted(m for m in os.environ['CTX_TEST_WATCHED']"
+            ".split(',') if sys.modules.get(m) is not None), file=sys.stderr)\n")
+    r = subprocess.run([sys.executable, "-c", code, *map(str, args)], capture_output=True, text=True, timeout=timeout,
+                       env=ctx_env(home, **(env or {}), CTX_TEST_WATCHED=",".join(watched)))
+    last = r.stderr.strip().splitlines()[-1] if r.stderr.strip() else ""
+    assert last.startswith("imported:"), r.stderr
+    return r, last.split()[1:]
+
+
 class CtxServer:
     """``ctx serve`` in a child process: gRPC on a free port (``--port 0``), or
     with ``http=True`` HTTP on a free port (``--grpc-port 0``). The machine's

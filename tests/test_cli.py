@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 import pytest
+from servers import ctx_imports
 
 
 def ctx(*args, input=None, env=None):
@@ -97,13 +98,9 @@ def test_models_list_names_what_cannot_be_served_and_why(tmp_path):
 def test_models_list_imports_neither_the_runtime_nor_numpy(tmp_path):
     # The catalog's model sources were listed in state/model.py, which imports the runtime:
     # 0.2 s of a 0.32 s `ctx models list` (ctxengine/sources.py).
-    code = ("import sys\nfrom ctxengine.cli.main import main\nsys.argv = ['ctx', 'models', 'list']\n"
-            "try:\n    main()\nfinally:\n    print(sorted(m for m in sys.modules if m in "
-            "('ctxengine.state.model', 'gguf', 'numpy')), file=sys.stderr)\n")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                       env={**os.environ, "CTX_HOME": str(tmp_path)})
+    r, imported = ctx_imports("models", "list", watched=("ctxengine.state.model", "gguf", "numpy"), home=tmp_path)
     assert r.returncode == 0 and "smollm2" in r.stdout, r.stderr
-    assert r.stderr.strip().splitlines()[-1] == "[]", r.stderr
+    assert imported == [], r.stderr
 
 
 @pytest.mark.parametrize("args", [["run", "-m", "/nonexistent/model.gguf", "hi"], ["tokenize", "-m", "no-such-model", "x"]])

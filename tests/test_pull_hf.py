@@ -47,15 +47,10 @@ def test_a_pull_imports_neither_hf_api_nor_gguf_nor_numpy_nor_trio(hub, tmp_path
     # listing is read by hf_listing.py, the header's type tables are gguf_types.py's, and a
     # header-only read decodes its arrays with struct (docs/pull.md). trio (a test dependency's
     # here), which httpcore2 imports where installed, 0.1 s more: cli/pull.py keeps it out.
-    import subprocess
-    import sys
-    from servers import ctx_env
-    code = ("import sys\nfrom ctxengine.cli.main import main\nsys.argv = ['ctx', 'pull', sys.argv[1]]\n"
-            "try:\n    main()\nfinally:\n    print(sorted(m for m in ('huggingface_hub.hf_api', 'gguf', 'numpy', "
-            "'trio') if sys.modules.get(m) is not None), file=sys.stderr)\n")
-    r = subprocess.run([sys.executable, "-c", code, f"hf://{SMOL_REPO}:Q4_1"], capture_output=True, text=True,
-                       env=ctx_env(tmp_path, **hub_env(hub, tmp_path)), timeout=120)
-    assert r.returncode == 0 and r.stderr.strip().splitlines()[-1] == "[]", r.stderr
+    from servers import ctx_imports
+    r, imported = ctx_imports("pull", f"hf://{SMOL_REPO}:Q4_1", watched=("huggingface_hub.hf_api", "gguf", "numpy", "trio"),
+                              home=tmp_path, env=hub_env(hub, tmp_path))
+    assert r.returncode == 0 and imported == [], r.stderr
 
 
 def test_ambiguous_or_absent_quant_lists_the_choices(hub, tmp_path):

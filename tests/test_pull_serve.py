@@ -9,7 +9,7 @@ import pytest
 
 from ollama_layout import make_ollama_store
 from pull_fixtures import GEMMA_REPO, SMOL_REPO, make_hub, make_registry, pull, server_set
-from servers import CtxServer, ctx
+from servers import CtxServer, ctx, ctx_imports
 
 GEMMA = f"hf.co/{GEMMA_REPO}:Q4_K_M"
 
@@ -62,8 +62,10 @@ def test_openai_client_by_pulled_names(served):
 def test_run_dash_hf_pulls_then_runs(servers, tmp_path):
     hub, _ = servers
     env = {"HF_ENDPOINT": hub.url, "HF_HOME": str(tmp_path / "hf"), "HF_TOKEN": ""}
-    r = ctx("run", "-hf", f"{SMOL_REPO}:Q4_1", "-n", "4", "--raw", "The capital of France is", home=tmp_path, env=env)
-    assert r.returncode == 0, r.stderr
+    # as `ctx pull` does, a one-shot command keeps trio (httpcore2 imports it where installed) out
+    r, imported = ctx_imports("run", "-hf", f"{SMOL_REPO}:Q4_1", "-n", "4", "--raw", "The capital of France is",
+                              watched=("trio",), home=tmp_path, env=env)
+    assert r.returncode == 0 and imported == [], r.stderr
     assert r.stdout.strip()
     assert list((tmp_path / "hf" / "hub").glob("models--*/snapshots/*/SmolLM2-135M-Instruct-Q4_1.gguf"))
 

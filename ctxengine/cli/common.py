@@ -91,6 +91,14 @@ def add_hf_argument(p: argparse.ArgumentParser, *, repeatable: bool = False) -> 
                         + (" (repeatable)" if repeatable else ""))
 
 
+def without_trio() -> None:
+    """Keep trio out of a one-shot command. huggingface_hub's HTTP client (httpcore2) imports
+    it, where it is installed, for the locks of its async client; a command that pulls and
+    exits uses the synchronous one, and trio's import was 0.1 s of a cached pull's 0.55 s
+    (docs/PERFORMANCE.md, session 34). A server keeps it importable."""
+    sys.modules.setdefault("trio", None)
+
+
 def hf_model(spec: str) -> str:
     """Pull ``-hf``'s model when the cache lacks it; the name it is served and loaded by."""
     from ..engine.hf_pull import pull_hf
@@ -103,6 +111,8 @@ def load_model(args: argparse.Namespace, *, threads: int | None = None, n_ctx: i
     ``n_ctx`` shortens its context length."""
     from ..state.model import load
 
+    if getattr(args, "hf", None):
+        without_trio()
     spec = hf_model(args.hf) if getattr(args, "hf", None) else args.model
     return load(spec, threads=threads or args.threads, kv=args.kv, n_ctx=n_ctx)
 

@@ -105,10 +105,9 @@ def _pull_snapshot(args: argparse.Namespace) -> int:
 
 
 def _pull_hf(spec: str) -> int:
-    # huggingface_hub's HTTP client (httpcore2) imports trio, where it is installed, for
-    # the locks of its async client; this process uses the synchronous one, and trio's
-    # import was 0.1 s of a cached pull's 0.55 s (docs/PERFORMANCE.md, session 34).
-    sys.modules.setdefault("trio", None)
+    from .common import without_trio
+
+    without_trio()
     from ..engine.hf_pull import pull_hf
 
     from ..engine.servable import unservable_reason
