@@ -1,7 +1,8 @@
 """Prefill (or decode) of builds of the native core, alternated: before/after figures on a noisy machine.
 
     python bench/bench_builds.py OLD_core.so NEW_core.so [...] [-m smollm2|gemma3|PATH] [--rounds 3]
-        [--prompts 4] [--prompt 512] [--threads 2] [--isa avx2] [--decode [--context 16]]
+        [--prompts 4] [--prompt 512] [--threads 2] [--isa avx2] [--kv f16|q8|vq8]
+        [--decode [--context 16] [--steps 24]]
 
 Keep a build aside before changing the code (`scripts/dev-build.sh && cp build/dev/_core*.so /tmp/old_core.so`),
 then compare it with the new one. Each round runs every build in a fresh process, its `_core` loaded in place
@@ -9,7 +10,7 @@ of the installed one (as bench_batched.py --core does), which warms up and then 
 --prompt tokens, each into an empty context; which build goes first rotates (facts.round_order). Printed: each
 round's median per build, then each build's median of the rounds and its ratio to the first build's, round by
 round. --decode times single-token steps instead: after a prompt of --context tokens (16, a short one; 4000,
-decode over a long KV), --prompts runs of 24 steps each.
+decode over a long KV), --prompts runs of --steps steps each.
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from pathlib import Path
 
 
 def child(core: str, model: str, threads: int, n_prompt: int, prompts: int, isa: str | None,
-          decode: bool = False, context: int = 16) -> float:
+          decode: bool = False, context: int = 16, kv: str = "f16", steps: int = 24) -> float:
     """The median prefill (or decode) tok/s of this build (run in its own process)."""
     from bench_batched import model_path, use_core
 
@@ -33,11 +34,11 @@ def child(core: str, model: str, threads: int, n_prompt: int, prompts: int, isa:
         _core.set_isa(isa)
     from ctxengine.bench.speed import prefill_rate, prompt_ids
 
-    m = load(model_path(model), threads=threads)
+    m = load(model_path(model), threads=threads, kv=kv)
     eng = m.engine
     ids = prompt_ids(eng.tokenize, max(n_prompt, context))
     eng.forward(eng.new_sequence(), ids[:32])  # warm pages, scratch and caches
-    run = (lambda: decode_steps(eng, ids[:context])) if decode else (lambda: prefill_rate(eng, ids[:n_prompt]))
+    run = (lambda: decode_steps(eng, ids[:context], steps)) if decode else (lambda: prefill_rate(eng, ids[:n_prompt]))
     rates = [run() for _ in range(prompts)]
     m.close()
     return statistics.median(rates)
@@ -62,34 +63,38 @@ def main() -> int:
     ap.add_argument("--isa", choices=["scalar", "avx2", "avx512"], default=None, help="the path (default: the best)")
     ap.add_argument("--decode", action="store_true", help="time decode steps instead of prefill")
     ap.add_argument("--context", type=int, default=16, help="--decode: the tokens before the timed steps")
+    ap.add_argument("--steps", type=int, default=24, help="--decode: the timed steps a run")
+    ap.add_argument("--kv", choices=["f16", "q8", "vq8"], default="f16", help="the KV dtype")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         print(json.dumps(child(args.child, args.model, args.threads, args.prompt, args.prompts, args.isa, args.decode,
-                               args.context)))
+                               args.context, args.kv, args.steps)))
         return 0
     if not args.cores:
         ap.error("name at least one _core .so")
     from ctxengine.bench.facts import describe_machine, machine_facts, round_order
 
     print(describe_machine(machine_facts(args.threads)))
-    what = f"decode after {args.context} tokens, runs of 24 steps" if args.decode else f"{args.prompt}-token prompts"
-    print(f"{args.model}: {what}, {args.threads} threads, path {args.isa or 'the best'}, median of {args.prompts} a round")
+    what = f"decode after {args.context} tokens, runs of {args.steps} steps" if args.decode else \
+        f"{args.prompt}-token prompts"
+    print(f"{args.model}: {what}, {args.threads} threads, {args.kv} KV, path {args.isa or 'the best'}, "
+          f"median of {args.prompts} a round")
     got: dict[str, list[float]] = {c: [] for c in args.cores}
     for r in range(args.rounds):
         for core in round_order(args.cores, r):
             cmd = [sys.executable, __file__, "--child", core, "-m", args.model, "--threads", str(args.threads),
-                   "--prompt", str(args.prompt), "--prompts", str(args.prompts)]
+                   "--prompt", str(args.prompt), "--prompts", str(args.prompts), "--kv", args.kv]
             cmd += ["--isa", args.isa] if args.isa else []
-            cmd += ["--decode", "--context", str(args.context)] if args.decode else []
+            cmd += ["--decode", "--context", str(args.context), "--steps", str(args.steps)] if args.decode else []
             done = subprocess.run(cmd, capture_output=True, text=True, check=True)
             got[core].append(json.loads(done.stdout.strip().splitlines()[-1]))
         print(f"  round {r + 1}: " + "  ".join(f"{Path(c).name} {got[c][-1]:.0f}" for c in args.cores))
     base = got[args.cores[0]]
     for core, rates in got.items():
         ratios = [a / b for a, b in zip(rates, base)]
-        print(f"{Path(core).name:>24}: {statistics.median(rates):7.0f} tok/s  "
-              f"{min(ratios):.2f}-{max(ratios):.2f}x the first, round by round")
+        print(f"{Path(core).name:>24}: {statistics.median(rates):7.0f} tok/s  {statistics.median(ratios):.2f}x "
+              f"({min(ratios):.2f}-{max(ratios):.2f}) the first, round by round")
     return 0
 
 
