@@ -48,8 +48,9 @@ def test_a_pull_imports_neither_hf_api_nor_gguf_nor_numpy_nor_trio(hub, tmp_path
     # header-only read decodes its arrays with struct (docs/pull.md). trio (a test dependency's
     # here), which httpcore2 imports where installed, 0.1 s more: cli/pull.py keeps it out.
     from servers import ctx_imports
-    r, imported = ctx_imports("pull", f"hf://{SMOL_REPO}:Q4_1", watched=("huggingface_hub.hf_api", "gguf", "numpy", "trio"),
-                              home=tmp_path, env=hub_env(hub, tmp_path))
+    watched = ("huggingface_hub.hf_api", "gguf", "numpy", "trio")
+    r, imported = ctx_imports("pull", f"hf://{SMOL_REPO}:Q4_1", watched=watched, home=tmp_path,
+                              env=hub_env(hub, tmp_path))
     assert r.returncode == 0 and imported == [], r.stderr
 
 
