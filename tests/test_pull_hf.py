@@ -9,6 +9,7 @@ import pytest
 from ctxengine.engine.gguf_file import open_gguf
 from hub_servers import FakeHub, HubHandler
 from pull_fixtures import GEMMA_REPO, SMOL_REPO, SPLIT_REPO, kill_halfway, make_hub, pull, server_set
+from servers import ctx_imports
 from gguf_splits import write_split
 
 
@@ -47,7 +48,6 @@ def test_a_pull_imports_neither_hf_api_nor_gguf_nor_numpy_nor_trio(hub, tmp_path
     # listing is read by hf_listing.py, the header's type tables are gguf_types.py's, and a
     # header-only read decodes its arrays with struct (docs/pull.md). trio (a test dependency's
     # here), which httpcore2 imports where installed, 0.1 s more: cli/pull.py keeps it out.
-    from servers import ctx_imports
     watched = ("huggingface_hub.hf_api", "gguf", "numpy", "trio")
     r, imported = ctx_imports("pull", f"hf://{SMOL_REPO}:Q4_1", watched=watched, home=tmp_path,
                               env=hub_env(hub, tmp_path))

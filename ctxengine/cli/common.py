@@ -111,9 +111,10 @@ def load_model(args: argparse.Namespace, *, threads: int | None = None, n_ctx: i
     ``n_ctx`` shortens its context length."""
     from ..state.model import load
 
+    spec = args.model
     if getattr(args, "hf", None):
         without_trio()
-    spec = hf_model(args.hf) if getattr(args, "hf", None) else args.model
+        spec = hf_model(args.hf)
     return load(spec, threads=threads or args.threads, kv=args.kv, n_ctx=n_ctx)
 
 

@@ -1,7 +1,5 @@
 // Attention of one layer over the paged KV (kernels/attention/attention.h has the
 // kernels and their orders), and the KV writes it reads back.
-#include <xmmintrin.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -10,6 +8,7 @@
 
 #include "kernels/activations/activations.h"
 #include "kernels/attention/attention.h"
+#include "kernels/prefetch.h"
 #include "models/model.h"
 
 namespace ctx {
@@ -259,7 +258,7 @@ void Model::prefetch_k(const AttnLayer& at, const AttnTask& k, int64_t p) const 
   if (p >= k.rows[0].n_pages) return;
   const size_t bytes = static_cast<size_t>(at.hd) * at.pt * layout_.k_elem_bytes();
   const uint8_t* kb = k.rows[0].at(at, p, at.k_off) + static_cast<size_t>(k.kv_head) * bytes;
-  for (size_t b = 0; b < bytes; b += 64) _mm_prefetch(reinterpret_cast<const char*>(kb + b), _MM_HINT_T0);
+  prefetch_lines(kb, kb + bytes);
 }
 
 // Heads [h0, h0 + g) (sharing KV head kv_head) of each of the task's rows

@@ -27,6 +27,7 @@
 #include <type_traits>
 
 #include "kernels/attention/attention.h"
+#include "kernels/prefetch.h"
 
 namespace ctx::attn {
 
@@ -106,6 +107,10 @@ void score_heads(const float* q, int g, int hd, int n, float scale, float* score
   });
 }
 
+// Pages a block of the weighted sums takes (accumulate_heads): 4-16 measured
+// alike, 2 at 0.72x (the sums' stores and loads each block), at 4,000 keys on Zen 3.
+constexpr int kPageBlock = 8;
+
 // The weighted sums of V for G queries, kLanes values of the output a
 // register, over pages of 16 keys (slot = key % 16): query g sums its keys
 // [0, n[g]) into out[g]. value(g, i, j, d0) gives values d0.. of slot j of
@@ -123,16 +128,6 @@ void score_heads(const float* q, int g, int hd, int n, float scale, float* score
 // The passes go a block of pages at a time (kPageBlock), the partial sums
 // kept between blocks; where(i, j, d0) is the address of value(0, i, j, d0),
 // for asking for the next block's rows ahead.
-// Asks for the cache lines of [a, e) to be read.
-inline void prefetch_lines(const char* a, const char* e) {
-  for (auto line = reinterpret_cast<uintptr_t>(a) & ~uintptr_t{63}; line < reinterpret_cast<uintptr_t>(e); line += 64)
-    _mm_prefetch(reinterpret_cast<const char*>(line), _MM_HINT_T0);
-}
-
-// Pages a block of the weighted sums takes (below): 4-16 measured alike, 2 at 0.72x
-// (the sums' stores and loads each block), at 4,000 keys on Zen 3.
-constexpr int kPageBlock = 8;
-
 template <typename V, int G, bool kByDim, typename Value, typename Weight, typename Where>
 void accumulate_heads(const int* n, int shared, int hd, float* const* out, Value value, Weight weight, Where where) {
   using F = typename V::F;
