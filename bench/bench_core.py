@@ -1,11 +1,13 @@
 """Prefill and decode speed, ours and llama.cpp's, alternated in one run.
 
-    python bench/bench_core.py [-m MODEL] [--threads 1,2] [--rounds 5] [--prompt 512] [--gen 128]
+    python bench/bench_core.py [-m MODEL] [--threads 1,2] [--rounds 5] [--prompt 512] [--gen 128] [--context 16]
         [--llama-python /path/to/venv/bin/python] [--ik-python /path/to/venv/bin/python] [--isa avx2]
         [--no-avx-vnni] [--json]
 
 Prefill: a 512-token prompt into an empty context (like llama-bench pp512).
-Decode: 128 single-token steps after a short prompt (like tg128).
+Decode: 128 single-token steps after a short prompt (like tg128), or after
+--context tokens (thousands: decode over a long KV, each engine's K and V
+read every step; the read rate printed then counts the weights alone).
 
 Each round measures, for every thread count, ours, then llama.cpp, then
 ik_llama.cpp, then this machine's memory read bandwidth
@@ -39,7 +41,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 KEYS = ("prefill_tps", "decode_tps")
 
 
-def ours(path: str, threads: int, n_prompt: int, n_gen: int, isa: str | None = None, vnni: bool = True) -> dict:
+def ours(path: str, threads: int, n_prompt: int, n_gen: int, context: int, isa: str | None = None,
+         vnni: bool = True) -> dict:
     from ctxengine import _core
     from ctxengine.bench.speed import measure_ours
 
@@ -48,14 +51,14 @@ def ours(path: str, threads: int, n_prompt: int, n_gen: int, isa: str | None = N
     if not vnni:
         _core.quant.set_avx2_vnni(False)  # the AVX2 path's prefill as on a CPU without AVX-VNNI
 
-    r = measure_ours(path, threads, n_prompt, n_gen, reps=1, batches=())  # warms up before measuring
+    r = measure_ours(path, threads, n_prompt, n_gen, reps=1, batches=(), context=context)  # warms up first
     path_name = _core.active_isa()
     if path_name == "avx2" and _core.quant.avx2_vnni():
         path_name += "+avx_vnni"
     return {**{k: r[k] for k in KEYS}, "isa": path_name}
 
 
-def llama(path: str, threads: int, n_prompt: int, n_gen: int) -> dict:
+def llama(path: str, threads: int, n_prompt: int, n_gen: int, context: int) -> dict:
     # llama.cpp's venv need not have ctxengine installed: its measuring module
     # is self-contained, so load it by path.
     import importlib.util
@@ -64,18 +67,18 @@ def llama(path: str, threads: int, n_prompt: int, n_gen: int) -> dict:
         "bench_llama", os.path.join(REPO, "ctxengine", "bench", "llama.py"))
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    r = mod.measure_llama(path, threads, n_prompt, n_gen, reps=1, batches=())
+    r = mod.measure_llama(path, threads, n_prompt, n_gen, reps=1, batches=(), context=context)
     return {**{k: r[k] for k in KEYS}, "isa": r["system_info"]}
 
 
-def ik(path: str, threads: int, n_prompt: int, n_gen: int) -> dict:
+def ik(path: str, threads: int, n_prompt: int, n_gen: int, context: int) -> dict:
     # Loaded by path, like llama.cpp's: ik_llama.cpp's venv need not have ctxengine.
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("bench_ik", os.path.join(REPO, "bench", "bench_ik.py"))
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    r = mod.measure_ik(path, threads, n_prompt, n_gen)
+    r = mod.measure_ik(path, threads, n_prompt, n_gen, context=context)
     return {**{k: r[k] for k in KEYS}, "isa": r["system_info"]}
 
 
@@ -100,7 +103,8 @@ def run_rounds(args, threads: list[int], peers: dict[str, str]) -> dict:
 
     def child(python: str, engine: str, t: int) -> dict:
         cmd = [python, os.path.abspath(__file__), "--engine", engine, "-m", args.model, "--threads", str(t),
-               "--prompt", str(args.prompt), "--gen", str(args.gen)] + (["--isa", args.isa] if args.isa else [])
+               "--prompt", str(args.prompt), "--gen", str(args.gen), "--context", str(args.context)]
+        cmd += ["--isa", args.isa] if args.isa else []
         cmd += ["--no-avx-vnni"] if args.no_avx_vnni and engine == "ours" else []
         done = subprocess.run(cmd, capture_output=True, text=True)
         if done.returncode != 0:
@@ -143,7 +147,8 @@ def print_report(args, s: dict, threads: list[int], weight_bytes: int, facts: di
     from ctxengine.bench.facts import describe_decode, describe_machine
 
     print(f"model {os.path.basename(args.model)} ({weight_bytes / 1e6:.1f} MB of weights read per decode token); "
-          f"prompt {args.prompt}, gen {args.gen}; medians of {args.rounds} alternated rounds (min-max)")
+          f"prompt {args.prompt}, gen {args.gen} after {args.context} tokens; "
+          f"medians of {args.rounds} alternated rounds (min-max)")
     print(describe_machine(facts) + f" at the start, {facts['load_average_after'][0]:.1f} at the end")
     print(f"our path: {s['ours'][threads[0]]['isa']}")
     for peer in s["ratio"]:
@@ -175,6 +180,7 @@ def main() -> int:
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--prompt", type=int, default=512)
     ap.add_argument("--gen", type=int, default=128)
+    ap.add_argument("--context", type=int, default=16, help="the tokens before the timed decode steps")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--llama-python", default=None)
     ap.add_argument("--ik-python", default=None, help="a Python with ik-llama-cpp-python (module ik_llama_cpp)")
@@ -189,7 +195,7 @@ def main() -> int:
     if args.engine:  # one measurement, in a child process (llama.cpp's may lack ctxengine)
         mine = lambda *a: ours(*a, isa=args.isa, vnni=not args.no_avx_vnni)  # noqa: E731
         fn = {"ours": mine, "llama": llama, "ik": ik}[args.engine]
-        print(json.dumps(fn(args.model, threads[0], args.prompt, args.gen)))
+        print(json.dumps(fn(args.model, threads[0], args.prompt, args.gen, args.context)))
         return 0
 
     from ctxengine.bench.facts import machine_facts, weight_bytes_per_token
@@ -205,6 +211,7 @@ def main() -> int:
     facts["load_average_after"] = [round(x, 2) for x in os.getloadavg()]
     if args.json:
         print(json.dumps({"model": os.path.basename(args.model), "weight_bytes_per_token": weight_bytes,
+                          "decode_context": args.context,
                           "machine": facts, **s}, indent=1))
         return 0
     print_report(args, s, threads, weight_bytes, facts)

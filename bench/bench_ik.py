@@ -54,11 +54,11 @@ def _load(path, threads: int, n_ctx: int, repack: bool):
 
 
 def measure_ik(path, threads: int, n_prompt: int = 512, n_gen: int = 128, reps: int = 1,
-               repack: bool = True) -> dict:
+               repack: bool = True, context: int = 16) -> dict:
     import numpy as np
     from ik_llama_cpp import _ctypes_api as C
 
-    model, ctx = _load(path, threads, n_prompt + n_gen + 64, repack)
+    model, ctx = _load(path, threads, max(n_prompt, context) + n_gen + 64, repack)
     n_vocab = C.llama_vocab_n_tokens(C.llama_model_get_vocab(model))
     batch = C.llama_batch_init(max(n_prompt, 1), 0, 1)
 
@@ -83,22 +83,23 @@ def measure_ik(path, threads: int, n_prompt: int = 512, n_gen: int = 128, reps: 
 
     try:
         ids: list[int] = []
-        while len(ids) < n_prompt:
+        while len(ids) < max(n_prompt, context):
             ids += tokenize(TEXT)
-        ids = ids[:n_prompt]
         C.llama_kv_cache_clear(ctx)
         decode(ids[:32], 0)  # warm-up
         pp, tg = [], []
         for _ in range(reps):
             C.llama_kv_cache_clear(ctx)
             t0 = time.perf_counter()
-            decode(ids, 0)
+            decode(ids[:n_prompt], 0)
             pp.append(n_prompt / (time.perf_counter() - t0))
             C.llama_kv_cache_clear(ctx)
-            decode(ids[:16], 0)
+            step = min(512, max(n_prompt, 1))  # the context's n_batch and the batch's size
+            for s in range(0, context, step):
+                decode(ids[s:min(s + step, context)], s)
             t0 = time.perf_counter()
             for i in range(n_gen):
-                decode([argmax_last()], 16 + i)
+                decode([argmax_last()], context + i)
             tg.append(n_gen / (time.perf_counter() - t0))
         return {"prefill_tps": statistics.median(pp), "decode_tps": statistics.median(tg),
                 "system_info": system_info() + (" | run-time repack" if repack else "")}

@@ -23,15 +23,15 @@ def prompt_ids(tokenize, n: int) -> list[int]:
 
 
 def measure_llama(path, threads: int, n_prompt: int = 512, n_gen: int = 128, reps: int = 3,
-                  batches=(1, 4, 8), batch_prompt: int = 128) -> dict:
+                  batches=(1, 4, 8), batch_prompt: int = 128, context: int = 16) -> dict:
     import ctypes
 
     import llama_cpp
     import numpy as np
 
     m = llama_cpp.Llama(str(path), n_threads=threads, n_threads_batch=threads, n_batch=512, n_ubatch=512,
-                        n_ctx=n_prompt + n_gen + 64, verbose=False)
-    ids = prompt_ids(lambda t: m.tokenize(t.encode(), add_bos=False), n_prompt)
+                        n_ctx=max(n_prompt, context) + n_gen + 64, verbose=False)
+    ids = prompt_ids(lambda t: m.tokenize(t.encode(), add_bos=False), max(n_prompt, context))
     n_vocab = m.n_vocab()
 
     def last_logits():
@@ -44,10 +44,10 @@ def measure_llama(path, threads: int, n_prompt: int = 512, n_gen: int = 128, rep
     for _ in range(reps):
         m.reset()
         t0 = time.perf_counter()
-        m.eval(ids)
+        m.eval(ids[:n_prompt])
         pp.append(n_prompt / (time.perf_counter() - t0))
         m.reset()
-        m.eval(ids[:16])
+        m.eval(ids[:context])  # in chunks of n_batch
         t0 = time.perf_counter()
         for _ in range(n_gen):
             m.eval([int(np.argmax(last_logits()))])

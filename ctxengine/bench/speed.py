@@ -59,17 +59,20 @@ def decode_rate(eng, seq, logits, n_gen: int) -> float:
 
 
 def measure_ours(path, threads: int, n_prompt: int = 512, n_gen: int = 128, reps: int = 3,
-                 batches=(1, 4, 8), batch_prompt: int = 128, batch_gen: int = 64, kv: str = "f16") -> dict:
+                 batches=(1, 4, 8), batch_prompt: int = 128, batch_gen: int = 64, kv: str = "f16",
+                 context: int = 16) -> dict:
+    """Prefill of n_prompt tokens, n_gen decode steps after a prompt of `context` tokens (16:
+    like tg128; thousands: decode over a long KV), time to first token, batched decode."""
     model = load(path, threads=threads, kv=kv)
     eng = model.engine
     kv_bytes_per_token = eng.pool.page_bytes / eng.pool.page_tokens
-    ids = prompt_ids(eng.tokenize, n_prompt)
+    ids = prompt_ids(eng.tokenize, max(n_prompt, context))
     eng.forward(eng.new_sequence(), ids[:32])  # warm pages, scratch and caches
     pp, tg, ttft = [], [], []
     for _ in range(reps):
-        pp.append(prefill_rate(eng, ids))
+        pp.append(prefill_rate(eng, ids[:n_prompt]))
         seq = eng.new_sequence()
-        tg.append(decode_rate(eng, seq, eng.forward(seq, ids[:16]), n_gen))
+        tg.append(decode_rate(eng, seq, eng.forward(seq, ids[:context]), n_gen))
         ctx = model.context(None)
         t0 = time.perf_counter()
         ctx.append(ids[:batch_prompt])
