@@ -1,8 +1,8 @@
 """``ctx verify``'s checks: the determinism promise, proved on this machine.
 
 For a few prompts, the logits of every position and a greedy continuation are
-computed the plain way (one thread, the whole prompt at once) and then every
-other way the engine may compute them (verify_ways.py): with N threads, token
+computed the plain way (N threads, the whole prompt at once) and then every
+other way the engine may compute them (verify_ways.py): on one thread, token
 by token, in uneven chunks, in one batch with 7 other sequences, after a fork,
 after a snapshot and restore, as speculative decoding verifies drafts (the
 greedy tokens too, drafted right and wrong), and on every SIMD path this CPU
@@ -65,7 +65,7 @@ def _same_tokens(ways: Ways, label: str, n_threads: int, ref_tokens: list[list[i
     """Greedy tokens are generated where the check has its own model or context."""
     pairs = zip(ways.prompts, ref_tokens)
     if label.startswith(f"{n_threads} threads"):
-        return all(greedy(ways.wide, ids, ways.n_gen) == t for ids, t in pairs)
+        return all(greedy(ways.lone, ids, ways.n_gen) == t for ids, t in pairs)
     if label.startswith("snapshot"):
         return all(ways.restored_greedy(ids) == t for ids, t in pairs)
     if label.startswith("speculative"):

@@ -41,10 +41,13 @@ def all_logits(model, ids):
 
 
 class Ways:
-    """``base`` (one thread) computes the references; ``wide`` the same model on N threads."""
+    """``base`` (N threads) computes the references; ``lone`` is the same model on one
+    thread. The references take the N threads, not the one: every check but the thread
+    count's runs on ``base``, and a long prompt's (Gemma 3's past its window) logits of
+    every position cost seconds a check on one thread."""
 
-    def __init__(self, base, wide, texts, n_gen: int):
-        self.base, self.wide, self.n_gen = base, wide, n_gen
+    def __init__(self, base, lone, texts, n_gen: int):
+        self.base, self.lone, self.n_gen = base, lone, n_gen
         eng = self.eng = base.engine
         self.prompts = [eng.tokenize(p, add_bos=eng.tokenizer.add_bos) for p in texts]
         self.n_short = len(self.prompts)
@@ -57,7 +60,7 @@ class Ways:
 
     def checks(self, n_threads: int) -> list[tuple[str, Callable]]:
         checks: list[tuple[str, Callable]] = [
-            (f"{n_threads} threads vs 1", lambda ids: all_logits(self.wide, ids)),
+            (f"{n_threads} threads vs 1", lambda ids: all_logits(self.lone, ids)),
             ("token by token vs at once", self.token_by_token),
             ("uneven chunks vs at once", self.chunked),
             ("in a batch of 8 vs alone", self.batched),

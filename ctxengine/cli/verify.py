@@ -24,9 +24,9 @@ def main(args: argparse.Namespace) -> int:
     from ..errors import CtxError
 
     n_threads = args.threads or max(2, physical_cores())
-    base = load_model(args, threads=1)
-    wide = load_model(args, threads=n_threads)
-    ways = Ways(base, wide, PROMPTS, N_GEN)
+    base = load_model(args, threads=n_threads)
+    lone = load_model(args, threads=1)
+    ways = Ways(base, lone, PROMPTS, N_GEN)
     prompts, window = ways.prompts, ways.window
     print(f"{base.name}  weight_id {base.weight_id[:16]}  {base.engine.kv_dtype} KV  "
           f"({len(prompts)} prompts, {sum(map(len, prompts))} positions"
