@@ -15,6 +15,17 @@ def log_softmax(logits: np.ndarray) -> np.ndarray:
     return x - np.logaddexp.reduce(x, axis=-1, keepdims=True)
 
 
+def log_normalizers(logits: np.ndarray) -> np.ndarray:
+    """Each row's log of the sum of exp (log_softmax is the row less it): log_softmax's to
+    ~3e-8 (the float32 exps' rounding; the anchors' smallest bar is 1e-3), and 15x faster
+    on Gemma 3's 262,144-wide rows, whose float64 copy and logaddexp took some 4 s a chunk
+    of 256 positions. The largest logit is taken out, the exps (each <= 1) made in float32
+    and summed in float64."""
+    top = logits.max(axis=-1, keepdims=True)
+    sums = np.exp(logits - top).sum(axis=-1, dtype=np.float64)
+    return top[..., 0].astype(np.float64) + np.log(sums)
+
+
 @dataclass
 class Agreement:
     """Accumulates, position by position, ours against a reference's top-1."""
@@ -24,10 +35,10 @@ class Agreement:
 
     def add(self, label: str, start: int, our_logits: np.ndarray, ref_top1: np.ndarray, ref_top1_lp: np.ndarray):
         """our_logits: (n, n_vocab) for positions start..start+n; ref_*: (n,) for the same positions."""
-        lp = log_softmax(our_logits)
-        rows = np.arange(len(lp))
-        self.agree += int(np.sum(lp.argmax(axis=1) == ref_top1))
-        self.gaps.extend(np.abs(lp[rows, ref_top1] - ref_top1_lp).tolist())
+        rows = np.arange(len(our_logits))
+        self.agree += int(np.sum(our_logits.argmax(axis=1) == ref_top1))
+        ours = our_logits[rows, ref_top1].astype(np.float64) - log_normalizers(our_logits)
+        self.gaps.extend(np.abs(ours - ref_top1_lp).tolist())
         self.where.extend((label, start + i) for i in rows)
 
     @property
