@@ -10,7 +10,8 @@ import pytest
 import ctxengine
 from ctxengine.text.closing import Closer
 from ctxengine.text.grammar import Constraint, Grammar, GrammarError
-from ctxengine.text.json_bounds import MAX_INT_DIGITS, MAX_ITEMS, MAX_PROPERTIES, MAX_STRING, bounded_schema
+from ctxengine.text.json_bounds import MAX_ITEMS, MAX_PROPERTIES, MAX_STRING, bounded_schema
+from ctxengine.text.json_numbers import MAX_INT_DIGITS
 from ctxengine.text.tools import ToolChoice, as_tools, forced_call_grammar, parse_tool_calls
 
 WEATHER = {"type": "object", "properties": {"city": {"type": "string"}, "unit": {"enum": ["c", "f"]}},

@@ -161,7 +161,7 @@ def _compile(kind: str, source: str) -> tuple[str, tuple[str, ...]]:
     try:
         for schema in Grammar(kind, source).schemas():  # before llguidance, which these would crash
             check_depth(schema)  # its stack
-            check_exact(schema)  # a bound past int64
+            check_exact(schema, bounded_schema(schema) if kind == "json_schema" else None)  # numbers it cannot keep
         if kind == "json_schema":
             loaded = json.loads(source)
             endless = infinite_ref(loaded)

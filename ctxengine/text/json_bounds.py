@@ -39,21 +39,14 @@ from __future__ import annotations
 import math
 from typing import Any, Callable, Iterator
 
-MAX_INT_DIGITS = 15
-MAX_FRACTION_DIGITS = 6
+from .json_numbers import INT_CAP, MAX_BOUND, MAX_EXACT_INT, MAX_FRACTION_DIGITS, bound_number, is_num
+
 MAX_STRING = 1000
 MAX_ITEMS = 64
 MAX_PROPERTIES = 32
 MAX_DEPTH = 4
-_INT_BOUND = 10 ** MAX_INT_DIGITS - 1
-# llguidance builds number ranges in 64-bit integers, read through doubles: a bound past
-# them is clamped (a minimum of 1e19 let 2**63 - 1 through) or, below -2**63, crashes the
-# process. A bound beyond this (a double, 2**63 less 4096) is refused, and the caps added
-# here stay within it.
-MAX_BOUND = 2 ** 63 - 4096
-# An integer const or enum value llguidance writes exactly (it holds them as doubles).
-MAX_EXACT_INT = 2 ** 53
 
+_BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
 _SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
 _SCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties", "dependentSchemas")
 _SCHEMA_ONE = ("items", "additionalProperties", "contains", "not", "if", "then", "else",
@@ -100,7 +93,7 @@ def _bound(s: Any, depth: int, resolve: Callable[[str], Any], closing: bool = Tr
     if "string" in types and not ({"maxLength", "enum", "const", "pattern", "format"} & s.keys()):
         out["maxLength"] = max(MAX_STRING, _int(s.get("minLength")))
     if types & {"integer", "number"} and not ({"enum", "const"} & s.keys()):
-        _bound_number(s, out, exact="integer" in types)
+        bound_number(s, out, exact="integer" in types)
     return out
 
 
@@ -110,15 +103,31 @@ def _bound_object(s: dict, out: dict, depth: int, closing: bool) -> None:
         if s.get("additionalProperties") is not False or "patternProperties" in s:
             # keys of its own choosing: bounded in number too (a model repeated one at length)
             out.setdefault("maxProperties", max(MAX_PROPERTIES, _int(s.get("minProperties"))))
+        else:
+            _required_enough(out)
         return
     props = s.get("properties")
     if closing and isinstance(props, dict) and _int(s.get("minProperties")) <= len(props) + len(_missing(s, props)):
         # as OpenAI's strict mode: closed, with the required properties it forgot to list
         out["properties"] = {**out["properties"], **{k: _any_value(depth - 1) for k in _missing(s, props)}}
         out["additionalProperties"] = False
+        _required_enough(out)
     else:
         out.setdefault("maxProperties", max(MAX_PROPERTIES, _int(s.get("minProperties"))))
         out["additionalProperties"] = _any_value(depth - 1)
+
+
+def _required_enough(out: dict) -> None:
+    """A closed object's minProperties met by requiring its first listed optional properties:
+    llguidance counts only the required ones toward it, and refused the schema ("minProperties
+    (2) is greater than number of properties (0)") where optional ones could meet it."""
+    props, need = out.get("properties"), _int(out.get("minProperties"))
+    required = [k for k in out.get("required") or [] if isinstance(k, str)] \
+        if isinstance(out.get("required"), list) else []
+    if not isinstance(props, dict) or len(required) >= need:
+        return
+    optional = [k for k in props if k not in required]
+    out["required"] = required + optional[:need - len(required)]
 
 
 def _missing(s: dict, props: dict) -> list[str]:
@@ -126,19 +135,37 @@ def _missing(s: dict, props: dict) -> list[str]:
     return [k for k in required if isinstance(k, str) and k not in props] if isinstance(required, list) else []
 
 
-def check_exact(schema: Any) -> None:
-    """ValueError naming a number in the schema (at any depth) that sampling could not keep:
-    a bound past +-MAX_BOUND, an integer const or enum value past 2**53."""
+def check_exact(schema: Any, bounded: Any = None) -> None:
+    """ValueError naming a number in the schema (at any depth) that sampling could not keep.
+    In ``schema`` as given: a bound or multipleOf that is not a finite number, a multipleOf
+    not above 0, an integer const or enum value past 2**53. In its bounds as they reach
+    llguidance (``bounded``: bounded_schema's, whose caps stand in for bounds far past them;
+    else the schema's own): one past +-MAX_BOUND, and past 2**53 one that is not a double
+    (llguidance reads bounds as doubles: a maximum of 9007199254740999 let 9007199254741000
+    through) or an exclusive one (its neighbour is no double either)."""
     for s in _objects(schema):
-        for word in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"):
-            if _is_num(x := s.get(word)) and abs(x) > MAX_BOUND:
-                raise ValueError(f"{word} {x} is beyond the +-{MAX_BOUND} constrained sampling can enforce")
+        for word in (*_BOUNDS, "multipleOf"):
+            x = s.get(word)
+            if isinstance(x, float) and not math.isfinite(x):
+                raise ValueError(f"{word} {x} is not a finite number")
+            if word == "multipleOf" and is_num(x) and x <= 0:
+                raise ValueError(f"multipleOf {x} is not above 0")
         values = [s["const"]] if "const" in s else s["enum"] if isinstance(s.get("enum"), list) else []
         for x in values:
             if isinstance(x, int) and not isinstance(x, bool) and abs(x) > MAX_EXACT_INT:
                 raise ValueError(f"{'const' if 'const' in s else 'enum value'} {x} is an integer beyond 2**53, "
                                  "which constrained sampling cannot write exactly (it would come back rounded); "
                                  "give it as a string")
+    for s in _objects(schema if bounded is None else bounded):
+        for word in _BOUNDS:
+            if not is_num(x := s.get(word)):
+                continue
+            if abs(x) > MAX_BOUND:
+                raise ValueError(f"{word} {x} is beyond the +-{MAX_BOUND} constrained sampling can enforce")
+            if abs(x) > MAX_EXACT_INT and (float(x) != x or word.startswith("exclusive")):
+                raise ValueError(f"{word} {x} lies past 2**53, where constrained sampling, which reads bounds as "
+                                 f"doubles, would enforce {float(x):.17g} instead; give a bound within 2**53 "
+                                 "(or the value as a string)")
 
 
 def uses_keyword(schema: Any, word: str) -> bool:
@@ -163,60 +190,6 @@ def _objects(schema: Any) -> Iterator[dict]:
         elif isinstance(s, dict):
             yield s
             stack.extend(v for k, v in s.items() if k not in ("const", "enum"))
-
-
-def _bound_number(s: dict, out: dict, exact: bool) -> None:
-    lo, hi = _edge(s, "minimum", "exclusiveMinimum", -1), _edge(s, "maximum", "exclusiveMaximum", 1)
-    if lo is None:  # the added cap, or twice the schema's upper bound where that is below it
-        lo = out["minimum"] = -_INT_BOUND if hi is None or hi >= -_INT_BOUND else _far(hi, exact)
-    if hi is None:
-        hi = out["maximum"] = _INT_BOUND if lo <= _INT_BOUND else _far(lo, exact)
-    if exact:
-        return  # integers compare exactly; their bounds stay as written
-    for word, plain, pick in (("exclusiveMinimum", "minimum", max), ("exclusiveMaximum", "maximum", min)):
-        x = s.get(word)
-        if _is_num(x):  # a number written next to x may parse as x itself
-            del out[word]
-            # (next to 0, the unit is a tenth of the range, for a range as narrow as (0, 1e-20))
-            unit = _ulp15(x) if x else min(1e-14, abs(hi if pick is max else lo) / 10 or 1e-14)
-            inside = x + unit * (1 if pick is max else -1)
-            out[plain] = pick(inside, s[plain]) if _is_num(s.get(plain)) else inside
-    if "multipleOf" not in s:
-        step = _grid(out.get("minimum", lo), out.get("maximum", hi))
-        if step is not None:
-            out["multipleOf"] = step
-
-
-def _edge(s: dict, plain: str, exclusive: str, side: int) -> float | None:
-    """The schema's own bound on one side (either keyword), or None."""
-    found = [s[k] for k in (plain, exclusive) if _is_num(s.get(k))]
-    return (max(found) if side < 0 else min(found)) if found else None
-
-
-def _far(bound: float, exact: bool) -> float:
-    """A cap for the other side of a bound beyond the added ones: twice it, within
-    +-MAX_BOUND."""
-    far = int(bound) * 2 if exact else bound * 2.0
-    return max(-MAX_BOUND, min(MAX_BOUND, far))
-
-
-def _ulp15(x: float) -> float:
-    """A unit of the 15th significant digit of x: numbers that far from x parse as other doubles."""
-    return 10.0 ** (math.floor(math.log10(abs(x))) + 1 - 15)
-
-
-def _grid(lo: float, hi: float) -> float | None:
-    """The coarsest step 10**-k (MAX_FRACTION_DIGITS <= k <= 10: llguidance refuses finer ones,
-    1e-11 being 9.999999999999999e-12) with a multiple in [lo, hi]."""
-    for k in range(MAX_FRACTION_DIGITS, 11):
-        step = 10.0 ** -k
-        if math.ceil(lo / step) <= math.floor(hi / step):
-            return step
-    return None
-
-
-def _is_num(x: Any) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
 def _int(x: Any) -> int:
@@ -380,7 +353,7 @@ def _types(s: dict) -> set[str]:
 def _any_value(depth: int) -> dict:
     """Any JSON value, every part bounded; containers only while ``depth`` lasts."""
     scalars = [{"type": "string", "maxLength": MAX_STRING},
-               {"type": "number", "minimum": -_INT_BOUND, "maximum": _INT_BOUND,
+               {"type": "number", "minimum": -INT_CAP, "maximum": INT_CAP,
                 "multipleOf": 10.0 ** -MAX_FRACTION_DIGITS},
                {"type": "boolean"}, {"type": "null"}]
     if depth <= 0:
