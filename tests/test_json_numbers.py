@@ -7,26 +7,10 @@ import json
 import jsonschema
 import pytest
 
-import ctxengine
-from ctxengine.text.grammar import Constraint, Grammar, GrammarError
+from ctxengine.text.grammar import Grammar, GrammarError
+from test_json_bounds import model, takes  # noqa: F401 (a fixture)
 
 P = 2 ** 53
-
-
-@pytest.fixture(scope="module")
-def model(smollm2_path):
-    m = ctxengine.load(smollm2_path)
-    yield m
-    m.close()
-
-
-def takes(model, schema, text: str) -> bool:
-    c = Constraint(Grammar.json_schema(schema), model.engine.tokenizer, 0)
-    try:
-        c.feed(model.tokenize(text))
-    except GrammarError:
-        return False
-    return c.accepting
 
 
 @pytest.mark.parametrize("schema, inside, outside", [
