@@ -120,6 +120,19 @@ def test_bad_model_file_is_one_line(tmp_path, smollm2_path):
     assert len(r.stderr.strip().splitlines()) == 1
 
 
+def test_running_out_of_memory_is_one_line(monkeypatch, capsys):
+    # a model file whose metadata took more than the process's memory limit printed a traceback
+    import ctxengine.cli.tokenize
+    from ctxengine.cli.main import main
+
+    def exhausted(args):
+        raise MemoryError()
+    monkeypatch.setattr(ctxengine.cli.tokenize, "main", exhausted)
+    assert main(["tokenize", "x"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("ctx tokenize: error: out of memory") and len(err.strip().splitlines()) == 1, err
+
+
 def test_a_thread_count_out_of_range_is_a_usage_error():
     for verb in ("run", "serve"):
         r = ctx(verb, "-t", "100000", *(["hi"] if verb == "run" else []))

@@ -534,3 +534,15 @@ def test_a_truncated_file_says_so_with_its_size_and_the_size_it_needs(tmp_path, 
         expect_error(tmp_path, src.read(1_000_000), r"'tokenizer.ggml.merges': an array of 48900 elements .* "
                                                     r"truncated or corrupt \(it is 1000000 bytes; that array "
                                                     r"needs at least \d+\)")
+
+
+def test_merges_far_past_the_vocabulary_are_refused_before_they_are_decoded(tmp_path):
+    # 16.6M merges for SmolLM2's 49k tokens (a 460 MB file, under the element cap) took
+    # 7.5 GB and two minutes to open; under a memory limit, a MemoryError traceback
+    def many(n):
+        return [f"m{i} x" for i in range(8 * 3 + 1024 + n)], gguf.GGUFValueType.ARRAY, gguf.GGUFValueType.STRING
+    ok = write_gguf(tmp_path / "ok.gguf", extra={"tokenizer.ggml.merges": many(0)})
+    assert len(open_gguf(ok).metadata["tokenizer.ggml.merges"]) == 8 * 3 + 1024
+    bad = write_gguf(tmp_path / "bad.gguf", extra={"tokenizer.ggml.merges": many(1)})
+    expect_error(tmp_path, bad.read_bytes(), "tokenizer.ggml.merges lists 1,049 merges for a vocabulary of 3 tokens, "
+                                             "more than 8 a token: the file is damaged or not a real tokenizer")

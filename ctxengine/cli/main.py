@@ -96,6 +96,10 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(file=sys.stderr)
         return 130
+    except MemoryError:
+        print(f"{args.verb_parser.prog}: error: out of memory (what it was asked to read or make does not fit in "
+              "this process's memory)", file=sys.stderr)
+        return 1
     except OSError as err:
         if out is not None and err is out.failed:
             out.drop()

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any, Collection
 from ..errors import ModelFileError
 from .gguf_cursor import Cursor, read_value
 from .gguf_split import check_later_part, check_tensor_total, later_part_paths, split_count
-from .gguf_types import tensor_type
+from .gguf_types import ValueType, tensor_type
 
 if TYPE_CHECKING:
     import numpy as np
@@ -48,6 +48,10 @@ DEFAULT_ALIGNMENT = 32
 MAX_DIMS = 4
 MAX_TENSOR_NAME_BYTES = 63   # llama.cpp refuses names of GGML_MAX_NAME (64) bytes or more
 MAX_KEY_BYTES = 65535        # the GGUF spec's limit on key length
+# BPE merges a vocabulary may list, per token: each joins two tokens into a third, and
+# a token may be reached by several (Llama 3: 280,147 for 128,256 tokens). A file with
+# millions more (16.6M for SmolLM2's 49k tokens) took 7.5 GB and two minutes to open.
+MAX_MERGES_PER_TOKEN = 8
 
 _HEADER = struct.Struct("<4sIQQ")
 
@@ -86,6 +90,17 @@ def _tensor_info(cur: Cursor, index: int) -> _RawTensor:
     ggml_type = cur.u32(f"{what} type")
     rel_offset = cur.u64(f"{what} offset")
     return _RawTensor(name, shape, ggml_type, rel_offset)
+
+
+def _check_merges_count(cur: Cursor, vtype: int, tokens: Any) -> None:
+    """Refuse a merges array longer than MAX_MERGES_PER_TOKEN a token of the vocabulary
+    read before it, from its length alone (before its strings are decoded)."""
+    if vtype != ValueType.ARRAY or cur.left < 12 or not isinstance(tokens, list):
+        return  # not an array (the tokenizer names it), or cut short (read_value names it)
+    count = struct.unpack_from("<Q", cur.buf, cur.pos + 4)[0]
+    if count > MAX_MERGES_PER_TOKEN * len(tokens) + 1024:
+        raise cur.error(f"tokenizer.ggml.merges lists {count:,} merges for a vocabulary of {len(tokens):,} tokens, "
+                        f"more than {MAX_MERGES_PER_TOKEN} a token: the file is damaged or not a real tokenizer")
 
 
 def _map_readonly(path: Path) -> tuple[mmap.mmap, int]:
@@ -191,7 +206,13 @@ class GGUFFile:
             if key in metadata:
                 raise cur.error(f"metadata key {key!r} appears twice")
             vtype = cur.u32(f"type of {key!r}")
-            metadata[key] = read_value(cur, vtype, f"value of {key!r}")
+            if key == "tokenizer.ggml.merges":
+                _check_merges_count(cur, vtype, metadata.get("tokenizer.ggml.tokens"))
+            try:
+                metadata[key] = read_value(cur, vtype, f"value of {key!r}")
+            except MemoryError:
+                raise cur.error(f"the value of {key!r} does not fit in memory (its arrays hold "
+                                f"{cur.array_elements:,} elements)") from None
         return metadata
 
     def _architecture(self, cur: Cursor) -> str:
