@@ -217,6 +217,18 @@ def test_a_snapshot_with_a_broken_grammar_state_is_refused(model, tmp_path):
     m.sampler_state["grammar"] = {"format": "other"}
     with pytest.raises(CorruptDataError, match="grammar state"):
         check_compatible(m, "x" * 64, model.engine)
+    # well formed, but one whose tokens break it, or that does not compile: restored, and then
+    # every generation failed (with the grammar parser's state dumped into the message)
+    good = ctx.snapshot(store)
+    for grammar, says in (({"kind": "gbnf", "source": 'root ::= "zzzzzz"'},
+                           "the context's tokens do not match its grammar: Parser Error: token .* doesn't satisfy "
+                           "the grammar; byte .* fails parse$"),
+                          ({"kind": "gbnf", "source": "root ::= undefined"}, "invalid GBNF grammar")):
+        m = store.get_manifest(good)
+        m.sampler_state["grammar"]["grammar"] = grammar
+        m.sampler_state["grammar"]["start"] = len(m.token_ids) - 2
+        with pytest.raises(CorruptDataError, match=says):
+            check_compatible(m, "x" * 64, model.engine)
     store.close()
     ctx.delete()
 

@@ -27,7 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Mapping
 
-from ..text.grammar import check_state as check_grammar_state
+from ..text.grammar import Constraint, check_state as check_grammar_state
 from ..engine.lora import LoraSet, continuing_set
 from ..engine.sampler import Sampler
 from ..errors import ContextError, CorruptDataError, CtxError, StoreError, WeightMismatchError
@@ -240,6 +240,9 @@ def check_compatible(m: Manifest, sid: str, engine: "Engine", lora: LoraSet | No
             if "grammar" in m.sampler_state:
                 if check_grammar_state(m.sampler_state["grammar"]) > len(m.token_ids):
                     raise CtxError("its grammar starts past its last token")
+                # compiled and replayed now, not at the first generate: a grammar that does not
+                # compile, or that its tokens break, restored and then failed every generation
+                Constraint.from_state(m.sampler_state["grammar"], engine.tokenizer, m.token_ids)
         except CtxError as err:
             raise CorruptDataError(f"{what}: {err}") from None
     return lora

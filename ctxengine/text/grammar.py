@@ -202,8 +202,9 @@ def _first_valid(builds: list) -> str:
 
 
 def _one_line(err: object) -> str:
-    """The error's text on one line (a regex error's caret line left out)."""
-    lines = [line.strip() for line in str(err).splitlines()]
+    """The error's text on one line (a regex error's caret line left out; a matcher's dump
+    of its parser's state, after "<state>", too)."""
+    lines = [line.strip() for line in str(err).partition("<state>")[0].splitlines()]
     text = " ".join(line for line in lines if line and set(line) - {"^", " "})
     return (text or type(err).__name__)[:300]
 
