@@ -16,7 +16,7 @@ from ctxengine.text.chat import ChatRenderer
 from ctxengine.text.chat_template import ChatTemplate
 from ctxengine.text.grammar import Constraint, GrammarError
 from ctxengine.text.tool_formats import family, short_id, written
-from ctxengine.text.tools import (Tool, ToolCall, ToolChoice, ToolStream, as_tools, forced_call_grammar,
+from ctxengine.text.tools import (NO_PARAMETERS, Tool, ToolCall, ToolChoice, ToolStream, as_tools, forced_call_grammar,
                                     parse_tool_calls, template_messages, tool_format)
 
 TEMPLATES = Path(__file__).parent / "data" / "templates"
@@ -132,9 +132,9 @@ def test_tools_render_as_the_client_sent_them():
     assert '\n{"type": "function", "function": {"name": "ping", "strict": true}}\n' in text
     assert "\n" + json.dumps(WEATHER, ensure_ascii=False) + "\n" in text
     flat = as_tools([{"type": "function", "name": "ping", "strict": True}])[0]
-    assert flat.openai() == sparse and flat.parameters == {"type": "object"}  # defaults still there for grammars
+    assert flat.openai() == sparse and flat.parameters == NO_PARAMETERS  # defaults still there for grammars
     assert Tool("ping").openai() == {"type": "function", "function": {"name": "ping", "description": "",
-                                                                      "parameters": {"type": "object"}}}
+                                                                      "parameters": NO_PARAMETERS}}
 
 
 # -- F1: the families' formats -----------------------------------------------------------------
@@ -300,7 +300,7 @@ def test_the_faces_hand_templates_each_function_as_the_client_wrote_it():
                                                       "cache_control": {"type": "ephemeral"}}]}))
     assert anthropic.tools[0].openai() == {"type": "function",
                                            "function": {"name": "weather", "description": "d", "parameters": params}}
-    assert anthropic.tools[0].parameters == params and ollama.tools[0].parameters == {"type": "object"}
+    assert anthropic.tools[0].parameters == params and ollama.tools[0].parameters == NO_PARAMETERS
 
 
 LLAMA_TWO = '{"name": "get_weather", "parameters": {"city": "Paris"}}; {"name": "get_time", "parameters": {}}'

@@ -221,3 +221,17 @@ def test_a_tool_schema_that_cannot_compile_is_named_as_the_tools():
                               "required": ["s"]})
     with pytest.raises(GrammarError, match="tool 'lookup': its parameters are an invalid JSON schema: .*look-around"):
         forced_call_grammar([WEATHER, bad], ToolChoice("required"), "fallback")
+
+
+def test_a_function_without_parameters_is_forced_to_empty_arguments(model):
+    # OpenAI: "omitting parameters defines a function with an empty parameter list"; as
+    # {"type": "object"} a forced call of it made keys up
+    tok = model.tokenizer
+    for tools in (as_tools([{"type": "function", "function": {"name": "ping", "description": "Ping"}}]),
+                  [Tool("ping", "Ping")]):
+        grammar = forced_call_grammar(tools, ToolChoice("required"), "fallback")
+        c = Constraint(grammar, tok, 0)
+        c.feed(model.tokenize('<tool_call>\n{"name": "ping", "arguments": {}}\n</tool_call>'))
+        assert c.done
+        with pytest.raises(GrammarError, match="do not match"):
+            Constraint(grammar, tok, 0).feed(model.tokenize('<tool_call>\n{"name": "ping", "arguments": {"a'))

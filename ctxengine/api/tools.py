@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 
 from ..text.grammar import Grammar, GrammarError
-from ..text.tools import Tool, ToolCall, ToolChoice, ToolUse, forced_call_grammar
+from ..text.tools import NO_PARAMETERS, Tool, ToolCall, ToolChoice, ToolUse, forced_call_grammar
 from .errors import ApiError
 from .fields import Fields, text_content
 from .structured import checked, refuse_unenforced
@@ -42,7 +42,7 @@ def _tool(f: Fields, schema_key: str) -> Tool:
     spec = {k: f.data[k] for k in _FUNCTION_KEYS if k in f.data}
     if params is not None:
         spec["parameters"] = params
-    return Tool(f.str("name"), f.str("description", ""), params or {"type": "object"}, spec)
+    return Tool(f.str("name"), f.str("description", ""), params or dict(NO_PARAMETERS), spec)
 
 
 def _strict(tool: Tool, f: Fields) -> Tool:

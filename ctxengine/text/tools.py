@@ -56,11 +56,17 @@ _PYTHON_TAG = "<|python_tag|>"
 _OPENINGS = (_OPEN, *tool_formats.OPENINGS)  # where a call may begin mid-reply
 
 
+# A function without parameters takes none (OpenAI: "omitting parameters defines a function
+# with an empty parameter list"): its arguments are {}. As {"type": "object"} a forced call
+# of it made keys up.
+NO_PARAMETERS = {"type": "object", "properties": {}}
+
+
 @dataclass(frozen=True)
 class Tool:
     name: str
     description: str = ""
-    parameters: dict = field(default_factory=lambda: {"type": "object"})
+    parameters: dict = field(default_factory=lambda: dict(NO_PARAMETERS))
     spec: dict | None = field(default=None, compare=False, repr=False)  # the function as the client sent it
 
     def openai(self) -> dict:
@@ -128,7 +134,7 @@ def as_tools(tools: Sequence) -> list[Tool]:
         f = t.get("function", t)
         if not isinstance(f, dict) or not isinstance(f.get("name"), str) or not f["name"]:
             raise CtxError(f"a tool needs a name: {t!r}"[:200])
-        params = f.get("parameters") or {"type": "object"}
+        params = f.get("parameters") or dict(NO_PARAMETERS)
         if not isinstance(params, dict):
             raise CtxError(f"tool {f['name']!r}: parameters must be a JSON schema object")
         spec = dict(f) if "function" in t else {k: v for k, v in f.items() if k != "type"}
@@ -266,13 +272,13 @@ def forced_call_grammar(tools: Sequence[Tool], choice: ToolChoice, fmt: str) -> 
     calls, defs = [], {}
     for i, t in enumerate(allowed):
         try:  # a schema that cannot be compiled is named as the tool's, not as the call wrapper's
-            Grammar.json_schema(t.parameters or {"type": "object"}).compiled()
+            Grammar.json_schema(t.parameters or NO_PARAMETERS).compiled()
         except GrammarError as err:
             raise GrammarError(f"tool {t.name!r}: its parameters are an {err}") from None
         # Each tool's schema is a root of its own: it moves under the wrapper's $defs, and its
         # local refs ("#", "#/$defs/X", "#/properties/x") are rewritten to point into it there.
         where = f"ctx_tool{i}"
-        defs[where] = tool_formats.rooted(t.parameters or {"type": "object"}, f"#/$defs/{where}")
+        defs[where] = tool_formats.rooted(t.parameters or NO_PARAMETERS, f"#/$defs/{where}")
         calls.append({"type": "object", "properties": {"name": {"const": t.name}, key: {"$ref": f"#/$defs/{where}"}},
                       "required": ["name", key], "additionalProperties": False})
     schema = calls[0] if len(calls) == 1 else {"anyOf": calls}
