@@ -56,10 +56,7 @@ _PYTHON_TAG = "<|python_tag|>"
 _OPENINGS = (_OPEN, *tool_formats.OPENINGS)  # where a call may begin mid-reply
 
 
-# A function without parameters takes none (OpenAI: "omitting parameters defines a function
-# with an empty parameter list"): its arguments are {}. As {"type": "object"} a forced call
-# of it made keys up.
-NO_PARAMETERS = {"type": "object", "properties": {}}
+NO_PARAMETERS = {"type": "object", "properties": {}}  # OpenAI's omitted parameters: arguments {} (not made up)
 
 
 @dataclass(frozen=True)
