@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING
 from ..errors import ContextError, CtxError, RequestError, UnsupportedTemplateError
 from ..ollama.template import OllamaTemplate
 from ..text.chat import with_system
+from .message_spans import message_spans
 
 if TYPE_CHECKING:
     from ..engine.model_source import CatalogEntry
@@ -105,7 +106,7 @@ def prompt_ids(model: "Model", entry: "CatalogEntry", prompt: Prompt, limit: int
     text = _text(model, entry, prompt)
     if limit is not None and (least := model.tokenizer.at_least_tokens(text)) >= limit:
         raise ContextError(f"the prompt is at least {least} tokens; the context length is {limit}")
-    return _ids(model, prompt, text)
+    return _ids(model, entry, prompt, text)
 
 
 def reply_room(limit: int, max_tokens: int | None) -> int:
@@ -122,8 +123,11 @@ def _text(model: "Model", entry: "CatalogEntry", prompt: Prompt) -> str:
                      think=prompt.think, template_kwargs=prompt.template_kwargs) + prompt.prefill
 
 
-def _ids(model: "Model", prompt: Prompt, text: str) -> list[int]:
-    ids = model.tokenize(text, parse_special=True)
+def _ids(model: "Model", entry: "CatalogEntry", prompt: Prompt, text: str) -> list[int]:
+    spans = message_spans(prompt.messages, text,
+                          lambda messages: _text(model, entry, dataclasses.replace(prompt, messages=messages, prefill="")),
+                          model.tokenizer.has_control_text, prompt.prefill) if prompt.is_chat else []
+    ids = model.tokenizer.encode(text, parse_special=True, plain=spans)
     # token ids a client sent (a completion's prompt, Ollama's context): checked here, before
     # anything (the prefix cache's int64 arrays, say) reads them
     ids = model.engine.checked_ids(prompt.prefix_ids) + ids if prompt.prefix_ids else model.tokenizer.with_bos(ids)
@@ -151,7 +155,7 @@ def _trimmed_ids(model: "Model", entry: "CatalogEntry", prompt: Prompt, limit: i
         text = _text(model, entry, shorter)
         if model.tokenizer.at_least_tokens(text) > budget:  # before any BPE
             return None
-        ids = _ids(model, shorter, text)
+        ids = _ids(model, entry, shorter, text)
         return ids if len(ids) <= budget else None
 
     n = len(msgs)

@@ -12,7 +12,7 @@ import functools
 
 import codecs
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Callable
 
 import regex
 
@@ -93,9 +93,13 @@ class Tokenizer:
             return [self.bos_id, *ids]
         return ids
 
-    def encode(self, text: str, *, add_bos: bool = False, parse_special: bool = False) -> list[int]:
+    def encode(self, text: str, *, add_bos: bool = False, parse_special: bool = False,
+               plain: Sequence[tuple[int, int]] = ()) -> list[int]:
         """Token ids of ``text``. Control tokens are recognised in the text only
-        with ``parse_special``; user-defined tokens always are (as in llama.cpp).
+        with ``parse_special``, and then not where they overlap a ``plain`` span
+        ([start, end) offsets: a chat message's own text in its rendering, which
+        is then tokenized as the text around it, as llama.cpp would tokenize it
+        had it no control token); user-defined tokens always are (as in llama.cpp).
         A lone surrogate goes in as the three bytes that UTF-8 would spell it
         with, which llama.cpp reads back as that code point. ``add_bos`` puts
         BOS in front where the model's file asks for one
@@ -104,7 +108,7 @@ class Tokenizer:
         if add_bos and self.add_bos:
             ids.append(self.bos_id)
         after_special = True
-        for fragment in self._partition(text, parse_special):
+        for fragment in self._partition(text, parse_special, plain):
             if isinstance(fragment, int):
                 ids.append(fragment)
                 after_special = True
@@ -158,18 +162,24 @@ class Tokenizer:
             raise TokenizerError(f"token id {token_id} is out of range (n_vocab {self.n_vocab})")
         return token_id
 
-    def _partition(self, text: str, parse_special: bool) -> list[str | int]:
+    def has_control_text(self, text: str) -> bool:
+        """Whether ``text`` spells a control token (parsed only with parse_special)."""
+        return self._specials.occurring_in(text, True) != self._specials.occurring_in(text, False)
+
+    def _partition(self, text: str, parse_special: bool, plain: Sequence[tuple[int, int]] = ()) -> list[str | int]:
         """``text`` as raw-text fragments and special-token ids, in order.
 
         llama.cpp's tokenizer_st_partition: special tokens are taken longest
         first, each one cut out of every raw fragment left at its turn. Only
-        the tokens that occur in ``text`` are tried, which changes nothing."""
-        fragments: list[str | int] = [text] if text else []
+        the tokens that occur in ``text`` are tried, which changes nothing.
+        A control token overlapping a ``plain`` span is left as text there."""
+        fragments: list = [(0, text)] if text else []
         for token_id in self._specials.occurring_in(text, parse_special):
             needle = self._texts[token_id]
-            fragments = [part for fragment in fragments
-                         for part in _cut(fragment, needle, token_id)]
-        return fragments
+            keep = (lambda a, b: False) if not plain or self._specials.always(token_id) else \
+                (lambda a, b: any(x < b and a < y for x, y in plain))
+            fragments = [part for fragment in fragments for part in _cut(fragment, needle, token_id, keep)]
+        return [f if isinstance(f, int) else f[1] for f in fragments]
 
 
 class _SpecialTokens:
@@ -208,20 +218,30 @@ class _SpecialTokens:
             found &= self._parsed_always
         return sorted(found, key=self._order.__getitem__)
 
+    def always(self, token_id: int) -> bool:
+        """Whether the token is parsed without parse_special too (user-defined, unknown)."""
+        return token_id in self._parsed_always
 
-def _cut(fragment: str | int, needle: str, token_id: int) -> list[str | int]:
-    """``fragment`` with every occurrence of ``needle``, left to right, replaced by ``token_id``."""
+
+def _cut(fragment, needle: str, token_id: int, kept: Callable[[int, int], bool]) -> list:
+    """``fragment`` (a token id, or (offset, text)) with every occurrence of ``needle``, left
+    to right, replaced by ``token_id``, but for those at [a, b) in the whole text where
+    ``kept(a, b)``: those stay text."""
     if isinstance(fragment, int):
         return [fragment]
-    parts: list[str | int] = []
-    done = 0
-    while (hit := fragment.find(needle, done)) >= 0:
+    at, text = fragment
+    parts: list = []
+    done = start = 0
+    while (hit := text.find(needle, start)) >= 0:
+        if kept(at + hit, at + hit + len(needle)):
+            start = hit + 1
+            continue
         if hit > done:
-            parts.append(fragment[done:hit])
+            parts.append((at + done, text[done:hit]))
         parts.append(token_id)
-        done = hit + len(needle)
-    if done < len(fragment):
-        parts.append(fragment[done:])
+        done = start = hit + len(needle)
+    if done < len(text):
+        parts.append((at + done, text[done:]))
     return parts
 
 
