@@ -42,7 +42,7 @@ from ..store.names import validate_name
 from ..text.tools import ToolStream, ToolUse, forced_call_grammar, tool_format
 from .events import Event, Failed, Finished, Started, Text
 from .generate import Sampling
-from .prompts import Prompt, continuation_ids, continuation_text, prompt_ids, reply_room
+from .prompts import Prompt, continuation_ids, continuation_spans, continuation_text, prompt_ids, reply_room
 
 if TYPE_CHECKING:
     from ..engine.model_source import CatalogEntry
@@ -270,8 +270,9 @@ class Generation:
                                    f"change its adapters (this one asks for {asked.describe()})", param="lora")
             cached, before = ctx.n_cached, ctx.n_tokens
             text = continuation_text(model, self.entry, self.request.prompt, ctx.tokens)
+            plain = continuation_spans(model, self.entry, self.request.prompt, ctx.tokens, text)
             t = time.perf_counter_ns()
-            ids = continuation_ids(ctx, text, self._limit(model))  # refused past the limit: nothing appended
+            ids = continuation_ids(ctx, text, self._limit(model), plain)  # refused past the limit: nothing appended
             if ids:
                 with cancelled_when(self._gone.is_set):  # stopped, the context is left as it was
                     ctx.append(ids)

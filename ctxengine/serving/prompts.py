@@ -183,8 +183,20 @@ def continuation_text(model: "Model", entry: "CatalogEntry", prompt: Prompt, con
                       template_kwargs=prompt.template_kwargs) + prompt.prefill
 
 
-def continuation_ids(ctx, text: str, limit: int) -> list[int]:
-    """``text`` (continuation_text's) as the ids to append to the named context ``ctx``;
+def continuation_spans(model: "Model", entry: "CatalogEntry", prompt: Prompt, context_tokens: list[int],
+                       text: str) -> list[tuple[int, int]]:
+    """Where the messages' own text lies in ``text`` (continuation_text's), for
+    continuation_ids' ``plain`` (serving/message_spans.py)."""
+    if not prompt.is_chat:
+        return []
+    return message_spans(prompt.messages, text, lambda messages: continuation_text(
+        model, entry, dataclasses.replace(prompt, messages=messages, prefill=""), context_tokens),
+        model.tokenizer.has_control_text, prompt.prefill)
+
+
+def continuation_ids(ctx, text: str, limit: int, plain: list[tuple[int, int]] = ()) -> list[int]:
+    """``text`` (continuation_text's) as the ids to append to the named context ``ctx``,
+    control tokens parsed but where they overlap ``plain`` (continuation_spans');
     a ContextError, before anything is appended (and before any BPE of a text that cannot
     fit), where they would leave the reply no token within ``limit`` (the request's context
     length: num_ctx, else the model's), as a fresh prompt that long is refused."""
@@ -196,7 +208,7 @@ def continuation_ids(ctx, text: str, limit: int) -> list[int]:
 
     if (least := held + (tokenizer.at_least_tokens(text) if text else 0)) >= limit:
         raise refuse(least, "at least " if text else "")
-    ids = ctx.engine.tokenize(text, parse_special=True) if text else []
+    ids = tokenizer.encode(text, parse_special=True, plain=plain) if text else []
     ids = ids if held or not ids else tokenizer.with_bos(ids)
     if held + len(ids) >= limit:
         raise refuse(held + len(ids))
