@@ -165,6 +165,8 @@ def test_streaming_shows_text_and_holds_calls():
     assert stream(["<|python", "_tag|>", call]) == ("", "", [("get_time", {"zone": "UTC"})])
     assert stream(["<b>bold</b>"]) == ("<b>bold</b>", "", [])
     assert stream(["<tool_call>\n", call, "\n</tool_call>"], forced=True) == ("", "", [("get_time", {"zone": "UTC"})])
+    # a forced call cut by max_tokens is no call, and its markup is not the reply's text (it was)
+    assert stream(["<tool_call>\n", call[:12]], forced=True) == ("", "", [])
 
 
 def test_forced_call_grammars_accept_calls_and_only_calls(model):

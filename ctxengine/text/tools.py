@@ -345,16 +345,15 @@ class ToolStream:
     opening (``[TOOL_CALLS]``, ``<|tool_call|>``, DeepSeek's ``<｜tool▁calls▁begin｜>``:
     tool_formats.OPENINGS, as their special tokens' text), or, when the reply
     opens with ``{``, ``[`` or ``<|python_tag|>``, from its start, it is
-    held until ``finish`` parses it. ``forced``: the whole reply is a call;
-    ``names`` as parse_tool_calls'. Whitespace is shown only once text follows
-    it, so none is left dangling before a call. What ``push`` and ``finish``
-    return, joined, is the reply's text: streamed or not, the same.
+    held until ``finish`` parses it. ``forced``: the whole reply is a call (cut short: none);
+    ``names`` as parse_tool_calls'. Whitespace is shown only once text follows it, so
+    none dangles before a call. ``push`` and ``finish`` joined are the reply's text.
     """
 
     def __init__(self, forced: bool = False, names: Collection[str] | None = None):
         self._held = ""
         self._space = ""  # trailing whitespace not shown yet
-        self._holding = forced
+        self._holding = self._forced = forced
         self._started = False
         self._names = names
 
@@ -396,4 +395,6 @@ class ToolStream:
         if not self._holding:
             return space + held, []
         text, calls = parse_tool_calls(held, self._names)
-        return (text, calls) if calls else (space + held, [])
+        if not calls:  # a forced call cut short (max_tokens) is not text either
+            return ("" if self._forced else space + held), []
+        return text, calls
