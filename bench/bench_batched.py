@@ -118,6 +118,9 @@ def measure_llama(path: Path, args, streams: list[int]) -> dict | None:
     module = Path(__file__).resolve().parents[1] / "ctxengine" / "bench" / "llama.py"
     a = {"path": str(path), "threads": args.threads, "streams": streams, "prompt": args.prompt, "gen": args.gen,
          "rounds": args.llama_rounds, "branches": args.branches, "prefix": args.prefix}
+    if not Path(args.llama_python).is_file():
+        print(f"  llama.cpp skipped: no Python at {args.llama_python} (--llama-python)", file=sys.stderr)
+        return None
     done = subprocess.run([args.llama_python, "-c", CHILD, str(module), json.dumps(a)], capture_output=True, text=True)
     if done.returncode != 0:
         print(f"  llama.cpp failed: {done.stderr.strip().splitlines()[-1:]}", file=sys.stderr)
