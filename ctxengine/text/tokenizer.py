@@ -164,7 +164,7 @@ class Tokenizer:
 
     def has_control_text(self, text: str) -> bool:
         """Whether ``text`` spells a control token (parsed only with parse_special)."""
-        return self._specials.occurring_in(text, True) != self._specials.occurring_in(text, False)
+        return any(not self._specials.always(t) for t in self._specials.occurring_in(text, True))
 
     def _partition(self, text: str, parse_special: bool, plain: Sequence[tuple[int, int]] = ()) -> list[str | int]:
         """``text`` as raw-text fragments and special-token ids, in order.
