@@ -124,10 +124,8 @@ def _text(model: "Model", entry: "CatalogEntry", prompt: Prompt) -> str:
 
 
 def _ids(model: "Model", entry: "CatalogEntry", prompt: Prompt, text: str) -> list[int]:
-    spans = message_spans(prompt.messages, text,
-                          lambda messages: _text(model, entry, dataclasses.replace(prompt, messages=messages, prefill="")),
-                          model.tokenizer.has_control_text, prompt.prefill) if prompt.is_chat else []
-    ids = model.tokenizer.encode(text, parse_special=True, plain=spans)
+    ids = model.tokenizer.encode(text, parse_special=True, plain=_spans(
+        model, prompt, text, lambda stood: _text(model, entry, stood)))
     # token ids a client sent (a completion's prompt, Ollama's context): checked here, before
     # anything (the prefix cache's int64 arrays, say) reads them
     ids = model.engine.checked_ids(prompt.prefix_ids) + ids if prompt.prefix_ids else model.tokenizer.with_bos(ids)
@@ -187,11 +185,17 @@ def continuation_spans(model: "Model", entry: "CatalogEntry", prompt: Prompt, co
                        text: str) -> list[tuple[int, int]]:
     """Where the messages' own text lies in ``text`` (continuation_text's), for
     continuation_ids' ``plain`` (serving/message_spans.py)."""
+    return _spans(model, prompt, text, lambda stood: continuation_text(model, entry, stood, context_tokens))
+
+
+def _spans(model: "Model", prompt: Prompt, text: str, render) -> list[tuple[int, int]]:
+    """Where a chat prompt's own text lies in ``text``, its rendering by ``render(prompt)`` (render
+    takes the prompt with stand-ins for its messages: message_spans)."""
     if not prompt.is_chat:
         return []
-    return message_spans(prompt.messages, text, lambda messages: continuation_text(
-        model, entry, dataclasses.replace(prompt, messages=messages, prefill=""), context_tokens),
-        model.tokenizer.has_control_text, prompt.prefill)
+    return message_spans(prompt.messages, text,
+                         lambda messages: render(dataclasses.replace(prompt, messages=messages, prefill="")),
+                         model.tokenizer.has_control_text, prompt.prefill)
 
 
 def continuation_ids(ctx, text: str, limit: int, plain: list[tuple[int, int]] = ()) -> list[int]:
