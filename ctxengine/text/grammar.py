@@ -159,21 +159,25 @@ def _compile(kind: str, source: str) -> tuple[str, tuple[str, ...]]:
     llg = _llg()
     what = {"gbnf": "GBNF grammar", "lark": "Lark grammar", "regex": "regex", "json_schema": "JSON schema"}[kind]
     try:
-        for schema in Grammar(kind, source).schemas():  # before llguidance, which these would crash
+        schemas = Grammar(kind, source).schemas()
+        for schema in schemas:  # before llguidance, which these would crash
             check_depth(schema)  # its stack
-            check_exact(schema, bounded_schema(schema) if kind == "json_schema" else None)  # numbers it cannot keep
         if kind == "json_schema":
-            loaded = json.loads(source)
+            (loaded,) = schemas
             endless = infinite_ref(loaded)
             if endless is not None:
                 raise GrammarError(f"invalid JSON schema: no value of it is finite: {endless} always "
                                    f"contains itself again (give it a way to end: optional, or an anyOf)")
+            bounded = bounded_schema(loaded)
+            check_exact(loaded, bounded)  # numbers it cannot keep (before llguidance too)
             # an object's unlisted keys kept from spelling its listed ones (text/json_keys.py)
             compiled = _first_valid([lambda s=s, x=x: llg.LLMatcher.grammar_from_json_schema(
-                json.dumps(s), defaults={**JSON_OPTIONS, **x}) for s, x in schema_variants(bounded_schema(loaded))])
+                json.dumps(s), defaults={**JSON_OPTIONS, **x}) for s, x in schema_variants(bounded)])
         elif kind == "regex":
             compiled = llg.LLMatcher.grammar_from_regex(source)
         elif kind == "lark":
+            for schema in schemas:  # a forced call's: numbers it cannot keep
+                check_exact(schema)
             compiled = _first_valid([lambda v=v: llg.LLMatcher.grammar_from_lark(v) for v in lark_variants(source)])
         else:
             compiled = llg.grammar_from("gbnf", source)
