@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import subprocess
 import sys
@@ -118,8 +119,8 @@ def measure_llama(path: Path, args, streams: list[int]) -> dict | None:
     module = Path(__file__).resolve().parents[1] / "ctxengine" / "bench" / "llama.py"
     a = {"path": str(path), "threads": args.threads, "streams": streams, "prompt": args.prompt, "gen": args.gen,
          "rounds": args.llama_rounds, "branches": args.branches, "prefix": args.prefix}
-    if not Path(args.llama_python).is_file():
-        print(f"  llama.cpp skipped: no Python at {args.llama_python} (--llama-python)", file=sys.stderr)
+    if shutil.which(args.llama_python) is None:
+        print(f"  llama.cpp skipped: no Python {args.llama_python} (--llama-python)", file=sys.stderr)
         return None
     done = subprocess.run([args.llama_python, "-c", CHILD, str(module), json.dumps(a)], capture_output=True, text=True)
     if done.returncode != 0:
