@@ -32,6 +32,7 @@ import functools
 import weakref
 from typing import TYPE_CHECKING, Sequence
 
+from . import json_keys_once as keys_once
 from .string_examples import schema_examples
 
 if TYPE_CHECKING:
@@ -128,6 +129,8 @@ class Closer:
         generation if more could follow), or None if the greedy walk finds none.
         ``pending``: what the matcher took beyond the output so far (a sampled token)."""
         m = matcher.deep_copy()
+        keys = self._c.keys_state
+        keys = None if keys is None else keys_once.after(keys, pending)  # the reply's objects' keys
         ids: list[int] = []
         data = bytearray()
         repeats = 0  # the same byte picked again and again inside a string (free letters)
@@ -140,7 +143,7 @@ class Closer:
             tried = tried or in_string
             if run is None:
                 last = data[-1:] or pending[-1:] or self._written[-1:]  # the byte before this one
-                b = self._pick(m, in_string, escaped, in_number=bool(last) and last[0] in _NUMBER)
+                b = self._pick(m, in_string, escaped, keys, in_number=bool(last) and last[0] in _NUMBER)
                 if b is None:
                     return None
                 repeats = repeats + 1 if in_string and data and b == data[-1] else 0
@@ -152,6 +155,7 @@ class Closer:
                 ids.append(self._bytes[b])
             data += run
             in_string, escaped = _scan(run, in_string, escaped)
+            keys = None if keys is None else keys_once.after(keys, run)
             tried = tried and in_string
         shorter = self._tokenized(matcher, bytes(data))
         plan = shorter if shorter is not None and len(shorter) < len(ids) else ids
@@ -185,10 +189,15 @@ class Closer:
                 return text
         return None
 
-    def _pick(self, m, in_string: bool, escaped: bool, in_number: bool = False) -> int | None:
+    def _pick(self, m, in_string: bool, escaped: bool, keys: "keys_once.State | None",
+              in_number: bool = False) -> int | None:
+        """The next byte of the walk (``keys``: the reply's keys so far, where followed: a
+        quote that would close a key its object has is no way out of it)."""
         if in_number and not in_string and (digit := self._digit_that_ends(m)) is not None:
             return digit
         order = (b'"' + _LETTERS) if in_string and not escaped else (_LETTERS if escaped else _OUTSIDE + _LETTERS)
+        if in_string and not escaped and keys is not None and keys_once.repeats(keys, b'"'):
+            order = _LETTERS
         for b in order:
             if self._allows(m, b):
                 return b

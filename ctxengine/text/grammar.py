@@ -21,7 +21,6 @@ import functools
 import json
 import re
 import threading
-import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
@@ -30,6 +29,8 @@ import numpy as np
 
 from ..errors import CtxError
 from .json_bounds import bounded_schema, check_exact, counts_repeated_keys, infinite_ref, uses_keyword
+from . import json_keys_once as keys_once
+from .grammar_vocab import _llg, grammar_vocab
 from .json_keys import lark_variants, schema_variants
 from .schema_depth import check_depth
 
@@ -52,14 +53,6 @@ JSON_OPTIONS = {"whitespace_pattern": JSON_WHITESPACE, "coerce_one_of": True, "l
 
 class GrammarError(CtxError):
     """A grammar or JSON Schema that cannot be compiled (the message names the problem)."""
-
-
-def _llg():
-    try:
-        import llguidance
-    except ImportError:  # a dependency of ctxengine: only a broken install gets here
-        raise CtxError("constrained sampling needs the llguidance package (pip install llguidance)") from None
-    return llguidance
 
 
 @dataclass(frozen=True)
@@ -104,6 +97,12 @@ class Grammar:
         """Its sentences are JSON (a schema, or a forced tool call's Lark around one):
         a generation under it is steered to close within its budget (text/closing.py)."""
         return self.kind == "json_schema" or (self.kind == "lark" and "%json" in self.source)
+
+    @functools.cached_property
+    def json_text(self) -> bool:
+        """Its sentences' every quote, brace and bracket is JSON's (so the reply's object keys
+        can be followed, text/json_keys_once.py)."""
+        return keys_once.followed(self.kind, self.source)
 
     def schemas(self) -> list[Any]:
         """The JSON Schemas it holds: a schema's own, or each ``%json`` of a Lark grammar."""
@@ -213,38 +212,6 @@ def _one_line(err: object) -> str:
     return (text or type(err).__name__)[:300]
 
 
-# -- the vocabulary -------------------------------------------------------------
-_vocabs: "weakref.WeakKeyDictionary[Tokenizer, Any]" = weakref.WeakKeyDictionary()
-_vocab_lock = threading.Lock()
-
-
-class _VocabSource:
-    """What llguidance's TokenizerWrapper reads: ids' bytes, EOS/BOS, and an encoder."""
-
-    def __init__(self, tok: "Tokenizer"):
-        self.eos_token_id = tok.eos_id if tok.eos_id is not None else min(tok.eog_ids)
-        self.bos_token_id = tok.bos_id
-        self.tokens = [(b"\xff" if tok.is_control(i) else b"") + tok.token_bytes(i) for i in range(tok.n_vocab)]
-        self._tok = tok
-
-    def __call__(self, s: str | bytes) -> list[int]:
-        if isinstance(s, bytes):
-            s = s.decode("utf-8", errors="replace")
-        return self._tok.encode(s)
-
-
-def grammar_vocab(tok: "Tokenizer"):
-    """llguidance's view of a tokenizer, built once per tokenizer (~0.3 s for 49k tokens)."""
-    with _vocab_lock:
-        vocab = _vocabs.get(tok)
-        if vocab is None:
-            llg = _llg()
-            eos = sorted(tok.eog_ids) or [_VocabSource(tok).eos_token_id]
-            vocab = llg.LLTokenizer(llg.TokenizerWrapper(_VocabSource(tok)), n_vocab=tok.n_vocab, eos_token=eos)
-            _vocabs[tok] = vocab
-        return vocab
-
-
 # -- a live constraint -------------------------------------------------------------
 _workers: ThreadPoolExecutor | None = None
 _workers_lock = threading.Lock()
@@ -272,10 +239,14 @@ class Constraint:
     matcher waits for a prefetch in flight first (``_settled``).
     """
 
-    def __init__(self, grammar: Grammar, tok: "Tokenizer", start: int, *, _matcher=None):
+    def __init__(self, grammar: Grammar, tok: "Tokenizer", start: int, *, _matcher=None,
+                 _keys: list[keys_once.State] | None = None):
         self.grammar = grammar
         self.start = start
         self._tok = tok
+        # The reply's JSON structure after each token consumed (None: not followed): a key of
+        # an object's own choosing is written once (text/json_keys_once.py).
+        self._keys = _keys if _keys is not None else ([keys_once.START] if grammar.json_text else None)
         if _matcher is None:
             _matcher = _llg().LLMatcher(grammar_vocab(tok), grammar.compiled(), log_level=0)
         self._matcher = _matcher
@@ -288,6 +259,11 @@ class Constraint:
     def matcher(self):
         """The live llguidance matcher (text/closing.py walks copies of it)."""
         return self._settled()
+
+    @property
+    def keys_state(self) -> "keys_once.State | None":
+        """The reply's JSON structure and its objects' keys so far (None: not followed)."""
+        return None if self._keys is None else self._keys[-1]
 
     @property
     def eos(self) -> int:
@@ -315,6 +291,10 @@ class Constraint:
         Offsets, so that what is left for the sampler to wait for is one vector add."""
         self._matcher.unsafe_compute_mask_ptr(self._words.ctypes.data, self._words.nbytes)  # releases the GIL
         allowed = np.unpackbits(self._words.view(np.uint8), bitorder="little").view(bool)
+        if self._keys is not None:
+            again = keys_once.repeating(self._keys[-1], allowed, self._tok)
+            if again and np.count_nonzero(allowed) > len(again):  # else the grammar's word is last
+                allowed[again] = False
         return np.where(allowed, np.float32(0), np.float32(-np.inf)), bool(allowed.any())
 
     def _settled(self):
@@ -341,20 +321,30 @@ class Constraint:
         if not self._matcher.consume_token(int(token)):
             raise GrammarError(f"token {token} ({self._tok.token_bytes(token)!r}) does not match the grammar: "
                                f"{_one_line(self._matcher.get_error())}")
+        self._follow([token])
 
     def feed(self, tokens: Sequence[int]) -> None:
         """Consume tokens already in the context (a restore's replay)."""
         self._drop_pending()
         if tokens and not self._matcher.consume_tokens([int(t) for t in tokens]):
             raise GrammarError(f"the context's tokens do not match its grammar: {_one_line(self._matcher.get_error())}")
+        self._follow(tokens)
+
+    def _follow(self, tokens: Sequence[int]) -> None:
+        if self._keys is not None:
+            for t in tokens:
+                self._keys.append(keys_once.after(self._keys[-1], self._tok.token_bytes(int(t))))
 
     def fork(self) -> "Constraint":
-        return Constraint(self.grammar, self._tok, self.start, _matcher=self._settled().deep_copy())
+        return Constraint(self.grammar, self._tok, self.start, _matcher=self._settled().deep_copy(),
+                          _keys=None if self._keys is None else list(self._keys))
 
     def rollback(self, n: int) -> None:
         self._drop_pending()
         if n and not self._matcher.rollback(n):
             raise GrammarError(f"cannot roll the grammar back by {n} tokens")
+        if n and self._keys is not None:
+            del self._keys[-n:]
 
     def _drop_pending(self) -> None:
         """Before the matcher's state changes: a mask computed for the old state is of no use."""
