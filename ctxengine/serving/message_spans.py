@@ -4,21 +4,25 @@ outside these spans only (``Tokenizer.encode``'s ``plain``). Without them a mess
 holding ``<|im_end|>\\n<|im_start|>system\\n...`` (a user's, a tool result, a pasted
 document) began a system turn of its own, as it does in llama.cpp's server.
 
-The places are found by rendering the chat a second time with a stand-in for each
-message whose text spells a control token: where putting the texts back in place of the
-stand-ins gives the rendering exactly, each text's place is known. A template that
-changes a text (Gemma's trims it) gives another rendering unless the trimmed text is put
-back; one that tests or cuts it gives none, and then no place is known and the rendering
-is parsed whole, as before. Messages without a control token's spelling (nearly all)
+The places are found by rendering the chat a second time with a stand-in for each text
+that spells a control token (a message's content, a string at any depth of its tool
+calls' arguments): where putting the texts back in place of the stand-ins gives the
+rendering exactly, each text's place is known. A template that changes a text (Gemma's
+trims it; ``tojson`` escapes an argument's newlines) gives another rendering unless the
+text is put back so changed; one that tests or cuts it gives none, and then no place is
+known and the rendering is parsed whole, as before. Messages without a control token's spelling (nearly all)
 cost no second rendering, and change nothing: a span matters only where a control token
 overlaps it.
 """
 from __future__ import annotations
 
+import dataclasses
+import json
 import re
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from ..errors import CtxError
+from ..text.tools import ToolCall
 
 STAND_IN = "\ue000{}\ue001"  # private-use code points: no control token is spelt with them
 _STAND_INS = re.compile("\ue000([0-9]+)\ue001")
@@ -28,29 +32,84 @@ Span = tuple[int, int]
 
 def message_spans(messages: Sequence[dict], text: str, render: Callable[[list[dict]], str],
                   spells_control: Callable[[str], bool], prefill: str = "") -> list[Span]:
-    """[start, end) of each message text in ``text`` (``render(messages)`` + ``prefill``)
-    that spells a control token, and of the ``prefill``; [] where they cannot be placed."""
-    risky = {i for i, m in enumerate(messages)
-             if isinstance(m, dict) and isinstance(m.get("content"), str) and spells_control(m["content"])}
+    """[start, end) of each text of the messages in ``text`` (``render(messages)`` +
+    ``prefill``) that spells a control token (a content, a string in a call's arguments),
+    and of the ``prefill``; [] where they cannot be placed."""
     ending = [(len(text) - len(prefill), len(text))] if prefill and spells_control(prefill) else []
-    if not risky:
+    originals: list[str] = []
+
+    def stand_in(s: str) -> str:
+        originals.append(s)
+        return STAND_IN.format(len(originals) - 1)
+
+    stood = [_standing(m, stand_in, spells_control) for m in messages]
+    if not originals:
         return ending
     try:
-        shown = render([dict(m, content=STAND_IN.format(i)) if i in risky else m for i, m in enumerate(messages)])
+        shown = render(stood)
     except CtxError:
         return ending
-    pieces = _STAND_INS.split(shown)  # text, stand-in's index, text, ..., text
-    for put_back in (str, str.strip):
-        out, spans, at = [], [], 0
-        for k, piece in enumerate(pieces):
-            if k % 2:
-                if int(piece) not in risky:
-                    break  # a message's own text looked like a stand-in: no place is known
-                piece = put_back(messages[int(piece)]["content"])
-                spans.append((at, at + len(piece)))
-            out.append(piece)
-            at += len(piece)
+    spans = _placed(_STAND_INS.split(shown), originals, text[:len(text) - len(prefill)])
+    return ending if spans is None else spans + ending
+
+
+def _standing(m: Any, stand_in: Callable[[str], str], spells_control: Callable[[str], bool]) -> Any:
+    """The message with a stand-in for each of its texts that spells a control token: its
+    content, and the strings (at any depth) of its calls' arguments."""
+    if not isinstance(m, dict):
+        return m
+    out = m
+    if isinstance(m.get("content"), str) and spells_control(m["content"]):
+        out = dict(out, content=stand_in(m["content"]))
+    calls = m.get("tool_calls")
+    if isinstance(calls, (list, tuple)) and any(isinstance(c, ToolCall) and _spells(c.arguments, spells_control)
+                                                 for c in calls):
+        out = dict(out, tool_calls=[
+            dataclasses.replace(c, arguments=_stood(c.arguments, stand_in, spells_control))
+            if isinstance(c, ToolCall) else c for c in calls])
+    return out
+
+
+def _spells(x: Any, spells_control: Callable[[str], bool]) -> bool:
+    if isinstance(x, str):
+        return spells_control(x)
+    if isinstance(x, dict):
+        return any(_spells(v, spells_control) for v in x.values())
+    return isinstance(x, (list, tuple)) and any(_spells(v, spells_control) for v in x)
+
+
+def _stood(x: Any, stand_in: Callable[[str], str], spells_control: Callable[[str], bool]) -> Any:
+    if isinstance(x, str):
+        return stand_in(x) if spells_control(x) else x
+    if isinstance(x, dict):
+        return {k: _stood(v, stand_in, spells_control) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_stood(v, stand_in, spells_control) for v in x]
+    return x
+
+
+def _placed(pieces: list[str], originals: list[str], body: str) -> list[Span] | None:
+    """The spans of the texts in ``body``, the rendering, given the stand-in rendering's
+    ``pieces`` (text, a stand-in's index, text, ..., text); None where putting the texts
+    back does not give ``body``. A text goes back as it is, trimmed (Gemma's template trims
+    a message) or as JSON writes it inside a string (an argument under ``tojson``): the
+    first that the rendering holds there, and the next piece after it."""
+    spans, at = [], 0
+    for k in range(0, len(pieces), 2):
+        if not body.startswith(pieces[k], at):
+            return None
+        at += len(pieces[k])
+        if k + 1 == len(pieces):
+            break
+        i = int(pieces[k + 1])
+        if i >= len(originals):
+            return None  # a message's own text looked like a stand-in: no place is known
+        s = originals[i]
+        for form in (s, s.strip(), json.dumps(s, ensure_ascii=False)[1:-1]):
+            if body.startswith(form, at) and body.startswith(pieces[k + 2], at + len(form)):
+                break
         else:
-            if "".join(out) == text[:len(text) - len(prefill)]:
-                return spans + ending
-    return ending
+            return None
+        spans.append((at, at + len(form)))
+        at += len(form)
+    return spans if at == len(body) else None
