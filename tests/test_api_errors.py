@@ -180,3 +180,15 @@ def test_a_client_that_leaves_mid_body_is_no_server_error(server, route, body, d
         time.sleep(0.1)
     assert counted("499") and not counted("500")
     assert "ClientDisconnect" not in server.log()
+
+
+@pytest.mark.parametrize("route,body,dialect", ROUTES)
+def test_a_tool_whose_parameters_are_not_an_objects_schema_is_400(server, route, body, dialect):
+    """Forced, such a tool's call ended "stop" with no call and no text (found by a probe)."""
+    schema = {"type": "array", "items": {"type": "string"}}
+    tool = ({"name": "f", "input_schema": schema} if dialect == "anthropic"
+            else {"type": "function", "function": {"name": "f", "parameters": schema}})
+    choice = {"type": "any"} if dialect == "anthropic" else "required"
+    r = server.post(route, {**body, "tools": [tool], "tool_choice": choice})
+    assert r.status_code == 400 and 'the schema of an object ("type": "object"), not of type "array"' in \
+        message_of(r, dialect)

@@ -16,7 +16,8 @@ from ctxengine.text.chat import ChatRenderer
 from ctxengine.text.chat_template import ChatTemplate
 from ctxengine.text.grammar import Constraint, GrammarError
 from ctxengine.text.tool_formats import family, short_id, written
-from ctxengine.text.tools import (NO_PARAMETERS, Tool, ToolCall, ToolChoice, ToolStream, as_tools, forced_call_grammar,
+from ctxengine.text.tool_stream import ToolStream
+from ctxengine.text.tools import (NO_PARAMETERS, Tool, ToolCall, ToolChoice, as_tools, forced_call_grammar,
                                     parse_tool_calls, template_messages, tool_format)
 
 TEMPLATES = Path(__file__).parent / "data" / "templates"

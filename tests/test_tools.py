@@ -8,7 +8,8 @@ import pytest
 import ctxengine as ce
 from ctxengine.text.chat_template import ChatTemplate
 from ctxengine.text.grammar import Constraint, GrammarError
-from ctxengine.text.tools import (Tool, ToolCall, ToolChoice, ToolStream, as_tools, forced_call_grammar,
+from ctxengine.text.tool_stream import ToolStream
+from ctxengine.text.tools import (Tool, ToolCall, ToolChoice, as_tools, forced_call_grammar,
                                     parse_tool_calls, tool_format)
 
 WEATHER = Tool("get_weather", "Weather in a city",
@@ -237,3 +238,23 @@ def test_a_function_without_parameters_is_forced_to_empty_arguments(model):
         assert c.done
         with pytest.raises(GrammarError, match="do not match"):
             Constraint(grammar, tok, 0).feed(model.tokenize('<tool_call>\n{"name": "ping", "arguments": {"a'))
+
+
+def test_text_held_with_a_call_keeps_the_space_before_it():
+    """Text that opens like a call (the tag, mentioned) and a real call after it: the space
+    before the held text was dropped ("Wrap it in<tool_call>..."), found by a probe."""
+    raw = 'Wrap it in <tool_call></tool_call> tags:\n<tool_call>\n{"name": "get_weather", "arguments": {}}\n</tool_call>'
+    for pieces in ([raw], list(raw)):
+        s = ToolStream(names={"get_weather"})
+        shown = "".join(s.push(p) for p in pieces)
+        rest, calls = s.finish()
+        assert (shown + rest, [c.name for c in calls]) == ("Wrap it in <tool_call></tool_call> tags:", ["get_weather"])
+
+
+@pytest.mark.parametrize("kind", ["array", "string", "integer", ["object", "null"]])
+def test_parameters_that_are_not_an_objects_schema_are_refused(kind):
+    """A call's arguments are an object: a forced call of a tool whose parameters were an
+    array's schema ended "stop" with no call and no text (OpenAI and Anthropic refuse them)."""
+    with pytest.raises(ce.CtxError, match="parameters must be the schema of an object"):
+        as_tools([{"type": "function", "function": {"name": "f", "parameters": {"type": kind}}}])
+    assert as_tools([{"name": "f", "parameters": {"type": "object"}}])[0].parameters == {"type": "object"}

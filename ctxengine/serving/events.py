@@ -3,7 +3,7 @@
     Started   the prompt is prefilled (awaited before a reply begins, so a
               refused prompt is still an error reply)
     Text*     reply text to show now; with tools offered, text that may be a
-              tool call is held back until the reply ends (text/tools.py's ToolStream)
+              tool call is held back until the reply ends (text/tool_stream.py's ToolStream)
     Finished  how it ended, its counts, the whole reply and its tool calls
   | Failed    it stopped on an error (after Started: the reply has begun)
 
@@ -45,7 +45,7 @@ class Finished:
     tokens: list[int]        # the context's tokens afterwards (Ollama's context array)
     drafted_tokens: int = 0  # speculative decoding: tokens drafted and verified,
     accepted_tokens: int = 0  # and those the sampler chose too
-    text: str = ""           # the reply, less its tool calls: the Text events joined (text/tools.py ToolStream)
+    text: str = ""           # the reply, less its tool calls: the Text events joined (text/tool_stream.py's ToolStream)
     calls: list["ToolCall"] = field(default_factory=list)  # the tool calls it made, when tools were offered
 
 

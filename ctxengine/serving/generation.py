@@ -39,7 +39,8 @@ from typing import TYPE_CHECKING, AsyncIterator, Callable
 from ..engine.scheduler import cancelled_when
 from ..errors import ContextError, CtxError, RequestError
 from ..store.names import validate_name
-from ..text.tools import ToolStream, ToolUse, forced_call_grammar, tool_format
+from ..text.tool_stream import ToolStream
+from ..text.tools import ToolUse, forced_call_grammar, tool_format
 from .events import Event, Failed, Finished, Started, Text
 from .generate import Sampling
 from .prompts import Prompt, continuation_ids, continuation_spans, continuation_text, prompt_ids, reply_room
