@@ -243,13 +243,19 @@ class Engine:
                     next_lp.append(lp[i, ids[j]])
         return LogProbs(ids, np.concatenate(top_ids), np.concatenate(top_lp), np.asarray(next_lp, dtype=np.float32))
 
-    def close(self) -> None:
-        if self.closed:
-            return
+    def stop(self) -> None:
+        """Refuse every new forward (a ContextError) and wait for those in flight, queued or
+        running on a caller's thread: the first half of ``close``, after which nothing reads
+        the weights or writes a page."""
         self.closed = True  # first: a request the closing scheduler refuses then says why
+        self.scheduler.close()
+
+    def close(self) -> None:
+        if getattr(self, "_core", None) is None:  # closed already (or never made)
+            return
+        self.stop()
         if self.draft is not None and self.draft is not self:
             self.draft.close()
-        self.scheduler.close()
         self._core = None
         for address, _, _ in self._guarded:
             _core.unguard_mapping(address)

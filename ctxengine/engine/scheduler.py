@@ -187,11 +187,15 @@ class Scheduler:
             req.seq.truncate(req.start)
 
     def close(self) -> None:
-        """Finish what is queued, then stop the loop thread."""
+        """Refuse new requests, finish what is queued and the step running on a caller's
+        thread (a lone stream's), then stop the loop thread."""
         with self._cv:
             self._closed = True
-            self._cv.notify()
+            self._cv.notify_all()
             thread = self._thread
+            if thread is not threading.current_thread():
+                while self._busy or self._queue:  # the loop (or the inline step) wakes us when done
+                    self._cv.wait()
         if thread is not None and thread is not threading.current_thread():
             thread.join()
 
@@ -233,8 +237,8 @@ class Scheduler:
             with self._cv:
                 self._busy = False
                 self._queue = [r for r in self._queue if not r.finished]
-                if self._queue:
-                    self._cv.notify()
+                if self._queue or self._closed:  # the next step, or a close waiting for this one
+                    self._cv.notify_all()
 
     def schedule(self) -> list[tuple[Request, int]] | None:
         """Wait for work, then this step's (request, tokens), new requests admitted;

@@ -127,6 +127,7 @@ class Model:
     def close(self) -> None:
         """Delete every context and let go of the weights; then every use of the model, or of
         a context of it, is a ContextError. Closing it again does nothing."""
+        self.engine.stop()  # steps in flight end first: a stream on another thread then gets a ContextError
         for name in self.contexts.names():
             self.contexts.remove(name)
         self.engine.close()

@@ -35,6 +35,8 @@ from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
+from ..errors import ContextError
+
 if TYPE_CHECKING:
     from .budget import Promise
 
@@ -90,6 +92,8 @@ class KVState:
                 self.logits = logits
 
     def require_live(self) -> None:
+        if self.state is Residency.DELETED:  # by another thread (a delete does not wait for a stream)
+            raise ContextError(f"context '{self._name}' was deleted")
         if self.state is not Residency.LIVE:
             raise InvalidTransition(f"context '{self._name}': its KV changed while {self.state.name}")
 
