@@ -307,3 +307,20 @@ def test_fork_restore_and_tag_refuse_a_name_made_after_their_check(tmp_path, mod
         assert {n: store.resolve(n) for n in ("dst", "tag", "as", "imp")} == dict.fromkeys(("dst", "tag", "as", "imp"),
                                                                                             other)
         assert store.resolve("src") == first
+
+
+def test_log_tells_a_damaged_snapshot_from_a_collected_one(tmp_path):
+    """A snapshot whose manifest fails its check was listed as "(collected)", as if gc had
+    removed it (found by a probe): it is "(damaged)", said on stderr, and the exit is 1."""
+    s = tmp_path / "store"
+    ok("new", "x", "--system", "You are a helpful assistant.", store=s)
+    sid = refs(s)["x"]["snapshot"]
+    data = bytearray((s / "data.mdb").read_bytes())
+    at = [m.end() for m in re.finditer(re.escape(bytes.fromhex(sid)), data) if data[m.end():m.end() + 4] == b"CTXP"]
+    assert at, "the manifest record is found after its id"
+    data[at[0] + 40] ^= 0x10
+    (s / "data.mdb").write_bytes(bytes(data))
+    r = ctx("log", "x", store=s)
+    assert r.returncode == 1 and "(damaged)" in r.stdout and "(collected)" not in r.stdout, r.stdout + r.stderr
+    assert f"snapshot {sid} is damaged" in r.stderr
+    assert json.loads(ctx("log", "x", "--json", store=s).stdout)[0]["damaged"]
