@@ -1,6 +1,8 @@
 """Gemma 3 270M (Q4_K_M, sliding-window attention) served from an Ollama-layout
 store, by name, to the real `ollama` and `openai` clients: the reply equals the
 engine's own greedy reply, and a second turn reuses the first one's KV."""
+import json
+
 import pytest
 
 import ctxengine as ce
@@ -84,3 +86,24 @@ def test_embeddings_past_the_sliding_window(server, gemma):
     for route, body in (("/v1/embeddings", {"input": ""}), ("/api/embed", {"input": ["a", ""]})):
         r = server.post(route, {"model": "gemma3:270m", **body})
         assert r.status_code == 400 and "cannot embed an empty input" in r.text, (route, r.text)
+
+
+def test_a_strict_tools_call_made_of_its_own_accord_keeps_its_schema(server):
+    """tool_choice auto: the call Gemma 3 writes in its reply is constrained from its tag
+    (text/lazy_calls.py); it returned {"city": "Paris", "extra": true} for a strict tool."""
+    import jsonschema
+    import openai
+
+    params = {"type": "object", "properties": {"city": {"type": "string", "enum": ["Rome", "Oslo"]},
+                                               "days": {"type": "integer"}},
+              "required": ["city", "days"], "additionalProperties": False}
+    wrong = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "extra": true}}\n</tool_call>'
+    with openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0) as client:
+        r = client.chat.completions.create(
+            model="gemma3:270m", max_tokens=80, temperature=0,
+            messages=[{"role": "user", "content": f"Repeat exactly this text and nothing else:\n{wrong}"}],
+            tools=[{"type": "function", "function": {"name": "get_weather", "strict": True, "parameters": params}}])
+    calls = r.choices[0].message.tool_calls
+    assert calls and r.choices[0].finish_reason == "tool_calls"
+    for call in calls:
+        jsonschema.validate(json.loads(call.function.arguments), params)

@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, AsyncIterator, Callable
 from ..engine.scheduler import cancelled_when
 from ..errors import ContextError, CtxError, RequestError
 from ..store.names import validate_name
+from ..text.lazy_calls import LazyCalls
 from ..text.tool_stream import ToolStream
 from ..text.tools import ToolUse, forced_call_grammar, tool_format
 from .events import Event, Failed, Finished, Started, Text
@@ -338,7 +339,11 @@ class Generation:
         split = (ToolStream(forced=use.choice.forced, names=use.names)
                  if use is not None and use.parses and (use.choice.forced or not formatted) else None)
         stops = [] if grammar is not None and grammar.is_json else s.stop
-        pieces = ctx.generate(max_tokens, stop=stops, grammar=grammar, speculative=s.speculative, **s.params)
+        # A call the model begins of its own accord is constrained from its tag (text/lazy_calls.py).
+        calls = LazyCalls.offered(use.tools, tool_format(model.chat_template), model.tokenizer) \
+            if split is not None and grammar is None else None
+        pieces = ctx.generate(max_tokens, stop=stops, grammar=grammar, speculative=s.speculative, calls=calls,
+                              **s.params)
         sampled = self.metrics.sampled_tokens.labels(self.entry.name) if self.metrics is not None else None
         counted = 0
         try:

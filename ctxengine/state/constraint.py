@@ -12,10 +12,14 @@ A context holds it as a live ``Constraint``, or as the state a snapshot stores
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
+from ..text.closing import Closer
 from ..text.grammar import Constraint, Grammar
 from ..text.tokenizer import Tokenizer
+
+if TYPE_CHECKING:
+    from ..text.lazy_calls import LazyCalls
 
 Held = Constraint | dict | None
 
@@ -47,3 +51,64 @@ def forked_constraint(held: Held, keep: int, n_tokens: int, share: bool = False)
 def stored_constraint(held: Held) -> dict | None:
     """The unfinished grammar, as a snapshot stores it (None: there is none)."""
     return held.state() if isinstance(held, Constraint) else held
+
+
+class Steering:
+    """What steers one generate(): the grammar it runs under (a new one, or an unfinished one
+    going on), the closer that ends a JSON reply within its budget (text/closing.py), and the
+    calls the model may begin of its own accord (text/lazy_calls.py), each constrained from
+    its tag to its end. ``kept`` is the constraint the context holds after it."""
+
+    def __init__(self, held: Held, grammar: Grammar | None, tokenizer: Tokenizer, tokens: Sequence[int],
+                 close_json: bool, calls: "LazyCalls | None" = None):
+        self._tok, self._close_json = tokenizer, close_json
+        self.constraint = started_constraint(held, grammar, tokenizer, tokens)
+        self._calls = calls if self.constraint is None else None  # a reply under a grammar is the grammar's
+        if self._calls is not None:
+            self._calls.watch(len(tokens))
+        self._closer = self._closer_of(tokens)
+        # Stop strings never cut a reply that must parse (docs/agents.md), only free text and GBNF.
+        self.stops_apply = self.constraint is None or not self.constraint.grammar.is_json
+
+    def _closer_of(self, tokens: Sequence[int]) -> Closer | None:
+        c = self.constraint
+        return Closer(c, self._tok, tokens[c.start:]) if self._close_json and c is not None and c.grammar.is_json \
+            else None
+
+    def forced(self, left: int) -> int | None:
+        """The token to emit instead of sampling (the JSON's completion), or None."""
+        return self._closer.next_token(left) if self._closer is not None else None
+
+    def checked(self, token: int, left: int) -> int:
+        """The sampled token, or the completion's where it would leave the JSON unclosable."""
+        if self._closer is not None and not self._closer.keep(token, left):
+            return self._closer.next_token(left)
+        return token
+
+    def advance(self, token: int) -> None:
+        if self.constraint is not None:
+            self.constraint.advance(token)
+            if self._closer is not None:
+                self._closer.consumed(token)
+
+    def appended(self, tokens: Sequence[int]) -> None:
+        """After a token is appended: a call that began starts its grammar, one that ended
+        lets the reply go on free."""
+        if self._calls is None:
+            return
+        if self.constraint is None:
+            self.constraint = self._calls.started(tokens)
+            self._closer = self._closer_of(tokens) if self.constraint is not None else None
+        elif self.constraint.done:
+            self.constraint = self._closer = None
+            self._calls.watch(len(tokens))
+
+    @property
+    def done(self) -> bool:
+        """The grammar is complete: only an end of turn could follow (a call's: the reply goes on)."""
+        return self._calls is None and self.constraint is not None and self.constraint.done
+
+    @property
+    def kept(self) -> Constraint | None:
+        """The constraint the context holds now (a call's grammar is the reply's own, never held)."""
+        return self.constraint if self._calls is None else None

@@ -16,10 +16,9 @@ import numpy as np
 
 from ..errors import ContextError
 from . import conversation
-from .constraint import forked_constraint, started_constraint, stored_constraint
+from .constraint import Steering, forked_constraint, stored_constraint
 from .arguments import checked_count
 from .handoff_lock import HandoffLock
-from ..text.closing import Closer
 from ..text.grammar import Constraint, Grammar, as_grammar
 from ..engine.lora import NO_LORA, LoraSet, check_finite
 from ..engine.sampler import Sampler, StopMatcher
@@ -35,6 +34,7 @@ if TYPE_CHECKING:
     from ..store import Store
     from .budget import Promise
     from .page_keys import PageKeyCache
+    from ..text.lazy_calls import LazyCalls
 
 
 class Table(Protocol):
@@ -192,7 +192,8 @@ class Context:
         return conversation.append_system(self, text)
 
     def generate(self, max_tokens: int = 256, *, stop: Sequence[str] | None = (), grammar: Grammar | str | None = None,
-                 json_schema=None, close_json: bool = True, speculative=None, **sampling) -> Iterator[Piece]:
+                 json_schema=None, close_json: bool = True, speculative=None, calls: "LazyCalls | None" = None,
+                 **sampling) -> Iterator[Piece]:
         """Stream up to max_tokens sampled tokens as pieces of text, cut at the first of ``stop`` (strings).
 
         Sampling options are SamplerParams fields (temperature, top_k, ..., seed, logit_bias). With no
@@ -211,19 +212,17 @@ class Context:
         ``speculative``: verify drafted tokens several to a forward (state/speculation.py); the output
         is the same bits either way. None: the model's default (on); False: off; or a draft source
         (an object with ``propose(tokens, k)``). ``self.speculation`` counts drafted and accepted tokens.
+        ``calls`` (text/lazy_calls.py's LazyCalls): tools the model may call of its own accord, each
+        call constrained from its opening tag to its end (without a grammar of the reply's own).
         """
         with self.hold():
             if isinstance(max_tokens, bool) or not isinstance(max_tokens, Integral) or max_tokens < 0:
                 raise ContextError(f"max_tokens must be an int >= 0, not {max_tokens!r}")
             sampler = self._make_sampler(sampling)
             tok = self.engine.tokenizer
-            grammar = as_grammar(grammar, json_schema)
-            constraint = started_constraint(self._constraint, grammar, tok, self._tokens)
-            closer = (Closer(constraint, tok, self._tokens[constraint.start:])
-                      if close_json and constraint is not None and constraint.grammar.is_json else None)
+            steer = Steering(self._constraint, as_grammar(grammar, json_schema), tok, self._tokens, close_json, calls)
             decoder = StreamDecoder(tok, after=self._tokens)  # a character the last generate() left unfinished
-            # Stop strings never cut a reply that must parse (docs/agents.md), only free text and GBNF.
-            matcher = StopMatcher(stop, active=constraint is None or not constraint.grammar.is_json)
+            matcher = StopMatcher(stop, active=steer.stops_apply)
             self.finish_reason = "length"
             spec = self._speculation = start_speculation(self, speculative, max_tokens)
             try:
@@ -231,27 +230,23 @@ class Context:
                     if len(self._tokens) >= self.engine.config.n_ctx:
                         break
                     left = min(max_tokens - i, self.engine.config.n_ctx - len(self._tokens))
-                    token = closer.next_token(left) if closer is not None else None
+                    token = steer.forced(left)
                     if token is None:
-                        token = self._sample(sampler, constraint, spec)
-                        if closer is not None and not closer.keep(token, left):
-                            token = closer.next_token(left)
-                    if constraint is not None:
-                        constraint.advance(token)
-                        if closer is not None:
-                            closer.consumed(token)
+                        token = steer.checked(self._sample(sampler, steer.constraint, spec), left)
+                    steer.advance(token)
                     self._tokens.append(token)
                     if token in tok.eog_ids:
                         self.finish_reason = "stop"
                         break
+                    steer.appended(self._tokens)
                     text, hit = matcher.push(decoder.push(token))
-                    self.sampler_state, self._constraint = sampler.state(), constraint  # seen by a fork now
+                    self.sampler_state, self._constraint = sampler.state(), steer.kept  # seen by a fork now
                     yield Piece(text, token)
                     self._lock.adopt()  # resumed, perhaps on another thread
                     if hit:
                         self.finish_reason = "stop"
                         return
-                    if constraint is not None and constraint.done:
+                    if steer.done:
                         self.finish_reason = "stop"  # complete: only an end of turn could follow
                         break
                 held = decoder.flush() if self.finish_reason == "stop" else ""  # else: the next generate()'s
@@ -264,9 +259,7 @@ class Context:
                     spec.finish()
                 self.sampler_state = sampler.state()
                 # A finished grammar is over; an unfinished one waits for the next generate().
-                if constraint is not None and self.finish_reason == "stop":
-                    constraint = None
-                self._constraint = constraint
+                self._constraint = steer.kept if self.finish_reason != "stop" else None
                 self._table.touch(self)
 
     def _sample(self, sampler: Sampler, constraint: Constraint | None, spec: "Speculation | None") -> int:

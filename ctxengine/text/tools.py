@@ -262,11 +262,12 @@ def template_messages(messages: Sequence[dict], tools: Sequence[Tool], fmt: str)
 
 
 # -- forcing a call -------------------------------------------------------------
-def forced_call_grammar(tools: Sequence[Tool], choice: ToolChoice, fmt: str) -> Grammar:
+def forced_call_grammar(tools: Sequence[Tool], choice: ToolChoice, fmt: str, before: str = "") -> Grammar:
     """A grammar whose every sentence is one well-formed call of an allowed tool: in Hermes
     tags, Llama 3's bare JSON, or for Mistral and Granite the JSON list that follows their
     ``[TOOL_CALLS]`` / ``<|tool_call|>`` (a control token, which the grammar cannot write:
-    the model's own marker is masked, and the list it goes on with parses as bare JSON)."""
+    the model's own marker is masked, and the list it goes on with parses as bare JSON).
+    ``before``: text before the Hermes tag (a call begun mid-reply, text/lazy_calls.py)."""
     allowed = [t for t in tools if choice.mode != "named" or t.name == choice.name]
     key = "parameters" if fmt == "llama3" else "arguments"
     calls, defs = [], {}
@@ -289,7 +290,8 @@ def forced_call_grammar(tools: Sequence[Tool], choice: ToolChoice, fmt: str) -> 
         return Grammar("lark", f"start: call\n{body}")
     if fmt in ("mistral", "mistral_args", "granite"):
         return Grammar("lark", f'start: "[" call "]"\n{body}')
-    return Grammar("lark", f'start: "{_OPEN}\\n" call "\\n{_CLOSE}"\n{body}')
+    opening = json.dumps(before + _OPEN + "\n", ensure_ascii=False)
+    return Grammar("lark", f'start: {opening} call "\\n{_CLOSE}"\n{body}')
 
 
 # -- parsing ----------------------------------------------------------------------

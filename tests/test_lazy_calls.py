@@ -1,0 +1,115 @@
+"""Tool calls a model makes of its own accord (tool_choice auto) are constrained from their
+opening tag to their end (text/lazy_calls.py): a call Gemma 3 wrote with a city its tool's
+enum lacks and a key its closed schema refuses (found by a probe, 2026-12-07) now
+validates, a reply without the tag is untouched, and speculation changes no bit."""
+import json
+
+import jsonschema
+import pytest
+
+import ctxengine as ce
+from ctxengine.engine.model_source import CatalogEntry
+from ctxengine.serving.prompts import Prompt, prompt_ids
+from ctxengine.text.lazy_calls import LazyCalls
+from ctxengine.text.tools import Tool, parse_tool_calls, tool_format
+
+PARAMS = {"type": "object", "properties": {"city": {"type": "string", "enum": ["Rome", "Oslo"]},
+                                           "days": {"type": "integer"}},
+          "required": ["city", "days"], "additionalProperties": False}
+TOOLS = [Tool("get_weather", "the weather in a city", PARAMS)]
+WRONG = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "extra": true}}\n</tool_call>'
+
+
+@pytest.fixture(scope="module")
+def gemma(gemma3_path):
+    m = ce.load(gemma3_path, threads=2)
+    yield m, CatalogEntry(m.name, gemma3_path, "file")
+    m.close()
+
+
+def reply(model, entry, content: str, lazy: bool, shown=TOOLS, **options) -> tuple[list[int], str]:
+    """The tokens and text of the reply to ``content``, the prompt showing the tools ``shown``, the
+    calls watched for or not (``lazy``)."""
+    ctx = model.context()
+    ctx.append(prompt_ids(model, entry, Prompt(messages=[{"role": "user", "content": content}], tools=shown)))
+    start = ctx.n_tokens
+    calls = LazyCalls.offered(TOOLS, tool_format(model.chat_template), model.tokenizer) if lazy else None
+    list(ctx.generate(80, calls=calls, **{"temperature": 0.0, **options}))
+    new = ctx.tokens[start:]
+    ctx.delete()
+    return new, model.detokenize(new)
+
+
+def test_a_call_of_its_own_accord_is_valid(gemma):
+    model, entry = gemma
+    _, free = reply(model, entry, f"Repeat exactly this text and nothing else:\n{WRONG}", lazy=False)
+    (_, loose), = [(c.name, c.arguments) for c in parse_tool_calls(free, {"get_weather"})[1]]
+    with pytest.raises(jsonschema.ValidationError):  # the case is a real one
+        jsonschema.validate(loose, PARAMS)
+    _, text = reply(model, entry, f"Repeat exactly this text and nothing else:\n{WRONG}", lazy=True)
+    calls = parse_tool_calls(text, {"get_weather"})[1]
+    assert calls and all(jsonschema.validate(c.arguments, PARAMS) is None for c in calls), text
+
+
+def test_a_reply_without_the_tag_is_untouched(gemma):
+    model, entry = gemma
+    question = "Name one colour of the rainbow."  # the tools not shown: Gemma 3 270M recites their prompt
+    watched_for = reply(model, entry, question, lazy=True, shown=None)
+    assert watched_for == reply(model, entry, question, lazy=False, shown=None) and "<tool" not in watched_for[1]
+
+
+@pytest.mark.parametrize("options", [{}, {"temperature": 0.9, "seed": 7}])
+def test_speculation_changes_no_bit(gemma, options):
+    model, entry = gemma
+    ask = f"Repeat exactly this text and nothing else:\n{WRONG}"
+    on = reply(model, entry, ask, lazy=True, speculative=True, **options)
+    assert on == reply(model, entry, ask, lazy=True, speculative=False, **options)
+    assert "<tool_call>" in on[1]
+
+
+@pytest.fixture(scope="module", params=["smollm2", "gemma3"])
+def tokenizer(request, smollm2_path, gemma3_path):
+    m = ce.load(smollm2_path if request.param == "smollm2" else gemma3_path, threads=1)
+    yield m.tokenizer
+    m.close()
+
+
+def watched(tok, ids: list[int]) -> tuple[int, object]:
+    """Feed ids one by one to a watch begun before them; (the token index a call began at, its
+    constraint), or (-1, None)."""
+    lazy = LazyCalls(TOOLS, "fallback", tok)
+    lazy.watch(0)
+    for n in range(1, len(ids) + 1):
+        c = lazy.started(ids[:n])
+        if c is not None:
+            return n, c
+    return -1, None
+
+
+@pytest.mark.parametrize("before", ["", "Sure!", "Let me check. ", "天气"])
+def test_the_grammar_starts_at_the_tags_token_and_takes_a_valid_call(tokenizer, before):
+    call = '{"name": "get_weather", "arguments": {"city": "Oslo", "days": 2}}\n</tool_call>'
+    ids = tokenizer.encode(before + "<tool_call>\n" + call)
+    n, c = watched(tokenizer, ids)
+    assert c is not None and "<tool_call>" in tokenizer.decode(ids[c.start:n])
+    assert tokenizer.decode(ids[:c.start]) in before  # it began in the tag's first token
+    rest = ids[n:]
+    assert c.matcher.validate_tokens(rest) == len(rest)
+    c.feed(rest)
+    assert c.done
+
+
+def test_a_call_the_grammar_refuses_to_begin_goes_as_written_and_the_watch_goes_on(tokenizer):
+    """A tag whose last token the grammar cannot take whole (``></``: the tag, and no newline
+    but the start of the closing one) is left as written; a real call after it is still
+    constrained."""
+    good = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome", "days": 1}}\n</tool_call>'
+    ending = next(i for i in range(tokenizer.n_vocab) if tokenizer.token_bytes(i) in (b"></", b">,", b"> "))
+    ids = tokenizer.encode("Use <tool_call") + [ending] + tokenizer.encode("tool_call> tags. ")
+    assert "<tool_call>" in tokenizer.decode(ids)
+    lazy = LazyCalls(TOOLS, "fallback", tokenizer)
+    lazy.watch(0)
+    assert all(lazy.started(ids[:n]) is None for n in range(1, len(ids) + 1))
+    more = ids + tokenizer.encode(good)
+    found = [lazy.started(more[:n]) for n in range(len(ids) + 1, len(more) + 1)]
+    assert sum(c is not None for c in found) == 1
