@@ -146,3 +146,26 @@ def test_refused_requests_are_anthropic_errors(anthropic_client, server):
         anthropic_client.messages.create(model="smollm2", max_tokens=4, messages=[])
     with pytest.raises(anthropic.BadRequestError, match="'messages' is empty"):
         anthropic_client.messages.count_tokens(model="smollm2", messages=[])
+
+
+def _with_result(content: str, **result) -> list[dict]:
+    return [{"role": "user", "content": "Weather in Oslo?"},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "get_weather",
+                                               "input": {"city": "Oslo"}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": content,
+                                          **result}]}]
+
+
+def test_a_failed_tool_result_is_shown_as_an_error(anthropic_client, server):
+    """``is_error: true`` was dropped, so the model saw a failure as a success (found by a probe)."""
+    def count(**result):
+        return anthropic_client.messages.count_tokens(model="smollm2", tools=WEATHER,
+                                                      messages=_with_result("timed out", **result)).input_tokens
+    assert count(is_error=True) > count(is_error=False) == count()
+    # a result that says so itself is not told twice
+    said = dict(model="smollm2", tools=WEATHER, messages=_with_result("Error: timed out", is_error=True))
+    assert anthropic_client.messages.count_tokens(**said).input_tokens == \
+        anthropic_client.messages.count_tokens(**{**said, "messages": _with_result("Error: timed out")}).input_tokens
+    r = server.post("/v1/messages", {"model": "smollm2", "max_tokens": 2, "tools": WEATHER,
+                                     "messages": _with_result("timed out", is_error="yes")})
+    assert r.status_code == 400 and "is_error' must be a boolean" in r.json()["error"]["message"]

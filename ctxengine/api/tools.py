@@ -189,6 +189,11 @@ def anthropic_messages(mf: Fields, role: str) -> list[dict]:
         elif kind == "tool_result" and role == "user":
             inner = b.data.get("content", "")
             text = inner if isinstance(inner, str) else text_content(inner, f"{b.where}content", "content blocks")
+            failed = b.data.get("is_error", False)
+            if not isinstance(failed, bool):
+                raise ApiError(400, f"'{b.where}is_error' must be a boolean")
+            if failed and not text.lstrip().lower().startswith("error"):  # the model told, in the result's words
+                text = f"Error: {text}"
             results.append({"role": "tool", "content": text, "tool_call_id": b.str("tool_use_id")})
         else:
             raise ApiError(400, f"'{b.where}type' is '{kind}': supported are text, tool_use (assistant) "
