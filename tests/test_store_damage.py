@@ -312,3 +312,20 @@ def test_an_undamaged_store_opens_and_restores_as_before(pristine, tmp_path):
         assert s.get_pages(s.get_manifest(s.resolve("small")).page_keys) == POOL[:2]
         assert sorted(s.refs()) == ["dev/x", "main", "small"]
     assert run_cases(pristine, [("same", [])])["same"].startswith("ok ")
+
+
+def test_a_damaged_transaction_id_that_would_roll_the_store_back_is_refused(pristine):
+    """LMDB opens the meta page with the higher transaction id. One flipped bit in the
+    older page's id made it the newer, and the store opened the transaction before the
+    last without a word (a ref pointing at its previous snapshot; found by a probe). The
+    two pages must hold consecutive ids, the newer on the page of its parity."""
+    data = (pristine / "pristine" / "data.mdb").read_bytes()
+    ids = [struct.unpack_from("<Q", data, m * PSIZE + 16 + 128)[0] for m in (0, 1)]
+    older = int(ids[0] > ids[1])
+    at = older * PSIZE + 16 + 128
+    cases = [(f"bit{b}", [(at, (ids[older] ^ (1 << b)).to_bytes(8, "little").hex())]) for b in (0, 2, 20, 63)]
+    cases.append(("newer+2", [(at, (max(ids) + 2).to_bytes(8, "little").hex())]))
+    results = run_cases(pristine, cases)
+    for name, _ in cases:
+        assert results[name].startswith("error StoreError: ") and "which no two consecutive commits write" in \
+            results[name], (name, results[name])

@@ -55,7 +55,30 @@ class Meta(NamedTuple):
 
 def read_meta(fd: int) -> Meta | None:
     """The meta LMDB would use (the higher transaction id, page 0 on a tie), or None if
-    the file is no LMDB file (LMDB's own open says so)."""
+    the file is no LMDB file (LMDB's own open says so).
+
+    Each commit writes the next transaction id to meta page ``txnid % 2``, so the two
+    pages hold consecutive ids (both 0 before the first commit), the newer on the page of
+    its parity. A damaged id (a flipped bit) that makes the older page look newer would
+    have LMDB open the transaction before the last, silently: that is refused (another
+    process committing between our two reads is told apart by reading again)."""
+    seen = None
+    for _ in range(RETRIES):
+        pair = _read_metas(fd)
+        if pair is None:
+            return None
+        ids = (pair[0].txnid, pair[1].txnid)
+        newer = pair[ids[0] < ids[1]]
+        if ids == (0, 0) or (abs(ids[0] - ids[1]) == 1 and max(ids) % 2 == int(ids[0] < ids[1])):
+            return newer
+        if ids == seen:
+            raise Damage(f"its meta pages hold transaction ids {ids[0]} and {ids[1]}, which no two "
+                         f"consecutive commits write: one was damaged")
+        seen = ids
+    return newer  # it keeps changing: a writer commits all the while, and the walk checks what it reads
+
+
+def _read_metas(fd: int) -> tuple[Meta, Meta] | None:
     head = os.pread(fd, 512, 0)
     if len(head) < _META.size:
         return None
@@ -71,7 +94,7 @@ def read_meta(fd: int) -> Meta | None:
     m = metas[metas[0].txnid < metas[1].txnid]
     if metas[0].psize != metas[1].psize or m.psize & (m.psize - 1) or not 512 <= m.psize <= 65536:
         raise Damage(f"its meta pages give page sizes {metas[0].psize} and {metas[1].psize}")
-    return m
+    return metas[0], metas[1]
 
 
 def check_file(data: str) -> None:
