@@ -169,3 +169,15 @@ def test_a_failed_tool_result_is_shown_as_an_error(anthropic_client, server):
     r = server.post("/v1/messages", {"model": "smollm2", "max_tokens": 2, "tools": WEATHER,
                                      "messages": _with_result("timed out", is_error="yes")})
     assert r.status_code == 400 and "is_error' must be a boolean" in r.json()["error"]["message"]
+
+
+def test_a_forced_call_cut_short_is_an_empty_content_list(anthropic_client, server):
+    """No call and no text: the content is [], not an empty text block (which Anthropic
+    refuses when a client sends the reply back), streamed or not."""
+    kw = dict(model="smollm2", max_tokens=3, messages=HELLO, tools=WEATHER, tool_choice={"type": "any"}, **GREEDY)
+    r = anthropic_client.messages.create(**kw)
+    assert r.content == [] and r.stop_reason == "max_tokens"
+    with anthropic_client.messages.stream(**kw) as s:
+        events = [e.type for e in s]
+        final = s.get_final_message()
+    assert final.content == [] and "content_block_start" not in events and events[-1] == "message_stop"

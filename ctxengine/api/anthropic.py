@@ -159,7 +159,7 @@ class MessageWriter(Writer):
                                            delta={"type": "text_delta", "text": text})]
 
     async def finish(self, fin: Finished) -> list[bytes]:
-        out = self.text("") if self.blocks == 0 and not fin.calls else []
+        out = []  # with tools offered and no text (a forced call cut short): no block, as in body()
         if self.blocks:
             out.append(_event("content_block_stop", index=0))
         for block in anthropic_blocks("", fin.calls) if fin.calls else ():
@@ -178,7 +178,7 @@ class MessageWriter(Writer):
 
     def body(self, fin: Finished) -> dict:
         """The reply not streamed: the message whole."""
-        return {**self.message, "content": anthropic_blocks(fin.text, fin.calls),
+        return {**self.message, "content": anthropic_blocks(fin.text, fin.calls, empty_text=not self.tools_offered),
                 "stop_reason": stop_reason(fin, fin.calls), "stop_sequence": fin.stop_sequence,
                 "usage": usage(self.started, fin)}
 

@@ -212,8 +212,10 @@ def openai_calls(calls: list[ToolCall]) -> list[dict]:
             for c in calls]
 
 
-def anthropic_blocks(text: str, calls: list[ToolCall]) -> list[dict]:
-    blocks = [{"type": "text", "text": text}] if text or not calls else []
+def anthropic_blocks(text: str, calls: list[ToolCall], empty_text: bool = True) -> list[dict]:
+    """Content blocks: the text (an empty one only where ``empty_text`` and there is no call: Anthropic
+    refuses an empty text block sent back), then a tool_use block per call."""
+    blocks = [{"type": "text", "text": text}] if text or (empty_text and not calls) else []
     return blocks + [{"type": "tool_use", "id": "toolu_" + c.id.removeprefix("call_"), "name": c.name,
                       "input": c.arguments} for c in calls]
 
