@@ -192,3 +192,10 @@ def test_a_tool_whose_parameters_are_not_an_objects_schema_is_400(server, route,
     r = server.post(route, {**body, "tools": [tool], "tool_choice": choice})
     assert r.status_code == 400 and 'the schema of an object ("type": "object"), not of type "array"' in \
         message_of(r, dialect)
+
+
+@pytest.mark.parametrize("strict", ["yes", 1, {}])
+def test_a_functions_strict_that_is_no_boolean_is_400(server, strict):
+    tool = {"type": "function", "function": {"name": "f", "strict": strict, "parameters": {"type": "object"}}}
+    r = server.post("/v1/chat/completions", {**ROUTES[0][1], "tools": [tool]})
+    assert r.status_code == 400 and "'tools[0].function.strict' must be a boolean" in message_of(r, "openai")

@@ -50,6 +50,8 @@ def _tool(f: Fields, schema_key: str) -> Tool:
 
 def _strict(tool: Tool, f: Fields) -> Tool:
     """An OpenAI function with ``strict: true`` may not use keywords sampling cannot enforce."""
+    if not isinstance(f.data.get("strict", False), bool) and f.data["strict"] is not None:
+        raise ApiError(400, f"'{f.where}strict' must be a boolean", param="tools")
     if f.data.get("strict") is True:
         refuse_unenforced(checked(lambda: Grammar.json_schema(tool.parameters), "tools"), "tools")
     return tool
