@@ -55,6 +55,8 @@ _WHITESPACE = b" \n\r\t"
 # and the bytes whose being allowed tells one state of a string from another.
 _WAYS_OUT = b"@.-_:/+TZDHMSWY" + bytes(range(ord("A"), ord("Z") + 1)) + _LETTERS
 _PROBES = b'"@.-_:/+ aA0TZDP'
+_KEY_BYTES = _LETTERS + b"_-"  # what a key's fresh end is made of, tried in this order
+_KEY_SEARCH = 600  # the matcher checks one such search may make
 
 
 class Closer:
@@ -139,7 +141,11 @@ class Closer:
             if len(ids) >= MAX_CLOSING_BYTES:
                 return None
             opened = bool(data) and data[-1] == 0x22  # the walk itself opened this string
-            run = self._string_run(m, pending + data, opened) if in_string and not escaped and not tried else None
+            in_key = keys is not None and keys[1] == keys_once.KEY and not escaped  # a key: not one its object has
+            run = self._string_run(m, pending + data, opened, keys if in_key else None) \
+                if in_string and not escaped and not tried else None
+            if run is None and in_key and not tried:
+                run = self._fresh_key(m, keys)
             tried = tried or in_string
             if run is None:
                 last = data[-1:] or pending[-1:] or self._written[-1:]  # the byte before this one
@@ -163,13 +169,14 @@ class Closer:
             plan.append(self._c.eos)
         return plan
 
-    def _string_run(self, m, data: bytes, opened: bool) -> bytes | None:
+    def _string_run(self, m, data: bytes, opened: bool, keys: "keys_once.State | None" = None) -> bytes | None:
         """What to write first in a string, where closing it at once is not the answer:
         where it cannot end yet, the first of the schema's examples (a pattern's, a
         format's) the grammar takes whole; where the walk opened a free key, a name of its
         own that the reply (``data``: what follows the output so far) has not used as a string yet (``a``,
         ``b``: ``{"":0,"":0}`` is one property, not two, and so was ``{"a": 1, "b":0,"b":0}``
-        where the schema did not take "a" as a free key)."""
+        where the schema did not take "a" as a free key). Inside a key (``keys``: the reply's so
+        far), no text that would make it a key its object has."""
         quote = self._bytes.get(0x22)
         if quote is None:
             return None
@@ -184,9 +191,38 @@ class Closer:
         else:
             candidates = self._examples
         for text in candidates:
+            if keys is not None and keys_once.repeats(keys, text + b'"'):
+                continue
             tokens = [self._bytes[b] for b in text] + [quote]
             if all(b in self._bytes for b in text) and m.validate_tokens(tokens) == len(tokens):
                 return text
+        return None
+
+    def _fresh_key(self, m, keys: "keys_once.State") -> bytes | None:
+        """Inside a key: the shortest end of it, closing quote included, that the grammar takes
+        and that is no key its object has, a byte at a time, letters and digits first (a
+        pattern's ``x_0`` written already: ``x_1``); None if none within a few bytes."""
+        budget = [_KEY_SEARCH]  # matcher checks left
+        for limit in range(6):
+            found = self._key_end(m, keys, b"", limit, budget)
+            if found is not None or budget[0] <= 0:
+                return found
+        return None
+
+    def _key_end(self, m, keys: "keys_once.State", run: bytes, limit: int, budget: list[int]) -> bytes | None:
+        budget[0] -= 1
+        if self._allows(m, 0x22) and not keys_once.repeats(keys, run + b'"'):
+            return run + b'"'
+        for b in _KEY_BYTES if limit else b"":
+            budget[0] -= 1
+            if budget[0] <= 0:
+                return None
+            if self._allows(m, b):
+                after = m.deep_copy()
+                after.consume_token(self._bytes[b])
+                found = self._key_end(after, keys, run + bytes([b]), limit - 1, budget)
+                if found is not None:
+                    return found
         return None
 
     def _pick(self, m, in_string: bool, escaped: bool, keys: "keys_once.State | None",
