@@ -1,4 +1,4 @@
-"""Constrained decode (two JSON Schemas) against unconstrained decode on SmolLM2 (issues 12, 20).
+"""Constrained decode (three JSON Schemas) against unconstrained decode on SmolLM2 (issues 12, 20).
 
     python bench/bench_grammar.py [-m MODEL] [--threads 2] [--rounds 7] [--tokens 128] [--json]
 
@@ -38,7 +38,9 @@ SCHEMA = {
 STRINGS = {"type": "object", "properties": {"names": {"type": "array", "minItems": 24, "maxItems": 24,
                                                       "items": {"type": "string", "maxLength": 24}}},
            "required": ["names"], "additionalProperties": False}
-SCHEMAS = {"people": SCHEMA, "strings": STRINGS}
+# Keys of the reply's own choosing (json_object's schema): each key is written once, a mask over
+# the keys so far beside the grammar's (text/json_keys_once.py).
+SCHEMAS = {"people": SCHEMA, "strings": STRINGS, "object": {"type": "object"}}
 # A plain-text prompt (no chat template), so that the unconstrained variant
 # writes on for as many tokens as the constrained one instead of ending its turn.
 PROMPT = "Here are six people, with their name, age, city and job, written as JSON:\n"

@@ -5,11 +5,13 @@ validates, a reply without the tag is untouched, and speculation changes no bit.
 import json
 
 import jsonschema
+import numpy as np
 import pytest
 
 import ctxengine as ce
 from ctxengine.engine.model_source import CatalogEntry
 from ctxengine.serving.prompts import Prompt, prompt_ids
+from ctxengine.text import json_keys_once as keys_once
 from ctxengine.text.lazy_calls import LazyCalls
 from ctxengine.text.tools import Tool, parse_tool_calls, tool_format
 
@@ -78,7 +80,7 @@ def watched(tok, ids: list[int]) -> tuple[int, object]:
     """Feed ids one by one to a watch begun before them; (the token index a call began at, its
     constraint), or (-1, None)."""
     lazy = LazyCalls(TOOLS, "fallback", tok)
-    lazy.watch(0)
+    lazy.watch([])
     for n in range(1, len(ids) + 1):
         c = lazy.started(ids[:n])
         if c is not None:
@@ -108,8 +110,79 @@ def test_a_call_the_grammar_refuses_to_begin_goes_as_written_and_the_watch_goes_
     ids = tokenizer.encode("Use <tool_call") + [ending] + tokenizer.encode("tool_call> tags. ")
     assert "<tool_call>" in tokenizer.decode(ids)
     lazy = LazyCalls(TOOLS, "fallback", tokenizer)
-    lazy.watch(0)
+    lazy.watch([])
     assert all(lazy.started(ids[:n]) is None for n in range(1, len(ids) + 1))
     more = ids + tokenizer.encode(good)
     found = [lazy.started(more[:n]) for n in range(len(ids) + 1, len(more) + 1)]
     assert sum(c is not None for c in found) == 1
+
+
+WEATHER = {"type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Rome"]},
+                                            "unit": {"type": "string", "enum": ["c", "f"]}},
+           "required": ["city", "unit"], "additionalProperties": False}
+SHOT = 'Checking.\n<tool_call>\n{"name": "weather", "arguments": {"city": "Tokyo", "unit": "kelvin", "extra": 1}}' \
+       '\n</tool_call>'
+
+
+@pytest.fixture(scope="module")
+def smollm2(smollm2_path):
+    m = ce.load(smollm2_path, threads=2)
+    yield m
+    m.close()
+
+
+def few_shot(model):
+    """A context whose next reply, SmolLM2 copying two earlier ones, is a call against its schema."""
+    tools = [Tool("weather", "weather in a city", WEATHER)]
+    messages = [{"role": "user", "content": "Again."}, {"role": "assistant", "content": SHOT}] * 2
+    ctx = model.context()
+    ctx.append(model.chat_prompt(messages + [{"role": "user", "content": "Again."}], tools=tools), parse_special=True)
+    return ctx, lambda: LazyCalls.offered(tools, tool_format(model.chat_template), model.tokenizer)
+
+
+@pytest.mark.parametrize("first", [4, 6, 8, 12])
+def test_a_call_cut_by_max_tokens_goes_on_constrained(smollm2, first):
+    """Cut inside the tag (4, 6 tokens) or inside the call, then continued by another
+    generate(calls=...), or by a fork: the reply is the one made in one go, its call valid
+    (it came out as the model wrote it, "Tokyo" and all; found by a probe)."""
+    ctx, calls = few_shot(smollm2)
+    start = ctx.n_tokens
+    one_go = ctx.fork()
+    (call,) = parse_tool_calls("".join(p.text for p in one_go.generate(60, temperature=0.0, calls=calls())),
+                               {"weather"})[1]
+    jsonschema.validate(call.arguments, WEATHER)
+    list(ctx.generate(first, temperature=0.0, calls=calls()))
+    branch = ctx.fork()
+    for c in (ctx, branch):
+        list(c.generate(60 - first, temperature=0.0, calls=calls()))
+        assert c.tokens[start:] == one_go.tokens[start:]
+
+
+def test_keys_are_followed_when_the_tags_token_holds_a_quote_first(smollm2):
+    """SmolLM2's ` "<` begins the tag after a quote: the call's keys were not followed, and
+    {"a": 1, "a": 1} came back as {"a": 1} (found by a probe)."""
+    tok = smollm2.tokenizer
+    opener = next(i for i in range(tok.n_vocab) if tok.token_bytes(i) == b' "<')
+    ids = tok.encode("Calling") + [opener] + tok.encode('tool_call>\n{"name": "f", "arguments": {"a": 1, "a')
+    lazy = LazyCalls([Tool("f", "", {"type": "object", "additionalProperties": {"type": "integer"}})], "fallback", tok)
+    lazy.watch([])
+    constraint = next(c for n in range(1, len(ids) + 1) if (c := lazy.started(ids[:n])) is not None)
+    constraint.feed(ids[len(lazy._starts):])
+    quote = next(i for i in range(tok.n_vocab) if tok.token_bytes(i) == b'"')
+    assert quote in keys_once.repeating(constraint.keys_state, np.ones(tok.n_vocab, bool), tok)
+
+
+def test_a_snapshot_mid_call_restores_the_calls_grammar(smollm2, tmp_path):
+    """The open call's grammar is stored with the snapshot (its call_skip too) and replayed
+    at restore: the restored context's reply is the one made in one go."""
+    ctx, calls = few_shot(smollm2)
+    start = ctx.n_tokens
+    one_go = ctx.fork()
+    list(one_go.generate(60, temperature=0.0, calls=calls()))
+    list(ctx.generate(12, temperature=0.0, calls=calls()))
+    assert ctx.constraint_state()["call_skip"] == 0
+    with ce.Store(tmp_path / "store") as store:
+        ctx.snapshot(store, ref="mid")
+        back = smollm2.restore(store, "mid", name="back")
+    list(back.generate(48, temperature=0.0, calls=calls()))
+    assert back.tokens[start:] == one_go.tokens[start:]

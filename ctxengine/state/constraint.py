@@ -63,9 +63,10 @@ class Steering:
                  close_json: bool, calls: "LazyCalls | None" = None):
         self._tok, self._close_json = tokenizer, close_json
         self.constraint = started_constraint(held, grammar, tokenizer, tokens)
-        self._calls = calls if self.constraint is None else None  # a reply under a grammar is the grammar's
+        open_call = self.constraint is not None and self.constraint.call_skip is not None  # cut by max_tokens
+        self._calls = calls if self.constraint is None or open_call else None  # else the reply is the grammar's
         if self._calls is not None:
-            self._calls.watch(len(tokens))
+            self._calls.watch(tokens)
         self._closer = self._closer_of(tokens)
         # Stop strings never cut a reply that must parse (docs/agents.md), only free text and GBNF.
         self.stops_apply = self.constraint is None or not self.constraint.grammar.is_json
@@ -101,7 +102,7 @@ class Steering:
             self._closer = self._closer_of(tokens) if self.constraint is not None else None
         elif self.constraint.done:
             self.constraint = self._closer = None
-            self._calls.watch(len(tokens))
+            self._calls.watch(tokens)
 
     @property
     def done(self) -> bool:
@@ -110,5 +111,6 @@ class Steering:
 
     @property
     def kept(self) -> Constraint | None:
-        """The constraint the context holds now (a call's grammar is the reply's own, never held)."""
-        return self.constraint if self._calls is None else None
+        """The constraint the context holds now (a call's too: a fork, or the next generate(),
+        goes on with the call constrained)."""
+        return self.constraint

@@ -239,14 +239,18 @@ class Constraint:
     matcher waits for a prefetch in flight first (``_settled``).
     """
 
-    def __init__(self, grammar: Grammar, tok: "Tokenizer", start: int, *, _matcher=None,
-                 _keys: list[keys_once.State] | None = None):
+    def __init__(self, grammar: Grammar, tok: "Tokenizer", start: int, *, call_skip: int | None = None,
+                 _matcher=None, _keys: list[keys_once.State] | None = None):
         self.grammar = grammar
         self.start = start
         self._tok = tok
+        # A call the model began of its own accord (text/lazy_calls.py): the bytes of its first
+        # token before the tag, which are not the call's (None: no such call).
+        self.call_skip = call_skip
         # The reply's JSON structure after each token consumed (None: not followed): a key of
         # an object's own choosing is written once (text/json_keys_once.py).
-        self._keys = _keys if _keys is not None else ([keys_once.START] if grammar.json_text else None)
+        follow = grammar.json_text or call_skip is not None
+        self._keys = _keys if _keys is not None else ([keys_once.START] if follow else None)
         if _matcher is None:
             _matcher = _llg().LLMatcher(grammar_vocab(tok), grammar.compiled(), log_level=0)
         self._matcher = _matcher
@@ -333,11 +337,14 @@ class Constraint:
     def _follow(self, tokens: Sequence[int]) -> None:
         if self._keys is not None:
             for t in tokens:
-                self._keys.append(keys_once.after(self._keys[-1], self._tok.token_bytes(int(t))))
+                data = self._tok.token_bytes(int(t))
+                if self.call_skip and len(self._keys) == 1:  # the text the call's tag followed
+                    data = data[self.call_skip:]
+                self._keys.append(keys_once.after(self._keys[-1], data))
 
     def fork(self) -> "Constraint":
-        return Constraint(self.grammar, self._tok, self.start, _matcher=self._settled().deep_copy(),
-                          _keys=None if self._keys is None else list(self._keys))
+        return Constraint(self.grammar, self._tok, self.start, call_skip=self.call_skip,
+                          _matcher=self._settled().deep_copy(), _keys=None if self._keys is None else list(self._keys))
 
     def rollback(self, n: int) -> None:
         self._drop_pending()
@@ -352,13 +359,14 @@ class Constraint:
         self._pending = None
 
     def state(self) -> dict:
-        return {"format": STATE_FORMAT, "grammar": self.grammar.to_dict(), "start": self.start}
+        call = {} if self.call_skip is None else {"call_skip": self.call_skip}
+        return {"format": STATE_FORMAT, "grammar": self.grammar.to_dict(), "start": self.start, **call}
 
     @classmethod
     def from_state(cls, state: Mapping[str, Any], tok: "Tokenizer", tokens: Sequence[int]) -> "Constraint":
         """The constraint a snapshot recorded, with ``tokens[start:]`` replayed."""
         start = check_state(state)
-        c = cls(Grammar.from_dict(state["grammar"]), tok, start)
+        c = cls(Grammar.from_dict(state["grammar"]), tok, start, call_skip=state.get("call_skip"))
         c.feed(tokens[start:])
         return c
 
@@ -371,5 +379,8 @@ def check_state(state: Any) -> int:
     start = state.get("start")
     if not isinstance(start, int) or isinstance(start, bool) or start < 0:
         raise GrammarError(f"grammar state start must be an integer >= 0, got {start!r}")
+    skip = state.get("call_skip")
+    if skip is not None and (not isinstance(skip, int) or isinstance(skip, bool) or skip < 0):
+        raise GrammarError(f"grammar state call_skip must be an integer >= 0, got {skip!r}"[:200])
     Grammar.from_dict(state.get("grammar"))
     return start

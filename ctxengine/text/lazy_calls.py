@@ -44,15 +44,25 @@ class LazyCalls:
         self._first = 0           # the index, among the context's tokens, of the first one watched
         self._data = bytearray()  # their bytes
         self._starts: list[int] = []  # where each one's bytes begin in _data
+        self._seen = 0            # the bytes there before the watch began: a tag must end past them
 
     @staticmethod
     def offered(tools: Sequence[Tool], fmt: str, tok: "Tokenizer") -> "LazyCalls | None":
         """Calls to watch for, where the format writes them in Hermes tags (else None)."""
         return LazyCalls(tools, fmt, tok) if tools and fmt in FORMATS else None
 
-    def watch(self, n_tokens: int) -> None:
-        """Watch from the token after the first ``n_tokens`` (a reply's start, a call's end)."""
-        self._first, self._data, self._starts = n_tokens, bytearray(), []
+    def watch(self, tokens: Sequence[int]) -> None:
+        """Watch the tokens appended after these (a reply's start, a call's end), a tag begun in
+        their last few included (a reply cut by max_tokens inside ``<tool_call>`` goes on)."""
+        back, held = len(tokens), 0
+        while back > 0 and held < len(TRIGGER) - 1 and len(tokens) - back < len(TRIGGER):
+            back -= 1
+            held += len(self._tok.token_bytes(int(tokens[back])))
+        self._first, self._data, self._starts = back, bytearray(), []
+        for t in tokens[back:]:
+            self._starts.append(len(self._data))
+            self._data += self._tok.token_bytes(int(t))
+        self._seen = len(self._data)
 
     def started(self, tokens: Sequence[int]) -> Constraint | None:
         """After ``tokens[-1]`` was appended: the grammar of a call it completed the tag of,
@@ -63,15 +73,15 @@ class LazyCalls:
         self._starts.append(len(self._data))
         self._data += self._tok.token_bytes(int(tokens[-1]))
         at = self._data.find(TRIGGER, look)
-        if at < 0:
+        if at < 0 or at + len(TRIGGER) <= self._seen:
             return None
         k = bisect_right(self._starts, at) - 1
         try:
             before = bytes(self._data[self._starts[k]:at]).decode("utf-8")
             grammar = forced_call_grammar(self._tools, ToolChoice("required"), self._fmt, before=before)
-            constraint = Constraint(grammar, self._tok, self._first + k)
+            constraint = Constraint(grammar, self._tok, self._first + k, call_skip=len(before.encode()))
             constraint.feed(tokens[self._first + k:])
         except (UnicodeDecodeError, GrammarError):
-            self.watch(len(tokens))  # this call goes as written; the watch goes on after it
+            self.watch(tokens)  # this call goes as written; the watch goes on after it
             return None
         return constraint
