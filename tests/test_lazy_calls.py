@@ -186,3 +186,23 @@ def test_a_snapshot_mid_call_restores_the_calls_grammar(smollm2, tmp_path):
         back = smollm2.restore(store, "mid", name="back")
     list(back.generate(48, temperature=0.0, calls=calls()))
     assert back.tokens[start:] == one_go.tokens[start:]
+
+
+def test_with_one_call_allowed_the_reply_ends_with_it(smollm2):
+    """parallel_tool_calls false: SmolLM2, shown replies of two calls, writes two; with
+    ``single`` the reply ends after the first (the second was made, then dropped)."""
+    tools = [Tool("weather", "weather in a city", WEATHER)]
+    call = '<tool_call>\n{"name": "weather", "arguments": {"city": "Rome", "unit": "c"}}\n</tool_call>'
+    messages = [{"role": "user", "content": "Both."}, {"role": "assistant", "content": f"{call}\n{call}"}] * 2
+    fmt = tool_format(smollm2.chat_template)
+    texts = []
+    for single in (False, True):
+        ctx = smollm2.context()
+        ctx.append(smollm2.chat_prompt(messages + [{"role": "user", "content": "Both."}], tools=tools),
+                   parse_special=True)
+        texts.append("".join(p.text for p in ctx.generate(
+            80, temperature=0.0, calls=LazyCalls.offered(tools, fmt, smollm2.tokenizer, single=single))))
+        assert ctx.finish_reason == "stop"
+        ctx.delete()
+    assert len(parse_tool_calls(texts[0], {"weather"})[1]) == 2
+    assert texts[1].endswith("</tool_call>") and len(parse_tool_calls(texts[1], {"weather"})[1]) == 1

@@ -340,8 +340,8 @@ class Generation:
                  if use is not None and use.parses and (use.choice.forced or not formatted) else None)
         stops = [] if grammar is not None and grammar.is_json else s.stop
         # A call the model begins of its own accord is constrained from its tag (text/lazy_calls.py).
-        calls = LazyCalls.offered(use.tools, tool_format(model.chat_template), model.tokenizer) \
-            if split is not None and grammar is None else None
+        calls = LazyCalls.offered(use.tools, tool_format(model.chat_template), model.tokenizer,
+                                  single=not use.parallel) if split is not None and grammar is None else None
         pieces = ctx.generate(max_tokens, stop=stops, grammar=grammar, speculative=s.speculative, calls=calls,
                               **s.params)
         sampled = self.metrics.sampled_tokens.labels(self.entry.name) if self.metrics is not None else None

@@ -100,13 +100,16 @@ class Steering:
         if self.constraint is None:
             self.constraint = self._calls.started(tokens)
             self._closer = self._closer_of(tokens) if self.constraint is not None else None
+        elif self.constraint.done and self._calls.single:
+            self._calls = None  # the one call is made: the reply ends with it (done)
         elif self.constraint.done:
             self.constraint = self._closer = None
             self._calls.watch(tokens)
 
     @property
     def done(self) -> bool:
-        """The grammar is complete: only an end of turn could follow (a call's: the reply goes on)."""
+        """The grammar is complete: only an end of turn could follow (after a call the reply goes
+        on, unless that was the one call it may make)."""
         return self._calls is None and self.constraint is not None and self.constraint.done
 
     @property

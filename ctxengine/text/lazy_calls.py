@@ -39,17 +39,18 @@ FORMATS = ("hermes", "fallback")  # those whose calls are written in Hermes tags
 class LazyCalls:
     """Watches a reply for a call's opening tag; ``started`` gives the call's constraint."""
 
-    def __init__(self, tools: Sequence[Tool], fmt: str, tok: "Tokenizer"):
+    def __init__(self, tools: Sequence[Tool], fmt: str, tok: "Tokenizer", single: bool = False):
         self._tools, self._fmt, self._tok = list(tools), fmt, tok
+        self.single = single      # one call at most: the reply ends with it (parallel_tool_calls false)
         self._first = 0           # the index, among the context's tokens, of the first one watched
         self._data = bytearray()  # their bytes
         self._starts: list[int] = []  # where each one's bytes begin in _data
         self._seen = 0            # the bytes there before the watch began: a tag must end past them
 
     @staticmethod
-    def offered(tools: Sequence[Tool], fmt: str, tok: "Tokenizer") -> "LazyCalls | None":
+    def offered(tools: Sequence[Tool], fmt: str, tok: "Tokenizer", single: bool = False) -> "LazyCalls | None":
         """Calls to watch for, where the format writes them in Hermes tags (else None)."""
-        return LazyCalls(tools, fmt, tok) if tools and fmt in FORMATS else None
+        return LazyCalls(tools, fmt, tok, single) if tools and fmt in FORMATS else None
 
     def watch(self, tokens: Sequence[int]) -> None:
         """Watch the tokens appended after these (a reply's start, a call's end), a tag begun in
