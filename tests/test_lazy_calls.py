@@ -29,14 +29,14 @@ def gemma(gemma3_path):
     m.close()
 
 
-def reply(model, entry, content: str, lazy: bool, shown=TOOLS, **options) -> tuple[list[int], str]:
+def reply(model, entry, content: str, lazy: bool, shown=TOOLS, n: int = 80, **options) -> tuple[list[int], str]:
     """The tokens and text of the reply to ``content``, the prompt showing the tools ``shown``, the
     calls watched for or not (``lazy``)."""
     ctx = model.context()
     ctx.append(prompt_ids(model, entry, Prompt(messages=[{"role": "user", "content": content}], tools=shown)))
     start = ctx.n_tokens
     calls = LazyCalls.offered(TOOLS, tool_format(model.chat_template), model.tokenizer) if lazy else None
-    list(ctx.generate(80, calls=calls, **{"temperature": 0.0, **options}))
+    list(ctx.generate(n, calls=calls, **{"temperature": 0.0, **options}))
     new = ctx.tokens[start:]
     ctx.delete()
     return new, model.detokenize(new)
@@ -64,8 +64,8 @@ def test_a_reply_without_the_tag_is_untouched(gemma):
 def test_speculation_changes_no_bit(gemma, options):
     model, entry = gemma
     ask = f"Repeat exactly this text and nothing else:\n{WRONG}"
-    on = reply(model, entry, ask, lazy=True, speculative=True, **options)
-    assert on == reply(model, entry, ask, lazy=True, speculative=False, **options)
+    on = reply(model, entry, ask, lazy=True, n=40, speculative=True, **options)
+    assert on == reply(model, entry, ask, lazy=True, n=40, speculative=False, **options)
     assert "<tool_call>" in on[1]
 
 
@@ -140,9 +140,9 @@ def few_shot(model):
     return ctx, lambda: LazyCalls.offered(tools, tool_format(model.chat_template), model.tokenizer)
 
 
-@pytest.mark.parametrize("first", [4, 6, 8, 12])
+@pytest.mark.parametrize("first", [4, 8, 12])
 def test_a_call_cut_by_max_tokens_goes_on_constrained(smollm2, first):
-    """Cut inside the tag (4, 6 tokens) or inside the call, then continued by another
+    """Cut inside the tag (4 tokens) or inside the call, then continued by another
     generate(calls=...), or by a fork: the reply is the one made in one go, its call valid
     (it came out as the model wrote it, "Tokyo" and all; found by a probe)."""
     ctx, calls = few_shot(smollm2)
