@@ -194,8 +194,8 @@ class Scheduler:
             self._cv.notify_all()
             thread = self._thread
             if thread is not threading.current_thread():
-                while self._busy or self._queue:  # the loop (or the inline step) wakes us when done
-                    self._cv.wait()
+                while self._busy or self._queue:  # a step's end wakes us; a given-up request's drop may not
+                    self._cv.wait(0.05)
         if thread is not None and thread is not threading.current_thread():
             thread.join()
 
