@@ -23,6 +23,13 @@ WRONG = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "ex
 
 
 @pytest.fixture(scope="module")
+def smollm2(smollm2_path):
+    m = ce.load(smollm2_path, threads=2)
+    yield m
+    m.close()
+
+
+@pytest.fixture(scope="module")
 def gemma(gemma3_path):
     m = ce.load(gemma3_path, threads=2)
     yield m, CatalogEntry(m.name, gemma3_path, "file")
@@ -70,10 +77,9 @@ def test_speculation_changes_no_bit(gemma, options):
 
 
 @pytest.fixture(scope="module", params=["smollm2", "gemma3"])
-def tokenizer(request, smollm2_path, gemma3_path):
-    m = ce.load(smollm2_path if request.param == "smollm2" else gemma3_path, threads=1)
-    yield m.tokenizer
-    m.close()
+def tokenizer(request):
+    return request.getfixturevalue("smollm2").tokenizer if request.param == "smollm2" else \
+        request.getfixturevalue("gemma")[0].tokenizer
 
 
 def watched(tok, ids: list[int]) -> tuple[int, object]:
@@ -122,13 +128,6 @@ WEATHER = {"type": "object", "properties": {"city": {"type": "string", "enum": [
            "required": ["city", "unit"], "additionalProperties": False}
 SHOT = 'Checking.\n<tool_call>\n{"name": "weather", "arguments": {"city": "Tokyo", "unit": "kelvin", "extra": 1}}' \
        '\n</tool_call>'
-
-
-@pytest.fixture(scope="module")
-def smollm2(smollm2_path):
-    m = ce.load(smollm2_path, threads=2)
-    yield m
-    m.close()
 
 
 def few_shot(model):
