@@ -62,29 +62,25 @@ def _standing(m: Any, stand_in: Callable[[str], str], spells_control: Callable[[
     if isinstance(m.get("content"), str) and spells_control(m["content"]):
         out = dict(out, content=stand_in(m["content"]))
     calls = m.get("tool_calls")
-    if isinstance(calls, (list, tuple)) and any(isinstance(c, ToolCall) and _spells(c.arguments, spells_control)
-                                                 for c in calls):
-        out = dict(out, tool_calls=[
-            dataclasses.replace(c, arguments=_stood(c.arguments, stand_in, spells_control))
-            if isinstance(c, ToolCall) else c for c in calls])
+    if isinstance(calls, (list, tuple)):
+        args = [_stood(c.arguments, stand_in, spells_control) if isinstance(c, ToolCall) else None for c in calls]
+        if any(a is not None and a is not c.arguments for a, c in zip(args, calls)):
+            out = dict(out, tool_calls=[c if a is None else dataclasses.replace(c, arguments=a)
+                                        for a, c in zip(args, calls)])
     return out
 
 
-def _spells(x: Any, spells_control: Callable[[str], bool]) -> bool:
-    if isinstance(x, str):
-        return spells_control(x)
-    if isinstance(x, dict):
-        return any(_spells(v, spells_control) for v in x.values())
-    return isinstance(x, (list, tuple)) and any(_spells(v, spells_control) for v in x)
-
-
 def _stood(x: Any, stand_in: Callable[[str], str], spells_control: Callable[[str], bool]) -> Any:
+    """``x`` with a stand-in for each string in it that spells a control token; ``x`` itself
+    (the same object) where there is none."""
     if isinstance(x, str):
         return stand_in(x) if spells_control(x) else x
     if isinstance(x, dict):
-        return {k: _stood(v, stand_in, spells_control) for k, v in x.items()}
+        items = {k: _stood(v, stand_in, spells_control) for k, v in x.items()}
+        return x if all(items[k] is v for k, v in x.items()) else items
     if isinstance(x, (list, tuple)):
-        return [_stood(v, stand_in, spells_control) for v in x]
+        items = [_stood(v, stand_in, spells_control) for v in x]
+        return x if all(a is b for a, b in zip(items, x)) else items
     return x
 
 
