@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 
 from ..text.grammar import Grammar, GrammarError
-from ..text.tools import NO_PARAMETERS, Tool, ToolCall, ToolChoice, ToolUse, forced_call_grammar
+from ..text.tools import NO_PARAMETERS, Tool, ToolCall, ToolChoice, ToolUse, forced_call_grammar, not_an_object
 from .errors import ApiError
 from .fields import Fields, text_content
 from .structured import checked, refuse_unenforced
@@ -37,9 +37,8 @@ def _tool(f: Fields, schema_key: str) -> Tool:
     params = f.data.get(schema_key)
     if params is not None and not isinstance(params, dict):
         raise ApiError(400, f"'{f.where}{schema_key}' must be a JSON schema object", param="tools")
-    if params is not None and "type" in params and params["type"] != "object":  # arguments are an object
-        raise ApiError(400, f"'{f.where}{schema_key}' must be the schema of an object (\"type\": \"object\"), "
-                            f"not of type {json.dumps(params['type'])}"[:300], param="tools")
+    if params is not None and (wrong := not_an_object(params)) is not None:
+        raise ApiError(400, f"'{f.where}{schema_key}' {wrong}", param="tools")
     # The function as the client wrote it, for the template to render as given (``strict`` kept,
     # nothing made up): OpenAI's function keys, Anthropic's input_schema as parameters.
     spec = {k: f.data[k] for k in _FUNCTION_KEYS if k in f.data}

@@ -119,6 +119,14 @@ class ToolUse:
         return self.choice.mode != "none"
 
 
+def not_an_object(params: dict) -> str | None:
+    """What is wrong with a tool's parameters schema that is no object's (a call's arguments
+    are an object), in words after "parameters"; None where it may be one."""
+    if "type" in params and params["type"] != "object":
+        return f'must be the schema of an object ("type": "object"), not of type {json.dumps(params["type"])}'[:300]
+    return None
+
+
 def as_tools(tools: Sequence) -> list[Tool]:
     """Tools from Tool objects or dicts (OpenAI's ``{"type": "function", "function": {...}}`` or flat)."""
     out = []
@@ -134,9 +142,8 @@ def as_tools(tools: Sequence) -> list[Tool]:
         params = f.get("parameters") or dict(NO_PARAMETERS)
         if not isinstance(params, dict):
             raise CtxError(f"tool {f['name']!r}: parameters must be a JSON schema object")
-        if "type" in params and params["type"] != "object":  # a call's arguments are an object
-            raise CtxError(f"tool {f['name']!r}: parameters must be the schema of an object (\"type\": \"object\"), "
-                           f"not of type {json.dumps(params['type'])}"[:300])
+        if (wrong := not_an_object(params)) is not None:
+            raise CtxError(f"tool {f['name']!r}: parameters {wrong}")
         spec = dict(f) if "function" in t else {k: v for k, v in f.items() if k != "type"}
         out.append(Tool(f["name"], f.get("description") or "", params, spec))
     return out
