@@ -105,6 +105,10 @@ def test_a_template_that_knows_tools_renders_them_itself():
      '<tool_call>{"name": "get_time", "arguments": "{\\"zone\\": \\"CET\\"}"}</tool_call>',
      "I will check.", [("get_weather", {"city": "Paris"}), ("get_time", {"zone": "CET"})]),
     ('<tool_call>{"name": "get_time", "arguments": {}}', "", [("get_time", {})]),  # cut before the close
+    ('<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool', "", [("get_time", {})]),  # cut in it
+    ('<tool_call>{"name": "get_time", "arguments": {}}\n<', "", [("get_time", {})]),
+    ('<tool_call>{"name": "get_time", "arguments": {}}</tool_cal> x', '<tool_call>{"name": "get_time", '
+     '"arguments": {}}</tool_cal> x', []),                                  # a wrong close, text after it
     ('<|python_tag|>{"name": "get_weather", "parameters": {"city": "Rome"}}', "", [("get_weather", {"city": "Rome"})]),
     (' {"name": "get_weather", "arguments": {"city": "Nice"}}', "", [("get_weather", {"city": "Nice"})]),
     ('[{"name": "get_time", "parameters": {"zone": "UTC"}}]', "", [("get_time", {"zone": "UTC"})]),

@@ -324,8 +324,9 @@ def parse_tool_calls(text: str, names: Collection[str] | None = None) -> tuple[s
 
 def _tagged(text: str, names: Collection[str] | None) -> Iterator[tuple[int, int, list]]:
     """(start, end, entries) of each ``<tool_call>`` JSON ``</tool_call>`` in the text (the
-    closing tag may be cut off at its end). The JSON value is read whole, so a string in
-    it may hold the closing tag itself (a regex up to the first one cut such a call)."""
+    closing tag, or the end of it, may be cut off at the text's end: ``</tool`` there is
+    what max_tokens left of it). The JSON value is read whole, so a string in it may hold
+    the closing tag itself (a regex up to the first one cut such a call)."""
     start = text.find(_OPEN)
     while start != -1:
         at = skip_space(text, start + len(_OPEN))
@@ -335,8 +336,8 @@ def _tagged(text: str, names: Collection[str] | None) -> Iterator[tuple[int, int
             value, end = None, -1
         after = skip_space(text, end) if end >= 0 else -1
         call = entries(value, names) if end >= 0 else None
-        if call is not None and (text.startswith(_CLOSE, after) or after == len(text)):
-            end = after + len(_CLOSE) if after < len(text) else after
+        if call is not None and (text.startswith(_CLOSE, after) or _CLOSE.startswith(text[after:])):
+            end = min(after + len(_CLOSE), len(text))
             yield start, end, call
             start = text.find(_OPEN, end)
         else:
