@@ -133,6 +133,19 @@ def test_chat_streaming_and_not(ollama_client, model):
     assert parts[-1].done and parts[-1].eval_count == 8 and parts[-1].prompt_eval_count == r.prompt_eval_count
 
 
+def test_chat_continues_a_final_assistant_message(ollama_client, model):
+    """As Ollama's: the reply continues the message and holds only the continuation (it
+    began a new assistant turn, and the model said the opening again)."""
+    messages = [{"role": "user", "content": "What is the capital of France?"},
+                {"role": "assistant", "content": "The capital of France is"}]
+    r = ollama_client.chat(model="smollm2", messages=messages, options=GREEDY)
+    opened = model.chat_prompt(messages[:1]) + messages[1]["content"]
+    assert r.message.content == greedy_reply(model, text=opened, max_tokens=8)
+    assert r.prompt_eval_count == len(model.tokenize(opened, parse_special=True))
+    parts = list(ollama_client.chat(model="smollm2", messages=messages, options=GREEDY, stream=True))
+    assert "".join(p.message.content for p in parts) == r.message.content
+
+
 def test_model_from_the_store_by_its_ollama_name_with_its_layers(ollama_client, model):
     messages = [{"role": "user", "content": "Where is the treasure?"}]
     # temperature 0 and num_predict 12 come from the params layer, the system prompt from the system layer

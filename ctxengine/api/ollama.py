@@ -28,7 +28,7 @@ from ..serving.exports import __version__
 from ..serving import model_facts
 from ..serving.events import Finished, Started
 from ..serving.generation import UNSET, GenerationRequest, Generations
-from ..serving.prompts import Prompt
+from ..serving.prompts import Prompt, take_prefill
 from ..text.tools import ToolUse
 from .embeddings import embed
 from .errors import OLLAMA, ApiError, error_body
@@ -227,9 +227,11 @@ def _generation_routes(router: APIRouter, o: _Ollama) -> None:
         named = f.str("context", None)
         if not messages and named is None:  # Ollama's load (or, keep_alive 0, unload)
             return await o.load_or_unload(f, name, {"message": {"role": "assistant", "content": ""}})
-        # A chat longer than the context loses its oldest turns, as Ollama's (its system messages kept)
+        # A chat longer than the context loses its oldest turns, as Ollama's (its system messages
+        # kept); a final assistant message is continued, as Ollama's is.
+        prefill = take_prefill(messages)
         prompt = Prompt(messages=messages, tools=tools and tools.prompt_tools, trim=True, think=_think(f),
-                        template_kwargs=_thinking(f, template_kwargs(f, o.runtime.template_kwargs)))
+                        prefill=prefill, template_kwargs=_thinking(f, template_kwargs(f, o.runtime.template_kwargs)))
         return await o.run(f, name, prompt, named, chat=True, client=request, tools=tools)
 
 

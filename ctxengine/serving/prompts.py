@@ -28,8 +28,9 @@ left before the prompt is prefilled. A named context is never trimmed: a
 request that would leave it no room for a reply is refused, changing nothing
 (``continuation_ids``).
 
-A chat prompt's ``prefill`` (Anthropic's final assistant message) follows the
-template's opening of the assistant turn, so the reply continues it.
+A chat prompt's ``prefill`` (a final assistant message, on the Anthropic and
+Ollama faces: ``take_prefill``) follows the template's opening of the
+assistant turn, so the reply continues it.
 """
 from __future__ import annotations
 
@@ -63,6 +64,16 @@ class Prompt:
     @property
     def is_chat(self) -> bool:
         return self.messages is not None
+
+
+def take_prefill(messages: list[dict]) -> str:
+    """A final assistant message's text, taken off ``messages`` to be the reply's opening
+    (``Prompt.prefill``): the reply continues it and holds only the continuation, as
+    Anthropic's and Ollama's do. One that made tool calls is a turn of its own: ""."""
+    last = messages[-1] if messages else None
+    if last is None or last.get("role") != "assistant" or last.get("tool_calls"):
+        return ""
+    return messages.pop().get("content") or ""
 
 
 def chat_text(model: "Model", entry: "CatalogEntry", messages: list[dict], *,
