@@ -117,6 +117,11 @@ def test_a_final_assistant_message_is_continued(anthropic_client, model):
     with pytest.raises(anthropic.BadRequestError, match="final assistant content cannot end with trailing whitespace"):
         anthropic_client.messages.create(**{**kw, "messages": [*PREFILLED[:1], {"role": "assistant",
                                                                                 "content": "The capital is "}]})
+    # a format holds the whole reply: a prefill "{" came out as "{" + a whole object
+    with pytest.raises(anthropic.BadRequestError, match="cannot be combined with output_config.format"):
+        anthropic_client.messages.create(**{**kw, "messages": [*PREFILLED[:1], {"role": "assistant", "content": "{"}]},
+                                         output_config={"format": {"type": "json_schema",
+                                                                   "schema": {"type": "object"}}})
 
 
 def test_sampling_ranges_are_anthropics(anthropic_client):

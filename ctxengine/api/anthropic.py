@@ -29,7 +29,7 @@ from starlette.responses import JSONResponse
 
 from ..serving.events import Finished, Started
 from ..serving.generation import GenerationRequest, Generations
-from ..serving.prompts import Prompt, prompt_ids
+from ..serving.prompts import Prompt, prompt_ids, take_prefill
 from ..text.tools import ToolUse
 from .errors import ANTHROPIC, ApiError, error_body
 from .fields import Fields, json_body, messages_of, template_kwargs, text_content
@@ -59,11 +59,8 @@ def messages_prompt(f: Fields, tools: ToolUse | None = None, defaults: dict | No
 
 
 def _prefill(messages: list[dict]) -> str:
-    """A final assistant message's text, taken off ``messages``: the reply continues it, as Anthropic's does."""
-    last = messages[-1] if messages else None
-    if last is None or last["role"] != "assistant" or last.get("tool_calls"):
-        return ""
-    text = messages.pop()["content"]
+    """A final assistant message's text, taken off ``messages``: the reply continues it."""
+    text = take_prefill(messages)
     if text != text.rstrip():
         raise ApiError(400, "final assistant content cannot end with trailing whitespace", param="messages")
     return text
@@ -110,7 +107,14 @@ def routes(runtime, generations: Generations) -> APIRouter:
         f.obj("metadata")  # an object (its user_id has no use here), as Anthropic requires
         tools = anthropic_tool_use(f)
         grammar = anthropic_grammar(f)
-        req = GenerationRequest(model, messages_prompt(f, tools, runtime.template_kwargs), sampling(f), context=f.str("context", None),
+        prompt = messages_prompt(f, tools, runtime.template_kwargs)
+        if prompt.prefill and grammar is not None:
+            # The format holds the reply from its first token, so a prefill's "{" came out as
+            # "{" + a whole JSON object: no prefill and reply that parse together.
+            raise ApiError(400, "a final assistant message (prefill) cannot be combined with "
+                           "output_config.format or grammar, which constrain the reply from its first token",
+                           param="messages")
+        req = GenerationRequest(model, prompt, sampling(f), context=f.str("context", None),
                                 grammar=grammar, tools=tools, lora=f.data.get("lora"))
         stream = f.bool("stream", False)
         gen = await started(generations, req, request)
