@@ -114,6 +114,10 @@ def test_bad_schemas_and_grammars_are_400_in_each_shape(server, openai_client, a
     assert r.status_code == 400 and r.json() == {"error": "'format' must be \"json\" or a JSON schema object, got 3"}
     r = server.post("/v1/chat/completions", {"model": "smollm2", "messages": user("x"), "tool_choice": "required"})
     assert r.status_code == 400 and "needs 'tools'" in r.json()["error"]["message"]
+    r = server.post("/v1/messages", {"model": "smollm2", "max_tokens": 5, "messages": user("x"),
+                                     "tool_choice": {"type": "any"}})  # it was told of OpenAI's 'required'
+    assert r.status_code == 400 and "'required'" not in r.json()["error"]["message"]
+    assert "needs 'tools'" in r.json()["error"]["message"]
 
 
 def check_weather(name, args):

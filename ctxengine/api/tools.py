@@ -59,7 +59,8 @@ def _strict(tool: Tool, f: Fields) -> Tool:
 def _checked(tools: list[Tool], choice: ToolChoice, parallel: bool = True) -> ToolUse | None:
     if not tools:
         if choice.forced:
-            raise ApiError(400, f"tool_choice '{choice.mode}' needs 'tools'", param="tool_choice")
+            # in no dialect's own words for the mode (OpenAI's "required" is Anthropic's "any")
+            raise ApiError(400, "a tool_choice that forces a call needs 'tools'", param="tool_choice")
         return None
     names = [t.name for t in tools]
     if len(set(names)) != len(names):
