@@ -86,12 +86,10 @@ def usage(started: Started, finished: Finished | None) -> dict:
 
 
 def stop_reason(fin: Finished, calls=()) -> str:
-    """max_tokens wherever the budget cut the reply, whatever complete tool_use blocks it
-    holds (as the OpenAI face's "length" and Ollama's done_reason)."""
-    if fin.finish_reason == "length":
-        return "max_tokens"
     if calls:
         return "tool_use"
+    if fin.finish_reason == "length":
+        return "max_tokens"
     return "stop_sequence" if fin.stop_sequence is not None else "end_turn"
 
 

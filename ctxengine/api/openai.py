@@ -254,20 +254,14 @@ class ChatWriter(_OpenAIWriter):
 
     async def finish(self, fin: Finished) -> list[bytes]:
         calls = [self.delta({"tool_calls": [d]}) for d in _call_deltas(fin.calls)]
-        return calls + self.ending(fin, {"delta": {}, "logprobs": None, "finish_reason": _chat_finish(fin)})
+        finish = "tool_calls" if fin.calls else fin.finish_reason
+        return calls + self.ending(fin, {"delta": {}, "logprobs": None, "finish_reason": finish})
 
     def whole(self, fin: Finished) -> dict:
         message = {"role": "assistant", "content": fin.text if fin.text or not fin.calls else None}
         if not fin.calls:
             return {"message": message}
-        return {"message": {**message, "tool_calls": openai_calls(fin.calls)}, "finish_reason": _chat_finish(fin)}
-
-
-def _chat_finish(fin: Finished) -> str:
-    """"tool_calls" where the reply made calls, unless max_tokens cut it: then "length", as
-    OpenAI says, with the complete calls it holds (a call the cut left open is dropped), so a
-    client learns that the reply is not whole (Anthropic's and Ollama's faces say so too)."""
-    return "tool_calls" if fin.calls and fin.finish_reason != "length" else fin.finish_reason
+        return {"message": {**message, "tool_calls": openai_calls(fin.calls)}, "finish_reason": "tool_calls"}
 
 
 class CompletionWriter(_OpenAIWriter):
