@@ -100,7 +100,7 @@ def main() -> int:
             Q.set_prefill_tiles(tile)
             cells = []
             for r in rows:
-                if n_out > 100_000 and r > 16:  # the output matmul runs for decode rows only (one a sequence)
+                if n_out > 100_000 and r > 32:  # the output matmul runs for decode rows only (one a sequence)
                     cells.append(f"{'-':>8}")
                     continue
                 cells.append(f"{gops(t, n_in, n_out, r, threads, args.seconds, rng, args.clock):8.1f}")

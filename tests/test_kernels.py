@@ -339,7 +339,7 @@ def test_matmul_q_prefill_tiles_and_chunks(t, n_in):
 
 
 # Batched decode (AVX-512, Q4_1 and Q8_0: quant_rows_avx512.cpp): every row
-# count from 3 to 15 has its own tile (4, 2 or 1 weight rows), whose leftover
+# count from 3 to 16 has its own tile (4, 2 or 1 weight rows), whose leftover
 # weight rows go one by one; chunks of 8 blocks (nb = 18: two whole, one of 2).
 # With the zmm tiles, Q8_0's 4 to 8 rows go to quant_avx512.cpp's register
 # tiles instead (two pairs of rows a zmm; odd counts a half pair), and its 9
@@ -352,9 +352,29 @@ def test_matmul_q_batched_decode_rows(t):
     rng = np.random.default_rng(21 + int(t))
     w = weights(t, 11, n_in, rng, raw=True)
     x = activations(16, n_in, rng)
+    assert_canonical_on_each_path(t, w, n_in, x, range(1, 17), ((11, 0), (11, 5), (1, 0)))
+
+
+# Q8_0 with 17 to 32 rows (batched decode; on the ymm tiles' machines, the
+# rows kernel as two groups of rows, quant_rows_avx512.cpp) runs by bands of
+# weight rows that meet both groups: n_in 4096 makes a band 12 rows, so 29
+# rows are two whole bands and a part, and chunks of 5 start mid-band. Q4_1
+# takes the same path where it is handed 17 to 32 rows.
+@pytest.mark.parametrize("t", [G.Q8_0, G.Q4_1], ids=lambda t: t.name)
+def test_matmul_q_batched_decode_groups_and_bands(t):
+    n_in = 4096
+    rng = np.random.default_rng(23 + int(t))
+    w = weights(t, 29, n_in, rng, raw=True)
+    x = activations(33, n_in, rng)
+    assert_canonical_on_each_path(t, w, n_in, x, (17, 24, 31, 32, 33), ((29, 0), (29, 5), (3, 0)))
+
+
+def assert_canonical_on_each_path(t, w, n_in, x, row_counts, outs_and_chunks):
+    """The first n_x rows of x by the first n_out rows of w, in chunks of weight rows, on every path: the
+    canonical order's bits."""
     want = canonical_matmul_q(t, w, n_in, x)
-    for n_x in range(1, 17):
-        for n_out, chunk in ((11, 0), (11, 5), (1, 0)):
+    for n_x in row_counts:
+        for n_out, chunk in outs_and_chunks:
             results = on_each_path(lambda: Q.matmul(int(t), w[:n_out].reshape(-1), n_in, n_out, x[:n_x], chunk=chunk))
             for path, got in results.items():
                 differ = got.view(np.uint32) != want[:n_x, :n_out].view(np.uint32)

@@ -345,19 +345,25 @@ void matmul_q_avx512(DType t, const void* W, int n_in, int o0, int o1, const Blo
   // at 8 the rows kernel's own tile keeps Gemma's 168 MB Q8_0 output matrix
   // at 24 ms where the tiles take 30, and the register tiles beat them on
   // Q5_0). One row (decode) of Q8_0 has its own kernel
-  // (quant_decode_avx512.cpp), and so have 3 to 15 rows (batched decode) of
-  // Q4_1 and Q8_0 (quant_rows_avx512.cpp), except Q8_0's 4 to 8 rows with
+  // (quant_decode_avx512.cpp), and so have 3 to 16 rows (batched decode) of
+  // Q4_1 and 3 to 32 of Q8_0 (quant_rows_avx512.cpp), except Q8_0's 4 to 8 rows with
   // the zmm tiles: there this file's register tiles, two pairs a zmm, are as
   // fast at 4 rows and 1.07-1.18x at 8 (Intel Xeon, Gemma 3's output matrix,
   // 2 threads; at 3 the half-empty second pair loses); Q8_0's 9 to 16 rows
   // take quant_rows_zmm_avx512.cpp, the rows kernel with two pairs a zmm
   // (1.2-1.5x the zmm tiles on that matrix: Gemma 3's 16 streams 1.09x).
+  // Without the zmm tiles (Zen 4), the rows kernel keeps 16 rows of Q4_1 and
+  // up to 32 of Q8_0: the output matrices stream from memory, where the
+  // prefill tiles' unpacking to memory ran Gemma 3's at 0.7x the rows kernel
+  // (16 rows; 0.8-0.85x at 24-32), and SmolLM2's 16 streams ran 1.2-1.35x
+  // with its Q4_1 layers there too (docs/PERFORMANCE.md, machine F).
   const bool zmm = prefill_tiles() == PrefillTiles::zmm;
   const int tiles_from = !zmm ? 16 : t == DType::Q4_1 ? 8 : 9;
   if (zmm && t == DType::Q8_0 && n_x >= 9 && n_x <= 16)
     return matmul_q_rows_zmm_avx512(W, n_in, o0, o1, Xq, n_x, Y, y_stride);
   if (zmm && t == DType::Q8_0 && n_x >= 4 && n_x <= 8) return matmul_q_impl<DType::Q8_0>(W, n_in, o0, o1, Xq, n_x, Y, y_stride);
-  if (n_x >= tiles_from)
+  const int rows_to = zmm ? 0 : t == DType::Q8_0 ? 32 : t == DType::Q4_1 ? 16 : 0;
+  if (n_x >= tiles_from && n_x > rows_to)
     return matmul_q_prefill_avx512(t, W, n_in, o0, o1, Xq, n_x, Y, y_stride, x_id);
   if (matmul_q_rows_avx512(t, W, n_in, o0, o1, Xq, n_x, Y, y_stride)) return;
   if (n_x == 1 && matvec_q_avx512(t, W, n_in, o0, o1, Xq, Y)) return;

@@ -1,5 +1,5 @@
 // AVX-512 products of Q4_1 weights (SmolLM2's layers) and Q8_0 weights
-// (SmolLM2's and Gemma 3's tied output, Gemma's attn_v) with 3 to 15
+// (SmolLM2's and Gemma 3's tied output, Gemma's attn_v) with 3 to 32
 // activation rows: batched decode, one row per sequence, in the canonical
 // order of quant.h.
 //
@@ -9,7 +9,9 @@
 // canonical lane l), one convert and one fma whose scale f16(d_w) * d_x comes
 // from memory as an embedded broadcast. A weight block is loaded and unpacked
 // once into a register and meets every activation row there (tiles of 4, 2 or
-// 1 weight rows by 3-4, 5-8 or 9-15 activation rows: at most 16 accumulators).
+// 1 weight rows by 3-4, 5-8 or 9-16 activation rows: at most 16 accumulators).
+// More rows go as two groups (17: 9 + 8), each band of weight rows meeting
+// both while it sits in L2, so the weights still come from memory once.
 // The scales of a chunk of 8 blocks are formed before the chunk runs, one
 // vector multiply per weight row and block (the rows' d_x in its lanes, 8 or
 // 16 of them): a scale stored and broadcast back at once stalls on the store.
@@ -20,9 +22,11 @@
 // scale vector built per pair and block, and unpack each weight block once
 // per group of 4 activation rows (Q4_1) or 8 (Q8_0): on Zen 4, which splits
 // zmm work in two halves, this kernel measured 1.2-1.3x their speed at 8-12
-// rows on Q4_1 and 1.1-1.2x on Q8_0; at 2 rows it did not win, and from 16
-// rows quant_prefill_avx512.cpp is as fast. Q4_0, Q5_0 and Q5_1 keep the tiles:
-// Q5_0 measured no gain, the other two are in none of our models.)
+// rows on Q4_1 and 1.1-1.2x on Q8_0; at 2 rows it did not win. From 16 rows
+// quant_prefill_avx512.cpp is as fast on weights in cache, but not on weights
+// streamed from memory, as decode's are: quant_avx512.cpp says which runs.
+// Q4_0, Q5_0 and Q5_1 keep the tiles: Q5_0 measured no gain, the other two
+// are in none of our models.)
 //
 // vpdpbusd multiplies unsigned by signed bytes. Q4_1: the weight q (0..15)
 // is the unsigned side, the activation the signed one. Q8_0: the activation
@@ -45,7 +49,9 @@ namespace ctx::qk {
 namespace {
 
 constexpr int kMinRows = 3;
-constexpr int kMaxRows = 15;
+constexpr int kMaxRows = 16;   // rows a tile takes
+constexpr int kMaxGroups = 2;  // groups of rows one call takes (up to 32 rows)
+constexpr size_t kBandBytes = 64 * 1024;  // weight rows a band: a share of L2
 constexpr int kLanes = 16;  // rows' d_x / s_x in one zmm
 constexpr int kChunk = 8;   // blocks whose scales are formed together
 
@@ -168,18 +174,33 @@ void rows_for(int n_x, const uint8_t* w, size_t row_bytes, int nb, int o0, int o
 
 template <DType T>
 void matmul_rows(const void* W, int n_in, int o0, int o1, const BlockQ8A* Xq, int n_x, float* Y, size_t y_stride) {
-  thread_local XRows xr;
+  thread_local XRows xr[kMaxGroups];
   const int nb = n_in / QK;
-  prep<T>(Xq, nb, n_x, xr);
-  const XView view{xr.q.data(), xr.d.data(), xr.s.data()};
-  rows_for<T>(n_x, static_cast<const uint8_t*>(W), nb * block_bytes_q(T), nb, o0, o1, view, Y, y_stride);
+  const size_t row_bytes = static_cast<size_t>(nb) * block_bytes_q(T);
+  const auto* w = static_cast<const uint8_t*>(W);
+  // Groups of at most kMaxRows rows, as even as the count allows (17: 9 + 8).
+  const int n_groups = (n_x + kMaxRows - 1) / kMaxRows;
+  int first[kMaxGroups + 1];
+  XView view[kMaxGroups];
+  for (int g = 0; g <= n_groups; ++g) first[g] = n_x * g / n_groups;
+  for (int g = 0; g < n_groups; ++g) {
+    prep<T>(Xq + static_cast<size_t>(first[g]) * nb, nb, first[g + 1] - first[g], xr[g]);
+    view[g] = {xr[g].q.data(), xr[g].d.data(), xr[g].s.data()};
+  }
+  // Each band of weight rows meets every group while it is in L2: the
+  // weights come from memory once.
+  const int band = n_groups == 1 ? o1 - o0 : std::max(4, static_cast<int>(kBandBytes / row_bytes) / 4 * 4);
+  for (int b0 = o0; b0 < o1; b0 += band)
+    for (int g = 0; g < n_groups; ++g)
+      rows_for<T>(first[g + 1] - first[g], w, row_bytes, nb, b0, std::min(o1, b0 + band), view[g],
+                  Y + static_cast<size_t>(first[g]) * y_stride, y_stride);
 }
 
 }  // namespace
 
 bool matmul_q_rows_avx512(DType t, const void* W, int n_in, int o0, int o1, const BlockQ8A* Xq, int n_x, float* Y,
                           size_t y_stride) {
-  if (n_x < kMinRows || n_x > kMaxRows) return false;
+  if (n_x < kMinRows || n_x > kMaxGroups * kMaxRows) return false;
   if (t == DType::Q4_1) return matmul_rows<DType::Q4_1>(W, n_in, o0, o1, Xq, n_x, Y, y_stride), true;
   if (t == DType::Q8_0) return matmul_rows<DType::Q8_0>(W, n_in, o0, o1, Xq, n_x, Y, y_stride), true;
   return false;
