@@ -355,8 +355,9 @@ void matmul_q_avx512(DType t, const void* W, int n_in, int o0, int o1, const Blo
   // Without the zmm tiles (Zen 4), the rows kernel keeps 16 rows of Q4_1 and
   // up to 32 of Q8_0: the output matrices stream from memory, where the
   // prefill tiles' unpacking to memory ran Gemma 3's at 0.7x the rows kernel
-  // (16 rows; 0.8-0.85x at 24-32), and SmolLM2's 16 streams ran 1.2-1.35x
-  // with its Q4_1 layers there too (docs/PERFORMANCE.md, machine F).
+  // (16 rows; 0.8-0.85x at 24-32), and Gemma 3's 16 streams ran 1.24x; Q4_1's
+  // 16 rows run alike either way from cache, and SmolLM2's 16 streams (whose
+  // output matrix is 13% of a step) 0.98-1.07x (docs/PERFORMANCE.md, machine F).
   const bool zmm = prefill_tiles() == PrefillTiles::zmm;
   const int tiles_from = !zmm ? 16 : t == DType::Q4_1 ? 8 : 9;
   if (zmm && t == DType::Q8_0 && n_x >= 9 && n_x <= 16)
