@@ -68,3 +68,22 @@ def test_branches_over_released_pages_at_any_thread_count(tiny_gemma):
         finally:
             eng.close()
     assert seen[0] == seen[1]
+
+
+@pytest.mark.parametrize("n_seq", [16, 20, 32, 33])
+def test_many_streams_logits_bits_equal_each_alone(smollm2, n_seq):
+    """One step of many sequences (the output matrix's rows kernel by bands of
+    weight rows at 17-32 rows, the prefill tiles past that) gives each the
+    logits bits it gets alone."""
+    st = Streams(smollm2, n_seq, 8)
+    last = [(t * 7 + 3) % 1000 for t in range(n_seq)]
+
+    def step(seqs, toks):
+        bufs = [np.empty((1, smollm2.config.n_vocab), np.float32) for _ in seqs]
+        smollm2._core.forward([(s, np.array([t], np.int32), b, False, None) for s, t, b in zip(seqs, toks, bufs)])
+        return bufs
+
+    together = step([b.fork() for b in st.bases], last)
+    for s in (0, 1, n_seq // 2, n_seq - 1):
+        alone = step([st.bases[s].fork()], [last[s]])[0]
+        np.testing.assert_array_equal(alone.view(np.uint32), together[s].view(np.uint32))
