@@ -1,6 +1,6 @@
 // AVX2 products of Q4_1 weights (SmolLM2's layers) with 3 to 10 activation
 // rows and of Q8_0 weights (SmolLM2's and Gemma 3's tied output, Gemma's
-// attn_v) with 3 to 16: a verified draft, or batched decode, in the canonical
+// attn_v) with 3 to 32: a verified draft, or batched decode, in the canonical
 // order of quant.h. quant_rows_avx512.cpp's plan on AVX2's integer products.
 //
 // A ymm holds one (weight row, activation row) pair's 8 canonical lanes; per
@@ -172,20 +172,38 @@ void rows_for(int n_x, const uint8_t* w, size_t row_bytes, int nb, int o0, int o
   rows<T, R>(w, row_bytes, nb, o0, o1, xr, Y, y_stride);
 }
 
+// The most rows one call takes: Q8_0 past 16 as two groups of rows (17: 9 +
+// 8), each band of weight rows (kBandBytes) meeting both while it is in L2,
+// so the weights (the output matrices, streamed from memory) are read once.
+constexpr int max_call_rows(DType t) { return t == DType::Q8_0 ? 2 * max_rows(t) : max_rows(t); }
+constexpr size_t kBandBytes = 64 * 1024;
+
 template <DType T>
 void matmul_rows(const void* W, int n_in, int o0, int o1, const BlockQ8A* Xq, int n_x, float* Y, size_t y_stride) {
-  thread_local XRows xr;
+  thread_local XRows xr[2];
   const int nb = n_in / QK;
-  prep(Xq, nb, n_x, xr);
-  const XView view{xr.q.data(), xr.d.data(), xr.s.data()};
-  rows_for<T>(n_x, static_cast<const uint8_t*>(W), nb * block_bytes_q(T), nb, o0, o1, view, Y, y_stride);
+  const size_t row_bytes = static_cast<size_t>(nb) * block_bytes_q(T);
+  const int n_groups = n_x > max_rows(T) ? 2 : 1;
+  const int first[3] = {0, n_x / n_groups, n_x};  // group g: rows [first[g], first[g + 1])
+  XView view[2];
+  for (int g = 0; g < n_groups; ++g) {
+    prep(Xq + static_cast<size_t>(first[g]) * nb, nb, first[g + 1] - first[g], xr[g]);
+    view[g] = {xr[g].q.data(), xr[g].d.data(), xr[g].s.data()};
+  }
+  const auto* w = static_cast<const uint8_t*>(W);
+  if (n_groups == 1) return rows_for<T>(n_x, w, row_bytes, nb, o0, o1, view[0], Y, y_stride);
+  const int band = std::max(2, static_cast<int>(kBandBytes / row_bytes) / 2 * 2);
+  for (int b0 = o0; b0 < o1; b0 += band)
+    for (int g = 0; g < 2; ++g)
+      rows_for<T>(first[g + 1] - first[g], w, row_bytes, nb, b0, std::min(o1, b0 + band), view[g],
+                  Y + static_cast<size_t>(first[g]) * y_stride, y_stride);
 }
 
 }  // namespace
 
 bool matmul_q_rows_avx2(DType t, const void* W, int n_in, int o0, int o1, const BlockQ8A* Xq, int n_x, float* Y,
                         size_t y_stride) {
-  if ((t != DType::Q4_1 && t != DType::Q8_0) || n_x < kMinRows || n_x > max_rows(t)) return false;
+  if ((t != DType::Q4_1 && t != DType::Q8_0) || n_x < kMinRows || n_x > max_call_rows(t)) return false;
   if (t == DType::Q4_1) return matmul_rows<DType::Q4_1>(W, n_in, o0, o1, Xq, n_x, Y, y_stride), true;
   if (t == DType::Q8_0) return matmul_rows<DType::Q8_0>(W, n_in, o0, o1, Xq, n_x, Y, y_stride), true;
   return false;
