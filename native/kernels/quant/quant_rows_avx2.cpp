@@ -172,8 +172,8 @@ void rows_for(int n_x, const uint8_t* w, size_t row_bytes, int nb, int o0, int o
   rows<T, R>(w, row_bytes, nb, o0, o1, xr, Y, y_stride);
 }
 
-// The most rows one call takes: Q8_0 past 16 as two groups of rows (17: 9 +
-// 8), each band of weight rows (kBandBytes) meeting both while it is in L2,
+// The most rows one call takes: Q8_0 past 16 as two groups of rows (17: 8 +
+// 9), each band of weight rows (kBandBytes) meeting both while it is in L2,
 // so the weights (the output matrices, streamed from memory) are read once.
 constexpr int max_call_rows(DType t) { return t == DType::Q8_0 ? 2 * max_rows(t) : max_rows(t); }
 constexpr size_t kBandBytes = 64 * 1024;

@@ -10,7 +10,7 @@
 // from memory as an embedded broadcast. A weight block is loaded and unpacked
 // once into a register and meets every activation row there (tiles of 4, 2 or
 // 1 weight rows by 3-4, 5-8 or 9-16 activation rows: at most 16 accumulators).
-// More rows go as two groups (17: 9 + 8), each band of weight rows meeting
+// More rows go as two groups (17: 8 + 9), each band of weight rows meeting
 // both while it sits in L2, so the weights still come from memory once.
 // The scales of a chunk of 8 blocks are formed before the chunk runs, one
 // vector multiply per weight row and block (the rows' d_x in its lanes, 8 or
@@ -178,7 +178,7 @@ void matmul_rows(const void* W, int n_in, int o0, int o1, const BlockQ8A* Xq, in
   const int nb = n_in / QK;
   const size_t row_bytes = static_cast<size_t>(nb) * block_bytes_q(T);
   const auto* w = static_cast<const uint8_t*>(W);
-  // Groups of at most kMaxRows rows, as even as the count allows (17: 9 + 8).
+  // Groups of at most kMaxRows rows, as even as the count allows (17: 8 + 9).
   const int n_groups = (n_x + kMaxRows - 1) / kMaxRows;
   int first[kMaxGroups + 1];
   XView view[kMaxGroups];
