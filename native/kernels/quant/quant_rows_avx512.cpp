@@ -1,6 +1,6 @@
-// AVX-512 products of Q4_1 weights (SmolLM2's layers) and Q8_0 weights
-// (SmolLM2's and Gemma 3's tied output, Gemma's attn_v) with 3 to 32
-// activation rows: batched decode, one row per sequence, in the canonical
+// AVX-512 products of Q4_1 weights (SmolLM2's layers) with 3 to 16 activation
+// rows and of Q8_0 weights (SmolLM2's and Gemma 3's tied output, Gemma's
+// attn_v) with 3 to 32: batched decode, one row per sequence, in the canonical
 // order of quant.h.
 //
 // As in the one-row Q8_0 kernel (quant_decode_avx512.cpp), a 256-bit register
@@ -10,8 +10,8 @@
 // from memory as an embedded broadcast. A weight block is loaded and unpacked
 // once into a register and meets every activation row there (tiles of 4, 2 or
 // 1 weight rows by 3-4, 5-8 or 9-16 activation rows: at most 16 accumulators).
-// More rows go as two groups (17: 8 + 9), each band of weight rows meeting
-// both while it sits in L2, so the weights still come from memory once.
+// Q8_0's 17-32 rows go as two groups (17: 8 + 9), each band of weight rows
+// meeting both while it sits in L2, so the weights still come from memory once.
 // The scales of a chunk of 8 blocks are formed before the chunk runs, one
 // vector multiply per weight row and block (the rows' d_x in its lanes, 8 or
 // 16 of them): a scale stored and broadcast back at once stalls on the store.
@@ -200,7 +200,7 @@ void matmul_rows(const void* W, int n_in, int o0, int o1, const BlockQ8A* Xq, in
 
 bool matmul_q_rows_avx512(DType t, const void* W, int n_in, int o0, int o1, const BlockQ8A* Xq, int n_x, float* Y,
                           size_t y_stride) {
-  if (n_x < kMinRows || n_x > kMaxGroups * kMaxRows) return false;
+  if (n_x < kMinRows || n_x > (t == DType::Q8_0 ? kMaxGroups * kMaxRows : kMaxRows)) return false;
   if (t == DType::Q4_1) return matmul_rows<DType::Q4_1>(W, n_in, o0, o1, Xq, n_x, Y, y_stride), true;
   if (t == DType::Q8_0) return matmul_rows<DType::Q8_0>(W, n_in, o0, o1, Xq, n_x, Y, y_stride), true;
   return false;
