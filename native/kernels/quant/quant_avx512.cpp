@@ -22,7 +22,8 @@
 //
 // (From 16 activation rows on, prefill goes to quant_prefill_avx512.cpp
 // instead; below that this file's prefill tiles are faster, except for Q4_1
-// and Q8_0 with 3 to 15 rows, which quant_rows_avx512.cpp takes.)
+// and Q8_0 with 3 to 15 rows, which quant_rows_avx512.cpp takes, as it takes
+// Q4_1's 16 and Q8_0's 16 to 32 on Zen 4: matmul_q_avx512 below.)
 //
 // Tiling: the weight side of a block is unpacked once into registers and used
 // for every activation pair of the tile; the activation side is prepared once
