@@ -359,15 +359,13 @@ void matmul_q_avx512(DType t, const void* W, int n_in, int o0, int o1, const Blo
   // (16 rows; 0.8-0.85x at 24-32), and Gemma 3's 16 streams ran 1.24x; Q4_1's
   // 16 rows run alike either way from cache, and SmolLM2's 16 streams (whose
   // output matrix is 13% of a step) 0.98-1.07x (docs/PERFORMANCE.md, machine F).
-  const bool zmm = prefill_tiles() == PrefillTiles::zmm;
-  const int tiles_from = !zmm ? 16 : t == DType::Q4_1 ? 8 : 9;
-  if (zmm && t == DType::Q8_0 && n_x >= 9 && n_x <= 16)
-    return matmul_q_rows_zmm_avx512(W, n_in, o0, o1, Xq, n_x, Y, y_stride);
-  if (zmm && t == DType::Q8_0 && n_x >= 4 && n_x <= 8) return matmul_q_impl<DType::Q8_0>(W, n_in, o0, o1, Xq, n_x, Y, y_stride);
-  const int rows_to = zmm ? 0 : t == DType::Q8_0 ? 32 : t == DType::Q4_1 ? 16 : 0;
-  if (n_x >= tiles_from && n_x > rows_to)
-    return matmul_q_prefill_avx512(t, W, n_in, o0, o1, Xq, n_x, Y, y_stride, x_id);
+  if (prefill_tiles() == PrefillTiles::zmm) {
+    if (t == DType::Q8_0 && n_x >= 9 && n_x <= 16) return matmul_q_rows_zmm_avx512(W, n_in, o0, o1, Xq, n_x, Y, y_stride);
+    if (t == DType::Q8_0 && n_x >= 4 && n_x <= 8) return matmul_q_impl<DType::Q8_0>(W, n_in, o0, o1, Xq, n_x, Y, y_stride);
+    if (n_x >= (t == DType::Q4_1 ? 8 : 9)) return matmul_q_prefill_avx512(t, W, n_in, o0, o1, Xq, n_x, Y, y_stride, x_id);
+  }
   if (matmul_q_rows_avx512(t, W, n_in, o0, o1, Xq, n_x, Y, y_stride)) return;
+  if (n_x >= 16) return matmul_q_prefill_avx512(t, W, n_in, o0, o1, Xq, n_x, Y, y_stride, x_id);
   if (n_x == 1 && matvec_q_avx512(t, W, n_in, o0, o1, Xq, Y)) return;
   switch (t) {
     case DType::Q4_0: return matmul_q_impl<DType::Q4_0>(W, n_in, o0, o1, Xq, n_x, Y, y_stride);

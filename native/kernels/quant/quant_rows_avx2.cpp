@@ -172,31 +172,26 @@ void rows_for(int n_x, const uint8_t* w, size_t row_bytes, int nb, int o0, int o
   rows<T, R>(w, row_bytes, nb, o0, o1, xr, Y, y_stride);
 }
 
-// The most rows one call takes: Q8_0 past 16 as two groups of rows (17: 8 +
-// 9), each band of weight rows (kBandBytes) meeting both while it is in L2,
-// so the weights (the output matrices, streamed from memory) are read once.
+// The most rows one call takes: Q8_0's past 16 go as two groups, by bands of
+// weight rows that meet both while in L2 (simd_common.h's by_row_groups).
 constexpr int max_call_rows(DType t) { return t == DType::Q8_0 ? 2 * max_rows(t) : max_rows(t); }
-constexpr size_t kBandBytes = 64 * 1024;
 
 template <DType T>
 void matmul_rows(const void* W, int n_in, int o0, int o1, const BlockQ8A* Xq, int n_x, float* Y, size_t y_stride) {
   thread_local XRows xr[2];
+  XView view[2];
   const int nb = n_in / QK;
   const size_t row_bytes = static_cast<size_t>(nb) * block_bytes_q(T);
-  const int n_groups = n_x > max_rows(T) ? 2 : 1;
-  const int first[3] = {0, n_x / n_groups, n_x};  // group g: rows [first[g], first[g + 1])
-  XView view[2];
-  for (int g = 0; g < n_groups; ++g) {
-    prep(Xq + static_cast<size_t>(first[g]) * nb, nb, first[g + 1] - first[g], xr[g]);
-    view[g] = {xr[g].q.data(), xr[g].d.data(), xr[g].s.data()};
-  }
-  const auto* w = static_cast<const uint8_t*>(W);
-  if (n_groups == 1) return rows_for<T>(n_x, w, row_bytes, nb, o0, o1, view[0], Y, y_stride);
-  const int band = std::max(2, static_cast<int>(kBandBytes / row_bytes) / 2 * 2);
-  for (int b0 = o0; b0 < o1; b0 += band)
-    for (int g = 0; g < 2; ++g)
-      rows_for<T>(first[g + 1] - first[g], w, row_bytes, nb, b0, std::min(o1, b0 + band), view[g],
-                  Y + static_cast<size_t>(first[g]) * y_stride, y_stride);
+  by_row_groups(
+      n_x, max_rows(T), o0, o1, row_bytes,
+      [&](int g, int first, int rows) {
+        prep(Xq + static_cast<size_t>(first) * nb, nb, rows, xr[g]);
+        view[g] = {xr[g].q.data(), xr[g].d.data(), xr[g].s.data()};
+      },
+      [&](int g, int first, int rows, int b0, int b1) {
+        rows_for<T>(rows, static_cast<const uint8_t*>(W), row_bytes, nb, b0, b1, view[g],
+                    Y + static_cast<size_t>(first) * y_stride, y_stride);
+      });
 }
 
 }  // namespace

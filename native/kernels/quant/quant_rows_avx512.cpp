@@ -10,8 +10,8 @@
 // from memory as an embedded broadcast. A weight block is loaded and unpacked
 // once into a register and meets every activation row there (tiles of 4, 2 or
 // 1 weight rows by 3-4, 5-8 or 9-16 activation rows: at most 16 accumulators).
-// Q8_0's 17-32 rows go as two groups (17: 8 + 9), each band of weight rows
-// meeting both while it sits in L2, so the weights still come from memory once.
+// Q8_0's 17-32 rows go as two groups, by bands of weight rows that meet both
+// while in L2, so the weights still come from memory once (by_row_groups).
 // The scales of a chunk of 8 blocks are formed before the chunk runs, one
 // vector multiply per weight row and block (the rows' d_x in its lanes, 8 or
 // 16 of them): a scale stored and broadcast back at once stalls on the store.
@@ -49,9 +49,7 @@ namespace ctx::qk {
 namespace {
 
 constexpr int kMinRows = 3;
-constexpr int kMaxRows = 16;   // rows a tile takes
-constexpr int kMaxGroups = 2;  // groups of rows one call takes (up to 32 rows)
-constexpr size_t kBandBytes = 64 * 1024;  // weight rows a band: a share of L2
+constexpr int kMaxRows = 16;  // rows a tile takes (Q8_0 twice that: simd_common.h's by_row_groups)
 constexpr int kLanes = 16;  // rows' d_x / s_x in one zmm
 constexpr int kChunk = 8;   // blocks whose scales are formed together
 
@@ -174,33 +172,27 @@ void rows_for(int n_x, const uint8_t* w, size_t row_bytes, int nb, int o0, int o
 
 template <DType T>
 void matmul_rows(const void* W, int n_in, int o0, int o1, const BlockQ8A* Xq, int n_x, float* Y, size_t y_stride) {
-  thread_local XRows xr[kMaxGroups];
+  thread_local XRows xr[2];
+  XView view[2];
   const int nb = n_in / QK;
   const size_t row_bytes = static_cast<size_t>(nb) * block_bytes_q(T);
-  const auto* w = static_cast<const uint8_t*>(W);
-  // Groups of at most kMaxRows rows, as even as the count allows (17: 8 + 9).
-  const int n_groups = (n_x + kMaxRows - 1) / kMaxRows;
-  int first[kMaxGroups + 1];
-  XView view[kMaxGroups];
-  for (int g = 0; g <= n_groups; ++g) first[g] = n_x * g / n_groups;
-  for (int g = 0; g < n_groups; ++g) {
-    prep<T>(Xq + static_cast<size_t>(first[g]) * nb, nb, first[g + 1] - first[g], xr[g]);
-    view[g] = {xr[g].q.data(), xr[g].d.data(), xr[g].s.data()};
-  }
-  // Each band of weight rows meets every group while it is in L2: the
-  // weights come from memory once.
-  const int band = n_groups == 1 ? o1 - o0 : std::max(4, static_cast<int>(kBandBytes / row_bytes) / 4 * 4);
-  for (int b0 = o0; b0 < o1; b0 += band)
-    for (int g = 0; g < n_groups; ++g)
-      rows_for<T>(first[g + 1] - first[g], w, row_bytes, nb, b0, std::min(o1, b0 + band), view[g],
-                  Y + static_cast<size_t>(first[g]) * y_stride, y_stride);
+  by_row_groups(
+      n_x, kMaxRows, o0, o1, row_bytes,
+      [&](int g, int first, int rows) {
+        prep<T>(Xq + static_cast<size_t>(first) * nb, nb, rows, xr[g]);
+        view[g] = {xr[g].q.data(), xr[g].d.data(), xr[g].s.data()};
+      },
+      [&](int g, int first, int rows, int b0, int b1) {
+        rows_for<T>(rows, static_cast<const uint8_t*>(W), row_bytes, nb, b0, b1, view[g],
+                    Y + static_cast<size_t>(first) * y_stride, y_stride);
+      });
 }
 
 }  // namespace
 
 bool matmul_q_rows_avx512(DType t, const void* W, int n_in, int o0, int o1, const BlockQ8A* Xq, int n_x, float* Y,
                           size_t y_stride) {
-  if (n_x < kMinRows || n_x > (t == DType::Q8_0 ? kMaxGroups * kMaxRows : kMaxRows)) return false;
+  if (n_x < kMinRows || n_x > (t == DType::Q8_0 ? 2 * kMaxRows : kMaxRows)) return false;
   if (t == DType::Q4_1) return matmul_rows<DType::Q4_1>(W, n_in, o0, o1, Xq, n_x, Y, y_stride), true;
   if (t == DType::Q8_0) return matmul_rows<DType::Q8_0>(W, n_in, o0, o1, Xq, n_x, Y, y_stride), true;
   return false;

@@ -7,6 +7,8 @@
 
 #include <immintrin.h>
 
+#include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 
@@ -73,6 +75,31 @@ static inline __m256i bytes_from_bits(const uint8_t* p) {
                                                                0x0101010101010101, 0x0000000000000000));
   const __m256i probe = _mm256_or_si256(spread, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe));
   return _mm256_cmpeq_epi8(probe, _mm256_set1_epi64x(-1));
+}
+
+// Batched decode's activation rows [0, n_x) against weight rows [o0, o1)
+// (quant_rows_avx2.cpp, quant_rows_avx512.cpp): up to `most` rows (one
+// tile's reach) as one group; more as two (17: 8 + 9), with the weight rows
+// by bands of about 64 KB (whole tiles: multiples of 4 rows), each meeting
+// both groups while it sits in L2, so the weights (the output matrices,
+// streamed from memory) are still read once. prep(g, first, rows) readies
+// group g, rows [first, first + rows); run(g, first, rows, b0, b1) multiplies
+// it by weight rows [b0, b1).
+template <typename Prep, typename Run>
+static inline void by_row_groups(int n_x, int most, int o0, int o1, size_t row_bytes, Prep prep, Run run) {
+  if (n_x <= most) {
+    prep(0, 0, n_x);
+    return run(0, 0, n_x, o0, o1);
+  }
+  const int half = n_x / 2;
+  prep(0, 0, half);
+  prep(1, half, n_x - half);
+  constexpr size_t kBandBytes = 64 * 1024;
+  const int band = std::max(4, static_cast<int>(kBandBytes / row_bytes) / 4 * 4);
+  for (int b0 = o0; b0 < o1; b0 += band) {
+    run(0, 0, half, b0, std::min(o1, b0 + band));
+    run(1, half, n_x - half, b0, std::min(o1, b0 + band));
+  }
 }
 
 }  // namespace ctx::qk
