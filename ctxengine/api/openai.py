@@ -254,14 +254,19 @@ class ChatWriter(_OpenAIWriter):
 
     async def finish(self, fin: Finished) -> list[bytes]:
         calls = [self.delta({"tool_calls": [d]}) for d in _call_deltas(fin.calls)]
-        finish = "tool_calls" if fin.calls else fin.finish_reason
-        return calls + self.ending(fin, {"delta": {}, "logprobs": None, "finish_reason": finish})
+        return calls + self.ending(fin, {"delta": {}, "logprobs": None, "finish_reason": _chat_finish(fin)})
 
     def whole(self, fin: Finished) -> dict:
         message = {"role": "assistant", "content": fin.text if fin.text or not fin.calls else None}
         if not fin.calls:
             return {"message": message}
-        return {"message": {**message, "tool_calls": openai_calls(fin.calls)}, "finish_reason": "tool_calls"}
+        return {"message": {**message, "tool_calls": openai_calls(fin.calls)}, "finish_reason": _chat_finish(fin)}
+
+
+def _chat_finish(fin: Finished) -> str:
+    """"tool_calls" where the reply made calls (even where the budget then ended it: the
+    calls are whole), else the generation's own reason."""
+    return "tool_calls" if fin.calls else fin.finish_reason
 
 
 class CompletionWriter(_OpenAIWriter):
