@@ -146,7 +146,7 @@ static void round_rows(ThreadPool& pool, DType t, const float* x, float* y, int 
 // one rounding of x to their type (llama.cpp converts a matmul's activations
 // to F16 / BF16 for them, quant.h round_row_f16), made before the jobs split.
 // Adapters (lora_down) take x as it is.
-void Model::matmul(std::initializer_list<MatmulJob> jobs, const float* x, int n_rows, int layer) {
+void Model::matmul(std::initializer_list<MatmulJob> jobs, const float* x, int n_rows, int layer, bool read_ahead) {
   int n_in = -1;
   bool need_q8a = false, need_q8k = false, need_f16 = false, need_bf16 = false;
   int64_t total = 0;
@@ -186,6 +186,8 @@ void Model::matmul(std::initializer_list<MatmulJob> jobs, const float* x, int n_
     for (; begin < std::min(end, first); begin += kTile) lora_down(begin / kTile, x, n_in);
     if (begin >= end) return;
     begin -= first, end -= first;
+    ReadAhead ra{kv_ahead_.data(), kv_ahead_.size(), &kv_ahead_next_};
+    const ReadAheadScope scope(read_ahead && !kv_ahead_.empty() ? &ra : nullptr);
     int64_t base = 0;
     int job = 0;
     for (const MatmulJob& j : jobs) {
@@ -288,7 +290,7 @@ void Model::attention_block(int l, const std::vector<Row>& rows, size_t r0, int 
   norm_rows(L.attn_norm, n);
   matmul({{&L.wq, s_.q.data(), LoraTarget::q}, {&L.wk, s_.k.data(), LoraTarget::k},
           {&L.wv, s_.v.data(), LoraTarget::v}},
-         s_.xb.data(), n, l);
+         s_.xb.data(), n, l, true);
   // Per row: biases, q/k norms, RoPE, then this step's K/V into the pages
   // (attention then reads every position, old and new, from the same bytes).
   for_rows(n, [&](int r) {
@@ -333,7 +335,7 @@ void Model::ffn_block(int l, int n) {
     else
       silu_mul(&s_.hb[r * F], &s_.hb2[r * F], F);
   });
-  matmul({{&L.down, s_.xb.data(), LoraTarget::down}}, s_.hb.data(), n, l);
+  matmul({{&L.down, s_.xb.data(), LoraTarget::down}}, s_.hb.data(), n, l, true);
   residual_add(L.ffn_post_norm, n);
 }
 
@@ -379,8 +381,12 @@ void Model::run_rows(std::vector<BatchItem>& items, const std::vector<Row>& rows
   lora_runs(items, rows, r0, n);
   for (int l = 0; l < cfg_.n_layer; ++l) {
     attention_block(l, rows, r0, n, pages);
+    // Layer l + 1's K and V, read while the down projection and its Q, K, V
+    // projections multiply (plan_kv_ahead).
+    plan_kv_ahead(l + 1, rows, r0, n, pages);
     ffn_block(l, n);
   }
+  kv_ahead_.clear();
   output_rows(items, rows, r0, n);
 }
 

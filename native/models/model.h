@@ -163,7 +163,9 @@ class Model {
   // region: decode runs hundreds of them per token, and each region costs a
   // wake-up and a barrier.
   // With a layer, each row's LoRA adapters are added too (lora_prepare, lora_down, lora_up_range).
-  void matmul(std::initializer_list<MatmulJob> jobs, const float* x, int n_rows, int layer = -1);
+  // read_ahead: its kernels also ask for the lines of kv_ahead_ (plan_kv_ahead).
+  void matmul(std::initializer_list<MatmulJob> jobs, const float* x, int n_rows, int layer = -1,
+              bool read_ahead = false);
   struct LoraRun {     // consecutive rows of one item that has adapters
     int r0, r1;
     const std::vector<LoraUse>* loras;
@@ -205,6 +207,15 @@ class Model {
   void attend_in_parts(const AttnLayer& at, const std::vector<AttnTask>& tasks);
   static constexpr int64_t kKAhead = 2;      // pages ahead a part's scoring asks for the K of (prefetch_k)
   void prefetch_k(const AttnLayer& at, const AttnTask& k, int64_t p) const;
+  // The K and V a decode step's rows will attend on `layer` (each visible
+  // page's block of that layer), for the matmuls before it to ask for.
+  void plan_kv_ahead(int layer, const std::vector<Row>& rows, size_t r0, int n,
+                     const std::vector<std::vector<uint8_t*>>& pages);
+  // Rows a step plans for: the AVX-512 rows kernel's reach (quant_rows_avx512.cpp, the one
+  // that asks: on the AVX2 one, forced on Zen 4, 8 streams measured 0.98x), and the most
+  // bytes a layer's plan lists (a few times a core's L2).
+  static constexpr int kAheadMinRows = 3, kAheadMaxRows = 32;
+  static constexpr size_t kAheadBytes = 4 << 20;
   void attend_q(const AttnLayer& at, const AttnTask& k, float* q);
   void attend_scores(const AttnLayer& at, const AttnTask& k, const float* q, float* sc, int64_t pa, int64_t pb);
   void attend_softmax(const AttnLayer& at, const AttnTask& k, float* sc);
@@ -226,6 +237,8 @@ class Model {
   std::vector<LoraTask> lora_tasks_; // their A x tasks, run first in the matmul's region
   std::atomic<int64_t> lora_a_done_{0};  // A x tasks finished (release: their t is written)
   PageLayout layout_;             // of the sequences last seen (checked per forward)
+  std::vector<ReadRange> kv_ahead_;            // plan_kv_ahead's blocks (empty: none)
+  std::atomic<size_t> kv_ahead_next_{0};       // the next of them a matmul thread claims
   std::mutex mu_;
 };
 

@@ -261,6 +261,39 @@ void Model::prefetch_k(const AttnLayer& at, const AttnTask& k, int64_t p) const 
   prefetch_lines(kb, kb + bytes);
 }
 
+// A decode step of several sequences reads each one's K and V once, from
+// pages far apart, as many bytes as the weights (SmolLM2, 16 sequences of
+// ~180 tokens: 65 MB a step). Asked for a whole layer ahead in a burst, the
+// prefetches stall the core as loads do; asked for one line a block of
+// weights by the rows kernels (quant.h ReadAhead) of the matmuls just before
+// the layer's attention, they read it while the arithmetic runs. This lists
+// the blocks, at most kAheadBytes of them (a few times a core's L2); pages
+// that branches share are listed once.
+void Model::plan_kv_ahead(int layer, const std::vector<Row>& rows, size_t r0, int n,
+                          const std::vector<std::vector<uint8_t*>>& pages) {
+  kv_ahead_.clear();
+  kv_ahead_next_.store(0, std::memory_order_relaxed);
+  if (layer >= cfg_.n_layer || n < kAheadMinRows || n > kAheadMaxRows) return;
+  const PageLayout& lay = layout_;
+  const size_t bytes = lay.layer_bytes(), off = lay.k_offset(layer);
+  const int64_t window = cfg_.is_swa(layer) ? cfg_.swa_window : 0, pt = lay.page_tokens;
+  const size_t shift = kept_index_[layer] >= 0 ? static_cast<size_t>(layer - kept_index_[layer]) * bytes : 0;
+  const std::vector<uint8_t*>* prev = nullptr;  // the last item listed
+  for (int r = 0; r < n; ++r) {
+    const Row& row = rows[r0 + r];
+    if (r + 1 < n && rows[r0 + r + 1].item == row.item) continue;  // an item's last row sees the most
+    const std::vector<uint8_t*>& pg = pages[row.item];
+    const int64_t n_kv = row.pos + 1, k0 = window > 0 ? std::max<int64_t>(0, n_kv - window) : 0;
+    const int64_t rel = released_[row.item];
+    for (int64_t p = k0 / pt; p < (n_kv + pt - 1) / pt; ++p) {
+      if (prev && p < static_cast<int64_t>(prev->size()) && (*prev)[p] == pg[p]) continue;  // shared with the last
+      if ((kv_ahead_.size() + 1) * bytes > kAheadBytes) return;
+      kv_ahead_.push_back({pg[p] + off - (p < rel ? shift : 0), bytes});
+    }
+    prev = &pg;
+  }
+}
+
 // Heads [h0, h0 + g) (sharing KV head kv_head) of each of the task's rows
 // over the keys each sees: scores, softmax, the weighted sum of V into s_.att.
 // Query m * g + h is row m's head h0 + h; sc holds its scores at row
