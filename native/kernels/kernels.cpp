@@ -9,6 +9,7 @@
 #include "kernels/activations/activations_impl.h"
 #include "kernels/attention/attention.h"
 #include "kernels/lora/lora_kernels.h"
+#include "kernels/prefetch.h"
 #include "kernels/quant/quant_impl.h"
 
 namespace ctx {
@@ -121,6 +122,13 @@ const Kernels& table_for(Isa isa) {
 std::atomic<const Kernels*> g_chosen{nullptr};
 
 }  // namespace
+
+namespace {
+thread_local ReadAhead* current_read_ahead = nullptr;
+}  // namespace
+
+void set_read_ahead(ReadAhead* r) { current_read_ahead = r; }
+ReadAhead* read_ahead() { return current_read_ahead; }
 
 const Kernels& kernels() {
   // Hot (the scalar f16 conversions come through here per value): after the

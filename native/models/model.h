@@ -16,6 +16,7 @@
 #include "core/threads.h"
 #include "kv/page_pool.h"
 #include "models/lora.h"
+#include "kernels/prefetch.h"
 #include "kernels/quant/quant.h"
 
 namespace ctx {

@@ -265,10 +265,10 @@ void Model::prefetch_k(const AttnLayer& at, const AttnTask& k, int64_t p) const 
 // pages far apart, as many bytes as the weights (SmolLM2, 16 sequences of
 // ~180 tokens: 65 MB a step). Asked for a whole layer ahead in a burst, the
 // prefetches stall the core as loads do; asked for one line a block of
-// weights by the rows kernels (quant.h ReadAhead) of the matmuls just before
-// the layer's attention, they read it while the arithmetic runs. This lists
-// the blocks, at most kAheadBytes of them (a few times a core's L2); pages
-// that branches share are listed once.
+// weights by the rows kernels of the matmuls just before the layer's
+// attention (kernels/prefetch.h ReadAhead), they are read while the
+// arithmetic runs. This lists the blocks, at most kAheadBytes of them (a few
+// times a core's L2); pages that branches share are listed once.
 void Model::plan_kv_ahead(int layer, const std::vector<Row>& rows, size_t r0, int n,
                           const std::vector<std::vector<uint8_t*>>& pages) {
   kv_ahead_.clear();

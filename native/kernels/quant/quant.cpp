@@ -194,12 +194,6 @@ __attribute__((target("f16c"))) uint16_t qk::f32_to_f16_hw(float f) {
   return static_cast<uint16_t>(_cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT));
 }
 
-namespace {
-thread_local ReadAhead* current_read_ahead = nullptr;
-}
-void set_read_ahead(ReadAhead* r) { current_read_ahead = r; }
-ReadAhead* read_ahead() { return current_read_ahead; }
-
 float f16_to_f32(uint16_t h) { return kernels().f16_to_f32(h); }
 uint16_t f32_to_f16(float f) { return kernels().f32_to_f16(f); }
 

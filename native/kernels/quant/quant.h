@@ -12,7 +12,6 @@
 //   for w in (8, 4, 2, 1): a[i] = a[i] + a[i + w] for i < w;  result a[0].
 #pragma once
 
-#include <atomic>
 #include <cstddef>
 #include <cstdint>
 
@@ -155,35 +154,6 @@ void matmul_q(DType t, const void* W, int n_in, int o0, int o1,
               const BlockQ8A* Xq, int n_x, float* Y, size_t y_stride, uint64_t x_id = 0);
 uint64_t new_activation_id();  // unique in the process, never 0
 
-// Bytes another part of the step will read soon (the next layer's K and V),
-// which the batched-decode rows kernel (quant_rows_avx512.cpp) asks for one
-// cache line per block of weights it multiplies: the reads then overlap the
-// arithmetic, where a burst of prefetches stalls the core as loads do. The
-// ranges are claimed one at a time by whichever thread asks next (`next`,
-// shared); `at` and `end` are this thread's place in its current one. The
-// thread's reader is set with set_read_ahead (nullptr: none). Only
-// prefetches: no result depends on it. (Plain data: the ISA units step it
-// themselves, see quant_impl.h on inline functions they share.)
-struct ReadRange {
-  const uint8_t* p;
-  size_t bytes;
-};
-struct ReadAhead {
-  const ReadRange* ranges;
-  size_t n;
-  std::atomic<size_t>* next;
-  const uint8_t* at = nullptr;
-  const uint8_t* end = nullptr;
-  bool done = false;
-};
-void set_read_ahead(ReadAhead* r);
-ReadAhead* read_ahead();
-struct ReadAheadScope {  // this thread's reader for a scope
-  explicit ReadAheadScope(ReadAhead* r) { set_read_ahead(r); }
-  ~ReadAheadScope() { set_read_ahead(nullptr); }
-  ReadAheadScope(const ReadAheadScope&) = delete;
-  ReadAheadScope& operator=(const ReadAheadScope&) = delete;
-};
 void matmul_k(DType t, const void* W, int n_in, int o0, int o1,
               const BlockQ8K* Xk, int n_x, float* Y, size_t y_stride);
 void matmul_f(DType t, const void* W, int n_in, int o0, int o1,

@@ -40,6 +40,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "kernels/prefetch.h"
 #include "kernels/quant/quant_impl.h"
 #include "kernels/quant/simd_common.h"
 #include "kernels/simd_f32.h"
@@ -69,28 +70,6 @@ struct XView {
   const float* d;
   const float* s;
 };
-
-// The reader's next line, or nullptr once every range is claimed (quant.h ReadAhead).
-inline const uint8_t* next_line(ReadAhead& r) {
-  if (r.at >= r.end) {
-    if (r.done) return nullptr;
-    const size_t i = r.next->fetch_add(1, std::memory_order_relaxed);
-    if (i >= r.n) return r.done = true, nullptr;
-    r.at = r.ranges[i].p, r.end = r.ranges[i].p + r.ranges[i].bytes;
-  }
-  const uint8_t* l = r.at;
-  r.at += 64;
-  return l;
-}
-
-// Asks for n lines of what the step reads next into L2, a few at a time
-// between tiles (not inside a tile's block loop: a branch there cost it
-// 18-25% at 4-8 rows, taken or not).
-inline void read_ahead_lines(ReadAhead* r, int n) {
-  if (r)
-    for (int i = 0; i < n; ++i)
-      if (const uint8_t* l = next_line(*r)) _mm_prefetch(reinterpret_cast<const char*>(l), _MM_HINT_T1);
-}
 
 template <DType T>
 void prep(const BlockQ8A* X, int nb, int rows, XRows& xr) {
