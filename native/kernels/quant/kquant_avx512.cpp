@@ -44,9 +44,11 @@ void quantize_row_q8k_avx512(const float* x, BlockQ8K* y, int n) {
 void matmul_k_avx512(DType t, const void* W, int n_in, int o0, int o1, const BlockQ8K* Xk, int n_x, float* Y,
                      size_t y_stride) {
   // 16 weight rows a vector beat a pair's horizontal sums from 2 activation
-  // rows on (2x there, 4x for prefill); one row (decode) streams the weights
-  // from memory, which the row-at-a-time path prefetches.
-  if (t == DType::Q4_K && n_x > 1) return matmul_q4k_tiles_avx512(W, n_in, o0, o1, Xk, n_x, Y, y_stride);
+  // rows on (Q4_K: 2x there, 4x for prefill; Q6_K: 1.5x, 3x on Zen 4); one
+  // row (decode) streams the weights from memory, which the row-at-a-time
+  // path prefetches.
+  if ((t == DType::Q4_K || t == DType::Q6_K) && n_x > 1)
+    return matmul_ktiles_avx512(t, W, n_in, o0, o1, Xk, n_x, Y, y_stride);
   matmul_k_dispatch(t, W, n_in, o0, o1, Xk, n_x, Y, y_stride);
 }
 

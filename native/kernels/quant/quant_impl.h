@@ -101,14 +101,14 @@ void matmul_k_avx2(DType t, const void* W, int n_in, int o0, int o1, const Block
                    size_t y_stride);
 void matmul_k_avx512(DType t, const void* W, int n_in, int o0, int o1, const BlockQ8K* Xk, int n_x, float* Y,
                      size_t y_stride);
-// Q4_K with the weight rows as lanes (q4k_tiles_*.cpp), for 2 or more activation rows.
-void matmul_q4k_tiles_avx512(const void* W, int n_in, int o0, int o1, const BlockQ8K* Xk, int n_x, float* Y,
-                             size_t y_stride);
-void matmul_q4k_tiles_avx2(const void* W, int n_in, int o0, int o1, const BlockQ8K* Xk, int n_x, float* Y,
+// Q4_K and Q6_K (t) with the weight rows as lanes (ktiles_*.cpp), for 2 or more activation rows.
+void matmul_ktiles_avx512(DType t, const void* W, int n_in, int o0, int o1, const BlockQ8K* Xk, int n_x, float* Y,
+                          size_t y_stride);
+void matmul_ktiles_avx2(DType t, const void* W, int n_in, int o0, int o1, const BlockQ8K* Xk, int n_x, float* Y,
+                        size_t y_stride);
+// The same with AVX-VNNI (ktiles_avx2.h; avx2_vnni below).
+void matmul_ktiles_avxvnni(DType t, const void* W, int n_in, int o0, int o1, const BlockQ8K* Xk, int n_x, float* Y,
                            size_t y_stride);
-// The same with AVX-VNNI (q4k_tiles_avx2.h; avx2_vnni below).
-void matmul_q4k_tiles_avxvnni(const void* W, int n_in, int o0, int o1, const BlockQ8K* Xk, int n_x, float* Y,
-                              size_t y_stride);
 
 // The Q4_K tiles' activation side: out[4b + k] = q8s[2k] | q8s[2k + 1] << 16
 // (int16 halves, q8s[s] = bsums[2s] + bsums[2s + 1], at most 32 * 127) for
@@ -120,6 +120,26 @@ static inline void q8s_pairs(const BlockQ8K* x, size_t n, int32_t* out) {
     for (int k = 0; k < 4; ++k) {
       const auto lo = static_cast<uint16_t>(bs[4 * k] + bs[4 * k + 1]), hi = static_cast<uint16_t>(bs[4 * k + 2] + bs[4 * k + 3]);
       out[4 * b + k] = static_cast<int32_t>(static_cast<uint32_t>(lo) | static_cast<uint32_t>(hi) << 16);
+    }
+  }
+}
+
+// The Q6_K tiles' activation side, 16 int32s a block: where `starts`, the raw
+// sums' starts -32 * bsums[s] (s < 16: int32 sums, VNNI); otherwise the pairs
+// bsums[2m] | bsums[2m + 1] << 16 (m < 8; int16 halves, |bsums| <= 16 * 127)
+// for one vpmaddwd against the scale pairs sc[2m] | sc[2m + 1] << 16.
+static inline void q6k_corr(const BlockQ8K* x, size_t n, bool starts, int32_t* out) {
+  for (size_t b = 0; b < n; ++b) {
+    const int16_t* bs = x[b].bsums;
+    int32_t* o = out + 16 * b;
+    for (int s = 0; s < 16; ++s) {
+      if (starts) {
+        o[s] = -32 * bs[s];
+      } else {
+        o[s] = s < 8 ? static_cast<int32_t>(static_cast<uint32_t>(static_cast<uint16_t>(bs[2 * s])) |
+                                            static_cast<uint32_t>(static_cast<uint16_t>(bs[2 * s + 1])) << 16)
+                     : 0;
+      }
     }
   }
 }
