@@ -158,12 +158,14 @@ def test_grouped_heads_equal_each_head_alone(isa, kv, hd, n, restore_isa):
 
 @pytest.mark.parametrize("isa", EVERY_PATH)
 @pytest.mark.parametrize("kv", ["f16", "q8"])
-@pytest.mark.parametrize("hd,n", [(64, 16), (64, 45), (256, 37), (128, 80), (64, 700), (256, 530)])
+@pytest.mark.parametrize("hd,n", [(64, 16), (64, 45), (256, 37), (128, 80), (64, 700), (256, 530), (64, 2100)])
 def test_grouped_queries_with_own_keys_equal_each_alone(isa, kv, hd, n, restore_isa):
     # Queries of a group may see different numbers of keys (the rows of one
     # prompt) and read their own pages after a shared prefix (branches over
     # copy-on-write pages): each query's weighted sum of V must be the one it
-    # gets alone over exactly its own keys, bit for bit, on every path.
+    # gets alone over exactly its own keys, bit for bit, on every path, with
+    # the pages taken as from memory or as in cache (hot: longer runs of pages,
+    # several at 2,100 keys).
     rng = np.random.default_rng(hd * 7 + n)
     n_pages = (n + 15) // 16
     for g, shared in ((2, 0), (5, n_pages), (8, 1), (16, n_pages - 1), (12, 2)):
@@ -173,6 +175,8 @@ def test_grouped_queries_with_own_keys_equal_each_alone(isa, kv, hd, n, restore_
         counts = rng.integers(max(1, 16 * min(shared, n_pages) - 15), n + 1, g).astype(np.int32)
         _core.set_isa(isa)
         _, got = _core.attn_group(q, kt, kq, ks, p, v, vq, vs, n, 0.0625, counts=counts, shared=shared)
+        _, got_hot = _core.attn_group(q, kt, kq, ks, p, v, vq, vs, n, 0.0625, counts=counts, shared=shared, hot=True)
+        assert bits_equal(got_hot, got), (g, shared)
         for h in range(g):
             # query h's V: the shared pages from V[0], its own after them, cut at its count
             src = np.where(np.arange(n) < 16 * shared, 0, h)

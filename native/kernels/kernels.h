@@ -41,10 +41,10 @@ struct Kernels {
   void (*attn_scores_q8)(const float* q, int g, const int8_t* kq, const uint16_t* ks, int hd, int stride, int n,
                          float scale, float* scores, int score_stride);
   void (*attn_accumulate_f16)(const float* p, int p_stride, int g, const uint16_t* const* const* pages, int shared,
-                              int pt, int v_stride, const int* n, int hd, float* const* out);
+                              int pt, int v_stride, const int* n, int hd, float* const* out, bool hot);
   void (*attn_accumulate_q8)(const float* p, int p_stride, int g, const int8_t* const* const* pages,
                              const uint16_t* const* const* scales, int shared, int pt, int v_stride, int s_stride,
-                             const int* n, int hd, float* const* out);
+                             const int* n, int hd, float* const* out, bool hot);
   float (*max_f32)(const float* x, int n);
   void (*scale_round_f16)(float* x, int n, float scale);
   // kernels/activations/activations.h

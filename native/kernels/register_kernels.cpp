@@ -99,7 +99,7 @@ void register_attention_f16(py::module_& m) {
         py::array_t<float> res(out.size());
         const uint16_t* const* lists[1] = {pages.data()};
         float* outs[1] = {res.mutable_data()};
-        attn_accumulate_f16(p.data(), n, 1, lists, 0, 16, hd, &n, hd, outs);
+        attn_accumulate_f16(p.data(), n, 1, lists, 0, 16, hd, &n, hd, outs, false);
         return py::make_tuple(res, mx);
       },
       py::arg("scores"), py::arg("v"), py::arg("out"), "softmax weights of scores applied to V rows");
@@ -147,14 +147,15 @@ void register_attention_q8(py::module_& m) {
         float* outs[1] = {res.mutable_data()};
         const int count = static_cast<int>(n);
         attn_accumulate_q8(p.data(), count, 1, lists, scale_lists, 0, 16, static_cast<int>(hd),
-                           static_cast<int>(hd / 32), &count, static_cast<int>(hd), outs);
+                           static_cast<int>(hd / 32), &count, static_cast<int>(hd), outs, false);
         return py::make_tuple(res, mx);
       },
       py::arg("scores"), py::arg("vq"), py::arg("vs"), py::arg("out"), "softmax weights of scores applied to q8 V rows");
   m.def(
       "attn_group",
       [](F32Array q, U16Array kt, I8Array kq, U16Array ks, F32Array p, U16Array v, I8Array vq, U16Array vs, int n,
-         float scale, std::optional<py::array_t<int, py::array::c_style | py::array::forcecast>> counts, int shared) {
+         float scale, std::optional<py::array_t<int, py::array::c_style | py::array::forcecast>> counts, int shared,
+         bool hot) {
         // The grouped kernels, f16 or q8 (kq empty: f16): q (g, hd) scores the
         // first min(n, 16) keys of one page's K (hd, 16); the weights p (g, n)
         // meet V, read in pages of 16 rows: V (n, hd) for every query, or
@@ -202,16 +203,18 @@ void register_attention_q8(py::module_& m) {
         }
         if (q8) {
           attn_scores_q8(q.data(), g, kq.data(), ks.data(), hd, 16, nk, scale, scores.mutable_data(), nk);
-          attn_accumulate_q8(p.data(), n, g, l8.data(), ls.data(), shared, 16, hd, hd / 32, ns.data(), hd, outs.data());
+          attn_accumulate_q8(p.data(), n, g, l8.data(), ls.data(), shared, 16, hd, hd / 32, ns.data(), hd, outs.data(),
+                             hot);
         } else {
           attn_scores_f16(q.data(), g, kt.data(), hd, 16, nk, scale, scores.mutable_data(), nk);
-          attn_accumulate_f16(p.data(), n, g, l16.data(), shared, 16, hd, ns.data(), hd, outs.data());
+          attn_accumulate_f16(p.data(), n, g, l16.data(), shared, 16, hd, ns.data(), hd, outs.data(), hot);
         }
         return py::make_tuple(scores, out);
       },
       py::arg("q"), py::arg("kt"), py::arg("kq"), py::arg("ks"), py::arg("p"), py::arg("v"), py::arg("vq"),
       py::arg("vs"), py::arg("n"), py::arg("scale"), py::arg("counts") = py::none(), py::arg("shared") = 0,
-      "a group of queries through the attention kernels: one page of K, every page of V");
+      py::arg("hot") = false,
+      "a group of queries through the attention kernels: one page of K, every page of V (hot: as for a prompt's rows)");
 }
 
 }  // namespace

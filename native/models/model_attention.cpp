@@ -29,6 +29,7 @@ struct Model::AttnView {
   int64_t n_kv, k0, p0, n_pages;
   int64_t n_rel;                        // its sequence's released pages (never in a window)
   const std::vector<uint8_t*>* pg;      // its sequence's pages
+  bool hot;                             // other rows of its sequence in the step read its pages too (attention.h)
   // Its keys in the scores, counted from its first page's first key (a bundle's rows share that page).
   int span(const AttnLayer& L) const { return static_cast<int>(n_kv - p0 * L.pt); }
   // The layer's array at `off` in page p (a released page holds it `shift` bytes earlier).
@@ -105,6 +106,8 @@ void Model::attention(int layer, const std::vector<Row>& rows, size_t r0, int n_
     v.n_pages = (v.n_kv + at.pt - 1) / at.pt;
     v.n_rel = released_[row.item];
     v.pg = &pages[row.item];
+    // A sequence's rows in a step are consecutive (a prompt's, a draft's).
+    v.hot = (r > 0 && rows[r0 + r - 1].item == row.item) || (r + 1 < n_rows && rows[r0 + r + 1].item == row.item);
   }
   const std::vector<AttnTask> tasks = attention_tasks(at, views);
   if (split_by_parts(at, views, tasks)) return attend_in_parts(at, tasks);
@@ -398,7 +401,7 @@ void Model::attend_values(const AttnLayer& at, const AttnTask& k, const float* s
       std::fill(l8 + m * g, l8 + (m + 1) * g, &v8[m * n_vis]);
       std::fill(ls + m * g, ls + (m + 1) * g, &v_scales[m * n_vis]);
     }
-    attn_accumulate_q8(sc, at.sr, nq, l8, ls, s, pt, cfg_.kv_dim(), lay.n_blocks(), spans, hd, outs);
+    attn_accumulate_q8(sc, at.sr, nq, l8, ls, s, pt, cfg_.kv_dim(), lay.n_blocks(), spans, hd, outs, rows[0].hot);
   } else {
     v16.resize(k.n_rows * n_vis);
     const uint16_t* const* l16[kMaxGroup];
@@ -407,7 +410,7 @@ void Model::attend_values(const AttnLayer& at, const AttnTask& k, const float* s
         v16[m * n_vis + p - p0] = reinterpret_cast<const uint16_t*>(rows[m].at(at, p, at.v_off)) + v_head;
       std::fill(l16 + m * g, l16 + (m + 1) * g, &v16[m * n_vis]);
     }
-    attn_accumulate_f16(sc, at.sr, nq, l16, s, pt, cfg_.kv_dim(), spans, hd, outs);
+    attn_accumulate_f16(sc, at.sr, nq, l16, s, pt, cfg_.kv_dim(), spans, hd, outs, rows[0].hot);
   }
 }
 

@@ -76,7 +76,7 @@ void attn::scores_scalar(const float* q, int g, const uint16_t* kt, int hd, int 
 }
 
 void attn::accumulate_scalar(const float* p, int p_stride, int g, const uint16_t* const* const* pages, int /*shared*/,
-                             int pt, int v_stride, const int* n, int hd, float* const* out) {
+                             int pt, int v_stride, const int* n, int hd, float* const* out, bool /*hot*/) {
   for (int h = 0; h < g; ++h, p += p_stride) accumulate_head(p, pages[h], pt, v_stride, n[h], hd, out[h]);
 }
 
@@ -87,7 +87,7 @@ void attn::scores_q8_scalar(const float* q, int g, const int8_t* kq, const uint1
 
 void attn::accumulate_q8_scalar(const float* p, int p_stride, int g, const int8_t* const* const* pages,
                                 const uint16_t* const* const* scales, int /*shared*/, int pt, int v_stride,
-                                int s_stride, const int* n, int hd, float* const* out) {
+                                int s_stride, const int* n, int hd, float* const* out, bool /*hot*/) {
   for (int h = 0; h < g; ++h, p += p_stride)
     accumulate_q8_head(p, pages[h], scales[h], pt, v_stride, s_stride, n[h], hd, out[h]);
 }
@@ -113,9 +113,9 @@ float max_f32(const float* x, int n) { return kernels().max_f32(x, n); }
 void scale_round_f16(float* x, int n, float scale) { kernels().scale_round_f16(x, n, scale); }
 
 void attn_accumulate_f16(const float* p, int p_stride, int g, const uint16_t* const* const* pages, int shared, int pt,
-                         int v_stride, const int* n, int hd, float* const* out) {
+                         int v_stride, const int* n, int hd, float* const* out, bool hot) {
   const Kernels& k = simd_shape(hd, pt) ? kernels() : scalar_kernels();
-  k.attn_accumulate_f16(p, p_stride, g, pages, shared, pt, v_stride, n, hd, out);
+  k.attn_accumulate_f16(p, p_stride, g, pages, shared, pt, v_stride, n, hd, out, hot);
 }
 
 void attn_scores_q8(const float* q, int g, const int8_t* kq, const uint16_t* ks, int hd, int stride, int n, float scale,
@@ -126,9 +126,9 @@ void attn_scores_q8(const float* q, int g, const int8_t* kq, const uint16_t* ks,
 
 void attn_accumulate_q8(const float* p, int p_stride, int g, const int8_t* const* const* pages,
                         const uint16_t* const* const* scales, int shared, int pt, int v_stride, int s_stride,
-                        const int* n, int hd, float* const* out) {
+                        const int* n, int hd, float* const* out, bool hot) {
   const Kernels& k = simd_shape(hd, pt) ? kernels() : scalar_kernels();
-  k.attn_accumulate_q8(p, p_stride, g, pages, scales, shared, pt, v_stride, s_stride, n, hd, out);
+  k.attn_accumulate_q8(p, p_stride, g, pages, scales, shared, pt, v_stride, s_stride, n, hd, out, hot);
 }
 
 }  // namespace ctx

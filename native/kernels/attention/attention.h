@@ -45,9 +45,12 @@ void scale_round_f16(float* x, int n, float scale);
 // p + h * p_stride) sums its keys [0, n[h]), key k in its page pages[h][k / pt]
 // (the head's first value there; rows v_stride apart), into out[h] (hd
 // floats, overwritten). Pages [0, shared) are the same page for every query
-// (pages[0][i]), which reads each of their V rows once for all g.
+// (pages[0][i]), which reads each of their V rows once for all g. hot: the
+// pages are in cache (other rows of the step read them too: a prompt's), so
+// the SIMD paths take them in longer runs (attention_simd.h); the same bits
+// either way.
 void attn_accumulate_f16(const float* p, int p_stride, int g, const uint16_t* const* const* pages, int shared, int pt,
-                         int v_stride, const int* n, int hd, float* const* out);
+                         int v_stride, const int* n, int hd, float* const* out, bool hot);
 
 // q8 pages (kv/page_pool.h): int8 values with one f16 scale per 32 of them.
 // Each value is dequantized first, v = f16(scale) * (float)q (exact in f32:
@@ -64,7 +67,7 @@ void attn_scores_q8(const float* q, int g, const int8_t* kq, const uint16_t* ks,
 // (rows v_stride apart) and scales[h][i] their f16 scales (rows s_stride apart).
 void attn_accumulate_q8(const float* p, int p_stride, int g, const int8_t* const* const* pages,
                         const uint16_t* const* const* scales, int shared, int pt, int v_stride, int s_stride,
-                        const int* n, int hd, float* const* out);
+                        const int* n, int hd, float* const* out, bool hot);
 
 namespace attn {
 // Each path's kernels, one signature per kernel (the table's, kernels/kernels.h):
@@ -75,10 +78,10 @@ namespace attn {
   void scores_q8_##isa(const float* q, int g, const int8_t* kq, const uint16_t* ks, int hd, int stride, int n,     \
                        float scale, float* scores, int score_stride);                                            \
   void accumulate_##isa(const float* p, int p_stride, int g, const uint16_t* const* const* pages, int shared,     \
-                        int pt, int v_stride, const int* n, int hd, float* const* out);                          \
+                        int pt, int v_stride, const int* n, int hd, float* const* out, bool hot);                \
   void accumulate_q8_##isa(const float* p, int p_stride, int g, const int8_t* const* const* pages,                \
                            const uint16_t* const* const* scales, int shared, int pt, int v_stride, int s_stride,  \
-                           const int* n, int hd, float* const* out);                                             \
+                           const int* n, int hd, float* const* out, bool hot);                                   \
   float max_##isa(const float* x, int n);                                                                        \
   void scale_round_##isa(float* x, int n, float scale);
 CTX_ATTN_PATH(scalar)

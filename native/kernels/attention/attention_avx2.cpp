@@ -37,14 +37,14 @@ void scores_q8_avx2(const float* q, int g, const int8_t* kq, const uint16_t* ks,
 }
 
 void accumulate_avx2(const float* p, int p_stride, int g, const uint16_t* const* const* pages, int shared,
-                    int /*pt: 16*/, int v_stride, const int* n, int hd, float* const* out) {
-  path_accumulate<Avx2>(p, p_stride, g, pages, shared, v_stride, n, hd, out);
+                    int /*pt: 16*/, int v_stride, const int* n, int hd, float* const* out, bool hot) {
+  path_accumulate<Avx2>(p, p_stride, g, pages, shared, v_stride, n, hd, out, hot);
 }
 
 void accumulate_q8_avx2(const float* p, int p_stride, int g, const int8_t* const* const* pages,
                        const uint16_t* const* const* scales, int shared, int /*pt: 16*/, int v_stride, int s_stride,
-                       const int* n, int hd, float* const* out) {
-  path_accumulate_q8<Avx2>(p, p_stride, g, pages, scales, shared, v_stride, s_stride, n, hd, out);
+                       const int* n, int hd, float* const* out, bool hot) {
+  path_accumulate_q8<Avx2>(p, p_stride, g, pages, scales, shared, v_stride, s_stride, n, hd, out, hot);
 }
 
 float max_avx2(const float* x, int n) {

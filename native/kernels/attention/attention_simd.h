@@ -107,9 +107,14 @@ void score_heads(const float* q, int g, int hd, int n, float scale, float* score
   });
 }
 
-// Pages a block of the weighted sums takes (accumulate_heads): 4-16 measured
-// alike, 2 at 0.72x (the sums' stores and loads each block), at 4,000 keys on Zen 3.
-constexpr int kPageBlock = 8;
+// Pages a block of the weighted sums takes (accumulate_heads). From memory
+// (decode), the next block's rows are asked for meanwhile: 4-16 measured
+// alike, 2 at 0.72x (the sums' stores and loads each block), at 4,000 keys on
+// Zen 3; 32 or 64 at 0.90x on Zen 4 (SmolLM2, one row over 4,000 keys). In
+// cache (a prompt's rows, hot), a block's fixed work is the cost: on Zen 4,
+// blocks of 64 ran 1.5x 8 at 512 keys, 1.2x at 200 (a bundle of a row's 4
+// heads, head size 256, or of 15 queries at 64), asking ahead or not alike.
+constexpr int kPageBlock = 8, kHotPageBlock = 64;
 
 // The weighted sums of V for G queries, kLanes values of the output a
 // register, over pages of 16 keys (slot = key % 16): query g sums its keys
@@ -125,11 +130,12 @@ constexpr int kPageBlock = 8;
 // (g, c) sums query g's keys in slot j over the pages in order, which is the
 // partial sum of attention.h's order; the 16 slots' sums are then folded by
 // hsum16's steps. So a key costs D loads of V and G weights for G * D fmas.
-// The passes go a block of pages at a time (kPageBlock), the partial sums
-// kept between blocks; where(i, j, d0) is the address of value(0, i, j, d0),
-// for asking for the next block's rows ahead.
+// The passes go a block of pages at a time (kPageBlock, or kHotPageBlock
+// where hot), the partial sums kept between blocks; where(i, j, d0) is the
+// address of value(0, i, j, d0), for asking for the next block's rows ahead.
 template <typename V, int G, bool kByDim, typename Value, typename Weight, typename Where>
-void accumulate_heads(const int* n, int shared, int hd, float* const* out, Value value, Weight weight, Where where) {
+void accumulate_heads(const int* n, int shared, int hd, float* const* out, bool hot, Value value, Weight weight,
+                      Where where) {
   using F = typename V::F;
   // G x D sums, G weights and a value in registers (none spilled: a spill costs more than a pass)
   constexpr int D = std::max(1, std::min(V::kAccChunks, V::kRegs - 1 - G) / G);
@@ -137,20 +143,20 @@ void accumulate_heads(const int* n, int shared, int hd, float* const* out, Value
   int n_min = n[0], n_max = n[0];
   for (int g = 1; g < G; ++g) n_min = std::min(n_min, n[g]), n_max = std::max(n_max, n[g]);
   const int full = std::min(shared, n_min / 16), n_pages = (n_max + 15) / 16;
-  const int chunks = hd / V::kLanes;
+  const int chunks = hd / V::kLanes, block = hot ? kHotPageBlock : kPageBlock;
   for (int c0 = 0; c0 < chunks; c0 += D) {
     const int nd = std::min(D, chunks - c0);
     alignas(64) F part[G][D][16];
 #pragma GCC unroll 16
     for (int i = 0; i < G * D; ++i)
       for (int j = 0; j < 16; ++j) part[i / D][i % D][j] = V::zero();
-    // The full pages kPageBlock at a time, every slot of a block before the
+    // The full pages a block at a time, every slot of a block before the
     // next block, whose rows are asked for meanwhile (a slot's pass over every
     // page, as before, read one line a page, each from a page 368 KB from the
     // last on SmolLM2: at 4,000 keys, 8 GB/s). Register (g, c) still sums
     // slot j over the pages in order, carried from block to block in part.
-    for (int b0 = 0; b0 < full; b0 += kPageBlock) {
-      const int b1 = std::min(full, b0 + kPageBlock), next = std::min(full, b1 + kPageBlock);
+    for (int b0 = 0; b0 < full; b0 += block) {
+      const int b1 = std::min(full, b0 + block), next = std::min(full, b1 + block);
       for (int j = 0; j < 16; ++j) {
         for (int i = b1; i < next; ++i) prefetch_lines(where(i, j, c0 * V::kLanes), where(i, j, (c0 + nd) * V::kLanes));
         F acc[G][D];
@@ -205,10 +211,10 @@ void accumulate_heads(const int* n, int shared, int hd, float* const* out, Value
 
 template <typename V, bool kByDim, typename Value, typename Weight, typename Where>
 void accumulate_group(const float* p, int p_stride, int g, const int* n, int shared, int hd, float* const* out,
-                      Value value, Weight weight, Where where) {
+                      bool hot, Value value, Weight weight, Where where) {
   by_groups<V>(g, [&](auto G, int h0) {
     accumulate_heads<V, decltype(G)::value, kByDim>(
-        n + h0, shared, hd, out + h0, [&](int h, int i, int j, int d0) { return value(h0 + h, i, j, d0); },
+        n + h0, shared, hd, out + h0, hot, [&](int h, int i, int j, int d0) { return value(h0 + h, i, j, d0); },
         [&](int h, int i, int j, int d0) {
           return weight(p + static_cast<size_t>(h0 + h) * p_stride, h0 + h, i, j, d0);
         }, where);
@@ -235,9 +241,9 @@ void path_scores_q8(const float* q, int g, const int8_t* kq, const uint16_t* ks,
 
 template <typename V>
 void path_accumulate(const float* p, int p_stride, int g, const uint16_t* const* const* pages, int shared,
-                     int v_stride, const int* n, int hd, float* const* out) {
+                     int v_stride, const int* n, int hd, float* const* out, bool hot) {
   accumulate_group<V, false>(
-      p, p_stride, g, n, shared, hd, out,
+      p, p_stride, g, n, shared, hd, out, hot,
       [&](int h, int i, int j, int d0) { return V::load_f16(pages[h][i] + d0 + j * v_stride); },
       [](const float* ph, int, int i, int j, int) { return ph[i * 16 + j]; },
       [&](int i, int j, int d0) { return reinterpret_cast<const char*>(pages[0][i] + d0 + j * v_stride); });
@@ -246,10 +252,10 @@ void path_accumulate(const float* p, int p_stride, int g, const uint16_t* const*
 template <typename V>
 void path_accumulate_q8(const float* p, int p_stride, int g, const int8_t* const* const* pages,
                         const uint16_t* const* const* scales, int shared, int v_stride, int s_stride, const int* n,
-                        int hd, float* const* out) {
+                        int hd, float* const* out, bool hot) {
   // The q8 weight is p times the scale of the value's block of 32 (attention.h).
   accumulate_group<V, true>(
-      p, p_stride, g, n, shared, hd, out,
+      p, p_stride, g, n, shared, hd, out, hot,
       [&](int h, int i, int j, int d0) { return V::load_i8(pages[h][i] + d0 + j * v_stride); },
       [&](const float* ph, int h, int i, int j, int d0) {
         return ph[i * 16 + j] * _cvtsh_ss(scales[h][i][j * s_stride + d0 / 32]);
