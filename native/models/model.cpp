@@ -28,10 +28,12 @@ namespace {
 
 // Chunk of token rows processed together: big enough that each weight row is
 // reused across many activation rows (prefill is compute-bound) and the
-// prefill tiles' weight unpacking is paid once per 128 rows, small enough
-// that a chunk's activations stay in L2. (Gemma 3 pp512, machine B: 64 rows
-// 930 tok/s, 128 rows 1,150, 256 rows 1,050.) Results do not depend on it.
-constexpr int kMaxRows = 128;
+// prefill tiles' weight unpacking is paid once per chunk, small enough that a
+// chunk's activations stay in L2. (Gemma 3 pp512, machine B under load: 64
+// rows 930 tok/s, 128 rows 1,150, 256 rows 1,050; machine F, quiet, the two
+// alternated in one process: 256 rows 1.04x 128 on Gemma 3 and 1.05x on
+// SmolLM2, 1.01-1.02x at pp2048.) Results do not depend on it.
+constexpr int kMaxRows = 256;
 
 // x / rms(x) * w as llama.cpp computes it: float squares summed in double in
 // index order, the mean and the scale in float.
