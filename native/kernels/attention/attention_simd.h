@@ -146,15 +146,33 @@ void accumulate_heads(const int* n, int shared, int hd, float* const* out, bool 
   const int chunks = hd / V::kLanes, block = hot ? kHotPageBlock : kPageBlock;
   for (int c0 = 0; c0 < chunks; c0 += D) {
     const int nd = std::min(D, chunks - c0);
+    // Slot j's sums after its last page, in the canonical lanes, for the fold.
     alignas(64) F part[G][D][16];
+    // Slot j's pages past the full ones, each query only its own keys (and
+    // its own V past the shared pages), in the same order.
+    const auto tail = [&](int j, F (&acc)[G][D]) {
+      for (int i = full; i < n_pages; ++i) {
+        const int k = i * 16 + j;
+        if (k >= n_max) break;
+        const bool one = i < shared;
 #pragma GCC unroll 16
-    for (int i = 0; i < G * D; ++i)
-      for (int j = 0; j < 16; ++j) part[i / D][i % D][j] = V::zero();
+        for (int c = 0; c < D; ++c) {
+          if (c >= nd) break;
+          const int d0 = (c0 + c) * V::kLanes;
+          const F v = one ? value(0, i, j, d0) : V::zero();
+#pragma GCC unroll 16
+          for (int g = 0; g < G; ++g)
+            if (k < n[g]) acc[g][c] = V::fma(V::set1(weight(g, i, j, d0)), one ? v : value(g, i, j, d0), acc[g][c]);
+        }
+      }
+    };
     // The full pages a block at a time, every slot of a block before the
     // next block, whose rows are asked for meanwhile (a slot's pass over every
     // page, as before, read one line a page, each from a page 368 KB from the
     // last on SmolLM2: at 4,000 keys, 8 GB/s). Register (g, c) still sums
-    // slot j over the pages in order, carried from block to block in part.
+    // slot j over the pages in order, carried from block to block in part;
+    // the first block starts it at zero and the last goes on into the tail
+    // while it is in registers (in cache, each pass through part cost ~10%).
     for (int b0 = 0; b0 < full; b0 += block) {
       const int b1 = std::min(full, b0 + block), next = std::min(full, b1 + block);
       for (int j = 0; j < 16; ++j) {
@@ -162,7 +180,7 @@ void accumulate_heads(const int* n, int shared, int hd, float* const* out, bool 
         F acc[G][D];
 #pragma GCC unroll 16
         for (int i = 0; i < G * D; ++i)
-          acc[i / D][i % D] = part[i / D][i % D][j];
+          acc[i / D][i % D] = b0 == 0 ? V::zero() : part[i / D][i % D][j];
         for (int i = b0; i < b1; ++i) {
           F w[G];
           if constexpr (kHoist) {
@@ -179,30 +197,22 @@ void accumulate_heads(const int* n, int shared, int hd, float* const* out, bool 
               acc[g][c] = V::fma(kHoist ? w[g] : V::set1(weight(g, i, j, d0)), v, acc[g][c]);
           }
         }
+        if (b1 == full) tail(j, acc);
 #pragma GCC unroll 16
         for (int i = 0; i < G * D; ++i)
           if (i % D < nd) part[i / D][i % D][j] = acc[i / D][i % D];
       }
     }
-    for (int j = 0; j < 16; ++j) {
-      F acc[G][D];
+    if (full == 0) {
+      for (int j = 0; j < 16; ++j) {
+        F acc[G][D];
 #pragma GCC unroll 16
-      for (int i = 0; i < G * D; ++i)
-        acc[i / D][i % D] = part[i / D][i % D][j];
-      for (int i = full; i < n_pages; ++i) {
-        const int k = i * 16 + j;
-        if (k >= n_max) break;
-        const bool one = i < shared;
-        for (int c = 0; c < nd; ++c) {
-          const int d0 = (c0 + c) * V::kLanes;
-          const F v = one ? value(0, i, j, d0) : V::zero();
-          for (int g = 0; g < G; ++g)
-            if (k < n[g]) acc[g][c] = V::fma(V::set1(weight(g, i, j, d0)), one ? v : value(g, i, j, d0), acc[g][c]);
-        }
+        for (int i = 0; i < G * D; ++i) acc[i / D][i % D] = V::zero();
+        tail(j, acc);
+#pragma GCC unroll 16
+        for (int i = 0; i < G * D; ++i)
+          if (i % D < nd) part[i / D][i % D][j] = acc[i / D][i % D];
       }
-#pragma GCC unroll 16
-      for (int i = 0; i < G * D; ++i)
-        if (i % D < nd) part[i / D][i % D][j] = acc[i / D][i % D];
     }
     for (int g = 0; g < G; ++g)
       for (int c = 0; c < nd; ++c) V::storeu(out[g] + (c0 + c) * V::kLanes, fold16<V>(part[g][c]));
