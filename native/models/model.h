@@ -201,6 +201,7 @@ class Model {
   struct AttnTask;    // a bundle's heads that one task attends
   static constexpr int kMaxSplitRows = 32;  // most rows a step splits by parts of the KV (their scores held at once)
   static constexpr int64_t kLongKeys = 512;  // keys from which one decoded row's attention splits by parts
+  static constexpr int kHotRows = 16;        // a sequence's rows in a step from which its pages count as in cache
   std::vector<AttnTask> attention_tasks(const AttnLayer& at, const std::vector<AttnView>& views) const;
   bool split_by_parts(const AttnLayer& at, const std::vector<AttnView>& views,
                       const std::vector<AttnTask>& tasks) const;

@@ -106,8 +106,13 @@ void Model::attention(int layer, const std::vector<Row>& rows, size_t r0, int n_
     v.n_pages = (v.n_kv + at.pt - 1) / at.pt;
     v.n_rel = released_[row.item];
     v.pg = &pages[row.item];
-    // A sequence's rows in a step are consecutive (a prompt's, a draft's).
-    v.hot = (r > 0 && rows[r0 + r - 1].item == row.item) || (r + 1 < n_rows && rows[r0 + r + 1].item == row.item);
+  }
+  // A sequence's rows in a step are consecutive. Where it has many (a
+  // prompt's chunk), many tasks read its pages, which then stay in cache; a
+  // draft's few rows go in one or two bundles, which read them from memory.
+  for (int a = 0, b = 0; a < n_rows; a = b) {
+    while (b < n_rows && rows[r0 + b].item == rows[r0 + a].item) ++b;
+    for (int r = a; r < b; ++r) views[r].hot = b - a >= kHotRows;
   }
   const std::vector<AttnTask> tasks = attention_tasks(at, views);
   if (split_by_parts(at, views, tasks)) return attend_in_parts(at, tasks);
