@@ -188,6 +188,33 @@ def test_grouped_queries_with_own_keys_equal_each_alone(isa, kv, hd, n, restore_
                 assert bits_equal(alone[0], got[h]), (g, shared, h, c, path)
 
 
+def rmsnorm_reference(x, w, eps):
+    """llama.cpp's RMS norm: each row's float squares summed in a double, columns in order."""
+    ss = np.zeros(x.shape[0])
+    for i in range(x.shape[1]):  # one column at a time for every row: each row's sum in index order
+        ss += (x[:, i] * x[:, i]).astype(np.float64)
+    mean = (ss / x.shape[1]).astype(np.float32)
+    scale = np.float32(1) / np.sqrt(mean + np.float32(eps))
+    return (x * scale[:, None]) * w
+
+
+@pytest.mark.parametrize("isa", EVERY_PATH)
+@pytest.mark.parametrize("n_rows,n", [(1, 64), (2, 7), (3, 576), (4, 256), (8, 640), (9, 643), (17, 1536), (16, 8)])
+def test_rmsnorm_rows_follow_llama_cpp_on_every_path(isa, n_rows, n, restore_isa):
+    # The SIMD paths take rows 8 at a time, one double lane each (a short last
+    # group repeats its last row); 1 or 2 rows and the columns past a multiple
+    # of 8 sum alone. Each row must come out as the reference's, bit for bit.
+    rng = np.random.default_rng(n_rows * 1000 + n)
+    x = (rng.standard_normal((n_rows, n)) * rng.choice([1e-3, 1.0, 50.0], (n_rows, 1))).astype(np.float32)
+    x[0, : min(n, 5)] = [0.0, -0.0, 1e-30, 3e4, -7.5][: min(n, 5)]
+    w = rng.standard_normal(n).astype(np.float32)
+    _core.set_isa(isa)
+    got = _core.rmsnorm_rows(x, w, 1e-6)
+    assert bits_equal(got, rmsnorm_reference(x, w, 1e-6))
+    for r in range(n_rows):  # a row alone gets the same bits as in its group
+        assert bits_equal(_core.rmsnorm_rows(x[r:r + 1], w, 1e-6)[0], got[r]), r
+
+
 @pytest.mark.parametrize("isa", EVERY_PATH)
 @pytest.mark.parametrize("neox", [True, False])
 def test_rope_paths_bit_identical(isa, neox, restore_isa):

@@ -38,6 +38,7 @@ const Kernels& scalar_table() {
     t.scale_round_f16 = attn::scale_round_scalar;
     t.exp_shift_sum = act::exp_shift_sum_scalar;
     t.silu_mul = act::silu_mul_scalar;
+    t.rmsnorm_rows = act::rmsnorm_rows_scalar;
     t.gelu_mul = act::gelu_mul_scalar;
     t.rope = act::rope_scalar;
     t.lora_up = lora::up_scalar;
@@ -69,6 +70,7 @@ const Kernels& avx2_table() {
     t.scale_round_f16 = attn::scale_round_avx2;
     t.exp_shift_sum = act::exp_shift_sum_avx2;
     t.silu_mul = act::silu_mul_avx2;
+    t.rmsnorm_rows = act::rmsnorm_rows_avx2;
     t.gelu_mul = act::gelu_mul_avx2;
     t.rope = act::rope_avx2;
     t.lora_up = lora::up_avx2;
@@ -100,6 +102,7 @@ const Kernels& avx512_table() {
     t.scale_round_f16 = attn::scale_round_avx512;
     t.exp_shift_sum = act::exp_shift_sum_avx512;
     t.silu_mul = act::silu_mul_avx512;
+    t.rmsnorm_rows = act::rmsnorm_rows_avx512;
     t.gelu_mul = act::gelu_mul_avx512;
     t.rope = act::rope_avx512;
     t.lora_up = lora::up_avx512;

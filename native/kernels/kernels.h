@@ -52,6 +52,7 @@ struct Kernels {
   void (*silu_mul)(float* g, const float* u, int n);
   void (*gelu_mul)(float* g, const float* u, int n, const uint16_t* table);
   void (*rope)(float* v, int n_heads, int hd, int half, bool neox, const float* cs);
+  void (*rmsnorm_rows)(const float* x, const float* w, float* out, int n_rows, int n, float eps);
   // kernels/lora/lora_kernels.h
   void (*lora_up)(const float* bt, int rank, int n_out, int o0, int o1, const float* t, int n_x, float factor,
                   float* y, size_t y_stride);

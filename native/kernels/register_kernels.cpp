@@ -35,6 +35,15 @@ void register_elementwise(py::module_& m) {
       },
       py::arg("x"), py::arg("shift"), "(exp(x - shift), sum) with the engine's canonical exp");
   m.def(
+      "rmsnorm_rows",
+      [](py::array_t<float, py::array::c_style | py::array::forcecast> x, F32Array w, float eps) {
+        if (x.ndim() != 2 || x.shape(1) != w.size()) throw std::invalid_argument("need x (rows, n) and w (n)");
+        py::array_t<float> y({x.shape(0), x.shape(1)});
+        rmsnorm_rows(x.data(), w.data(), y.mutable_data(), static_cast<int>(x.shape(0)), static_cast<int>(x.shape(1)), eps);
+        return y;
+      },
+      py::arg("x"), py::arg("w"), py::arg("eps"), "RMS norm of each row of x, times w, as llama.cpp computes it");
+  m.def(
       "silu_mul",
       [](F32Array g, F32Array u) {
         if (g.size() != u.size()) throw std::invalid_argument("g and u differ in length");

@@ -35,30 +35,6 @@ namespace {
 // SmolLM2, 1.01-1.02x at pp2048.) Results do not depend on it.
 constexpr int kMaxRows = 256;
 
-// x / rms(x) * w as llama.cpp computes it: float squares summed in double in
-// index order, the mean and the scale in float.
-// RMS norm of n_rows rows of n (contiguous; out may be x), each as llama.cpp
-// computes it: the float squares summed in order in a double. The sum is one
-// long dependency chain per row, so up to 8 rows' chains are interleaved
-// (each still in its own order) to keep the adder busy.
-void rmsnorm_rows(const float* x, const float* w, float* out, int n_rows, int n, float eps) {
-  constexpr int kChains = 8;
-  for (int r0 = 0; r0 < n_rows; r0 += kChains) {
-    const int nr = std::min(kChains, n_rows - r0);
-    double ss[kChains] = {0};
-    const float* xr = x + static_cast<size_t>(r0) * n;
-    for (int i = 0; i < n; ++i)
-      for (int r = 0; r < nr; ++r) ss[r] += static_cast<double>(xr[r * n + i] * xr[r * n + i]);
-    for (int r = 0; r < nr; ++r) {
-      const float mean = static_cast<float>(ss[r] / n);
-      const float scale = 1.0f / std::sqrt(mean + eps);
-      const float* xi = xr + static_cast<size_t>(r) * n;
-      float* o = out + static_cast<size_t>(r0 + r) * n;
-      for (int i = 0; i < n; ++i) o[i] = xi[i] * scale * w[i];
-    }
-  }
-}
-
 void rmsnorm(const float* x, const float* w, float* out, int n, float eps) { rmsnorm_rows(x, w, out, 1, n, eps); }
 
 int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }

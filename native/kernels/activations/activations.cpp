@@ -1,5 +1,6 @@
 #include "kernels/activations/activations.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -108,5 +109,23 @@ void gelu_mul(float* g, const float* u, int n) { kernels().gelu_mul(g, u, n, gel
 double exp_shift_sum(float* x, int n, float shift) { return kernels().exp_shift_sum(x, n, shift); }
 
 void silu_mul(float* g, const float* u, int n) { kernels().silu_mul(g, u, n); }
+
+// Rows' sums interleaved 8 at a time (each still in its own order): the sum is
+// one long dependency chain a row.
+void act::rmsnorm_rows_scalar(const float* x, const float* w, float* out, int n_rows, int n, float eps) {
+  constexpr int kChains = 8;
+  for (int r0 = 0; r0 < n_rows; r0 += kChains) {
+    const int nr = std::min(kChains, n_rows - r0);
+    double ss[kChains] = {0};
+    const float* xr = x + static_cast<size_t>(r0) * n;
+    for (int i = 0; i < n; ++i)
+      for (int r = 0; r < nr; ++r) ss[r] += static_cast<double>(xr[r * n + i] * xr[r * n + i]);
+    for (int r = 0; r < nr; ++r) rms_scale(xr + static_cast<size_t>(r) * n, w, out + static_cast<size_t>(r0 + r) * n, n, ss[r], eps);
+  }
+}
+
+void rmsnorm_rows(const float* x, const float* w, float* out, int n_rows, int n, float eps) {
+  kernels().rmsnorm_rows(x, w, out, n_rows, n, eps);
+}
 
 }  // namespace ctx

@@ -30,6 +30,13 @@ void gelu_mul(float* g, const float* u, int n);
 //   v[a] = fma(x0, cos, -(x1 * sin));  v[b] = fma(x0, sin, x1 * cos)
 void rope_heads(float* v, int n_heads, int hd, int half, bool neox, const float* cs);
 
+// RMS norm of n_rows rows of n (contiguous; out may be x), each as llama.cpp
+// computes it: ss = the float squares x[i] * x[i] summed in a double, i
+// ascending; mean = (float)(ss / n); scale = 1 / sqrt(mean + eps) in float;
+// out[i] = x[i] * scale * w[i]. The SIMD paths take 8 rows at a time, one
+// double lane each, so each row's sum keeps its own order.
+void rmsnorm_rows(const float* x, const float* w, float* out, int n_rows, int n, float eps);
+
 // The canonical exp of one float (the scalar reference of all paths).
 float exp_canonical(float x);
 

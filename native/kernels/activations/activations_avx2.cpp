@@ -12,6 +12,18 @@ namespace {
 inline __m256 pow2(__m256i e) { return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(e, _mm256_set1_epi32(127)), 23)); }
 
 struct Avx2 : F32x8 {
+  struct Sums {
+    __m256d lo, hi;  // rows 0-3, 4-7
+  };
+  static Sums sums_zero() { return {_mm256_setzero_pd(), _mm256_setzero_pd()}; }
+  static void add_squares(Sums& s, __m256 sq) {
+    s.lo = _mm256_add_pd(s.lo, _mm256_cvtps_pd(_mm256_castps256_ps128(sq)));
+    s.hi = _mm256_add_pd(s.hi, _mm256_cvtps_pd(_mm256_extractf128_ps(sq, 1)));
+  }
+  static void store_sums(const Sums& s, double* out) {
+    _mm256_store_pd(out, s.lo);
+    _mm256_store_pd(out + 4, s.hi);
+  }
   // 8 lanes of exp_canonical: the same operations, lane by lane; AVX2 has no
   // scalef, so j * 2^n is built as exp_canonical's scale2 builds it.
   static __m256 exp(__m256 x) {
@@ -59,6 +71,10 @@ struct Avx2 : F32x8 {
 double exp_shift_sum_avx2(float* x, int n, float shift) { return exp_shift_sum_simd<Avx2>(x, n, shift); }
 
 void silu_mul_avx2(float* g, const float* u, int n) { silu_mul_simd<Avx2>(g, u, n); }
+
+void rmsnorm_rows_avx2(const float* x, const float* w, float* out, int n_rows, int n, float eps) {
+  rmsnorm_rows_simd<Avx2>(x, w, out, n_rows, n, eps);
+}
 
 void gelu_mul_avx2(float* g, const float* u, int n, const uint16_t* table) { gelu_mul_simd<Avx2>(g, u, n, table); }
 

@@ -12,6 +12,10 @@ namespace ctx::act {
 namespace {
 
 struct Avx512 : F32x16 {
+  using Sums = __m512d;  // rows 0-7
+  static Sums sums_zero() { return _mm512_setzero_pd(); }
+  static void add_squares(Sums& s, __m256 sq) { s = _mm512_add_pd(s, _mm512_cvtps_pd(sq)); }
+  static void store_sums(const Sums& s, double* out) { _mm512_store_pd(out, s); }
   // 16 lanes of exp_canonical: the same operations, lane by lane.
   static __m512 exp(__m512 x) {
     const __m512 r = _mm512_set1_ps(kShift);
@@ -46,6 +50,10 @@ struct Avx512 : F32x16 {
 double exp_shift_sum_avx512(float* x, int n, float shift) { return exp_shift_sum_simd<Avx512>(x, n, shift); }
 
 void silu_mul_avx512(float* g, const float* u, int n) { silu_mul_simd<Avx512>(g, u, n); }
+
+void rmsnorm_rows_avx512(const float* x, const float* w, float* out, int n_rows, int n, float eps) {
+  rmsnorm_rows_simd<Avx512>(x, w, out, n_rows, n, eps);
+}
 
 void gelu_mul_avx512(float* g, const float* u, int n, const uint16_t* table) { gelu_mul_simd<Avx512>(g, u, n, table); }
 

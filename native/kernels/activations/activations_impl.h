@@ -8,6 +8,7 @@
 //   exp(x) = j * 2^n, rounded once (AVX-512 scalef); |n| > 192 gives 0 (n <= 0) or inf
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 
 namespace ctx::act {
@@ -18,6 +19,14 @@ constexpr float kLn2Hi = 0x1.62e4p-1f;
 constexpr float kLn2Lo = 0x1.7f7d1cp-20f;
 constexpr float kC1 = 0x1.ffffecp-1f, kC2 = 0x1.fffdb6p-2f, kC3 = 0x1.555e66p-3f, kC4 = 0x1.573e2ep-5f,
                 kC5 = 0x1.0e4020p-7f;
+
+// RMS norm's second half for one row, given its sum of squares ss
+// (activations.h); static, so each ISA's unit keeps its own copy.
+static inline void rms_scale(const float* x, const float* w, float* out, int n, double ss, float eps) {
+  const float mean = static_cast<float>(ss / n);
+  const float scale = 1.0f / std::sqrt(mean + eps);
+  for (int i = 0; i < n; ++i) out[i] = x[i] * scale * w[i];
+}
 
 double exp_shift_sum_avx2(float* x, int n, float shift);
 void silu_mul_avx2(float* g, const float* u, int n);
@@ -32,6 +41,9 @@ void rope_avx512(float* v, int n_heads, int hd, int half, bool neox, const float
 void gelu_mul_avx2(float* g, const float* u, int n, const uint16_t* table);
 void gelu_mul_avx512(float* g, const float* u, int n, const uint16_t* table);
 double exp_shift_sum_avx512(float* x, int n, float shift);
+void rmsnorm_rows_scalar(const float* x, const float* w, float* out, int n_rows, int n, float eps);
+void rmsnorm_rows_avx2(const float* x, const float* w, float* out, int n_rows, int n, float eps);
+void rmsnorm_rows_avx512(const float* x, const float* w, float* out, int n_rows, int n, float eps);
 void silu_mul_avx512(float* g, const float* u, int n);
 
 }  // namespace ctx::act
