@@ -46,6 +46,8 @@ def exp_shift_sum(x: _F32, shift: float) -> tuple[npt.NDArray[np.float32], float
     """(exp(x - shift), its sum) with the engine's canonical exp."""
 def silu_mul(g: _F32, u: _F32) -> npt.NDArray[np.float32]:
     """silu(g) * u."""
+def rmsnorm_rows(x: _F32, w: _F32, eps: float) -> npt.NDArray[np.float32]:
+    """RMS norm of each row of x (rows, n), times w, as llama.cpp computes it."""
 def rope(v: _F32, cs: _F32, neox: bool) -> npt.NDArray[np.float32]:
     """RoPE of each head (row of v) by one position's angles cs (cos[half], then sin[half])."""
 def gelu_mul(g: _F32, u: _F32) -> npt.NDArray[np.float32]:
@@ -56,8 +58,9 @@ def attn_softmax_v(scores: _F32, v: _U16, out: _F32) -> tuple[npt.NDArray[np.flo
     """(out + softmax(scores) . v, max score); v: (n, head_dim) f16 rows."""
 def attn_group(q: _F32, kt: _U16, kq: _I8, ks: _U16, p: _F32, v: _U16, vq: _I8, vs: _U16, n: int,
                scale: float, counts: npt.NDArray[np.int32] | None = None,
-               shared: int = 0) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]:
-    """A group of heads (q: (g, hd)) through the grouped kernels: scores of one page's K, weights p (g, n) . V."""
+               shared: int = 0, hot: bool = False) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]:
+    """A group of heads (q: (g, hd)) through the grouped kernels: scores of one page's K, weights p (g, n) . V
+    (hot: the pages taken as in cache, as for a prompt's rows; the same bits)."""
 def attn_scores_q8(q: _F32, kq: _I8, ks: _U16, n: int, scale: float) -> npt.NDArray[np.float32]:
     """Scores of n keys of a q8 page's K block: kq (head_dim, stride), ks (head_dim / 32, stride)."""
 def attn_softmax_v_q8(scores: _F32, vq: _I8, vs: _U16, out: _F32) -> tuple[npt.NDArray[np.float32], float]:
