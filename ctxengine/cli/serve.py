@@ -9,6 +9,7 @@ says otherwise.
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import math
 import signal
@@ -20,6 +21,7 @@ from .common import KV_DTYPES, add_hf_argument, hf_model, port_number, thread_co
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_HTTP_PORT = 11435
 DEFAULT_GRPC_PORT = 11436
+SHUTDOWN_STACKS_S = 15.0  # seconds after the signal before a stuck shutdown's stacks are logged
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -152,6 +154,9 @@ def main(args: argparse.Namespace) -> int:
             ready(None)
             _wait_for_signal()
     finally:
+        # A shutdown that hangs says where: past SHUTDOWN_STACKS_S, every thread's stack goes to
+        # stderr (the log), through interpreter exit too. Its normal course takes a few seconds.
+        faulthandler.dump_traceback_later(SHUTDOWN_STACKS_S, exit=False)
         if grpc_server is not None:
             grpc_server.stop(grace=5.0)
         runtime.close()
