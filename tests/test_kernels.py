@@ -339,7 +339,7 @@ def test_matmul_q_prefill_tiles_and_chunks(t, n_in):
 
 
 # Batched decode (AVX-512, Q4_1 and Q8_0: quant_rows_avx512.cpp): every row
-# count from 3 to 16 has its own tile (4, 2 or 1 weight rows), whose leftover
+# count from 2 to 16 has its own tile (4, 2 or 1 weight rows), whose leftover
 # weight rows go one by one; chunks of 8 blocks (nb = 18: two whole, one of 2).
 # With the zmm tiles, Q8_0's 4 to 8 rows go to quant_avx512.cpp's register
 # tiles instead (two pairs of rows a zmm; odd counts a half pair), and its 9
@@ -381,7 +381,7 @@ def assert_canonical_on_each_path(t, w, n_in, x, row_counts, outs_and_chunks):
                 assert not differ.any(), (path, n_out, n_x, chunk, np.argwhere(differ)[0])
 
 
-@pytest.mark.parametrize("n_x", [5, 11], ids=["batched-decode", "prefill"])
+@pytest.mark.parametrize("n_x", [2, 5, 11], ids=["two-rows", "batched-decode", "prefill"])
 @pytest.mark.parametrize("t", QUANTIZED, ids=lambda t: t.name)
 def test_matmul_q_prefill_extreme_integer_sums(t, n_x):
     """The extreme 4-sums through the batched decode and prefill paths: the

@@ -17,7 +17,7 @@
 // Tiling: a tile is NW weight rows x NX activation rows, each pair with its
 // own accumulator fed in canonical order, so tiling never changes a result.
 // (From 4 activation rows on, integer prefill goes to quant_prefill_avx2.h;
-// 3 to 10 rows of Q4_1 and 3 to 32 of Q8_0 to quant_rows_avx2.cpp.)
+// 2 to 10 rows of Q4_1 and 2 to 32 of Q8_0 to quant_rows_avx2.cpp.)
 //
 // Float types: the 16 canonical lanes of matmul_f live in two ymm per
 // accumulator, "lo" = lanes 0-7, "hi" = lanes 8-15.
@@ -350,7 +350,7 @@ void matmul_f_impl(const void* W, int n_in, int o0, int o1, const float* Xf, int
 
 void matmul_q_avx2(DType t, const void* W, int n_in, int o0, int o1, const BlockQ8A* Xq, int n_x, float* Y,
                    size_t y_stride, uint64_t x_id) {
-  // Q4_1 with 3 to 10 rows and Q8_0 with 3 to 32 (a verified draft, batched
+  // Q4_1 with 2 to 10 rows and Q8_0 with 2 to 32 (a verified draft, batched
   // decode) have their own kernel (quant_rows_avx2.cpp). From 4 activation rows on,
   // unpacking each weight tile once (to memory) beats unpacking it per tile
   // of 2 x 2 pairs (quant_prefill_avx2.h, built with and without AVX-VNNI).

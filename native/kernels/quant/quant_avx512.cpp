@@ -22,7 +22,7 @@
 //
 // (From 16 activation rows on, prefill goes to quant_prefill_avx512.cpp
 // instead; below that this file's prefill tiles are faster, except for Q4_1
-// and Q8_0 with 3 to 15 rows, which quant_rows_avx512.cpp takes, as it takes
+// and Q8_0 with 2 to 15 rows, which quant_rows_avx512.cpp takes, as it takes
 // Q4_1's 16 and Q8_0's 16 to 32 on Zen 4: matmul_q_avx512 below.)
 //
 // Tiling: the weight side of a block is unpacked once into registers and used
@@ -346,8 +346,8 @@ void matmul_q_avx512(DType t, const void* W, int n_in, int o0, int o1, const Blo
   // at 8 the rows kernel's own tile keeps Gemma's 168 MB Q8_0 output matrix
   // at 24 ms where the tiles take 30, and the register tiles beat them on
   // Q5_0). One row (decode) of Q8_0 has its own kernel
-  // (quant_decode_avx512.cpp), and so have 3 to 16 rows (batched decode) of
-  // Q4_1 and 3 to 32 of Q8_0 (quant_rows_avx512.cpp), except Q8_0's 4 to 8 rows with
+  // (quant_decode_avx512.cpp), and so have 2 to 16 rows (batched decode) of
+  // Q4_1 and 2 to 32 of Q8_0 (quant_rows_avx512.cpp), except Q8_0's 4 to 8 rows with
   // the zmm tiles: there this file's register tiles, two pairs a zmm, are as
   // fast at 4 rows and 1.07-1.18x at 8 (Intel Xeon, Gemma 3's output matrix,
   // 2 threads; at 3 the half-empty second pair loses); Q8_0's 9 to 16 rows

@@ -1,6 +1,6 @@
-// AVX2 products of Q4_1 weights (SmolLM2's layers) with 3 to 10 activation
+// AVX2 products of Q4_1 weights (SmolLM2's layers) with 2 to 10 activation
 // rows and of Q8_0 weights (SmolLM2's and Gemma 3's tied output, Gemma's
-// attn_v) with 3 to 32: a verified draft, or batched decode, in the canonical
+// attn_v) with 2 to 32: a verified draft, or batched decode, in the canonical
 // order of quant.h. quant_rows_avx512.cpp's plan on AVX2's integer products.
 //
 // A ymm holds one (weight row, activation row) pair's 8 canonical lanes; per
@@ -8,7 +8,7 @@
 // lane l is elements 4l..4l+3, exactly canonical lane l), one convert and one
 // fma whose scale f16(d_w) * d_x is broadcast from a table. A weight block is
 // loaded and unpacked once into a register and meets every activation row
-// there (tiles of 2 weight rows by 3-4 activation rows, of 1 by 5 or more).
+// there (tiles of 2 weight rows by 2-4 activation rows, of 1 by 5 or more).
 // The scales of a chunk of 8 blocks are formed before the chunk runs, one
 // vector multiply per weight row, block and 8 activation rows (their d_x in
 // its lanes); Q4_1's min sums summ = fma(f16(m_w), s_x, summ) run the same
@@ -22,7 +22,10 @@
 // repay. Each row count's time against one row's, in one process (Zen 3, one
 // thread; docs/PERFORMANCE.md, session 33): Q4_1 1.04-1.42x faster at 3 to 10
 // rows, 0.88-0.96x at 12 to 16 (so those stay with the driver); Q8_0
-// 1.10-1.37x at 3 to 16; at 2 rows a tie with the register tiles, which keep them.
+// 1.10-1.37x at 3 to 16. At 2 rows it tied with the register tiles until
+// its tiles asked for the weights ahead in one stream (prefetch.h); since
+// then it takes 2 rows too: 2 streams of Gemma 3 1.19x, of SmolLM2 1.07x
+// (Zen 4 forced to AVX2, 2 threads, session 42).
 //
 // The activations' preparation (XRows, prep) repeats quant_rows_avx512.cpp's
 // without its VNNI bias: shared through a header, a change to either would
@@ -38,6 +41,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "kernels/prefetch.h"
 #include "kernels/quant/quant_impl.h"
 #include "kernels/quant/simd_common.h"
 #include "kernels/simd_f32.h"
@@ -46,7 +50,7 @@ namespace ctx::qk {
 
 namespace {
 
-constexpr int kMinRows = 3;
+constexpr int kMinRows = 2;
 // The most rows a type's tiles take: past 10, Q4_1's single weight row with
 // as many accumulators spills (0.88-0.96x the prefill driver at 12-16 rows),
 // where Q8_0's still gains (1.10x at 16).
@@ -112,6 +116,9 @@ void tile(const uint8_t* w0, size_t row_bytes, int nb, XView xr, float* Y, size_
   for (auto& row : summ)
     for (auto& s : row) s = L::zero();
   alignas(32) float sc[kChunk][NK][kLanes];
+  // Decode streams every weight from memory once: block b asks for its
+  // share of the tile a few on (prefetch.h).
+  const uint8_t* ahead = w0 + weight_tiles_ahead(R, NK * row_bytes) * NK * row_bytes;
   for (int c = 0; c < nb; c += kChunk) {
     const int n = std::min(kChunk, nb - c);
     for (int i = 0; i < n; ++i) {
@@ -129,12 +136,10 @@ void tile(const uint8_t* w0, size_t row_bytes, int nb, XView xr, float* Y, size_
     }
     for (int i = 0; i < n; ++i) {
       const size_t b = static_cast<size_t>(c + i);
+      prefetch_lines(ahead + b * NK * bb, ahead + (b + 1) * NK * bb);
       __m256i u[NK], sign[NK];
       for (int k = 0; k < NK; ++k) {
         const uint8_t* p = w0 + k * row_bytes + b * bb;
-        // Decode streams every weight from memory once: ask for the next
-        // tile's bytes at this offset while this one computes.
-        _mm_prefetch(reinterpret_cast<const char*>(p + NK * row_bytes), _MM_HINT_T0);
         u[k] = unpack<T>(p, sign[k]);
       }
       const XBlock* xq = xr.q + b * R;

@@ -1,6 +1,6 @@
-// AVX-512 products of Q4_1 weights (SmolLM2's layers) with 3 to 16 activation
+// AVX-512 products of Q4_1 weights (SmolLM2's layers) with 2 to 16 activation
 // rows and of Q8_0 weights (SmolLM2's and Gemma 3's tied output, Gemma's
-// attn_v) with 3 to 32: batched decode, one row per sequence, in the canonical
+// attn_v) with 2 to 32: batched decode, one row per sequence, in the canonical
 // order of quant.h.
 //
 // As in the one-row Q8_0 kernel (quant_decode_avx512.cpp), a 256-bit register
@@ -9,7 +9,7 @@
 // canonical lane l), one convert and one fma whose scale f16(d_w) * d_x comes
 // from memory as an embedded broadcast. A weight block is loaded and unpacked
 // once into a register and meets every activation row there (tiles of 4, 2 or
-// 1 weight rows by 3-4, 5-8 or 9-16 activation rows: at most 16 accumulators).
+// 1 weight rows by 2-4, 5-8 or 9-16 activation rows: at most 16 accumulators).
 // Q8_0's 17-32 rows go as two groups, by bands of weight rows that meet both
 // while in L2, so the weights still come from memory once (by_row_groups).
 // The scales of a chunk of 8 blocks are formed before the chunk runs, one
@@ -22,7 +22,10 @@
 // scale vector built per pair and block, and unpack each weight block once
 // per group of 4 activation rows (Q4_1) or 8 (Q8_0): on Zen 4, which splits
 // zmm work in two halves, this kernel measured 1.2-1.3x their speed at 8-12
-// rows on Q4_1 and 1.1-1.2x on Q8_0; at 2 rows it did not win. From 16 rows
+// rows on Q4_1 and 1.1-1.2x on Q8_0. At 2 rows it did not win until its
+// tiles asked for the weights ahead in one stream (prefetch.h): since then
+// 2 streams of Gemma 3 run 1.29x, of SmolLM2 1.14x, and 3-4 streams of
+// Gemma 3 1.22-1.36x (Zen 4, 2 threads, session 42). From 16 rows
 // quant_prefill_avx512.cpp is as fast on weights in cache, but not on weights
 // streamed from memory, as decode's are: quant_avx512.cpp says which runs.
 // Q4_0, Q5_0 and Q5_1 keep the tiles: Q5_0 measured no gain, the other two
@@ -49,7 +52,7 @@ namespace ctx::qk {
 
 namespace {
 
-constexpr int kMinRows = 3;
+constexpr int kMinRows = 2;
 constexpr int kMaxRows = 16;  // rows a tile takes (Q8_0 twice that: simd_common.h's by_row_groups)
 constexpr int kLanes = 16;  // rows' d_x / s_x in one zmm
 constexpr int kChunk = 8;   // blocks whose scales are formed together
@@ -115,6 +118,9 @@ void tile(const uint8_t* w0, size_t row_bytes, int nb, XView xr, float* Y, size_
   typename L::F summ[NK];
   for (auto& s : summ) s = L::zero();
   alignas(64) float sc[kChunk][NK][kLanes];
+  // Decode streams every weight from memory once: block b asks for its
+  // share of the tile a few on (prefetch.h).
+  const uint8_t* ahead = w0 + weight_tiles_ahead(R, NK * row_bytes) * NK * row_bytes;
   for (int c = 0; c < nb; c += kChunk) {
     const int n = std::min(kChunk, nb - c);
     for (int i = 0; i < n; ++i) {
@@ -128,12 +134,10 @@ void tile(const uint8_t* w0, size_t row_bytes, int nb, XView xr, float* Y, size_
     }
     for (int i = 0; i < n; ++i) {
       const size_t b = static_cast<size_t>(c + i);
+      prefetch_lines(ahead + b * NK * bb, ahead + (b + 1) * NK * bb);
       __m256i w[NK], start[NK];
       for (int k = 0; k < NK; ++k) {
         const uint8_t* p = w0 + k * row_bytes + b * bb;
-        // Decode streams every weight from memory once: ask for the next
-        // tile's bytes at this offset while this one computes.
-        _mm_prefetch(reinterpret_cast<const char*>(p + NK * row_bytes), _MM_HINT_T0);
         w[k] = unpack<T>(p, start[k]);
       }
       const XBlock* xq = xr.q + b * R;
