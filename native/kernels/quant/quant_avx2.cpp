@@ -28,6 +28,7 @@
 #include <cstring>
 #include <vector>
 
+#include "kernels/prefetch.h"
 #include "kernels/quant/quant_impl.h"
 #include "kernels/quant/simd_common.h"
 
@@ -113,10 +114,11 @@ void tile_q(const uint8_t* w0, size_t row_bytes, int nb, const BlockQ8A* x0, flo
       summ[i][j] = 0.0f;
     }
   // The single dependency chain per pair stalls behind each weight miss, so
-  // ask for the next tile's rows (same offsets) while this one computes.
-  const size_t ahead = NW * row_bytes;
+  // ask for the next tile's bytes while this one computes: in address order,
+  // block b its share of the next NW rows (one stream; quant_avx512.cpp's tile).
+  const uint8_t* next = w0 + NW * row_bytes;
   for (int b = 0; b < nb; ++b) {
-    for (int i = 0; i < NW; ++i) _mm_prefetch(reinterpret_cast<const char*>(wrow[i] + b * bb + ahead), _MM_HINT_T0);
+    prefetch_lines(next + NW * b * bb, next + NW * (b + 1) * bb);
     block_step<T, NW, NX>(wrow, b * bb, xrow, b, acc, summ);
   }
   for (int i = 0; i < NW; ++i)
