@@ -209,8 +209,8 @@ void tile_q(const uint8_t* w0, size_t row_bytes, int nw, int nx, int nb, const X
   // (decode streams all weights from memory; prefill their first pass).
   // Decode asks in address order, block b for its share of the next 8 rows:
   // one stream and 2-3 prefetches a block, where one per row and block (8)
-  // took a sixth of the kernel's time (decode 1.05-1.07x on Gemma 3, whose
-  // Q5_0 takes this tile, 1.15x on SmolLM2's Q4_1; Zen 4, session 42).
+  // took a sixth of the kernel's time (decode 1.11x on Gemma 3, whose Q5_0
+  // takes this tile, 1.17x on SmolLM2's Q4_1; Zen 4, session 42).
   const uint8_t* next = w0 + 2 * kDecodeSlots * row_bytes;
   for (int b = 0; b < nb; ++b) {
     const size_t offset = b * bb;
