@@ -257,7 +257,7 @@ def test_batch_and_row_range_invariance(t):
 @pytest.mark.parametrize("t", KQUANTS, ids=lambda t: t.name)
 def test_many_rows_and_ragged_tiles(t, scale):
     """Prefill shapes: n_x 1 .. 40 (Q4_K and Q6_K take 16 weight rows a zmm, 8
-    a ymm, from 2 activation rows on, 6 or 2 a pass, and the remainders), n_out
+    a ymm, from 4 activation rows on, 6 or 2 a pass, and the remainders), n_out
     below, at and past the 16-row tile, all against the canonical order."""
     rng = np.random.default_rng(int(t) * 13 + len(scale))
     n_in = 512
