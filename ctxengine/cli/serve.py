@@ -154,13 +154,21 @@ def main(args: argparse.Namespace) -> int:
             ready(None)
             _wait_for_signal()
     finally:
-        # A shutdown that hangs says where: past SHUTDOWN_STACKS_S, every thread's stack goes to
-        # stderr (the log), through interpreter exit too. Its normal course takes a few seconds.
-        faulthandler.dump_traceback_later(SHUTDOWN_STACKS_S, exit=False)
+        _stacks_if_stuck()
         if grpc_server is not None:
             grpc_server.stop(grace=5.0)
         runtime.close()
     return 0
+
+
+def _stacks_if_stuck() -> None:
+    """A shutdown that hangs says where: past SHUTDOWN_STACKS_S, every thread's stack goes to
+    stderr (the log), through interpreter exit too. Its normal course takes a few seconds.
+    With stderr closed or not a file there is nowhere to write them, and nothing is armed."""
+    try:
+        faulthandler.dump_traceback_later(SHUTDOWN_STACKS_S, exit=False)
+    except (AttributeError, OSError, RuntimeError, ValueError):  # sys.stderr None, closed, or without a fileno
+        pass
 
 
 def check_model(option: str, spec: str) -> None:
