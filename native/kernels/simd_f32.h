@@ -5,6 +5,7 @@
 // path V compiles to either. A partial vector covers the first `Mask` lanes:
 // AVX-512 masks them; AVX2 has no masked float loads of every kind, so it
 // goes through a zero-padded copy (the lanes past the mask are zero either way).
+// With F32x8 comes transpose8, an 8 x 8 transpose of 32-bit lanes.
 //
 // Included only by *_avx2.cpp / *_avx512.cpp files: everything is in an
 // anonymous namespace, so each ISA's translation unit keeps its own copy
@@ -78,6 +79,35 @@ struct F32x8 {
   }
   static F load_i8(const int8_t* p) { return load_i8(p, 8); }
 };
+
+// r[j] = 8 dwords of row j -> r[c] = dword c of rows 0..7: an 8 x 8 transpose
+// of 32-bit lanes, ints or floats' bits (ktiles_avx2.h's weight rows,
+// activations_simd.h's RMS norm rows). Always inlined: out of line the
+// registers go through memory (see ktiles_avx512.cpp).
+__attribute__((always_inline)) inline void transpose8(__m256i r[8]) {
+  __m256i t[8], u[8];
+  for (int i = 0; i < 4; ++i) {
+    t[2 * i] = _mm256_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm256_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+  }
+  // u[4i + c], lane L: dword 4L + c of rows 4i .. 4i + 3.
+  for (int i = 0; i < 2; ++i) {
+    u[4 * i + 0] = _mm256_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+    u[4 * i + 1] = _mm256_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+    u[4 * i + 2] = _mm256_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+    u[4 * i + 3] = _mm256_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+  }
+  for (int c = 0; c < 4; ++c) {
+    r[c] = _mm256_permute2x128_si256(u[c], u[4 + c], 0x20);
+    r[4 + c] = _mm256_permute2x128_si256(u[c], u[4 + c], 0x31);
+  }
+}
+__attribute__((always_inline)) inline void transpose8(__m256 c[8]) {
+  __m256i r[8];
+  for (int j = 0; j < 8; ++j) r[j] = _mm256_castps_si256(c[j]);
+  transpose8(r);
+  for (int j = 0; j < 8; ++j) c[j] = _mm256_castsi256_ps(r[j]);
+}
 #endif
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)

@@ -68,25 +68,6 @@ void gelu_mul_simd(float* g, const float* u, int n, const uint16_t* table) {
 }
 
 
-// c[r] = 8 floats of row r -> c[j] = float j of rows 0..7.
-inline void transpose8_ps(__m256 c[8]) {
-  __m256 t[8], u[8];
-  for (int i = 0; i < 4; ++i) {
-    t[2 * i] = _mm256_unpacklo_ps(c[2 * i], c[2 * i + 1]);
-    t[2 * i + 1] = _mm256_unpackhi_ps(c[2 * i], c[2 * i + 1]);
-  }
-  for (int i = 0; i < 2; ++i) {
-    u[4 * i + 0] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(1, 0, 1, 0));
-    u[4 * i + 1] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(3, 2, 3, 2));
-    u[4 * i + 2] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(1, 0, 1, 0));
-    u[4 * i + 3] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(3, 2, 3, 2));
-  }
-  for (int j = 0; j < 4; ++j) {
-    c[j] = _mm256_permute2f128_ps(u[j], u[4 + j], 0x20);
-    c[4 + j] = _mm256_permute2f128_ps(u[j], u[4 + j], 0x31);
-  }
-}
-
 // RMS norm (activations.h), 8 rows at a time: each row's sum of squares is one
 // double lane, its columns added in order, 8 columns a transposed block (a
 // short last group repeats its last row and keeps only its own). Rows of a
@@ -104,7 +85,7 @@ void rmsnorm_rows_simd(const float* x, const float* w, float* out, int n_rows, i
       for (; i + 8 <= n; i += 8) {
         __m256 c[8];
         for (int r = 0; r < 8; ++r) c[r] = _mm256_loadu_ps(xr[r] + i);
-        transpose8_ps(c);
+        transpose8(c);  // c[j] = float j of the 8 rows
         for (int j = 0; j < 8; ++j) V::add_squares(s, _mm256_mul_ps(c[j], c[j]));
       }
       V::store_sums(s, ss);

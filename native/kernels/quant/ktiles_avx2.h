@@ -21,6 +21,7 @@
 #pragma once
 
 #include "kernels/quant/ktiles_simd.h"
+#include "kernels/simd_f32.h"
 
 namespace ctx::qk {
 
@@ -36,27 +37,6 @@ struct alignas(32) TileBlock256 {
 
 inline __m256i bits(__m256i v, int shift, int mask) {
   return _mm256_and_si256(_mm256_srli_epi32(v, shift), _mm256_set1_epi32(mask));
-}
-
-// r[j] = 8 dwords of row j -> r[c] = dword c of rows 0..7.
-// (Always inlined, as row_dwords4: out of line the registers go through memory; see ktiles_avx512.cpp.)
-__attribute__((always_inline)) inline void transpose8(__m256i r[8]) {
-  __m256i t[8], u[8];
-  for (int i = 0; i < 4; ++i) {
-    t[2 * i] = _mm256_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
-    t[2 * i + 1] = _mm256_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
-  }
-  // u[4i + c], lane L: dword 4L + c of rows 4i .. 4i + 3.
-  for (int i = 0; i < 2; ++i) {
-    u[4 * i + 0] = _mm256_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
-    u[4 * i + 1] = _mm256_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
-    u[4 * i + 2] = _mm256_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
-    u[4 * i + 3] = _mm256_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
-  }
-  for (int c = 0; c < 4; ++c) {
-    r[c] = _mm256_permute2x128_si256(u[c], u[4 + c], 0x20);
-    r[4 + c] = _mm256_permute2x128_si256(u[c], u[4 + c], 0x31);
-  }
 }
 
 // 8 f16 values, the low halves of v's dwords, as floats.
