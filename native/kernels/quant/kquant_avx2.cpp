@@ -47,15 +47,12 @@ void quantize_row_q8k_avx2(const float* x, BlockQ8K* y, int n) {
   }
 }
 
-constexpr int kTilesFromRows = 4;
-
 void matmul_k_avx2(DType t, const void* W, int n_in, int o0, int o1, const BlockQ8K* Xk, int n_x, float* Y,
                    size_t y_stride) {
   // 8 weight rows a vector beat a pair's horizontal sums for 2 or more activation rows in cache (as in the
-  // AVX-512 file; Q6_K without VNNI: even at 2 rows, 1.8x at 512 on Zen 4); streamed from memory (decode)
-  // they are repaid from 4 rows: Gemma 3's 2 and 3 streams ran 1.09x and 1.06x on the row path (Zen 4
-  // forced to AVX2, session 42).
-  if ((t == DType::Q4_K || t == DType::Q6_K) && n_x >= kTilesFromRows) {
+  // AVX-512 file; Q6_K without VNNI: even at 2 rows, 1.8x at 512 on Zen 4); streamed from memory, from 4
+  // (quant_impl.h): Gemma 3's 2 and 3 streams ran 1.09x and 1.06x on the row path (Zen 4 forced to AVX2).
+  if ((t == DType::Q4_K || t == DType::Q6_K) && n_x >= kKTilesFromRows) {
     const auto tiles = avx2_vnni() ? matmul_ktiles_avxvnni : matmul_ktiles_avx2;  // ktiles_avx2.h
     return tiles(t, W, n_in, o0, o1, Xk, n_x, Y, y_stride);
   }

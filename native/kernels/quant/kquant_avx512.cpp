@@ -41,17 +41,14 @@ void quantize_row_q8k_avx512(const float* x, BlockQ8K* y, int n) {
   }
 }
 
-constexpr int kTilesFromRows = 4;
-
 void matmul_k_avx512(DType t, const void* W, int n_in, int o0, int o1, const BlockQ8K* Xk, int n_x, float* Y,
                      size_t y_stride) {
   // 16 weight rows a vector beat a pair's horizontal sums from 2 activation
   // rows on in cache (Q4_K: 2x there, 4x for prefill; Q6_K: 1.5x, 3x on Zen
-  // 4). Streamed from memory, as decode's are, the tiles' unpacking of 16
-  // rows is repaid from 4 rows: at 2 and 3 (a verified draft, a few streams)
-  // the row-at-a-time path, which prefetches as it goes, ran Gemma 3's
-  // batched decode 1.07x and 1.04x, at 4 alike (Zen 4, session 42).
-  if ((t == DType::Q4_K || t == DType::Q6_K) && n_x >= kTilesFromRows)
+  // 4); streamed from memory, from 4 (quant_impl.h): at 2 and 3 rows the row
+  // path ran Gemma 3's batched decode 1.07x and 1.04x, at 4 alike (Zen 4,
+  // session 42).
+  if ((t == DType::Q4_K || t == DType::Q6_K) && n_x >= kKTilesFromRows)
     return matmul_ktiles_avx512(t, W, n_in, o0, o1, Xk, n_x, Y, y_stride);
   matmul_k_dispatch(t, W, n_in, o0, o1, Xk, n_x, Y, y_stride);
 }

@@ -101,7 +101,11 @@ void matmul_k_avx2(DType t, const void* W, int n_in, int o0, int o1, const Block
                    size_t y_stride);
 void matmul_k_avx512(DType t, const void* W, int n_in, int o0, int o1, const BlockQ8K* Xk, int n_x, float* Y,
                      size_t y_stride);
-// Q4_K and Q6_K (t) with the weight rows as lanes (ktiles_*.cpp), for 2 or more activation rows.
+// Q4_K and Q6_K (t) with the weight rows as lanes (ktiles_*.cpp), from kKTilesFromRows activation
+// rows on. In cache the tiles' unpacking of 16 (8) weight rows at once pays from 2 rows; streamed
+// from memory, as decode's weights are, only from 4, so 2 and 3 rows (a verified draft, a few
+// streams) take the row-at-a-time path, which prefetches as it goes (kquant_simd.h).
+constexpr int kKTilesFromRows = 4;
 void matmul_ktiles_avx512(DType t, const void* W, int n_in, int o0, int o1, const BlockQ8K* Xk, int n_x, float* Y,
                           size_t y_stride);
 void matmul_ktiles_avx2(DType t, const void* W, int n_in, int o0, int o1, const BlockQ8K* Xk, int n_x, float* Y,
