@@ -1,4 +1,4 @@
-// The Q4_K and Q6_K matmuls for 2 or more activation rows (prefill, batched
+// The Q4_K and Q6_K matmuls from kKTilesFromRows activation rows (prefill, batched
 // decode) with the weight rows as lanes, one body per type for both widths: a
 // tile of V::kRows weight rows (one per int32 lane) is unpacked once, then each
 // activation row meets all of them at once, so the canonical float steps of

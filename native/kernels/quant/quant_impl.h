@@ -179,11 +179,11 @@ void matmul_q_prefill_avx512(DType t, const void* W, int n_in, int o0, int o1, c
 void matmul_f_avx512(DType t, const void* W, int n_in, int o0, int o1, const float* Xf, int n_x, float* Y,
                      size_t y_stride);
 void f32_to_f16_row_avx512(const float* x, uint16_t* y, int n);
-// Q4_1 with 3 to 16 activation rows and Q8_0 with 3 to 32 (batched decode;
+// Q4_1 with 2 to 16 activation rows and Q8_0 with 2 to 32 (batched decode;
 // quant_rows_avx512.cpp); false for other types and row counts.
 bool matmul_q_rows_avx512(DType t, const void* W, int n_in, int o0, int o1, const BlockQ8A* Xq, int n_x, float* Y,
                           size_t y_stride);
-// Q4_1 with 3 to 10 activation rows and Q8_0 with 3 to 32, on AVX2 (a verified
+// Q4_1 with 2 to 10 activation rows and Q8_0 with 2 to 32, on AVX2 (a verified
 // draft, batched decode; quant_rows_avx2.cpp); false for other types and counts.
 bool matmul_q_rows_avx2(DType t, const void* W, int n_in, int o0, int o1, const BlockQ8A* Xq, int n_x, float* Y,
                         size_t y_stride);
