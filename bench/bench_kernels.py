@@ -34,6 +34,7 @@ SHAPES = [
     ("ffn_dn  Q4_K", 12, 2048, 640),
     ("ffn_dn  Q6_K", 14, 2048, 640),
     ("output  Q8_0", 8, 640, 262144),
+    ("output  x8", 8, 640, 262144),  # the same with its one-row copy (quant.h repack_q8_0x8), as the model runs it
     # SmolLM2-135M Q4_1: the FFN's up / gate and down projections.
     ("smol_up Q4_1", 3, 576, 1536),
     ("smol_dn Q4_1", 3, 1536, 576),
@@ -52,22 +53,22 @@ def random_weights(t: int, n_in: int, n_out: int, rng) -> np.ndarray:
 POOL = ThreadPoolExecutor(2)
 
 
-def run(t, w, n_in, n_out, x, threads):
+def run(t, w, n_in, n_out, x, threads, x8=None):
     if threads == 1:
-        return Q.matmul(t, w, n_in, n_out, x)
-    half = n_out // 2 * Q.row_bytes(t, n_in)
-    parts = [(w[:half], n_out // 2), (w[half:], n_out - n_out // 2)]
-    return list(POOL.map(lambda p: Q.matmul(t, p[0], n_in, p[1], x), parts))
+        return Q.matmul(t, w, n_in, n_out, x, x8=x8)
+    half = n_out // 2
+    return list(POOL.map(lambda r: Q.matmul(t, w, n_in, n_out, x, r[0], r[1], x8=x8), [(0, half), (half, n_out)]))
 
 
-def gops(t, n_in, n_out, rows, threads, seconds, rng, clock="cpu") -> float:
+def gops(t, n_in, n_out, rows, threads, seconds, rng, clock="cpu", x8=False) -> float:
     w = random_weights(t, n_in, n_out, rng)
+    P = Q.repack_q8_0x8(w, n_in, n_out) if x8 else None
     x = rng.standard_normal((rows, n_in)).astype(np.float32)
-    run(t, w, n_in, n_out, x, threads)  # warm up (and page the weights in)
+    run(t, w, n_in, n_out, x, threads, P)  # warm up (and page the weights in)
     now = (lambda: time.process_time() / threads) if clock == "cpu" else time.perf_counter
     n, start = 0, now()
     while True:
-        run(t, w, n_in, n_out, x, threads)
+        run(t, w, n_in, n_out, x, threads, P)
         n += 1
         elapsed = now() - start
         if elapsed >= seconds:
@@ -103,7 +104,8 @@ def main() -> int:
                 if n_out > 100_000 and r > 32:  # the output matmul runs for decode rows only (one a sequence)
                     cells.append(f"{'-':>8}")
                     continue
-                cells.append(f"{gops(t, n_in, n_out, r, threads, args.seconds, rng, args.clock):8.1f}")
+                rate = gops(t, n_in, n_out, r, threads, args.seconds, rng, args.clock, x8=name.endswith("x8"))
+                cells.append(f"{rate:8.1f}")
             print(f"{name:<14}{n_in:>6}{n_out:>8}{threads:>4}{tile:>6}" + "".join(cells), flush=True)
     return 0
 

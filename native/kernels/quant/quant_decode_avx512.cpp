@@ -21,6 +21,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "kernels/quant/decode_x8_simd.h"
 #include "kernels/quant/quant_impl.h"
 #include "kernels/quant/simd_common.h"
 
@@ -94,6 +95,17 @@ void rows(const uint8_t* w0, size_t row_bytes, int nb, const XRow& x, float* y) 
 }
 
 }  // namespace
+
+void matvec_q8_0x8_avx512(const void* P, int n_in, int g0, int g1, const BlockQ8A* x, float* Y) {
+  thread_local XRow xr;
+  const int nb = n_in / QK;
+  prep(x, nb, xr);
+  // vpdpbusd: the weight biased by 128 is the unsigned side, started at x's bias correction.
+  const auto isum = [&](int b, __m256i w) {
+    return _mm256_dpbusd_epi32(xr.blocks[b].nbias, _mm256_xor_si256(w, _mm256_set1_epi8(-128)), xr.blocks[b].q);
+  };
+  groups_x8(static_cast<const uint8_t*>(P), nb, g0, g1, xr.d.data(), isum, Y);
+}
 
 bool matvec_q_avx512(DType t, const void* W, int n_in, int o0, int o1, const BlockQ8A* x, float* Y) {
   if (t != DType::Q8_0) return false;  // the other types keep the tile path

@@ -6,6 +6,7 @@
 #include <pybind11/stl.h>
 
 #include <algorithm>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -41,10 +42,14 @@ void check_row_length(DType t, int64_t n) {
 }
 
 py::array_t<float> matmul(int ggml_type, const Array<uint8_t>& W, int n_in, int n_out, const Array<float>& X, int o0,
-                          int o1, int chunk, bool float_x) {
+                          int o1, int chunk, bool float_x, const std::optional<Array<uint8_t>>& x8) {
   const DType t = checked_type(ggml_type);
   if (float_x && t != DType::Q8_0 && dtype_act_format(t) != ActFormat::f32)
     throw py::value_error("float_x: only Q8_0 and the float types multiply float activations");
+  if (x8 && (t != DType::Q8_0 || float_x)) throw py::value_error("x8: Q8_0 weights repacked, against Q8A activations");
+  if (x8 && static_cast<size_t>(x8->size()) != q8_0x8_bytes(n_in, n_out))
+    throw py::value_error("x8 has " + std::to_string(x8->size()) + " bytes, expected " +
+                          std::to_string(q8_0x8_bytes(n_in, n_out)));
   check_row_length(t, n_in);
   if (n_out < 0) throw py::value_error("n_out must be >= 0");
   if (o1 < 0) o1 = n_out;
@@ -52,10 +57,9 @@ py::array_t<float> matmul(int ggml_type, const Array<uint8_t>& W, int n_in, int 
   if (chunk < 0) throw py::value_error("chunk must be >= 0");
   if (X.ndim() != 2 || X.shape(1) != n_in)
     throw py::value_error("X must have shape (n_x, " + std::to_string(n_in) + ")");
-  const size_t row_bytes = dtype_row_bytes(t, n_in);
-  if (static_cast<size_t>(W.size()) != row_bytes * static_cast<size_t>(n_out))
-    throw py::value_error("W has " + std::to_string(W.size()) + " bytes, expected " +
-                          std::to_string(row_bytes * static_cast<size_t>(n_out)));
+  const size_t w_bytes = dtype_row_bytes(t, n_in) * static_cast<size_t>(n_out);
+  if (static_cast<size_t>(W.size()) != w_bytes)
+    throw py::value_error("W has " + std::to_string(W.size()) + " bytes, expected " + std::to_string(w_bytes));
   const auto n_x = static_cast<int>(X.shape(0));
   py::array_t<float> Y({static_cast<py::ssize_t>(n_x), static_cast<py::ssize_t>(n_out)});
   const uint8_t* w = W.data();
@@ -75,7 +79,10 @@ py::array_t<float> matmul(int ggml_type, const Array<uint8_t>& W, int n_in, int 
       // The chunks name their rows with one x_id, as Model::matmul's do (quant.h).
       const uint64_t x_id = new_activation_id();
       for_chunks(o0, o1, chunk, [&](int a, int b) {
-        matmul_q(t, w, n_in, a, b, xq.data(), n_x, y, static_cast<size_t>(n_out), x_id);
+        if (x8)
+          matmul_q8_0x8(w, x8->data(), n_in, a, b, xq.data(), n_x, y, static_cast<size_t>(n_out), x_id);
+        else
+          matmul_q(t, w, n_in, a, b, xq.data(), n_x, y, static_cast<size_t>(n_out), x_id);
       });
     } else if (dtype_is_kquant(t)) {
       const int nb = n_in / QK_K;
@@ -87,6 +94,16 @@ py::array_t<float> matmul(int ggml_type, const Array<uint8_t>& W, int n_in, int 
     }
   }
   return Y;
+}
+
+py::array_t<uint8_t> repack(const Array<uint8_t>& W, int n_in, int n_out) {
+  check_row_length(DType::Q8_0, n_in);
+  if (n_out < 0) throw py::value_error("n_out must be >= 0");
+  if (static_cast<size_t>(W.size()) != dtype_row_bytes(DType::Q8_0, n_in) * static_cast<size_t>(n_out))
+    throw py::value_error("W is not n_out rows of n_in Q8_0 weights");
+  py::array_t<uint8_t> P(static_cast<py::ssize_t>(q8_0x8_bytes(n_in, n_out)));
+  repack_q8_0x8(W.data(), n_in, n_out, 0, (n_out + 7) / 8, P.mutable_data());
+  return P;
 }
 
 py::bytes quantize_q8a(const Array<float>& x) {
@@ -152,11 +169,15 @@ void register_quant(py::module_& m) {
   }, py::arg("ggml_type"), py::arg("n"), "bytes of one row of n elements");
   m.def("matmul", &matmul, py::arg("ggml_type"), py::arg("W"), py::arg("n_in"), py::arg("n_out"), py::arg("X"),
         py::arg("o0") = 0, py::arg("o1") = -1, py::arg("chunk") = 0, py::kw_only(), py::arg("float_x") = false,
+        py::arg("x8") = py::none(),
         "Y (n_x, n_out) = X . W^T; W: raw row-major weight bytes. Quantized types quantize X to Q8A "
         "(blocks of 32) or Q8K (K-quants) first, except Q8_0 with float_x=True (matmul_f: the weights "
         "widened, as LoRA's A). Only output columns [o0, o1) are computed (o1 = -1: "
         "n_out), as one thread of the model's split does; the rest are 0. chunk > 0: the kernel is called "
-        "per `chunk` output rows of that range, as the model's threads split them.");
+        "per `chunk` output rows of that range, as the model's threads split them. x8: W "
+        "repacked by repack_q8_0x8, taken where the path reads that layout (one row), as the model's output matrix.");
+  m.def("repack_q8_0x8", &repack, py::arg("W"), py::arg("n_in"), py::arg("n_out"),
+        "Q8_0 rows -> the one-row layout, 8 rows a group (quant.h): matmul's x8");
   m.def("quantize_q8k", &quantize_q8k, py::arg("x"), "one activation row -> raw BlockQ8K bytes (292 per 256 elements)");
   m.def("quantize_q8a", &quantize_q8a, py::arg("x"), "one activation row -> raw BlockQ8A bytes (40 per 32 elements)");
   m.def("quantize_kv8", &quantize_kv8, py::arg("x"),
