@@ -34,10 +34,12 @@ SHAPES = [
     ("ffn_dn  Q4_K", 12, 2048, 640),
     ("ffn_dn  Q6_K", 14, 2048, 640),
     ("output  Q8_0", 8, 640, 262144),
-    ("output  x8", 8, 640, 262144),  # the same with its one-row copy (quant.h repack_q8_0x8), as the model runs it
+    ("output  x8", 8, 640, 262144),  # the same with its one-row copy (quant.h repack_x8), as the model runs it
     # SmolLM2-135M Q4_1: the FFN's up / gate and down projections.
     ("smol_up Q4_1", 3, 576, 1536),
     ("smol_dn Q4_1", 3, 1536, 576),
+    ("smol_up x8", 3, 576, 1536),  # with their one-row copies
+    ("smol_dn x8", 3, 1536, 576),
 ]
 
 
@@ -62,7 +64,7 @@ def run(t, w, n_in, n_out, x, threads, x8=None):
 
 def gops(t, n_in, n_out, rows, threads, seconds, rng, clock="cpu", x8=False) -> float:
     w = random_weights(t, n_in, n_out, rng)
-    P = Q.repack_q8_0x8(w, n_in, n_out) if x8 else None
+    P = Q.repack_x8(t, w, n_in, n_out) if x8 else None
     x = rng.standard_normal((rows, n_in)).astype(np.float32)
     run(t, w, n_in, n_out, x, threads, P)  # warm up (and page the weights in)
     now = (lambda: time.process_time() / threads) if clock == "cpu" else time.perf_counter
@@ -104,7 +106,7 @@ def main() -> int:
                 if n_out > 100_000 and r > 32:  # the output matmul runs for decode rows only (one a sequence)
                     cells.append(f"{'-':>8}")
                     continue
-                rate = gops(t, n_in, n_out, r, threads, args.seconds, rng, args.clock, x8=name.endswith("x8"))
+                rate = gops(t, n_in, n_out, r, threads, args.seconds, rng, args.clock, x8=name.endswith(" x8"))
                 cells.append(f"{rate:8.1f}")
             print(f"{name:<14}{n_in:>6}{n_out:>8}{threads:>4}{tile:>6}" + "".join(cells), flush=True)
     return 0

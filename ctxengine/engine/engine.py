@@ -33,6 +33,9 @@ from .weights import cached_weight_id
 KV_DTYPES = ("f16", "q8", "vq8")
 PAGE_TOKENS = 16
 DEFAULT_KV_BUDGET = 2 << 30  # bytes of KV pages a model may hold in memory
+# Bytes of the weights' copies laid out for one-row products (decode), the output
+# matrix first: they cost their size in memory (native/models/model.cpp repack_weights).
+DEFAULT_REPACK_BUDGET = 512 << 20
 TRUNCATED_MODEL = ("the file was truncated or rewritten in place while it was loaded. Replace a loaded model by "
                    "writing a new file and renaming it over the old one (as `ctx pull` does), then load it again.")
 MAX_THREADS = 512  # llama.cpp's GGML_MAX_N_THREADS: each is an OS thread of the core's pool
@@ -54,7 +57,8 @@ class Engine:
     One per loaded file; ``Model.engine`` and ``Context.engine`` name it."""
 
     def __init__(self, path: str | Path, *, threads: int | None = None, kv: str = "f16",
-                 n_ctx: int | None = None, kv_budget: int = DEFAULT_KV_BUDGET):
+                 n_ctx: int | None = None, kv_budget: int = DEFAULT_KV_BUDGET,
+                 repack_budget: int = DEFAULT_REPACK_BUDGET):
         if kv not in KV_DTYPES:
             raise UnsupportedModelError(f"KV dtype '{kv}' is not available (choose from {', '.join(KV_DTYPES)})")
         if threads and (isinstance(threads, bool) or not isinstance(threads, Integral)  # 0 or None: one a core
@@ -63,6 +67,9 @@ class Engine:
                                "(an int; None or 0: one a physical core)", param="threads")
         if n_ctx is not None and (isinstance(n_ctx, bool) or not isinstance(n_ctx, Integral) or n_ctx < 1):
             raise RequestError(f"n_ctx must be a positive number of tokens, not {n_ctx!r}", param="n_ctx")
+        if isinstance(repack_budget, bool) or not isinstance(repack_budget, Integral) or repack_budget < 0:
+            raise RequestError(f"repack_budget must be a number of bytes >= 0, not {repack_budget!r}",
+                               param="repack_budget")
         self.path = Path(path)
         self.file = open_gguf(self.path)
         f = self.file
@@ -88,7 +95,7 @@ class Engine:
                    for t in f.tensors.values()}
         cfg = self.config
         try:
-            self._core = _core.Model(asdict(cfg), tensors, self.threads)
+            self._core = _core.Model({**asdict(cfg), "repack_budget": int(repack_budget)}, tensors, self.threads)
         except (ValueError, IndexError) as err:
             raise ModelFileError(f"{self.path.name}: {err}") from None
         except RuntimeError as err:  # the OS refused the threads (native/core/threads.cpp)

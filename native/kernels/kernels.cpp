@@ -60,7 +60,7 @@ const Kernels& avx2_table() {
     t.round_row_bf16 = qk::round_row_bf16_avx2;
     t.quantize_row_q8a = qk::quantize_row_q8a_avx2;
     t.matmul_q = qk::matmul_q_avx2;
-    t.matvec_q8_0x8 = qk::matvec_q8_0x8_avx2;
+    t.matvec_x8 = qk::matvec_x8_avx2;
     t.matmul_k = qk::matmul_k_avx2;
     t.matmul_f = qk::matmul_f_avx2;
     t.attn_scores_f16 = attn::scores_avx2;
@@ -93,7 +93,7 @@ const Kernels& avx512_table() {
     t.quantize_row_q8k = qk::quantize_row_q8k_avx512;
     t.quantize_row_q8a = qk::quantize_row_q8a_avx512;
     t.matmul_q = qk::matmul_q_avx512;
-    t.matvec_q8_0x8 = qk::matvec_q8_0x8_avx512;
+    t.matvec_x8 = qk::matvec_x8_avx512;
     t.matmul_k = qk::matmul_k_avx512;
     t.matmul_f = qk::matmul_f_avx512;
     t.attn_scores_f16 = attn::scores_avx512;

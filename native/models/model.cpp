@@ -60,24 +60,34 @@ Model::Model(ModelConfig config, ModelWeights weights, int n_threads)
     if (!cfg_.is_swa(l)) kept_index_[l] = cfg_.swa_window > 0 ? k++ : -1;
   theta_scale_ = std::pow(cfg_.rope_base, -2.0f / static_cast<float>(cfg_.rope_dim));
   theta_scale_swa_ = std::pow(cfg_.rope_base_swa, -2.0f / static_cast<float>(cfg_.rope_dim));
-  if (cfg_.repack_output) repack_output();
+  repack_weights();
 }
 
-// Decode reads the whole output matrix for each token, and it is most of the
-// bytes a token of a small model reads (Gemma 3 270M: 178 MB of 247): one
-// row's product reads the copy, in address order (quant.h). The copy costs
-// its size in memory; the file's rows stay for the embedding lookups and for
-// products of more rows (speculation's drafts, batched decode), whose
-// kernels run as fast on them.
-void Model::repack_output() {
-  Weight& w = w_.output;
-  if (w.type != DType::Q8_0 || w.n_out <= 0) return;
-  output_x8_.reset(new uint8_t[q8_0x8_bytes(w.n_in, w.n_out)]);
-  uint8_t* dst = output_x8_.get();
-  pool_.parallel_for((w.n_out + 7) / 8, 256, [&](int64_t g0, int64_t g1) {
-    repack_q8_0x8(w.data, w.n_in, w.n_out, static_cast<int>(g0), static_cast<int>(g1), dst);
-  });
-  w.x8 = dst;
+// Decode reads every weight for each token, from memory: one row's products
+// read the copies, in address order (quant.h repack_x8). The copies cost
+// their size in memory, so they are made within cfg_.repack_budget bytes,
+// the output matrix first (Gemma 3 270M's Q8_0 output alone is 178 MB of the
+// 247 a token reads: decode 1.31x; its layers' 45 MB added 1.5%, SmolLM2's
+// 66 MB 8%; Zen 4, docs/PERFORMANCE.md), then the layers' matrices in order.
+// The file's rows stay for the embedding lookups and for products of more
+// rows (prompts, speculation's drafts, batched decode), whose kernels are
+// bound by arithmetic more than by the reading.
+void Model::repack_weights() {
+  std::vector<Weight*> ws{&w_.output};
+  for (LayerWeights& L : w_.layers)
+    for (Weight* w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.gate, &L.up, &L.down}) ws.push_back(w);
+  for (Weight* w : ws) {
+    if (!dtype_has_x8(w->type) || w->n_out <= 0 || w->data == nullptr) continue;
+    const size_t bytes = x8_bytes(w->type, w->n_in, w->n_out);
+    if (repacked_bytes_ + bytes > cfg_.repack_budget) continue;
+    x8_.emplace_back(new uint8_t[bytes]);
+    uint8_t* dst = x8_.back().get();
+    pool_.parallel_for((w->n_out + 7) / 8, 64, [&](int64_t g0, int64_t g1) {
+      repack_x8(w->type, w->data, w->n_in, w->n_out, static_cast<int>(g0), static_cast<int>(g1), dst);
+    });
+    w->x8 = dst;
+    repacked_bytes_ += bytes;
+  }
 }
 
 static_assert(KV_BLOCK == QK, "q8 KV pages use quantize_row_kv8's blocks");
@@ -192,8 +202,8 @@ void Model::matmul(std::initializer_list<MatmulJob> jobs, const float* x, int n_
       if (o0 < o1) {
         if (n_lora > 0) lora_prefetch(job, o0, o1);
         if (j.w->x8)
-          matmul_q8_0x8(j.w->data, j.w->x8, n_in, static_cast<int>(o0), static_cast<int>(o1), s_.xq.data(), n_rows,
-                        j.y, static_cast<size_t>(n_out), xq_id_);
+          matmul_x8(j.w->type, j.w->data, j.w->x8, n_in, static_cast<int>(o0), static_cast<int>(o1), s_.xq.data(),
+                    n_rows, j.y, static_cast<size_t>(n_out), xq_id_);
         else if (dtype_is_quantized(j.w->type))
           matmul_q(j.w->type, j.w->data, n_in, static_cast<int>(o0), static_cast<int>(o1), s_.xq.data(), n_rows,
                    j.y, static_cast<size_t>(n_out), xq_id_);

@@ -47,9 +47,9 @@ struct ModelConfig {
   int swa_window = 0;
   std::vector<uint8_t> swa_layer;  // (n_layer) 1 for a sliding-window layer, or empty for none
   float rope_base_swa = 10000.0f;
-  // Not the file's: whether a Q8_0 output matrix gets a copy laid out for
-  // one-row products (Model::repack_output; the same logits either way).
-  bool repack_output = true;
+  // Not the file's: the bytes the blocks-of-32 matrices' copies laid out for
+  // one-row products may take (Model::repack_weights; the same logits either way).
+  size_t repack_budget = size_t{512} << 20;
   bool is_swa(int layer) const { return swa_window > 0 && !swa_layer.empty() && swa_layer[layer] != 0; }
   int q_dim() const { return n_head * head_dim; }
   int kv_dim() const { return n_head_kv * head_dim; }
@@ -60,7 +60,7 @@ struct Weight {
   const uint8_t* data = nullptr;
   int n_in = 0;    // row length (GGUF ne0)
   int n_out = 0;   // rows (GGUF ne1)
-  const uint8_t* x8 = nullptr;  // Q8_0: data repacked for one-row products (quant.h repack_q8_0x8), or null
+  const uint8_t* x8 = nullptr;  // data repacked for one-row products (quant.h repack_x8), or null
 };
 
 struct LayerWeights {
@@ -129,7 +129,7 @@ class Model {
 
   const ModelConfig& config() const { return cfg_; }
   int n_threads() const { return pool_.size(); }
-  bool output_repacked() const { return w_.output.x8 != nullptr; }  // repack_output
+  size_t repacked_bytes() const { return repacked_bytes_; }  // repack_weights
   // The pages this model's sequences use; throws for a KV dtype the model's
   // shape cannot take (quantized KV needs head_dim % 32 == 0).
   PageLayout page_layout(int page_tokens, KVDType dtype) const;
@@ -228,14 +228,14 @@ class Model {
   void attend_softmax(const AttnLayer& at, const AttnTask& k, float* sc);
   void attend_values(const AttnLayer& at, const AttnTask& k, const float* sc, int d0, int d1);
   void ensure_scratch(int rows);
-  // A Q8_0 output matrix's copy in the one-row layout (quant.h
-  // repack_q8_0x8), in output_x8_.
-  void repack_output();
+  // The matrices' copies in the one-row layout (quant.h repack_x8), in x8_.
+  void repack_weights();
 
   ModelConfig cfg_;
   ModelWeights w_;
   ThreadPool pool_;
-  std::unique_ptr<uint8_t[]> output_x8_;  // w_.output.x8's bytes (repack_output)
+  std::vector<std::unique_ptr<uint8_t[]>> x8_;  // the weights' x8 copies (repack_weights)
+  size_t repacked_bytes_ = 0;
   RunState s_;
   int scratch_rows_ = 0;
   float theta_scale_ = 1.0f;     // rope_base^(-2 / rope_dim)

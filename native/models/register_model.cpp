@@ -100,7 +100,7 @@ std::unique_ptr<Model> build(const py::dict& c, const TensorMap& t, int n_thread
   cfg.swa_window = get_or<int>(c, "swa_window", 0);
   cfg.swa_layer = get_or<std::vector<uint8_t>>(c, "swa_layers", {});
   cfg.rope_base_swa = get_or<float>(c, "rope_base_swa", 10000.0f);
-  cfg.repack_output = get_or<bool>(c, "repack_output", true);
+  cfg.repack_budget = get_or<size_t>(c, "repack_budget", cfg.repack_budget);
 
   const int E = cfg.n_embd, QD = cfg.q_dim(), KD = cfg.kv_dim(), hd = cfg.head_dim;
   ModelWeights w;
@@ -162,8 +162,8 @@ void register_model(py::module_& m) {
       .def_property_readonly("n_vocab", [](const Model& m) { return m.config().n_vocab; })
       .def_property_readonly("n_embd", [](const Model& m) { return m.config().n_embd; })
       .def_property_readonly("n_layer", [](const Model& m) { return m.config().n_layer; })
-      .def_property_readonly("output_repacked", &Model::output_repacked,
-                             "whether a Q8_0 output matrix has its copy for one-row products (quant.h repack_q8_0x8)")
+      .def_property_readonly("repacked_bytes", &Model::repacked_bytes,
+                             "bytes of the weights' copies for one-row products (quant.h repack_x8)")
       .def_property_readonly("kv_dim", [](const Model& m) { return m.config().kv_dim(); })
       .def(
           "forward",

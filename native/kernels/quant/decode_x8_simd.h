@@ -1,16 +1,21 @@
-// One activation row against Q8_0 repacked 8 rows to a group (quant.h
-// repack_q8_0x8), its loop written once for quant_decode_avx512.cpp and
+// One activation row against weights repacked 8 rows to a group (quant.h
+// repack_x8), its loop written once for quant_decode_avx512.cpp and
 // quant_decode_avx2.cpp, each built with its own flags (everything is in an
-// anonymous namespace). A path gives isum(b, w): the 8 canonical int32 lanes
-// of block b of x against the 32 weight bytes w (as loaded, signed).
+// anonymous namespace). A path gives isum(b, u, blk, r): the 8 canonical
+// int32 lanes of x's block b against row r of the group's block at blk, whose
+// 32 weights x8_unsigned made u (q + bias as bytes: quant.h's weight value
+// plus x8_bias(T), so that x's block needs only its start, -bias times
+// its 4-sums).
 //
 // A ymm holds one (weight row, x) pair's 8 canonical lanes, and per block and
 // pair the work is the isum, one convert and one fma whose scale f16(d_w) *
-// d_x comes from a table: the bits of matmul_q. A group's block b holds the
-// 8 rows' d (one vector of scales) and then their 32 qs each, read in address
-// order; the scales of kChunk blocks are made before those blocks run (a
-// scale stored and broadcast back at once would wait for the store). While a
-// group multiplies, block b asks for block b of the next group, to L2.
+// d_x comes from a table; Q4_1 / Q5_1's min sums run as one vector of the 8
+// rows' chains, summ = fma(f16(m_w), s_x, summ) a block, blocks in order:
+// the bits of matmul_q. A group's block b holds the 8 rows' d (one vector of
+// scales), their m, their qh, and then their qs, read in address order; the
+// scales of kChunk blocks are made before those blocks run (a scale stored and
+// broadcast back at once would wait for the store). While a group
+// multiplies, block b asks for block b of the next group, to L2.
 #pragma once
 
 #include <immintrin.h>
@@ -18,45 +23,125 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
+#include <vector>
 
 #include "kernels/quant/quant.h"
+#include "kernels/quant/quant_impl.h"
 #include "kernels/quant/simd_common.h"
 
 namespace ctx::qk {
 
 namespace {
 
-constexpr size_t kX8GroupBlock = 8 * sizeof(BlockQ8_0);  // a group's block: 8 f16 d, then 8 x 32 qs
+// Where a group's block keeps its fields (quant.h repack_x8).
+template <DType T>
+struct X8 {
+  static constexpr bool kQ5 = T == DType::Q5_0 || T == DType::Q5_1;
+  static constexpr size_t kQsBytes = T == DType::Q8_0 ? 32 : 16;  // a row's qs
+  static constexpr size_t kM = 16;                                 // 8 f16 m (with a min)
+  static constexpr size_t kQh = kM + (has_min(T) ? 16 : 0);        // 8 x 4 bytes of qh (Q5_*)
+  static constexpr size_t kQs = kQh + (kQ5 ? 32 : 0);              // 8 rows' qs
+  static constexpr size_t kGroupBlock = 8 * block_bytes_q(T);
+  static_assert(kQs + 8 * kQsBytes == kGroupBlock, "a group's block holds its rows' blocks' bytes");
+};
 
-// Groups [g0, g1) of P (nb blocks a row) into Y[8 g0, 8 g1); xd: x's d per block.
-template <typename Isum>
-void groups_x8(const uint8_t* P, int nb, int g0, int g1, const float* xd, Isum isum, float* Y) {
+constexpr int x8_bias(DType t) {
+  return t == DType::Q4_0 ? 8 : t == DType::Q5_0 ? 16 : t == DType::Q8_0 ? 128 : 0;
+}
+
+// Row r's 32 weights of the group's block at blk as unsigned bytes, the
+// weight value plus x8_bias(T): Q4_* q (elements 0..15 the low nibbles,
+// 16..31 the high ones), Q5_* with bit e of qh as bit 4 of element e, Q8_0's
+// qs + 128.
+template <DType T>
+inline __m256i x8_unsigned(const uint8_t* blk, int r) {
+  const uint8_t* qs = blk + X8<T>::kQs + r * X8<T>::kQsBytes;
+  if constexpr (T == DType::Q8_0) {
+    return _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs)), _mm256_set1_epi8(-128));
+  } else {
+    const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+    const __m256i v = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), _mm256_set1_epi8(0x0F));
+    if constexpr (!X8<T>::kQ5) return v;
+    return _mm256_or_si256(v, _mm256_and_si256(bytes_from_bits(blk + X8<T>::kQh + 4 * r), _mm256_set1_epi8(16)));
+  }
+}
+
+// x as the kernels take it: per block its 32 int8 and the start of its
+// isums (a path's: -bias times its 4-sums), d and s.
+struct X8Block {
+  __m256i q, start;
+};
+struct X8Row {
+  std::vector<X8Block> blocks;
+  std::vector<float> d, s;
+};
+
+// x's nb blocks into xr, start(q) making each block's start.
+template <typename Start>
+void x8_prep(const BlockQ8A* x, int nb, X8Row& xr, Start start) {
+  xr.blocks.resize(nb);
+  xr.d.resize(nb);
+  xr.s.resize(nb);
+  for (int b = 0; b < nb; ++b) {
+    const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[b].qs));
+    xr.blocks[b] = {q, start(q)};
+    xr.d[b] = x[b].d;
+    xr.s[b] = x[b].s;
+  }
+}
+
+// fn(std::integral_constant<DType, T>) for the types with the layout; false for the others.
+template <typename Fn>
+bool x8_dispatch(DType t, Fn fn) {
+  switch (t) {
+    case DType::Q4_0: return fn(std::integral_constant<DType, DType::Q4_0>{}), true;
+    case DType::Q4_1: return fn(std::integral_constant<DType, DType::Q4_1>{}), true;
+    case DType::Q5_0: return fn(std::integral_constant<DType, DType::Q5_0>{}), true;
+    case DType::Q5_1: return fn(std::integral_constant<DType, DType::Q5_1>{}), true;
+    case DType::Q8_0: return fn(std::integral_constant<DType, DType::Q8_0>{}), true;
+    default: return false;
+  }
+}
+
+// Groups [g0, g1) of P (nb blocks a row) into Y[8 g0, 8 g1); xd, xs: x's d
+// and s per block.
+template <DType T, typename Isum>
+void groups_x8(const uint8_t* P, int nb, int g0, int g1, const float* xd, const float* xs, Isum isum, float* Y) {
   constexpr int kChunk = 8;
-  const size_t group_bytes = static_cast<size_t>(nb) * kX8GroupBlock;
+  constexpr size_t kGB = X8<T>::kGroupBlock;
+  const size_t group_bytes = static_cast<size_t>(nb) * kGB;
   for (int g = g0; g < g1; ++g) {
     const uint8_t* p = P + static_cast<size_t>(g) * group_bytes;
     __m256 acc[8];
     for (auto& a : acc) a = _mm256_setzero_ps();
+    __m256 summ = _mm256_setzero_ps();  // lane r: row r's min sum
     alignas(32) float d[kChunk][8];
     for (int c = 0; c < nb; c += kChunk) {
       const int n = std::min(kChunk, nb - c);
       for (int i = 0; i < n; ++i) {
-        const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + (c + i) * kX8GroupBlock));
+        const uint8_t* blk = p + (c + i) * kGB;
+        const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk));
         _mm256_store_ps(d[i], _mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_set1_ps(xd[c + i])));
+        if constexpr (has_min(T)) {
+          const __m128i m = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + X8<T>::kM));
+          summ = _mm256_fmadd_ps(_mm256_cvtph_ps(m), _mm256_set1_ps(xs[c + i]), summ);
+        }
       }
       for (int i = 0; i < n; ++i) {
         const int b = c + i;
-        const uint8_t* blk = p + b * kX8GroupBlock;
-        for (size_t off = 0; off < kX8GroupBlock; off += 64)
+        const uint8_t* blk = p + b * kGB;
+        for (size_t off = 0; off < kGB; off += 64)
           _mm_prefetch(reinterpret_cast<const char*>(blk + group_bytes + off), _MM_HINT_T1);
-        const __m256i* q = reinterpret_cast<const __m256i*>(blk + 16);
 #pragma GCC unroll 8
         for (int r = 0; r < 8; ++r)
-          acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d[i][r]), _mm256_cvtepi32_ps(isum(b, _mm256_loadu_si256(q + r))),
+          acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d[i][r]), _mm256_cvtepi32_ps(isum(b, x8_unsigned<T>(blk, r), blk, r)),
                                    acc[r]);
       }
     }
-    for (int r = 0; r < 8; ++r) Y[8 * g + r] = hsum8_ps(acc[r]);
+    alignas(32) float m[8];
+    _mm256_store_ps(m, summ);
+    for (int r = 0; r < 8; ++r) Y[8 * g + r] = has_min(T) ? hsum8_ps(acc[r]) + m[r] : hsum8_ps(acc[r]);
   }
 }
 

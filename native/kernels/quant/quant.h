@@ -154,27 +154,30 @@ void matmul_q(DType t, const void* W, int n_in, int o0, int o1,
               const BlockQ8A* Xq, int n_x, float* Y, size_t y_stride, uint64_t x_id = 0);
 uint64_t new_activation_id();  // unique in the process, never 0
 
-// Q8_0 weights repacked for one activation row ("Q8_0 x8"). Decode reads
-// every weight once, from memory: in the file's row-major layout a kernel
-// that keeps 8 rows' sums going reads 8 streams a row apart, a block (34
-// bytes) from each in turn, and on Zen 4 that ran at 0.55-0.65x the rate of
-// the same bytes read in address order. Repacked, the rows go in groups of
-// 8, and each group block by block: the 8 rows' f16 d (16 bytes), then their
-// 32 qs each (256 bytes). A group's block b holds the same 8 x 34 bytes as
-// the rows, so the size is the file's (n_out rounded up to 8: the last
-// group's missing rows are zeros, never read back). The arithmetic is
-// matmul_q's, lane for lane: the same bits as the Q8_0 rows.
-size_t q8_0x8_bytes(int n_in, int n_out);
-// Groups [g0, g1) of the n_out x n_in Q8_0 matrix W into P (q8_0x8_bytes).
-void repack_q8_0x8(const void* W, int n_in, int n_out, int g0, int g1, void* P);
-// matmul_q(Q8_0, W, ...) where P is W repacked: one activation row's whole
-// groups go to the path's kernel for P (Kernels::matvec_q8_0x8) where it has
-// one; more rows, rows outside whole groups, and paths without one read W.
-// (The batched kernels keep the row layout: from 2 rows on they are bound by
+// Weights repacked for one activation row ("x8"), for the blocks-of-32
+// types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0). Decode reads every weight once, from
+// memory: in the file's row-major layout a kernel that keeps 8 rows' sums
+// going reads 8 streams a row apart, a block from each in turn, and on Zen 4
+// that ran at 0.55-0.65x the rate of the same bytes read in address order.
+// Repacked, the rows go in groups of 8, and each group block by block: the 8
+// rows' f16 d (16 bytes), then their m (Q4_1, Q5_1: 16 bytes), their qh
+// (Q5_*: 8 x 4 bytes), and their qs (8 x 16, Q8_0 8 x 32). A group's block
+// holds the same bytes as the 8 rows' blocks, so the size is the file's
+// (n_out rounded up to 8: the last group's missing rows are zeros, never
+// read back). The arithmetic is matmul_q's, lane for lane: the same bits.
+bool dtype_has_x8(DType t);
+size_t x8_bytes(DType t, int n_in, int n_out);
+// Groups [g0, g1) of the n_out x n_in matrix W of type t into P (x8_bytes).
+void repack_x8(DType t, const void* W, int n_in, int n_out, int g0, int g1, void* P);
+// matmul_q(t, W, ...) where P is W repacked: one activation row's whole
+// groups go to the path's kernel for P (Kernels::matvec_x8) where it has one;
+// more rows, rows outside whole groups, and paths without one read W. (The
+// batched kernels keep the row layout: from 2 rows on they are bound by
 // arithmetic more than by the reading, and a version of quant_rows_avx512.cpp
-// over P ran at 0.8-0.95x its speed over W: docs/PERFORMANCE.md, session 43.)
-void matmul_q8_0x8(const void* W, const void* P, int n_in, int o0, int o1, const BlockQ8A* Xq, int n_x, float* Y,
-                   size_t y_stride, uint64_t x_id = 0);
+// over repacked Q8_0 ran at 0.8-0.95x its speed over the rows:
+// docs/PERFORMANCE.md, session 43.)
+void matmul_x8(DType t, const void* W, const void* P, int n_in, int o0, int o1, const BlockQ8A* Xq, int n_x, float* Y,
+               size_t y_stride, uint64_t x_id = 0);
 
 void matmul_k(DType t, const void* W, int n_in, int o0, int o1,
               const BlockQ8K* Xk, int n_x, float* Y, size_t y_stride);

@@ -1,44 +1,38 @@
-// AVX2 product of one activation row with Q8_0 weights repacked 8 rows to a
-// group (quant.h repack_q8_0x8): decode's output matrix, read in address
-// order (decode_x8_simd.h). A block's 4-sums by the sign trick: |w|
-// unsigned, x negated where w < 0, then vpmaddubsw (2 * 128 * 127 fits an
-// int16) and vpmaddwd with ones: lane l is elements 4l..4l+3, exactly
-// canonical lane l.
+// AVX2 product of one activation row with weights repacked 8 rows to a group
+// (quant.h repack_x8): decode's matrices read in address order
+// (decode_x8_simd.h). A block's 4-sums: vpmaddubsw of the unsigned weights
+// (q + bias, at most 31: 2 * 31 * 127 fits an int16) by x, then vpmaddwd with
+// ones, started at -bias times x's 4-sums; Q8_0, whose q + 128 would not fit,
+// by the sign trick instead: |w| unsigned, x negated where w < 0 (2 * 128 *
+// 127 fits). Either way lane l is elements 4l..4l+3, exactly canonical lane l.
 #include <immintrin.h>
-
-#include <vector>
 
 #include "kernels/quant/decode_x8_simd.h"
 #include "kernels/quant/quant_impl.h"
 
 namespace ctx::qk {
 
-namespace {
-
-struct XBlock {
-  __m256i v;  // one activation block's 32 int8
-};
-struct XRow {
-  std::vector<XBlock> q;  // [block]
-  std::vector<float> d;   // [block] d_x
-};
-
-}  // namespace
-
-void matvec_q8_0x8_avx2(const void* P, int n_in, int g0, int g1, const BlockQ8A* x, float* Y) {
-  thread_local XRow xr;
+bool matvec_x8_avx2(DType t, const void* P, int n_in, int g0, int g1, const BlockQ8A* x, float* Y) {
+  thread_local X8Row xr;
   const int nb = n_in / QK;
-  xr.q.resize(nb);
-  xr.d.resize(nb);
-  for (int b = 0; b < nb; ++b) {
-    xr.q[b].v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[b].qs));
-    xr.d[b] = x[b].d;
-  }
   const __m256i ones = _mm256_set1_epi16(1);
-  const auto isum = [&](int b, __m256i w) {
-    return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(xr.q[b].v, w)), ones);
-  };
-  groups_x8(static_cast<const uint8_t*>(P), nb, g0, g1, xr.d.data(), isum, Y);
+  return x8_dispatch(t, [&](auto type) {
+    constexpr DType T = decltype(type)::value;
+    x8_prep(x, nb, xr, [&](__m256i q) {  // -bias * (the 4-sums)
+      const __m256i sums = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), q), ones);
+      return _mm256_mullo_epi32(sums, _mm256_set1_epi32(-x8_bias(T)));
+    });
+    const auto isum = [&](int b, __m256i u, const uint8_t* blk, int r) {
+      const __m256i q = xr.blocks[b].q;
+      if constexpr (T == DType::Q8_0) {
+        const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + X8<T>::kQs + 32 * r));
+        return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(q, w)), ones);
+      } else {
+        return _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(u, q), ones), xr.blocks[b].start);
+      }
+    };
+    groups_x8<T>(static_cast<const uint8_t*>(P), nb, g0, g1, xr.d.data(), xr.s.data(), isum, Y);
+  });
 }
 
 }  // namespace ctx::qk

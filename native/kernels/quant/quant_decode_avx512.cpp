@@ -96,15 +96,21 @@ void rows(const uint8_t* w0, size_t row_bytes, int nb, const XRow& x, float* y) 
 
 }  // namespace
 
-void matvec_q8_0x8_avx512(const void* P, int n_in, int g0, int g1, const BlockQ8A* x, float* Y) {
-  thread_local XRow xr;
+bool matvec_x8_avx512(DType t, const void* P, int n_in, int g0, int g1, const BlockQ8A* x, float* Y) {
+  thread_local X8Row xr;
   const int nb = n_in / QK;
-  prep(x, nb, xr);
-  // vpdpbusd: the weight biased by 128 is the unsigned side, started at x's bias correction.
-  const auto isum = [&](int b, __m256i w) {
-    return _mm256_dpbusd_epi32(xr.blocks[b].nbias, _mm256_xor_si256(w, _mm256_set1_epi8(-128)), xr.blocks[b].q);
-  };
-  groups_x8(static_cast<const uint8_t*>(P), nb, g0, g1, xr.d.data(), isum, Y);
+  return x8_dispatch(t, [&](auto type) {
+    constexpr DType T = decltype(type)::value;
+    // vpdpbusd of the unsigned weights (q + bias) by x, started at -bias * (x's 4-sums).
+    const __m256i bias = _mm256_set1_epi8(static_cast<char>(x8_bias(T)));
+    x8_prep(x, nb, xr, [&](__m256i q) {
+      return _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_dpbusd_epi32(_mm256_setzero_si256(), bias, q));
+    });
+    const auto isum = [&](int b, __m256i u, const uint8_t*, int) {
+      return _mm256_dpbusd_epi32(xr.blocks[b].start, u, xr.blocks[b].q);
+    };
+    groups_x8<T>(static_cast<const uint8_t*>(P), nb, g0, g1, xr.d.data(), xr.s.data(), isum, Y);
+  });
 }
 
 bool matvec_q_avx512(DType t, const void* W, int n_in, int o0, int o1, const BlockQ8A* x, float* Y) {

@@ -46,10 +46,11 @@ py::array_t<float> matmul(int ggml_type, const Array<uint8_t>& W, int n_in, int 
   const DType t = checked_type(ggml_type);
   if (float_x && t != DType::Q8_0 && dtype_act_format(t) != ActFormat::f32)
     throw py::value_error("float_x: only Q8_0 and the float types multiply float activations");
-  if (x8 && (t != DType::Q8_0 || float_x)) throw py::value_error("x8: Q8_0 weights repacked, against Q8A activations");
-  if (x8 && static_cast<size_t>(x8->size()) != q8_0x8_bytes(n_in, n_out))
+  if (x8 && (!dtype_has_x8(t) || float_x))
+    throw py::value_error(std::string("x8: ") + dtype_name(ggml_type) + " has no repacked layout for Q8A activations");
+  if (x8 && static_cast<size_t>(x8->size()) != x8_bytes(t, n_in, n_out))
     throw py::value_error("x8 has " + std::to_string(x8->size()) + " bytes, expected " +
-                          std::to_string(q8_0x8_bytes(n_in, n_out)));
+                          std::to_string(x8_bytes(t, n_in, n_out)));
   check_row_length(t, n_in);
   if (n_out < 0) throw py::value_error("n_out must be >= 0");
   if (o1 < 0) o1 = n_out;
@@ -80,7 +81,7 @@ py::array_t<float> matmul(int ggml_type, const Array<uint8_t>& W, int n_in, int 
       const uint64_t x_id = new_activation_id();
       for_chunks(o0, o1, chunk, [&](int a, int b) {
         if (x8)
-          matmul_q8_0x8(w, x8->data(), n_in, a, b, xq.data(), n_x, y, static_cast<size_t>(n_out), x_id);
+          matmul_x8(t, w, x8->data(), n_in, a, b, xq.data(), n_x, y, static_cast<size_t>(n_out), x_id);
         else
           matmul_q(t, w, n_in, a, b, xq.data(), n_x, y, static_cast<size_t>(n_out), x_id);
       });
@@ -96,13 +97,15 @@ py::array_t<float> matmul(int ggml_type, const Array<uint8_t>& W, int n_in, int 
   return Y;
 }
 
-py::array_t<uint8_t> repack(const Array<uint8_t>& W, int n_in, int n_out) {
-  check_row_length(DType::Q8_0, n_in);
+py::array_t<uint8_t> repack(int ggml_type, const Array<uint8_t>& W, int n_in, int n_out) {
+  const DType t = checked_type(ggml_type);
+  if (!dtype_has_x8(t)) throw py::value_error(std::string(dtype_name(ggml_type)) + " has no repacked layout");
+  check_row_length(t, n_in);
   if (n_out < 0) throw py::value_error("n_out must be >= 0");
-  if (static_cast<size_t>(W.size()) != dtype_row_bytes(DType::Q8_0, n_in) * static_cast<size_t>(n_out))
-    throw py::value_error("W is not n_out rows of n_in Q8_0 weights");
-  py::array_t<uint8_t> P(static_cast<py::ssize_t>(q8_0x8_bytes(n_in, n_out)));
-  repack_q8_0x8(W.data(), n_in, n_out, 0, (n_out + 7) / 8, P.mutable_data());
+  if (static_cast<size_t>(W.size()) != dtype_row_bytes(t, n_in) * static_cast<size_t>(n_out))
+    throw py::value_error("W is not n_out rows of n_in weights");
+  py::array_t<uint8_t> P(static_cast<py::ssize_t>(x8_bytes(t, n_in, n_out)));
+  repack_x8(t, W.data(), n_in, n_out, 0, (n_out + 7) / 8, P.mutable_data());
   return P;
 }
 
@@ -175,9 +178,9 @@ void register_quant(py::module_& m) {
         "widened, as LoRA's A). Only output columns [o0, o1) are computed (o1 = -1: "
         "n_out), as one thread of the model's split does; the rest are 0. chunk > 0: the kernel is called "
         "per `chunk` output rows of that range, as the model's threads split them. x8: W "
-        "repacked by repack_q8_0x8, taken where the path reads that layout (one row), as the model's output matrix.");
-  m.def("repack_q8_0x8", &repack, py::arg("W"), py::arg("n_in"), py::arg("n_out"),
-        "Q8_0 rows -> the one-row layout, 8 rows a group (quant.h): matmul's x8");
+        "repacked by repack_x8, taken where the path reads that layout (one row), as the model does.");
+  m.def("repack_x8", &repack, py::arg("ggml_type"), py::arg("W"), py::arg("n_in"), py::arg("n_out"),
+        "rows of a blocks-of-32 type -> the one-row layout, 8 rows a group (quant.h): matmul's x8");
   m.def("quantize_q8k", &quantize_q8k, py::arg("x"), "one activation row -> raw BlockQ8K bytes (292 per 256 elements)");
   m.def("quantize_q8a", &quantize_q8a, py::arg("x"), "one activation row -> raw BlockQ8A bytes (40 per 32 elements)");
   m.def("quantize_kv8", &quantize_kv8, py::arg("x"),
