@@ -126,6 +126,12 @@ class Engine:
             _core.guard_mapping(address, size, f"the model file {Path(where).absolute()}", TRUNCATED_MODEL)
 
     # -- tokens ---------------------------------------------------------------
+    @property
+    def repacked_bytes(self) -> int:
+        """Bytes of the weights' copies laid out for one-row products (decode), which the
+        engine holds beside the mapped file (at most repack_budget)."""
+        return self._core.repacked_bytes
+
     def checked_ids(self, ids: Iterable[int]) -> list[int]:
         """Token ids as ints, each in the vocabulary (a ContextError names the first that is
         not: ``b"hi"`` or ``[1.9]`` were taken as ids 104, 105 and 1)."""

@@ -55,9 +55,10 @@ class LoadedEntry:
 
     @property
     def memory_bytes(self) -> int:
-        """Weights (the mapped file) plus the KV pages allocated so far."""
-        pool = self.model.engine.pool
-        return self.entry.size + pool.n_allocated * pool.page_bytes
+        """Weights (the mapped file and the copies laid out for decode) plus the KV pages
+        allocated so far."""
+        engine = self.model.engine
+        return self.entry.size + engine.repacked_bytes + engine.pool.n_allocated * engine.pool.page_bytes
 
 
 class ServedModels:
