@@ -77,7 +77,7 @@ void Model::repack_weights() {
   for (LayerWeights& L : w_.layers)
     for (Weight* w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.gate, &L.up, &L.down}) ws.push_back(w);
   for (Weight* w : ws) {
-    if (!dtype_has_x8(w->type) || w->n_out <= 0 || w->data == nullptr) continue;
+    if (!dtype_has_x8(w->type) || w->n_in < QK || w->n_out <= 0 || w->data == nullptr) continue;
     const size_t bytes = x8_bytes(w->type, w->n_in, w->n_out);
     if (repacked_bytes_ + bytes > cfg_.repack_budget) continue;
     x8_.emplace_back(new uint8_t[bytes]);
