@@ -53,6 +53,8 @@ def test_a_port_out_of_range_is_a_usage_error(tmp_path, option, value):
     ("--memory-budget", "inf", "must be a number of GiB >= 0, not inf"),
     ("--memory-budget", "1e400", "must be a number of GiB >= 0, not 1e400"),
     ("--memory-budget", "-1", "must be a number of GiB >= 0, not -1"),
+    ("--repack-budget", "-0.5", "must be a number of GiB >= 0, not -0.5"),
+    ("--repack-budget", "nan", "must be a number of GiB >= 0, not nan"),
     ("--prefix-cache", "-1", "must be 0 or more, not -1"),
     ("--max-body", "-5", "must be a number of bytes > 0, not -5"),
     ("--max-body", "0", "must be a number of bytes > 0, not 0"),

@@ -4,9 +4,12 @@ over the rows, and a model's logits the same with the copies as without them."""
 import numpy as np
 import pytest
 
+import ctxengine as ce
 from ctxengine import _core
+from ctxengine.engine.catalog import ModelCatalog
 from ctxengine.engine.engine import Engine
 from ctxengine.errors import RequestError
+from ctxengine.serving.runtime import Runtime
 
 Q = _core.quant
 # ggml type: (block bytes, its fields (offset, bytes) in the order the group keeps them: d, m, qh, qs)
@@ -102,6 +105,22 @@ def test_the_copies_keep_within_their_budget_the_output_matrix_first(which, smol
     assert sizes[0] == 0
     assert sizes[100 << 20] >= (out if out <= 100 << 20 else 0)
     assert sizes[2 << 30] > out  # every layer too: Q4_1 (SmolLM2), Q5_0 and Q8_0 (Gemma 3)
+
+
+def test_load_and_the_server_pass_the_budget_on(smollm2_path):
+    for budget, some in ((None, True), (0, False), (10**30, True)):
+        model = ce.load(smollm2_path, threads=1, **({} if budget is None else {"repack_budget": budget}))
+        assert (model.engine.repacked_bytes > 0) == some, budget
+        model.close()
+    for budget in (0, None):  # a served model's memory counts its copies
+        runtime = Runtime(ModelCatalog.build([str(smollm2_path)], packaged=False), threads=1, repack_budget=budget)
+        try:
+            engine, entry = runtime.model().engine, runtime.resolve(None)
+            assert (engine.repacked_bytes > 0) == (budget is None)
+            pages = engine.pool.n_allocated * engine.pool.page_bytes
+            assert runtime._loaded[entry.name].memory_bytes == entry.size + engine.repacked_bytes + pages
+        finally:
+            runtime.close()
 
 
 @pytest.mark.parametrize("bad", [-1, 1.5, True, "1"])

@@ -44,6 +44,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv", choices=KV_DTYPES, default="f16", help="KV cache dtype of loaded models")
     p.add_argument("--memory-budget", type=gib, default=None, metavar="GIB",
                    help="unload least recently used models past this many GiB (default: half the RAM)")
+    p.add_argument("--repack-budget", type=gib, default=None, metavar="GIB",
+                   help="copies of each model's weights laid out for decode, at most this many GiB a model "
+                        "(default 0.5; 0: none): faster decode for their size in memory, the same output")
     p.add_argument("--fleet", metavar="redis://HOST:PORT[,...]", default=None,
                    help="share contexts with other hosts through this Redis Cluster (docs/fleet.md)")
     p.add_argument("--lora", action="append", default=[], metavar="NAME=PATH[:SCALE]",
@@ -63,7 +66,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def gib(text: str) -> float:
-    """``--memory-budget``'s value: a finite number of GiB, 0 or more (0: only the model in use stays)."""
+    """``--memory-budget``'s and ``--repack-budget``'s value: a finite number of GiB, 0 or more
+    (0: only the model in use stays; no copies)."""
     x = float(text)
     if not 0 <= x < math.inf:  # False for NaN too
         raise argparse.ArgumentTypeError(f"must be a number of GiB >= 0, not {text}")
@@ -101,9 +105,10 @@ def build_runtime(args: argparse.Namespace):
         check_model("--draft", args.draft)
     args.model = [*args.model, *(hf_model(spec) for spec in args.hf)]  # pulled first when not cached
     budget = None if args.memory_budget is None else int(args.memory_budget * (1 << 30))
+    repack = None if args.repack_budget is None else int(args.repack_budget * (1 << 30))
     runtime = Runtime(catalog_from_args(args), store=Store(args.store, fleet=args.fleet), threads=args.threads,
                       kv=args.kv, memory_budget=budget, prefix_cache_entries=args.prefix_cache, lora=lora,
-                      draft=args.draft, speculative=args.speculative, warn=warning,
+                      draft=args.draft, speculative=args.speculative, warn=warning, repack_budget=repack,
                       template_kwargs=getattr(args, "chat_template_kwargs", None))
     try:
         runtime.check_at_start()  # what a model goes without is said now, not found out by its clients

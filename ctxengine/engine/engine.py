@@ -71,6 +71,7 @@ class Engine:
             raise RequestError(f"repack_budget must be a number of bytes >= 0, not {repack_budget!r}",
                                param="repack_budget")
         self.path = Path(path)
+        self.repack_budget = int(repack_budget)
         self.file = open_gguf(self.path)
         f = self.file
         why = unsupported_reason(f)
@@ -95,7 +96,8 @@ class Engine:
                    for t in f.tensors.values()}
         cfg = self.config
         try:
-            self._core = _core.Model({**asdict(cfg), "repack_budget": int(repack_budget)}, tensors, self.threads)
+            repack = min(self.repack_budget, 1 << 62)  # past any memory; the core takes a size_t
+            self._core = _core.Model({**asdict(cfg), "repack_budget": repack}, tensors, self.threads)
         except (ValueError, IndexError) as err:
             raise ModelFileError(f"{self.path.name}: {err}") from None
         except RuntimeError as err:  # the OS refused the threads (native/core/threads.cpp)

@@ -68,9 +68,10 @@ class ServedModels:
     def __init__(self, catalog: ModelCatalog, *, store: "Store | None" = None, threads: int | None = None,
                  kv: str = "f16", memory_budget: int | None = None,
                  prefix_cache_entries: int | None = None, lora: Sequence[LoraSpec] = (),
-                 draft: str | None = None, speculative: bool = True, warn: Warn | None = None):
+                 draft: str | None = None, speculative: bool = True, warn: Warn | None = None,
+                 repack_budget: int | None = None):
         """``warn``: where a line saying what a model goes without (a draft, an adapter) goes
-        (default: this module's logger)."""
+        (default: this module's logger). ``repack_budget``: Engine's, per model (None: its default)."""
         self.catalog = catalog
         self.lora = tuple(lora)  # adapters loaded into each model they fit
         self.draft = draft              # a draft model for every model loaded with its vocabulary
@@ -79,6 +80,7 @@ class ServedModels:
         self.store = store  # where idle contexts are evicted to when pages run out, and snapshots kept
         self.threads = threads
         self.kv = kv
+        self.repack = {} if repack_budget is None else {"repack_budget": repack_budget}
         self.memory_budget = memory_budget if memory_budget is not None else _physical_memory() // 2
         # Per model; 0 turns prefix reuse off, None is the prefix cache's default.
         self.prefix_cache_entries = DEFAULT_MAX_ENTRIES if prefix_cache_entries is None else prefix_cache_entries
@@ -321,7 +323,7 @@ class ServedModels:
         if entry.source == "packaged" and not path.is_file():  # an installed package not built yet
             path = resolve_model(entry.name)
         drafted = self.fits.drafts_for(entry, path)  # before the engine, which a refusal would leave open
-        engine = Engine(path, threads=self.threads, kv=self.kv)
+        engine = Engine(path, threads=self.threads, kv=self.kv, **self.repack)
         engine.speculative = self.speculative
         if drafted:
             attach_draft(engine, self.draft)

@@ -28,7 +28,7 @@ __all__ = ["LoadedEntry", "Runtime"]
 class Runtime(ServedModels):
     def __init__(self, catalog, *, store: "Store | None" = None, template_kwargs: dict | None = None, **options):
         """``options``: ServedModels' (threads, kv, memory_budget, prefix_cache_entries,
-        lora, draft, speculative). ``template_kwargs``: chat template variables every chat
+        lora, draft, speculative, repack_budget). ``template_kwargs``: chat template variables every chat
         request gets unless it sets them itself (``ctx serve --chat-template-kwargs``)."""
         super().__init__(catalog, store=store, **options)
         self.template_kwargs = dict(template_kwargs or {})

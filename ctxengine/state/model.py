@@ -141,7 +141,7 @@ def resolve_model(spec: str | os.PathLike | None = None) -> Path:
 
 def load(model: str | os.PathLike | None = None, *, threads: int | None = None, kv: str = "f16",
          n_ctx: int | None = None, lora: dict[str, str | os.PathLike] | None = None,
-         draft: str | os.PathLike | None = None) -> Model:
+         draft: str | os.PathLike | None = None, repack_budget: int | None = None) -> Model:
     """Load a model: the packaged default (None or "smollm2"), a .gguf path, or a known name.
 
     ``threads``: 1 to 512 (None or 0: one a physical core). ``n_ctx``: the longest a
@@ -152,9 +152,14 @@ def load(model: str | os.PathLike | None = None, *, threads: int | None = None, 
     ``lora``: {name: adapter .gguf path} to load; a context picks them by name.
     ``draft``: a smaller model with the same vocabulary that drafts tokens for
     speculative decoding (refused, naming the first differing token, otherwise).
+    ``repack_budget``: the bytes of copies of the weights, laid out for decode's
+    one-row products, the model may hold beside the mapped file (None: 512 MiB;
+    0: none). They make decode faster and cost their size in memory; the output
+    is the same bits either way (docs/design-notes.md).
     """
     path, own = registry.resolve_with_adapters(model, sources=MODEL_SOURCES)
-    engine = Engine(path, threads=threads, kv=kv, n_ctx=n_ctx)
+    budget = {} if repack_budget is None else {"repack_budget": repack_budget}
+    engine = Engine(path, threads=threads, kv=kv, n_ctx=n_ctx, **budget)
     own_names = {f"adapter{i}" if len(own) > 1 else "adapter": adapter for i, adapter in enumerate(own)}
     try:
         for name, adapter in own_names.items():  # an Ollama model's ADAPTER layers: part of the model
@@ -175,7 +180,8 @@ def attach_draft(engine: Engine, draft: str | os.PathLike) -> None:
     try:
         path = resolve_model(draft)
         engine.draft = engine if path == engine.path else Engine(
-            path, threads=engine.threads, kv=engine.kv_dtype, n_ctx=engine.config.n_ctx)
+            path, threads=engine.threads, kv=engine.kv_dtype, n_ctx=engine.config.n_ctx,
+            repack_budget=engine.repack_budget)
         check_same_vocabulary(engine, engine.draft)
     except BaseException:
         engine.close()
