@@ -168,7 +168,7 @@ class Model:
     def kv_dim(self) -> int: ...
     @property
     def repacked_bytes(self) -> int:
-        """Bytes of the weights' copies laid out for one-row products (config "repack_budget":
+        """Bytes of the weights' copies laid out for decode (config "repack_budget":
         at most that many, the output matrix first; default 512 MiB)."""
     def forward(self, batch: list[_BatchItem]) -> None:
         """Run one step for every item (GIL released); appends KV to each seq, fills the buffers."""
@@ -195,11 +195,11 @@ class _Quant:
         first, except Q8_0 with float_x=True (matmul_f: each weight widened exactly, as LoRA's A). Only columns [o0, o1) (o1 = -1: n_out) are computed, as one thread's share; the rest are 0.
         chunk > 0: the kernel is called per `chunk` output rows of that range (the integer types' calls
         share one activation id, so the prefill tiles lay X out once per thread, as in the model).
-        x8: W repacked by repack_x8, which the path reads where it has a kernel for it (one row),
+        x8: W repacked by repack_x8, which the path reads where it has a kernel for it (1-2 rows),
         as the model does."""
     @staticmethod
     def repack_x8(ggml_type: int, W: npt.ArrayLike, n_in: int, n_out: int) -> npt.NDArray[np.uint8]:
-        """Rows of a blocks-of-32 type -> the one-row layout, 8 rows a group (quant.h): matmul's x8."""
+        """Rows of a blocks-of-32 type -> decode's layout, 8 rows a group (quant.h): matmul's x8."""
     @staticmethod
     def quantize_q8a(x: _F32) -> bytes:
         """One activation row -> raw BlockQ8A bytes (40 per 32 elements)."""

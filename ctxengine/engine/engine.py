@@ -33,7 +33,7 @@ from .weights import cached_weight_id
 KV_DTYPES = ("f16", "q8", "vq8")
 PAGE_TOKENS = 16
 DEFAULT_KV_BUDGET = 2 << 30  # bytes of KV pages a model may hold in memory
-# Bytes of the weights' copies laid out for one-row products (decode), the output
+# Bytes of the weights' copies laid out for decode (products of 1-2 rows), the output
 # matrix first: they cost their size in memory (native/models/model.cpp repack_weights).
 DEFAULT_REPACK_BUDGET = 512 << 20
 TRUNCATED_MODEL = ("the file was truncated or rewritten in place while it was loaded. Replace a loaded model by "
@@ -130,7 +130,7 @@ class Engine:
     # -- tokens ---------------------------------------------------------------
     @property
     def repacked_bytes(self) -> int:
-        """Bytes of the weights' copies laid out for one-row products (decode), which the
+        """Bytes of the weights' copies laid out for decode (products of 1-2 rows), which the
         engine holds beside the mapped file (at most repack_budget)."""
         return self._core.repacked_bytes
 

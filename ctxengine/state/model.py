@@ -152,10 +152,10 @@ def load(model: str | os.PathLike | None = None, *, threads: int | None = None, 
     ``lora``: {name: adapter .gguf path} to load; a context picks them by name.
     ``draft``: a smaller model with the same vocabulary that drafts tokens for
     speculative decoding (refused, naming the first differing token, otherwise).
-    ``repack_budget``: the bytes of copies of the weights, laid out for decode's
-    one-row products, the model may hold beside the mapped file (None: 512 MiB;
-    0: none). They make decode faster and cost their size in memory; the output
-    is the same bits either way (docs/design-notes.md).
+    ``repack_budget``: the bytes of copies of the weights laid out for decode
+    (products of one or two rows) the model may hold beside the mapped file
+    (None: 512 MiB; 0: none). They make decode faster and cost their size in
+    memory; the output is the same bits either way (docs/design-notes.md).
     """
     path, own = registry.resolve_with_adapters(model, sources=MODEL_SOURCES)
     budget = {} if repack_budget is None else {"repack_budget": repack_budget}

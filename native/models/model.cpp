@@ -63,15 +63,16 @@ Model::Model(ModelConfig config, ModelWeights weights, int n_threads)
   repack_weights();
 }
 
-// Decode reads every weight for each token, from memory: one row's products
-// read the copies, in address order (quant.h repack_x8). The copies cost
-// their size in memory, so they are made within cfg_.repack_budget bytes,
-// the output matrix first (Gemma 3 270M's Q8_0 output alone is 178 MB of the
+// Decode reads every weight for each token, from memory: products of one or
+// two rows (a sequence's step; two streams, a draft of one) read the copies,
+// in address order (quant.h repack_x8). The copies cost their size in
+// memory, so they are made within cfg_.repack_budget bytes, the output
+// matrix first (Gemma 3 270M's Q8_0 output alone is 178 MB of the
 // 247 a token reads: decode 1.31x; its layers' 45 MB added 1.5%, SmolLM2's
 // 66 MB 8%; Zen 4, docs/PERFORMANCE.md), then the layers' matrices in order.
 // The file's rows stay for the embedding lookups and for products of more
-// rows (prompts, speculation's drafts, batched decode), whose kernels are
-// bound by arithmetic more than by the reading.
+// rows (prompts, longer drafts, batched decode), whose kernels are bound by
+// arithmetic more than by the reading.
 void Model::repack_weights() {
   std::vector<Weight*> ws{&w_.output};
   for (LayerWeights& L : w_.layers)

@@ -48,7 +48,8 @@ struct ModelConfig {
   std::vector<uint8_t> swa_layer;  // (n_layer) 1 for a sliding-window layer, or empty for none
   float rope_base_swa = 10000.0f;
   // Not the file's: the bytes the blocks-of-32 matrices' copies laid out for
-  // one-row products may take (Model::repack_weights; the same logits either way).
+  // products of one or two rows may take (Model::repack_weights; the same
+  // logits either way).
   size_t repack_budget = size_t{512} << 20;
   bool is_swa(int layer) const { return swa_window > 0 && !swa_layer.empty() && swa_layer[layer] != 0; }
   int q_dim() const { return n_head * head_dim; }
@@ -60,7 +61,7 @@ struct Weight {
   const uint8_t* data = nullptr;
   int n_in = 0;    // row length (GGUF ne0)
   int n_out = 0;   // rows (GGUF ne1)
-  const uint8_t* x8 = nullptr;  // data repacked for one-row products (quant.h repack_x8), or null
+  const uint8_t* x8 = nullptr;  // data repacked for decode (quant.h repack_x8), or null
 };
 
 struct LayerWeights {
@@ -228,7 +229,7 @@ class Model {
   void attend_softmax(const AttnLayer& at, const AttnTask& k, float* sc);
   void attend_values(const AttnLayer& at, const AttnTask& k, const float* sc, int d0, int d1);
   void ensure_scratch(int rows);
-  // The matrices' copies in the one-row layout (quant.h repack_x8), in x8_.
+  // The matrices' copies in decode's layout (quant.h repack_x8), in x8_.
   void repack_weights();
 
   ModelConfig cfg_;

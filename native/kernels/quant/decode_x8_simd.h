@@ -1,7 +1,7 @@
-// One activation row against weights repacked 8 rows to a group (quant.h
-// repack_x8), its loop written once for quant_decode_avx512.cpp and
+// One or two activation rows against weights repacked 8 rows to a group
+// (quant.h repack_x8), the loop written once for quant_decode_avx512.cpp and
 // quant_decode_avx2.cpp, each built with its own flags (everything is in an
-// anonymous namespace). A path gives isum(b, u, blk, r): the 8 canonical
+// anonymous namespace). A path gives isum(x, b, u, blk, r): the 8 canonical
 // int32 lanes of x's block b against row r of the group's block at blk, whose
 // 32 weights x8_unsigned made u (q + bias as bytes: quant.h's weight value
 // plus x8_bias(T), so that x's block needs only its start, -bias times
@@ -104,28 +104,33 @@ bool x8_dispatch(DType t, Fn fn) {
   }
 }
 
-// Groups [g0, g1) of P (nb blocks a row) into Y[8 g0, 8 g1); xd, xs: x's d
-// and s per block.
-template <DType T, typename Isum>
-void groups_x8(const uint8_t* P, int nb, int g0, int g1, const float* xd, const float* xs, Isum isum, float* Y) {
+// Groups [g0, g1) of P (nb blocks a row) against the R prepared rows xr[j]
+// into Y[j * y_stride + 8 g0 .. 8 g1). A row's weights are unpacked once for
+// the R activation rows.
+template <DType T, int R, typename Isum>
+void groups_x8(const uint8_t* P, int nb, int g0, int g1, const X8Row* xr, Isum isum, float* Y, size_t y_stride) {
   constexpr int kChunk = 8;
   constexpr size_t kGB = X8<T>::kGroupBlock;
   const size_t group_bytes = static_cast<size_t>(nb) * kGB;
   for (int g = g0; g < g1; ++g) {
     const uint8_t* p = P + static_cast<size_t>(g) * group_bytes;
-    __m256 acc[8];
-    for (auto& a : acc) a = _mm256_setzero_ps();
-    __m256 summ = _mm256_setzero_ps();  // lane r: row r's min sum
-    alignas(32) float d[kChunk][8];
+    __m256 acc[R][8];
+    for (auto& row : acc)
+      for (auto& a : row) a = _mm256_setzero_ps();
+    __m256 summ[R];  // lane r: weight row r's min sum
+    for (auto& m : summ) m = _mm256_setzero_ps();
+    alignas(32) float d[kChunk][R][8];
     for (int c = 0; c < nb; c += kChunk) {
       const int n = std::min(kChunk, nb - c);
       for (int i = 0; i < n; ++i) {
         const uint8_t* blk = p + (c + i) * kGB;
-        const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk));
-        _mm256_store_ps(d[i], _mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_set1_ps(xd[c + i])));
-        if constexpr (has_min(T)) {
-          const __m128i m = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + X8<T>::kM));
-          summ = _mm256_fmadd_ps(_mm256_cvtph_ps(m), _mm256_set1_ps(xs[c + i]), summ);
+        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk)));
+        for (int j = 0; j < R; ++j) {
+          _mm256_store_ps(d[i][j], _mm256_mul_ps(dw, _mm256_set1_ps(xr[j].d[c + i])));
+          if constexpr (has_min(T)) {
+            const __m128i m = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + X8<T>::kM));
+            summ[j] = _mm256_fmadd_ps(_mm256_cvtph_ps(m), _mm256_set1_ps(xr[j].s[c + i]), summ[j]);
+          }
         }
       }
       for (int i = 0; i < n; ++i) {
@@ -134,15 +139,37 @@ void groups_x8(const uint8_t* P, int nb, int g0, int g1, const float* xd, const 
         for (size_t off = 0; off < kGB; off += 64)
           _mm_prefetch(reinterpret_cast<const char*>(blk + group_bytes + off), _MM_HINT_T1);
 #pragma GCC unroll 8
-        for (int r = 0; r < 8; ++r)
-          acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d[i][r]), _mm256_cvtepi32_ps(isum(b, x8_unsigned<T>(blk, r), blk, r)),
-                                   acc[r]);
+        for (int r = 0; r < 8; ++r) {
+          const __m256i u = x8_unsigned<T>(blk, r);
+          for (int j = 0; j < R; ++j)
+            acc[j][r] = _mm256_fmadd_ps(_mm256_set1_ps(d[i][j][r]), _mm256_cvtepi32_ps(isum(xr[j], b, u, blk, r)),
+                                        acc[j][r]);
+        }
       }
     }
-    alignas(32) float m[8];
-    _mm256_store_ps(m, summ);
-    for (int r = 0; r < 8; ++r) Y[8 * g + r] = has_min(T) ? hsum8_ps(acc[r]) + m[r] : hsum8_ps(acc[r]);
+    for (int j = 0; j < R; ++j) {
+      alignas(32) float m[8];
+      _mm256_store_ps(m, summ[j]);
+      for (int r = 0; r < 8; ++r)
+        Y[j * y_stride + 8 * g + r] = has_min(T) ? hsum8_ps(acc[j][r]) + m[r] : hsum8_ps(acc[j][r]);
+    }
   }
+}
+
+// R = n_x rows of X prepared into xr by prep(X row, xr[j]), then groups_x8;
+// false for more than 2 rows. (Three ran 1.01-1.07x the rows kernel over
+// the file's rows, four 0.95x: the sums of 24 or 32 pairs leave too few
+// registers; session 43, Zen 4.)
+template <DType T, typename Prep, typename Isum>
+bool rows_x8(const uint8_t* P, int nb, int g0, int g1, const BlockQ8A* X, int n_x, X8Row* xr, Prep prep, Isum isum,
+             float* Y, size_t y_stride) {
+  if (n_x < 1 || n_x > 2) return false;
+  for (int j = 0; j < n_x; ++j) prep(X + static_cast<size_t>(j) * nb, xr[j]);
+  if (n_x == 1)
+    groups_x8<T, 1>(P, nb, g0, g1, xr, isum, Y, y_stride);
+  else
+    groups_x8<T, 2>(P, nb, g0, g1, xr, isum, Y, y_stride);
+  return true;
 }
 
 }  // namespace

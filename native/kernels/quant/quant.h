@@ -169,13 +169,13 @@ bool dtype_has_x8(DType t);
 size_t x8_bytes(DType t, int n_in, int n_out);
 // Groups [g0, g1) of the n_out x n_in matrix W of type t into P (x8_bytes).
 void repack_x8(DType t, const void* W, int n_in, int n_out, int g0, int g1, void* P);
-// matmul_q(t, W, ...) where P is W repacked: one activation row's whole
-// groups go to the path's kernel for P (Kernels::matvec_x8) where it has one;
-// more rows, rows outside whole groups, and paths without one read W. (The
-// batched kernels keep the row layout: from 2 rows on they are bound by
-// arithmetic more than by the reading, and a version of quant_rows_avx512.cpp
-// over repacked Q8_0 ran at 0.8-0.95x its speed over the rows:
-// docs/PERFORMANCE.md, session 43.)
+// matmul_q(t, W, ...) where P is W repacked: one or two activation rows'
+// whole groups go to the path's kernel for P (Kernels::matvec_x8) where it
+// has one; more rows, rows outside whole groups, and paths without one read
+// W. (From 3 rows on the batched kernels are bound by arithmetic more than by
+// the reading: a version of quant_rows_avx512.cpp over repacked Q8_0 ran at
+// 0.8-0.95x its speed over the rows, and the copies' own kernel at 3 and 4
+// rows 1.01-1.07x and 0.95x: docs/PERFORMANCE.md, session 43.)
 void matmul_x8(DType t, const void* W, const void* P, int n_in, int o0, int o1, const BlockQ8A* Xq, int n_x, float* Y,
                size_t y_stride, uint64_t x_id = 0);
 

@@ -1,5 +1,5 @@
-// AVX2 product of one activation row with weights repacked 8 rows to a group
-// (quant.h repack_x8): decode's matrices read in address order
+// AVX2 product of one or two activation rows with weights repacked 8 rows
+// to a group (quant.h repack_x8): decode's matrices read in address order
 // (decode_x8_simd.h). A block's 4-sums: vpmaddubsw of the unsigned weights
 // (q + bias, at most 31: 2 * 31 * 127 fits an int16) by x, then vpmaddwd with
 // ones, started at -bias times x's 4-sums; Q8_0, whose q + 128 would not fit,
@@ -12,27 +12,32 @@
 
 namespace ctx::qk {
 
-bool matvec_x8_avx2(DType t, const void* P, int n_in, int g0, int g1, const BlockQ8A* x, float* Y) {
-  thread_local X8Row xr;
+bool matvec_x8_avx2(DType t, const void* P, int n_in, int g0, int g1, const BlockQ8A* X, int n_x, float* Y,
+                    size_t y_stride) {
+  thread_local X8Row xr[2];
   const int nb = n_in / QK;
   const __m256i ones = _mm256_set1_epi16(1);
-  return x8_dispatch(t, [&](auto type) {
+  bool done = false;
+  x8_dispatch(t, [&](auto type) {
     constexpr DType T = decltype(type)::value;
-    x8_prep(x, nb, xr, [&](__m256i q) {  // -bias * (the 4-sums)
-      const __m256i sums = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), q), ones);
-      return _mm256_mullo_epi32(sums, _mm256_set1_epi32(-x8_bias(T)));
-    });
-    const auto isum = [&](int b, __m256i u, const uint8_t* blk, int r) {
-      const __m256i q = xr.blocks[b].q;
+    const auto prep = [&](const BlockQ8A* x, X8Row& row) {
+      x8_prep(x, nb, row, [&](__m256i q) {  // -bias * (the 4-sums)
+        const __m256i sums = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), q), ones);
+        return _mm256_mullo_epi32(sums, _mm256_set1_epi32(-x8_bias(T)));
+      });
+    };
+    const auto isum = [&](const X8Row& x, int b, __m256i u, const uint8_t* blk, int r) {
+      const __m256i q = x.blocks[b].q;
       if constexpr (T == DType::Q8_0) {
         const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + X8<T>::kQs + 32 * r));
         return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(q, w)), ones);
       } else {
-        return _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(u, q), ones), xr.blocks[b].start);
+        return _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(u, q), ones), x.blocks[b].start);
       }
     };
-    groups_x8<T>(static_cast<const uint8_t*>(P), nb, g0, g1, xr.d.data(), xr.s.data(), isum, Y);
+    done = rows_x8<T>(static_cast<const uint8_t*>(P), nb, g0, g1, X, n_x, xr, prep, isum, Y, y_stride);
   });
+  return done;
 }
 
 }  // namespace ctx::qk

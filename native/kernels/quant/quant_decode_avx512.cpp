@@ -96,21 +96,26 @@ void rows(const uint8_t* w0, size_t row_bytes, int nb, const XRow& x, float* y) 
 
 }  // namespace
 
-bool matvec_x8_avx512(DType t, const void* P, int n_in, int g0, int g1, const BlockQ8A* x, float* Y) {
-  thread_local X8Row xr;
+bool matvec_x8_avx512(DType t, const void* P, int n_in, int g0, int g1, const BlockQ8A* X, int n_x, float* Y,
+                      size_t y_stride) {
+  thread_local X8Row xr[2];
   const int nb = n_in / QK;
-  return x8_dispatch(t, [&](auto type) {
+  bool done = false;
+  x8_dispatch(t, [&](auto type) {
     constexpr DType T = decltype(type)::value;
     // vpdpbusd of the unsigned weights (q + bias) by x, started at -bias * (x's 4-sums).
     const __m256i bias = _mm256_set1_epi8(static_cast<char>(x8_bias(T)));
-    x8_prep(x, nb, xr, [&](__m256i q) {
-      return _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_dpbusd_epi32(_mm256_setzero_si256(), bias, q));
-    });
-    const auto isum = [&](int b, __m256i u, const uint8_t*, int) {
-      return _mm256_dpbusd_epi32(xr.blocks[b].start, u, xr.blocks[b].q);
+    const auto prep = [&](const BlockQ8A* x, X8Row& row) {
+      x8_prep(x, nb, row, [&](__m256i q) {
+        return _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_dpbusd_epi32(_mm256_setzero_si256(), bias, q));
+      });
     };
-    groups_x8<T>(static_cast<const uint8_t*>(P), nb, g0, g1, xr.d.data(), xr.s.data(), isum, Y);
+    const auto isum = [](const X8Row& x, int b, __m256i u, const uint8_t*, int) {
+      return _mm256_dpbusd_epi32(x.blocks[b].start, u, x.blocks[b].q);
+    };
+    done = rows_x8<T>(static_cast<const uint8_t*>(P), nb, g0, g1, X, n_x, xr, prep, isum, Y, y_stride);
   });
+  return done;
 }
 
 bool matvec_q_avx512(DType t, const void* W, int n_in, int o0, int o1, const BlockQ8A* x, float* Y) {

@@ -194,11 +194,13 @@ void matmul_q_rows_zmm_avx512(const void* W, int n_in, int o0, int o1, const Blo
 // One activation row (decode) of Q8_0 (quant_decode_avx512.cpp); false for
 // the other types, which the tile path takes.
 bool matvec_q_avx512(DType t, const void* W, int n_in, int o0, int o1, const BlockQ8A* x, float* Y);
-// One activation row against groups [g0, g1) of repacked weights (quant.h
-// repack_x8; quant_decode_avx512.cpp, quant_decode_avx2.cpp); false for
-// types without the layout.
-bool matvec_x8_avx512(DType t, const void* P, int n_in, int g0, int g1, const BlockQ8A* x, float* Y);
-bool matvec_x8_avx2(DType t, const void* P, int n_in, int g0, int g1, const BlockQ8A* x, float* Y);
+// One or two activation rows against groups [g0, g1) of repacked weights
+// (quant.h repack_x8; quant_decode_avx512.cpp, quant_decode_avx2.cpp); false
+// for types without the layout and for more rows.
+bool matvec_x8_avx512(DType t, const void* P, int n_in, int g0, int g1, const BlockQ8A* X, int n_x, float* Y,
+                      size_t y_stride);
+bool matvec_x8_avx2(DType t, const void* P, int n_in, int g0, int g1, const BlockQ8A* X, int n_x, float* Y,
+                    size_t y_stride);
 
 // The canonical hsum16 / hsum8 of quant.h on floats in memory (the scalar
 // reference and scalar tails).

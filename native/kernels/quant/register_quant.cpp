@@ -178,9 +178,9 @@ void register_quant(py::module_& m) {
         "widened, as LoRA's A). Only output columns [o0, o1) are computed (o1 = -1: "
         "n_out), as one thread of the model's split does; the rest are 0. chunk > 0: the kernel is called "
         "per `chunk` output rows of that range, as the model's threads split them. x8: W "
-        "repacked by repack_x8, taken where the path reads that layout (one row), as the model does.");
+        "repacked by repack_x8, taken where the path reads that layout (1-2 rows), as the model does.");
   m.def("repack_x8", &repack, py::arg("ggml_type"), py::arg("W"), py::arg("n_in"), py::arg("n_out"),
-        "rows of a blocks-of-32 type -> the one-row layout, 8 rows a group (quant.h): matmul's x8");
+        "rows of a blocks-of-32 type -> decode's layout, 8 rows a group (quant.h): matmul's x8");
   m.def("quantize_q8k", &quantize_q8k, py::arg("x"), "one activation row -> raw BlockQ8K bytes (292 per 256 elements)");
   m.def("quantize_q8a", &quantize_q8a, py::arg("x"), "one activation row -> raw BlockQ8A bytes (40 per 32 elements)");
   m.def("quantize_kv8", &quantize_kv8, py::arg("x"),

@@ -71,11 +71,11 @@ void matmul_x8(DType t, const void* W, const void* P, int n_in, int o0, int o1, 
                size_t y_stride, uint64_t x_id) {
   const auto matvec = kernels().matvec_x8;
   const int g0 = (o0 + kGroup - 1) / kGroup, g1 = o1 / kGroup;
-  if (n_x != 1 || matvec == nullptr || g0 >= g1 || !matvec(t, P, n_in, g0, g1, Xq, Y))
+  if (matvec == nullptr || g0 >= g1 || !matvec(t, P, n_in, g0, g1, Xq, n_x, Y, y_stride))
     return matmul_q(t, W, n_in, o0, o1, Xq, n_x, Y, y_stride, x_id);
   // A range that starts or ends inside a group takes those rows from W.
-  if (o0 < g0 * kGroup) matmul_q(t, W, n_in, o0, g0 * kGroup, Xq, 1, Y, y_stride, x_id);
-  if (g1 * kGroup < o1) matmul_q(t, W, n_in, g1 * kGroup, o1, Xq, 1, Y, y_stride, x_id);
+  if (o0 < g0 * kGroup) matmul_q(t, W, n_in, o0, g0 * kGroup, Xq, n_x, Y, y_stride, x_id);
+  if (g1 * kGroup < o1) matmul_q(t, W, n_in, g1 * kGroup, o1, Xq, n_x, Y, y_stride, x_id);
 }
 
 }  // namespace ctx
