@@ -34,10 +34,10 @@ struct Kernels {
                    size_t y_stride);
   void (*matmul_f)(DType t, const void* W, int n_in, int o0, int o1, const float* Xf, int n_x, float* Y,
                    size_t y_stride);
-  // n_x activation rows against groups [g0, g1) of weights of type t
-  // repacked by repack_x8 (quant.h) into Y[r * y_stride + 8 g0 .. 8 g1);
-  // false (or null) where the path has no kernel for the type or the row
-  // count (matmul_x8 then reads the rows).
+  // n_x (1 to qk::kX8MaxActs) activation rows against groups [g0, g1) of
+  // weights of type t repacked by repack_x8 (quant.h) into
+  // Y[r * y_stride + 8 g0 .. 8 g1); false (or null) where the path has no
+  // kernel for the type (matmul_x8 then reads the rows).
   bool (*matvec_x8)(DType t, const void* P, int n_in, int g0, int g1, const BlockQ8A* X, int n_x, float* Y,
                     size_t y_stride);
   // kernels/attention/attention.h. The SIMD entries take head_dim % 16 == 0, and to

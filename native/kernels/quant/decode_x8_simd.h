@@ -4,8 +4,8 @@
 // anonymous namespace). A path gives isum(x, b, u, blk, r): the 8 canonical
 // int32 lanes of x's block b against row r of the group's block at blk, whose
 // 32 weights x8_unsigned made u (q + bias as bytes: quant.h's weight value
-// plus x8_bias(T), so that x's block needs only its start, -bias times
-// its 4-sums).
+// plus weight_bias(T), quant_impl.h, so that x's block needs only its start,
+// -bias times its 4-sums).
 //
 // A ymm holds one (weight row, x) pair's 8 canonical lanes, and per block and
 // pair the work is the isum, one convert and one fma whose scale f16(d_w) *
@@ -34,24 +34,21 @@ namespace ctx::qk {
 
 namespace {
 
-// Where a group's block keeps its fields (quant.h repack_x8).
+// Where a group's block keeps its fields (quant_impl.h x8_fields).
 template <DType T>
 struct X8 {
-  static constexpr bool kQ5 = T == DType::Q5_0 || T == DType::Q5_1;
-  static constexpr size_t kQsBytes = T == DType::Q8_0 ? 32 : 16;  // a row's qs
-  static constexpr size_t kM = 16;                                 // 8 f16 m (with a min)
-  static constexpr size_t kQh = kM + (has_min(T) ? 16 : 0);        // 8 x 4 bytes of qh (Q5_*)
-  static constexpr size_t kQs = kQh + (kQ5 ? 32 : 0);              // 8 rows' qs
-  static constexpr size_t kGroupBlock = 8 * block_bytes_q(T);
-  static_assert(kQs + 8 * kQsBytes == kGroupBlock, "a group's block holds its rows' blocks' bytes");
+  static constexpr BlockFields kFields = x8_fields(T);
+  static constexpr bool kQ5 = kFields.qh.bytes != 0;
+  static constexpr size_t kQsBytes = kFields.qs.bytes;  // a row's qs
+  static constexpr size_t kM = kFields.m.at;            // 8 f16 m (with a min)
+  static constexpr size_t kQh = kFields.qh.at;          // 8 x 4 bytes of qh (Q5_*)
+  static constexpr size_t kQs = kFields.qs.at;          // 8 rows' qs
+  static constexpr size_t kGroupBlock = kX8Rows * block_bytes_q(T);
+  static_assert(kQs + kX8Rows * kQsBytes == kGroupBlock, "a group's block holds its rows' blocks' bytes");
 };
 
-constexpr int x8_bias(DType t) {
-  return t == DType::Q4_0 ? 8 : t == DType::Q5_0 ? 16 : t == DType::Q8_0 ? 128 : 0;
-}
-
 // Row r's 32 weights of the group's block at blk as unsigned bytes, the
-// weight value plus x8_bias(T): Q4_* q (elements 0..15 the low nibbles,
+// weight value plus weight_bias(T): Q4_* q (elements 0..15 the low nibbles,
 // 16..31 the high ones), Q5_* with bit e of qh as bit 4 of element e, Q8_0's
 // qs + 128.
 template <DType T>
@@ -77,12 +74,13 @@ struct X8Row {
   std::vector<float> d, s;
 };
 
-// x's nb blocks into xr, start(q) making each block's start.
+// x's nb blocks into xr, start(q) making each block's start. d and s are
+// padded with 16 zeros (quant_decode_avx512.cpp's rows load 16 at a time).
 template <typename Start>
 void x8_prep(const BlockQ8A* x, int nb, X8Row& xr, Start start) {
   xr.blocks.resize(nb);
-  xr.d.resize(nb);
-  xr.s.resize(nb);
+  xr.d.assign(nb + 16, 0.0f);
+  xr.s.assign(nb + 16, 0.0f);
   for (int b = 0; b < nb; ++b) {
     const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[b].qs));
     xr.blocks[b] = {q, start(q)};
@@ -125,12 +123,11 @@ void groups_x8(const uint8_t* P, int nb, int g0, int g1, const X8Row* xr, Isum i
       for (int i = 0; i < n; ++i) {
         const uint8_t* blk = p + (c + i) * kGB;
         const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk)));
+        const __m256 mw = has_min(T) ? _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + X8<T>::kM)))
+                                     : _mm256_setzero_ps();
         for (int j = 0; j < R; ++j) {
           _mm256_store_ps(d[i][j], _mm256_mul_ps(dw, _mm256_set1_ps(xr[j].d[c + i])));
-          if constexpr (has_min(T)) {
-            const __m128i m = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + X8<T>::kM));
-            summ[j] = _mm256_fmadd_ps(_mm256_cvtph_ps(m), _mm256_set1_ps(xr[j].s[c + i]), summ[j]);
-          }
+          if constexpr (has_min(T)) summ[j] = _mm256_fmadd_ps(mw, _mm256_set1_ps(xr[j].s[c + i]), summ[j]);
         }
       }
       for (int i = 0; i < n; ++i) {
@@ -156,20 +153,19 @@ void groups_x8(const uint8_t* P, int nb, int g0, int g1, const X8Row* xr, Isum i
   }
 }
 
-// R = n_x rows of X prepared into xr by prep(X row, xr[j]), then groups_x8;
-// false for more than 2 rows. (Three ran 1.01-1.07x the rows kernel over
-// the file's rows, four 0.95x: the sums of 24 or 32 pairs leave too few
+// R = n_x (1 or kX8MaxActs = 2) rows of X prepared into xr by prep(X row,
+// xr[j]), then groups_x8. (Three ran 1.01-1.07x the rows kernel over the
+// file's rows, four 0.95x: the sums of 24 or 32 pairs leave too few
 // registers; session 43, Zen 4.)
 template <DType T, typename Prep, typename Isum>
-bool rows_x8(const uint8_t* P, int nb, int g0, int g1, const BlockQ8A* X, int n_x, X8Row* xr, Prep prep, Isum isum,
+void rows_x8(const uint8_t* P, int nb, int g0, int g1, const BlockQ8A* X, int n_x, X8Row* xr, Prep prep, Isum isum,
              float* Y, size_t y_stride) {
-  if (n_x < 1 || n_x > 2) return false;
+  static_assert(kX8MaxActs == 2, "a kernel for each row count");
   for (int j = 0; j < n_x; ++j) prep(X + static_cast<size_t>(j) * nb, xr[j]);
   if (n_x == 1)
     groups_x8<T, 1>(P, nb, g0, g1, xr, isum, Y, y_stride);
   else
     groups_x8<T, 2>(P, nb, g0, g1, xr, isum, Y, y_stride);
-  return true;
 }
 
 }  // namespace

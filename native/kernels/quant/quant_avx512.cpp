@@ -64,9 +64,6 @@ struct SVec {
   __m512 s;
 };
 
-constexpr int weight_bias(DType t) {
-  return t == DType::Q4_0 ? 8 : t == DType::Q5_0 ? 16 : t == DType::Q8_0 ? 128 : 0;
-}
 constexpr size_t block_bytes(DType t) { return block_bytes_q(t); }
 
 // Prefill: activation rows per group and pairs of them. Without a min term

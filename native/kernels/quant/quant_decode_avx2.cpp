@@ -14,16 +14,15 @@ namespace ctx::qk {
 
 bool matvec_x8_avx2(DType t, const void* P, int n_in, int g0, int g1, const BlockQ8A* X, int n_x, float* Y,
                     size_t y_stride) {
-  thread_local X8Row xr[2];
+  thread_local X8Row xr[kX8MaxActs];
   const int nb = n_in / QK;
   const __m256i ones = _mm256_set1_epi16(1);
-  bool done = false;
-  x8_dispatch(t, [&](auto type) {
+  return x8_dispatch(t, [&](auto type) {
     constexpr DType T = decltype(type)::value;
     const auto prep = [&](const BlockQ8A* x, X8Row& row) {
       x8_prep(x, nb, row, [&](__m256i q) {  // -bias * (the 4-sums)
         const __m256i sums = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), q), ones);
-        return _mm256_mullo_epi32(sums, _mm256_set1_epi32(-x8_bias(T)));
+        return _mm256_mullo_epi32(sums, _mm256_set1_epi32(-weight_bias(T)));
       });
     };
     const auto isum = [&](const X8Row& x, int b, __m256i u, const uint8_t* blk, int r) {
@@ -35,9 +34,8 @@ bool matvec_x8_avx2(DType t, const void* P, int n_in, int g0, int g1, const Bloc
         return _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(u, q), ones), x.blocks[b].start);
       }
     };
-    done = rows_x8<T>(static_cast<const uint8_t*>(P), nb, g0, g1, X, n_x, xr, prep, isum, Y, y_stride);
+    rows_x8<T>(static_cast<const uint8_t*>(P), nb, g0, g1, X, n_x, xr, prep, isum, Y, y_stride);
   });
-  return done;
 }
 
 }  // namespace ctx::qk

@@ -31,29 +31,18 @@ namespace {
 
 constexpr int kRows = 8;       // weight rows a group: independent chains, x blocks read once per group
 constexpr int kScaleChunk = 16;  // blocks whose scales are formed together
+static_assert(kScaleChunk <= 16, "x8_prep pads x's scales by 16: a chunk's load reads that far");
 constexpr int kAhead = 1;        // groups of rows prefetched ahead (1 measured best; 2-8 lose a quarter)
 
-// The activation row, ready for vpdpbusd: per block its 32 int8, the
-// bias correction (-bias * sum of each 4 bytes: the weights go in biased to
-// unsigned) and d_x.
-struct XBlock {
-  __m256i q, nbias;
-};
-struct XRow {
-  std::vector<XBlock> blocks;
-  std::vector<float> d;
-};
-
-void prep(const BlockQ8A* x, int nb, XRow& xr) {
-  xr.blocks.resize(nb);
-  xr.d.resize(nb + kScaleChunk);  // padded: a chunk's load reads 16
-  const __m256i bias = _mm256_set1_epi8(static_cast<char>(128));  // q + 128: unsigned
-  for (int b = 0; b < nb; ++b) {
-    const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[b].qs));
-    xr.blocks[b] = {q, _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_dpbusd_epi32(_mm256_setzero_si256(), bias, q))};
-    xr.d[b] = x[b].d;
-  }
-  std::fill(xr.d.begin() + nb, xr.d.end(), 0.0f);
+// x ready for vpdpbusd (decode_x8_simd.h's X8Row): per block its 32 int8,
+// the start -bias * (its 4-sums), with the weights biased by weight_bias(T)
+// to unsigned, and d_x and s_x.
+template <DType T>
+void prep(const BlockQ8A* x, int nb, X8Row& xr) {
+  const __m256i bias = _mm256_set1_epi8(static_cast<char>(weight_bias(T)));
+  x8_prep(x, nb, xr, [&](__m256i q) {
+    return _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_dpbusd_epi32(_mm256_setzero_si256(), bias, q));
+  });
 }
 
 // A block's 32 weights as unsigned bytes (q + 128), in element order.
@@ -63,7 +52,7 @@ inline __m256i weights(const uint8_t* blk) {
 
 // Rows [o, o + NR) of W against the prepared x.
 template <int NR>
-void rows(const uint8_t* w0, size_t row_bytes, int nb, const XRow& x, float* y) {
+void rows(const uint8_t* w0, size_t row_bytes, int nb, const X8Row& x, float* y) {
   constexpr size_t bb = sizeof(BlockQ8_0);
   __m256 acc[NR];
   for (auto& a : acc) a = _mm256_setzero_ps();
@@ -86,7 +75,7 @@ void rows(const uint8_t* w0, size_t row_bytes, int nb, const XRow& x, float* y) 
       for (size_t off = 0; off < NR * bb; off += 64) _mm_prefetch(reinterpret_cast<const char*>(ahead + off), _MM_HINT_T0);
 #pragma GCC unroll 8
       for (int r = 0; r < NR; ++r) {
-        const __m256i isum = _mm256_dpbusd_epi32(x.blocks[b].nbias, weights(w0 + r * row_bytes + b * bb), x.blocks[b].q);
+        const __m256i isum = _mm256_dpbusd_epi32(x.blocks[b].start, weights(w0 + r * row_bytes + b * bb), x.blocks[b].q);
         acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d[r][b - c]), _mm256_cvtepi32_ps(isum), acc[r]);
       }
     }
@@ -98,32 +87,25 @@ void rows(const uint8_t* w0, size_t row_bytes, int nb, const XRow& x, float* y) 
 
 bool matvec_x8_avx512(DType t, const void* P, int n_in, int g0, int g1, const BlockQ8A* X, int n_x, float* Y,
                       size_t y_stride) {
-  thread_local X8Row xr[2];
+  thread_local X8Row xr[kX8MaxActs];
   const int nb = n_in / QK;
-  bool done = false;
-  x8_dispatch(t, [&](auto type) {
+  return x8_dispatch(t, [&](auto type) {
     constexpr DType T = decltype(type)::value;
     // vpdpbusd of the unsigned weights (q + bias) by x, started at -bias * (x's 4-sums).
-    const __m256i bias = _mm256_set1_epi8(static_cast<char>(x8_bias(T)));
-    const auto prep = [&](const BlockQ8A* x, X8Row& row) {
-      x8_prep(x, nb, row, [&](__m256i q) {
-        return _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_dpbusd_epi32(_mm256_setzero_si256(), bias, q));
-      });
-    };
     const auto isum = [](const X8Row& x, int b, __m256i u, const uint8_t*, int) {
       return _mm256_dpbusd_epi32(x.blocks[b].start, u, x.blocks[b].q);
     };
-    done = rows_x8<T>(static_cast<const uint8_t*>(P), nb, g0, g1, X, n_x, xr, prep, isum, Y, y_stride);
+    const auto prep_row = [&](const BlockQ8A* x, X8Row& row) { prep<T>(x, nb, row); };
+    rows_x8<T>(static_cast<const uint8_t*>(P), nb, g0, g1, X, n_x, xr, prep_row, isum, Y, y_stride);
   });
-  return done;
 }
 
 bool matvec_q_avx512(DType t, const void* W, int n_in, int o0, int o1, const BlockQ8A* x, float* Y) {
   if (t != DType::Q8_0) return false;  // the other types keep the tile path
-  thread_local XRow xr;
+  thread_local X8Row xr;
   const int nb = n_in / QK;
   const size_t row_bytes = nb * sizeof(BlockQ8_0);
-  prep(x, nb, xr);
+  prep<DType::Q8_0>(x, nb, xr);
   const auto* w = static_cast<const uint8_t*>(W);
   int o = o0;
   for (; o + kRows <= o1; o += kRows) rows<kRows>(w + o * row_bytes, row_bytes, nb, xr, Y + o);

@@ -32,6 +32,40 @@ constexpr size_t block_bytes_q(DType t) {
                             : kQ8_0Bytes;
 }
 constexpr bool has_min(DType t) { return t == DType::Q4_1 || t == DType::Q5_1; }
+// What the weight value (q - 8, q - 16, q) is shifted by to make the unsigned
+// byte q (Q8_0: q + 128) that vpdpbusd multiplies; the activation's block then
+// starts its sum at -bias times its 4-sums.
+constexpr int weight_bias(DType t) {
+  return t == DType::Q4_0 ? 8 : t == DType::Q5_0 ? 16 : t == DType::Q8_0 ? 128 : 0;
+}
+
+// A blocks-of-32 block's fields: where each is in the block, and its bytes
+// (0: the type has none). The decode copies (quant.h repack_x8) keep a
+// group's block as each field of its 8 rows in turn, d, m, qh, qs:
+// x8_fields gives where each field's 8 starts there.
+struct BlockField {
+  size_t at, bytes;
+};
+struct BlockFields {
+  BlockField d, m, qh, qs;
+};
+constexpr BlockFields block_fields(DType t) {
+  switch (t) {
+    case DType::Q4_0: return {{offsetof(BlockQ4_0, d), 2}, {0, 0}, {0, 0}, {offsetof(BlockQ4_0, qs), 16}};
+    case DType::Q4_1: return {{offsetof(BlockQ4_1, d), 2}, {offsetof(BlockQ4_1, m), 2}, {0, 0}, {offsetof(BlockQ4_1, qs), 16}};
+    case DType::Q5_0: return {{offsetof(BlockQ5_0, d), 2}, {0, 0}, {offsetof(BlockQ5_0, qh), 4}, {offsetof(BlockQ5_0, qs), 16}};
+    case DType::Q5_1:
+      return {{offsetof(BlockQ5_1, d), 2}, {offsetof(BlockQ5_1, m), 2}, {offsetof(BlockQ5_1, qh), 4}, {offsetof(BlockQ5_1, qs), 16}};
+    default: return {{offsetof(BlockQ8_0, d), 2}, {0, 0}, {0, 0}, {offsetof(BlockQ8_0, qs), 32}};
+  }
+}
+constexpr int kX8Rows = 8;     // weight rows a group of the copies
+constexpr int kX8MaxActs = 2;  // activation rows the copies' kernels take (Kernels::matvec_x8)
+constexpr BlockFields x8_fields(DType t) {
+  const BlockFields f = block_fields(t);
+  const size_t m = kX8Rows * f.d.bytes, qh = m + kX8Rows * f.m.bytes, qs = qh + kX8Rows * f.qh.bytes;
+  return {{0, f.d.bytes}, {m, f.m.bytes}, {qh, f.qh.bytes}, {qs, f.qs.bytes}};
+}
 
 // nearbyint (round half to even) for |v| <= 2^22, as ggml's nearest_int.
 int round_half_even(float v);
@@ -194,9 +228,9 @@ void matmul_q_rows_zmm_avx512(const void* W, int n_in, int o0, int o1, const Blo
 // One activation row (decode) of Q8_0 (quant_decode_avx512.cpp); false for
 // the other types, which the tile path takes.
 bool matvec_q_avx512(DType t, const void* W, int n_in, int o0, int o1, const BlockQ8A* x, float* Y);
-// One or two activation rows against groups [g0, g1) of repacked weights
-// (quant.h repack_x8; quant_decode_avx512.cpp, quant_decode_avx2.cpp); false
-// for types without the layout and for more rows.
+// One or two (kX8MaxActs) activation rows against groups [g0, g1) of
+// repacked weights (quant.h repack_x8; quant_decode_avx512.cpp,
+// quant_decode_avx2.cpp); false for types without the layout.
 bool matvec_x8_avx512(DType t, const void* P, int n_in, int g0, int g1, const BlockQ8A* X, int n_x, float* Y,
                       size_t y_stride);
 bool matvec_x8_avx2(DType t, const void* P, int n_in, int g0, int g1, const BlockQ8A* X, int n_x, float* Y,

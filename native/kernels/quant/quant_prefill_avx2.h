@@ -19,7 +19,8 @@ namespace ctx::qk {
 
 namespace {
 
-constexpr int weight_bias(DType t) { return t == DType::Q4_0 ? 8 : t == DType::Q5_0 ? 16 : 0; }
+// weight_bias (quant_impl.h) where the weight is vpmaddubsw's unsigned side: not Q8_0's.
+constexpr int avx2_bias(DType t) { return t == DType::Q8_0 ? 0 : weight_bias(t); }
 
 template <bool kVnni>
 struct Avx2 : F32x8 {
@@ -33,7 +34,7 @@ struct Avx2 : F32x8 {
   // terms nbias = -bias * (x's 4-sums), an XBlock each.
   struct XBlock { __m256i v; };
   template <DType T>
-  static constexpr int x_parts() { return weight_bias(T) != 0 ? 2 : 1; }
+  static constexpr int x_parts() { return avx2_bias(T) != 0 ? 2 : 1; }
   struct WBlock { __m256i v; };  // the unsigned operand; Q8_0's second one: the signed weights
   template <DType T>
   static void prep_x(const BlockQ8A* X, int nb, int rows, Scratch<Avx2<kVnni>>& s);
@@ -50,12 +51,12 @@ __m256i high_bits(const uint8_t* p) { return _mm256_and_si256(bytes_from_bits(p)
 template <bool kVnni>
 template <DType T>
 void Avx2<kVnni>::prep_x(const BlockQ8A* X, int nb, int rows, Scratch<Avx2<kVnni>>& s) {
-  const __m256i bias = _mm256_set1_epi8(static_cast<char>(weight_bias(T)));
+  const __m256i bias = _mm256_set1_epi8(static_cast<char>(avx2_bias(T)));
   prep_groups<T>(X, nb, rows, s, [&](XBlock* out, const BlockQ8A* first, int g_rows) {
     for (int j = 0; j < g_rows; ++j) {
       const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(first[static_cast<size_t>(j) * nb].qs));
       out[j].v = q;
-      if (weight_bias(T) != 0) {
+      if (avx2_bias(T) != 0) {
         const __m256i sum4 = _mm256_madd_epi16(_mm256_maddubs_epi16(bias, q), _mm256_set1_epi16(1));
         out[kGroup + j].v = _mm256_sub_epi32(_mm256_setzero_si256(), sum4);
       }
@@ -111,10 +112,10 @@ void Avx2<kVnni>::tile(const WBlock* wq, const XBlock* x, const float* sc, const
         const __m256i q = T == DType::Q8_0 ? _mm256_sign_epi8(xb[j].v, sign) : xb[j].v;
         __m256i dot;
         if constexpr (kVnni) {
-          dot = _mm256_dpbusd_avx_epi32(weight_bias(T) != 0 ? xb[kGroup + j].v : _mm256_setzero_si256(), u, q);
+          dot = _mm256_dpbusd_avx_epi32(avx2_bias(T) != 0 ? xb[kGroup + j].v : _mm256_setzero_si256(), u, q);
         } else {
           dot = _mm256_madd_epi16(_mm256_maddubs_epi16(u, q), ones);
-          if (weight_bias(T) != 0) dot = _mm256_add_epi32(dot, xb[kGroup + j].v);
+          if (avx2_bias(T) != 0) dot = _mm256_add_epi32(dot, xb[kGroup + j].v);
         }
         acc[k][j] = _mm256_fmadd_ps(_mm256_set1_ps(scb[k * kGroup + j]), _mm256_cvtepi32_ps(dot), acc[k][j]);
       }
