@@ -10,6 +10,7 @@ from ctxengine.engine.catalog import ModelCatalog
 from ctxengine.engine.engine import Engine
 from ctxengine.errors import RequestError
 from ctxengine.serving.runtime import Runtime
+from simd_paths import AVAILABLE
 
 Q = _core.quant
 # ggml type: (block bytes, its fields (offset, bytes) in the order the group keeps them: d, m, qh, qs)
@@ -52,10 +53,9 @@ def test_the_layout_is_the_documented_one(t, n_in, n_out):
 
 @pytest.fixture
 def each_path():
-    """The paths this CPU runs: scalar, and AVX2 and AVX-512 where it has them."""
+    """The paths this CPU runs (simd_paths.AVAILABLE), the chosen one restored after."""
     before = _core.active_isa()
-    order = ["scalar", "avx2", "avx512"]
-    yield order[:order.index(_core.detect_isa()) + 1]
+    yield AVAILABLE
     _core.set_isa(before)
 
 
@@ -109,7 +109,7 @@ def test_the_copies_keep_within_their_budget_the_output_matrix_first(which, smol
 
 def test_load_and_the_server_pass_the_budget_on(smollm2_path):
     for budget, some in ((None, True), (0, False), (10**30, True)):
-        model = ce.load(smollm2_path, threads=1, **({} if budget is None else {"repack_budget": budget}))
+        model = ce.load(smollm2_path, threads=1, repack_budget=budget)
         assert (model.engine.repacked_bytes > 0) == some, budget
         model.close()
     for budget in (0, None):  # a served model's memory counts its copies

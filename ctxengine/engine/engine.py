@@ -58,7 +58,7 @@ class Engine:
 
     def __init__(self, path: str | Path, *, threads: int | None = None, kv: str = "f16",
                  n_ctx: int | None = None, kv_budget: int = DEFAULT_KV_BUDGET,
-                 repack_budget: int = DEFAULT_REPACK_BUDGET):
+                 repack_budget: int | None = None):
         if kv not in KV_DTYPES:
             raise UnsupportedModelError(f"KV dtype '{kv}' is not available (choose from {', '.join(KV_DTYPES)})")
         if threads and (isinstance(threads, bool) or not isinstance(threads, Integral)  # 0 or None: one a core
@@ -67,6 +67,8 @@ class Engine:
                                "(an int; None or 0: one a physical core)", param="threads")
         if n_ctx is not None and (isinstance(n_ctx, bool) or not isinstance(n_ctx, Integral) or n_ctx < 1):
             raise RequestError(f"n_ctx must be a positive number of tokens, not {n_ctx!r}", param="n_ctx")
+        if repack_budget is None:
+            repack_budget = DEFAULT_REPACK_BUDGET
         if isinstance(repack_budget, bool) or not isinstance(repack_budget, Integral) or repack_budget < 0:
             raise RequestError(f"repack_budget must be a number of bytes >= 0, not {repack_budget!r}",
                                param="repack_budget")

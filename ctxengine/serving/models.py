@@ -80,7 +80,7 @@ class ServedModels:
         self.store = store  # where idle contexts are evicted to when pages run out, and snapshots kept
         self.threads = threads
         self.kv = kv
-        self.repack = {} if repack_budget is None else {"repack_budget": repack_budget}
+        self.repack_budget = repack_budget
         self.memory_budget = memory_budget if memory_budget is not None else _physical_memory() // 2
         # Per model; 0 turns prefix reuse off, None is the prefix cache's default.
         self.prefix_cache_entries = DEFAULT_MAX_ENTRIES if prefix_cache_entries is None else prefix_cache_entries
@@ -323,7 +323,7 @@ class ServedModels:
         if entry.source == "packaged" and not path.is_file():  # an installed package not built yet
             path = resolve_model(entry.name)
         drafted = self.fits.drafts_for(entry, path)  # before the engine, which a refusal would leave open
-        engine = Engine(path, threads=self.threads, kv=self.kv, **self.repack)
+        engine = Engine(path, threads=self.threads, kv=self.kv, repack_budget=self.repack_budget)
         engine.speculative = self.speculative
         if drafted:
             attach_draft(engine, self.draft)

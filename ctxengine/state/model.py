@@ -158,8 +158,7 @@ def load(model: str | os.PathLike | None = None, *, threads: int | None = None, 
     memory; the output is the same bits either way (docs/design-notes.md).
     """
     path, own = registry.resolve_with_adapters(model, sources=MODEL_SOURCES)
-    budget = {} if repack_budget is None else {"repack_budget": repack_budget}
-    engine = Engine(path, threads=threads, kv=kv, n_ctx=n_ctx, **budget)
+    engine = Engine(path, threads=threads, kv=kv, n_ctx=n_ctx, repack_budget=repack_budget)
     own_names = {f"adapter{i}" if len(own) > 1 else "adapter": adapter for i, adapter in enumerate(own)}
     try:
         for name, adapter in own_names.items():  # an Ollama model's ADAPTER layers: part of the model
